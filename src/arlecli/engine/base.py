@@ -1,0 +1,57 @@
+"""The rollout engine protocol shared by every backend (hf, openai; vllm later).
+
+An engine takes a list of requests and yields `(index, Completion)` pairs as each
+request finishes, in any order, so callers can persist results as they arrive.
+Token ids always come from the engine (never from re-tokenising text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+
+@dataclass
+class SamplingParams:
+    """Decoding settings. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+
+
+@dataclass
+class GenerationRequest:
+    """One generation: either chat `messages` or a raw `prompt` string."""
+
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class Completion:
+    """What the engine produced. `text` is cut before any stop string (as OpenAI does)."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
+
+
+class Engine(Protocol):
+    """Every backend implements this."""
+
+    name: str
+
+    def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
+        """Yield (index into requests, completion) as each request finishes."""
+        ...
+
+    def close(self) -> None:
+        """Release resources (threads, sessions, models)."""
+        ...
