@@ -1,0 +1,1 @@
+"""Packaged benchmark cards (YAML) and their fixture rows; data, not code."""

@@ -1,0 +1,1 @@
+"""Packaged training recipes (YAML)."""

@@ -1,0 +1,68 @@
+"""The `arle` command: a Typer app with one sub-app per command group.
+
+Heavy libraries (torch, transformers, datasets) are imported only inside the commands
+that need them, so `arle --help` and `arle bench list` answer at once.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from arlecli import __version__
+from arlecli.errors import UserError
+
+app = typer.Typer(
+    name="arle",
+    help="Evaluate and RL-train LLMs and agents on benchmarks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"arle {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+) -> None:
+    """Evaluate and RL-train LLMs and agents on benchmarks."""
+
+
+def _register() -> None:
+    from arlecli.cli import bench, eval as eval_cmd, model
+
+    app.add_typer(model.app, name="model")
+    app.add_typer(bench.app, name="bench")
+    app.command("eval")(eval_cmd.eval_command)
+
+
+def main() -> None:
+    """Console-script entry point: user mistakes print one line and exit 2."""
+    _register()
+    try:
+        app(standalone_mode=False)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: rerun with --resume to continue", err=True)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise

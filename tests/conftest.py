@@ -1,0 +1,25 @@
+"""Test isolation: no hub, no network, a private ARLE_HOME and HOME per test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Set before anything imports transformers/datasets/huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """Every test gets its own ARLE_HOME (profiles, caches) and HOME."""
+    home = tmp_path / "arle_home"
+    home.mkdir()
+    monkeypatch.setenv("ARLE_HOME", str(home))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    return home
