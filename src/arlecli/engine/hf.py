@@ -1,0 +1,205 @@
+"""The `hf` backend: batched generation with transformers, our own decode loop.
+
+Why not `model.generate`: a static batch there runs until its longest row ends, so one
+row that never emits EOS makes every other row pay for its tokens (ENVIRONMENT.md
+measured 16,384 token slots computed for 1,480 useful ones). This loop drops each row
+from the batch (and from the KV cache) the moment it hits EOS, a stop string or its
+token budget, so compute follows the useful tokens. Requests are sorted by prompt
+length so padding stays small, and the longest batch runs first (out-of-memory shows
+up at once, not at the end).
+
+Sampling uses one torch.Generator per request, seeded from the request's seed, so a
+sample's tokens do not depend on which other requests share its batch: a resumed eval
+draws the same samples as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.errors import UserError
+
+
+@dataclass
+class _Row:
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: object | None
+    out: list[int]
+    logprobs: list[float]
+
+
+def _is_adapter_dir(path: str) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / "adapter_config.json").exists() and not (p / "config.json").exists()
+
+
+class HFEngine:
+    """Generation with a transformers causal LM on CPU or GPU."""
+
+    name = "hf"
+
+    def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
+                 dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.batch_size = max(1, batch_size)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if model_obj is not None and tokenizer is not None:
+            self.model, self.tokenizer = model_obj, tokenizer
+        else:
+            self.model, self.tokenizer = _load(model, self.device, dtype)
+        self.model.eval()
+        gen_cfg = getattr(self.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.eos_ids = eos_ids
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (
+            next(iter(eos_ids)) if eos_ids else 0)
+
+    def encode(self, request: GenerationRequest) -> list[int]:
+        """Prompt token ids: the chat template for messages, plain tokenisation for raw text."""
+        tok = self.tokenizer
+        if request.messages is not None:
+            if not getattr(tok, "chat_template", None):
+                raise UserError("this model's tokenizer has no chat template; use a card with "
+                                "`prompt.format: completion` or an instruct model")
+            text = tok.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        return list(tok(request.prompt or "")["input_ids"])
+
+    def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
+        """Yield (index, completion) as each request finishes, batch by batch."""
+        encoded = [self.encode(r) for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
+        for start in range(0, len(order), self.batch_size):
+            rows = []
+            for i in order[start:start + self.batch_size]:
+                params = requests[i].params
+                gen = None
+                if params.temperature > 0:
+                    gen = self.torch.Generator(device=self.device)
+                    gen.manual_seed(params.seed if params.seed is not None else 0)
+                rows.append(_Row(i, encoded[i], params, gen, [], []))
+            yield from self._run_batch(rows)
+
+    def _run_batch(self, rows: list[_Row]) -> Iterator[tuple[int, Completion]]:
+        torch = self.torch
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):  # left padding: every row's next token lands in the last column
+            ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[b, width - len(r.prompt_ids):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        active = list(rows)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            next_pos = positions[:, -1:] + 1
+            while active:
+                logits = out.logits[:, -1, :].float()
+                chosen, lps = self._pick(logits, active)
+                keep: list[int] = []
+                for b, r in enumerate(active):
+                    tok = int(chosen[b])
+                    r.out.append(tok)
+                    if r.params.logprobs:
+                        r.logprobs.append(float(lps[b]))
+                    done = self._finished(r, tok)
+                    if done:
+                        yield r.index, self._completion(r, done)
+                    else:
+                        keep.append(b)
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    sel = torch.tensor(keep, device=self.device)
+                    cache.batch_select_indices(sel)
+                    mask, next_pos, chosen = mask[sel], next_pos[sel], chosen[sel]
+                    active = [active[b] for b in keep]
+                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+                out = self.model(input_ids=chosen.view(-1, 1), attention_mask=mask, position_ids=next_pos,
+                                 past_key_values=cache, use_cache=True)
+                next_pos = next_pos + 1
+
+    def _pick(self, logits, active: list[_Row]):
+        torch = self.torch
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logits.argmax(dim=-1)
+        for b, r in enumerate(active):
+            p = r.params
+            if p.temperature <= 0:
+                continue
+            scaled = logits[b] / p.temperature
+            probs = torch.softmax(scaled, dim=-1)
+            if p.top_p < 1.0:
+                sorted_p, idx = probs.sort(descending=True)
+                cum = sorted_p.cumsum(-1)
+                cut = cum - sorted_p > p.top_p  # keep the smallest prefix whose mass reaches top_p
+                sorted_p[cut] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+            chosen[b] = torch.multinomial(probs, 1, generator=r.generator)[0]
+        lps = logp.gather(1, chosen.view(-1, 1)).squeeze(1)
+        return chosen, lps
+
+    def _finished(self, r: _Row, tok: int) -> str | None:
+        if tok in self.eos_ids:
+            return "eos"
+        if r.params.stop:
+            # Decode only a tail window: a stop string can only complete in the newest tokens,
+            # and a token is at least one character, so len(stop) + slack tokens cover it.
+            window = max(len(s) for s in r.params.stop) + 4
+            tail = self.tokenizer.decode(r.out[-window:], skip_special_tokens=True)
+            if any(s in tail for s in r.params.stop):
+                return "stop"
+        if len(r.out) >= r.params.max_tokens:
+            return "length"
+        return None
+
+    def _completion(self, r: _Row, why: str) -> Completion:
+        ids = r.out[:-1] if why == "eos" else r.out
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if why == "stop" or r.params.stop:
+            cuts = [text.find(s) for s in r.params.stop if s in text]
+            if cuts:
+                text = text[:min(cuts)]
+                why = "stop"
+        return Completion(text=text, token_ids=list(r.out), prompt_token_ids=list(r.prompt_ids),
+                          logprobs=list(r.logprobs) if r.params.logprobs else None,
+                          finish_reason="length" if why == "length" else "stop")
+
+    def close(self) -> None:
+        """Drop the model so its memory can be freed."""
+        self.model = None
+
+
+def _load(model: str, device: str, dtype: str | None):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # fp32 on CPU: these CPUs have no bf16 units (slower) and bf16 is not deterministic here.
+    torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    try:
+        if _is_adapter_dir(model):
+            from peft import AutoPeftModelForCausalLM
+
+            m = AutoPeftModelForCausalLM.from_pretrained(model, dtype=torch_dtype).merge_and_unload()
+        else:
+            m = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+        tok = AutoTokenizer.from_pretrained(model, padding_side="left")
+    except OSError as exc:
+        raise UserError(f"cannot load model '{model}': {str(exc).splitlines()[0]} "
+                        f"(give a local folder, a cached hub id, or --base-url for an endpoint)") from None
+    return m.to(device), tok

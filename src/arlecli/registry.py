@@ -1,0 +1,78 @@
+"""Finding benchmark cards: a path, the user's dir, entry points, then the packaged cards.
+
+Search order for a name (first wins, so a user can shadow a packaged card):
+1. a path to a `.yaml` file given on the command line;
+2. `<ARLE_HOME>/benchmarks/*.yaml` (the user's own cards);
+3. entry points in group `arle.benchmarks`: `name = "package"` or `"package:subdir"`, a
+   folder of card files shipped by another Python package;
+4. the cards packaged with arle (`benchmarks/` in the repo, `arlecli.benchmarks` installed).
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import metadata, resources
+from pathlib import Path
+
+from arlecli.cards import Card, load_card_file
+from arlecli.errors import UserError
+
+ENTRY_POINT_GROUP = "arle.benchmarks"
+
+
+def _dir_cards(folder: Path) -> dict[str, Path]:
+    if not folder.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def _entry_point_dirs() -> list[Path]:
+    dirs = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        package, _, sub = ep.value.partition(":")
+        try:
+            base = Path(str(resources.files(package)))
+        except (ModuleNotFoundError, TypeError) as exc:
+            raise UserError(f"entry point '{ep.name}' in group {ENTRY_POINT_GROUP} names '{ep.value}', "
+                            f"which cannot be imported ({exc}); fix or uninstall that package") from None
+        dirs.append(base / sub if sub else base)
+    return dirs
+
+
+def packaged_dir() -> Path:
+    """The folder of cards that ship with arle."""
+    return Path(str(resources.files("arlecli.benchmarks")))
+
+
+def card_paths() -> dict[str, Path]:
+    """Every known card name mapped to its file, by search order (first wins)."""
+    from arlecli.config import arle_home
+
+    found: dict[str, Path] = {}
+    for folder in [arle_home() / "benchmarks", *_entry_point_dirs(), packaged_dir()]:
+        for name, path in _dir_cards(folder).items():
+            found.setdefault(name, path)
+    return found
+
+
+def load_card(name_or_path: str) -> Card:
+    """Load a card by name or by path; unknown names suggest near ones."""
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UserError(f"card file {path} does not exist")
+        return load_card_file(path)
+    paths = card_paths()
+    if name_or_path not in paths:
+        near = difflib.get_close_matches(name_or_path, paths, n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        raise UserError(f"unknown benchmark '{name_or_path}'{hint} (see `arle bench list`)")
+    card = load_card_file(paths[name_or_path])
+    if card.name != name_or_path:
+        raise UserError(f"{card.path}: field 'name': '{card.name}' must match the file name '{name_or_path}'")
+    return card
+
+
+def list_cards() -> list[Card]:
+    """All known cards, parsed and validated, sorted by name."""
+    return sorted((load_card_file(p) for p in card_paths().values()), key=lambda c: c.name)
