@@ -55,6 +55,11 @@ class HFEngine:
         else:
             self.model, self.tokenizer = _load(model, self.device, dtype)
         self.model.eval()
+        import inspect
+
+        # transformers 5.24 renamed `past_key_values` to `cache` (old name warns); 5.17 knows only the old one.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -106,7 +111,7 @@ class HFEngine:
         active = list(rows)
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+                             use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
             next_pos = positions[:, -1:] + 1
             while active:
                 logits = out.logits[:, -1, :].float()
@@ -131,7 +136,7 @@ class HFEngine:
                     active = [active[b] for b in keep]
                 mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
                 out = self.model(input_ids=chosen.view(-1, 1), attention_mask=mask, position_ids=next_pos,
-                                 past_key_values=cache, use_cache=True)
+                                 use_cache=True, **{self._cache_kw: cache})
                 next_pos = next_pos + 1
 
     def _pick(self, logits, active: list[_Row]):

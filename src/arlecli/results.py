@@ -1,0 +1,174 @@
+"""Run directories: meta.json, samples.jsonl (append-only), results.json; metric aggregation.
+
+samples.jsonl is the single source of truth: results.json is always recomputed from it,
+so a resumed run and an uninterrupted one aggregate the same lines the same way. A
+line is written whole and flushed as each sample finishes; a kill -9 can tear at most
+the last line, which `read_samples` drops (and `SampleWriter` truncates) on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from arlecli.errors import UserError
+
+META = "meta.json"
+SAMPLES = "samples.jsonl"
+RESULTS = "results.json"
+
+
+def read_samples(run_dir: Path) -> list[dict[str, Any]]:
+    """Every complete sample line; a torn last line (from a kill mid-write) is ignored."""
+    path = Path(run_dir) / SAMPLES
+    if not path.exists():
+        return []
+    samples = []
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # torn tail: the sample was not finished, it will be redone
+            try:
+                samples.append(json.loads(raw))
+            except json.JSONDecodeError:
+                break
+    return samples
+
+
+class SampleWriter:
+    """Appends one JSON line per finished sample; safe to call from scoring threads."""
+
+    def __init__(self, run_dir: Path) -> None:
+        path = Path(run_dir) / SAMPLES
+        self._truncate_torn_tail(path)
+        self._f = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _truncate_torn_tail(path: Path) -> None:
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        end = data.rfind(b"\n") + 1  # keep everything up to the last complete line
+        if end != len(data):
+            with open(path, "r+b") as f:
+                f.truncate(end)
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Append one sample as a whole line and flush it to the OS."""
+        line = json.dumps(sample, ensure_ascii=False, default=str) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+
+    def close(self) -> None:
+        """Flush to disk and close."""
+        with self._lock:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename) so a kill never leaves half a file."""
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file written by `write_json`."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+
+
+@dataclass
+class Stat:
+    """A metric's mean over tasks and the standard error of that mean."""
+
+    value: float
+    stderr: float
+    n: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        """JSON form."""
+        return {"value": self.value, "stderr": self.stderr, "n": self.n}
+
+
+def mean_stderr(values: list[float]) -> Stat:
+    """Mean and sample standard error (ddof=1), as lm-evaluation-harness reports them."""
+    n = len(values)
+    if n == 0:
+        return Stat(float("nan"), float("nan"), 0)
+    mean = sum(values) / n
+    if n < 2:
+        return Stat(mean, float("nan"), n)
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return Stat(mean, math.sqrt(var / n), n)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021): 1 - C(n-c, k) / C(n, k), computed stably."""
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def pass_ks(n: int) -> list[int]:
+    """The k values reported for n samples per task: 1, powers of two below n, and n."""
+    ks = {1, n}
+    k = 2
+    while k < n:
+        ks.add(k)
+        k *= 2
+    return sorted(ks)
+
+
+def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: int,
+              group_by: str | None = None) -> dict[str, Any]:
+    """Per-task means (over a task's samples), then mean and stderr over tasks.
+
+    Always reports `accuracy` (the reward's `correct`); each name in `metrics` is read
+    from the samples' `details`; with several samples per task, pass@k for the k values
+    of `pass_ks`. `group_by` adds the same breakdown per group.
+    """
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        by_task.setdefault(s["task_id"], []).append(s)
+
+    def summarize(task_ids: list[str]) -> dict[str, dict[str, float | int]]:
+        out: dict[str, dict[str, float | int]] = {}
+        names = ["accuracy", *[m for m in metrics if m != "accuracy" and not m.startswith("pass@")]]
+        for name in names:
+            per_task = []
+            for tid in task_ids:
+                vals = [float(s["correct"]) if name == "accuracy" else float(s["details"].get(name, 0.0))
+                        for s in by_task[tid]]
+                per_task.append(sum(vals) / len(vals))
+            out[name] = mean_stderr(per_task).as_dict()
+        ks = pass_ks(num_samples) if num_samples > 1 else [1]
+        if num_samples > 1 or any(m.startswith("pass@") for m in metrics):
+            for k in ks:
+                per_task = [pass_at_k(len(by_task[t]), sum(bool(s["correct"]) for s in by_task[t]), k)
+                            for t in task_ids]
+                out[f"pass@{k}"] = mean_stderr(per_task).as_dict()
+        return out
+
+    task_ids = sorted(by_task)
+    result: dict[str, Any] = {"metrics": summarize(task_ids), "n_tasks": len(task_ids), "n_samples": len(samples)}
+    if group_by:
+        groups: dict[str, list[str]] = {}
+        for tid in task_ids:
+            groups.setdefault(str(by_task[tid][0].get("group", "")), []).append(tid)
+        result["groups"] = {g: summarize(ids) for g, ids in sorted(groups.items())}
+    return result
