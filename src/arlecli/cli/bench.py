@@ -1,0 +1,86 @@
+"""`arle bench list|show`: browse the benchmark cards."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from arlecli.cli.output import console, print_json
+from arlecli.errors import UserError
+
+app = typer.Typer(help="Browse benchmark cards.", no_args_is_help=True)
+
+
+def _source_text(card) -> str:
+    src = card.source
+    return f"{src.kind}:{src.path}" + (f" [{src.config}]" if src.config else "")
+
+
+@app.command("list")
+def list_command(
+    category: Optional[str] = typer.Option(None, "--category", "-c", help="Only cards of this category."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """List the benchmarks: name, category, source and reward."""
+    from arlecli.cards import CATEGORIES
+    from arlecli.registry import list_cards
+
+    if category and category not in CATEGORIES:
+        raise UserError(f"unknown category '{category}'; choose one of: {', '.join(CATEGORIES)}")
+    cards = [c for c in list_cards() if not category or c.category == category]
+    if as_json:
+        print_json([{"name": c.name, "category": c.category, "source": _source_text(c), "reward": c.reward,
+                     "version": c.version, "description": c.description, "path": str(c.path)} for c in cards])
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{len(cards)} benchmarks")
+    for col in ("name", "category", "source", "reward"):
+        table.add_column(col)
+    for c in cards:
+        table.add_row(c.name, c.category, _source_text(c), c.reward)
+    console().print(table)
+
+
+@app.command("show")
+def show_command(
+    name: str = typer.Argument(..., help="Benchmark name or card path."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Show a card, its splits and one rendered prompt from its fixture or offline source."""
+    from arlecli.data.sources import load_rows, read_rows_file, split_names, tasks_from_rows
+    from arlecli.envs import single_turn
+    from arlecli.registry import load_card
+
+    card = load_card(name)
+    example = None
+    if card.fixture_path is not None:
+        rows = read_rows_file(card.fixture_path)[:1]
+    elif card.source.kind in ("package", "generator"):
+        rows = load_rows(card)[:1]
+    else:
+        rows = []
+    if rows:
+        task = tasks_from_rows(card, rows, "fixture")[0]
+        example = single_turn.reset(card.prompt, task)
+    info = {"name": card.name, "version": card.version, "category": card.category, "description": card.description,
+            "source": _source_text(card), "splits": split_names(card), "default_split": card.source.default_split,
+            "reward": card.reward, "reward_params": card.reward_params, "metrics": card.metrics,
+            "format": card.prompt.format, "stop": card.prompt.stop, "max_tokens": card.prompt.max_tokens,
+            "fewshot": card.prompt.fewshot.n, "path": str(card.path), "example_prompt": example}
+    if as_json:
+        print_json(info)
+        return
+    from rich.panel import Panel
+
+    out = console()
+    out.print(f"[bold]{card.name}[/bold] v{card.version}  ({card.category})  {card.path}")
+    out.print(card.description, markup=False)
+    for key in ("source", "splits", "default_split", "reward", "reward_params", "metrics", "format", "stop",
+                "max_tokens", "fewshot"):
+        out.print(f"  {key}: {json.dumps(info[key]) if not isinstance(info[key], str) else info[key]}", markup=False)
+    if example is not None:
+        text = example if isinstance(example, str) else "\n".join(f"[{m['role']}] {m['content']}" for m in example)
+        out.print(Panel(text, title="example prompt (zero-shot)", expand=False), markup=False)
