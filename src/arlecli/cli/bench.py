@@ -73,8 +73,6 @@ def show_command(
     if as_json:
         print_json(info)
         return
-    from rich.panel import Panel
-
     out = console()
     out.print(f"[bold]{card.name}[/bold] v{card.version}  ({card.category})  {card.path}")
     out.print(card.description, markup=False)
@@ -83,4 +81,5 @@ def show_command(
         out.print(f"  {key}: {json.dumps(info[key]) if not isinstance(info[key], str) else info[key]}", markup=False)
     if example is not None:
         text = example if isinstance(example, str) else "\n".join(f"[{m['role']}] {m['content']}" for m in example)
-        out.print(Panel(text, title="example prompt (zero-shot)", expand=False), markup=False)
+        out.print("--- example prompt (zero-shot) ---", markup=False)
+        out.print(text, markup=False, highlight=False)

@@ -114,11 +114,11 @@ def eval_command(
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
                        data=str(data) if data else None)
     spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env)
-    run_dir = _run_dir(output, card.name, spec.display, resume)
+    run_dir = _run_dir(output, card.name, spec.name, resume)
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency)
     progress = _Progress(f"{card.name}")
     try:
-        results = run_eval(card, engine, opts, model=spec.display, run_dir=run_dir, resume=resume,
+        results = run_eval(card, engine, opts, model=spec.name, run_dir=run_dir, resume=resume,
                            command=["arle", *sys.argv[1:]], on_start=progress.start, on_sample=progress.sample)
     finally:
         progress.stop()

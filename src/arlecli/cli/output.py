@@ -13,7 +13,8 @@ def console():
     """The stdout console (Rich decides colour and width from whether it is a TTY)."""
     from rich.console import Console
 
-    return Console(soft_wrap=not sys.stdout.isatty())
+    # Off a terminal (logs, pipes) Rich would assume 80 columns and crop table cells.
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 @lru_cache(maxsize=None)
