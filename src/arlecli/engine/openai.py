@@ -194,7 +194,7 @@ class OpenAIEngine:
                     problem = f"cannot connect ({_one_line(str(exc)) or type(exc).__name__})"
                 else:
                     status = resp.status_code
-                    if status == 200:
+                    if resp.is_success:
                         return _parse_completion(_json(resp, url), chat, req.params.stop)
                     message = _redact(_server_message(resp), key)
                     if status == 400 and self._send_token_ids and "return_token_ids" in message:
@@ -219,7 +219,9 @@ class OpenAIEngine:
                 attempt += 1
 
 
-def list_models(base_url: str, api_key_env: str | None = None, timeout_s: float = 30.0) -> list[str]:
+def list_models(
+    base_url: str, api_key_env: str | None = None, timeout_s: float = 30.0
+) -> list[str]:
     """Return the model names an OpenAI-compatible server serves (GET {base_url}/models)."""
     base = _normalise_base_url(base_url)
     url = base + "/models"
@@ -233,7 +235,7 @@ def list_models(base_url: str, api_key_env: str | None = None, timeout_s: float 
             f"openai engine: cannot reach {url} ({_one_line(str(exc))}); "
             "is the server running and the base URL right?"
         ) from None
-    if resp.status_code != 200:
+    if not resp.is_success:
         message = _redact(_server_message(resp), key)
         raise _status_error(resp.status_code, url, message, base, None, api_key_env)
     data = _json(resp, url)
@@ -309,7 +311,9 @@ def _request_body(model: str, req: GenerationRequest, token_ids: bool) -> dict[s
 def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices or not isinstance(choices[0], dict):
-        raise UserError("openai engine: the server answered without any choices; is it OpenAI-compatible?")
+        raise UserError(
+            "openai engine: the server answered without any choices; is it OpenAI-compatible?"
+        )
     choice = choices[0]
     if chat:
         text = (choice.get("message") or {}).get("content") or ""
@@ -361,7 +365,7 @@ def _json(resp: httpx.Response, url: str) -> Any:
 
 
 def _server_message(resp: httpx.Response) -> str:
-    """The error text a server put in its body: OpenAI {"error": {"message"}} or vLLM {"message"}."""
+    """The error text in a body: OpenAI's {"error": {"message"}} or older vLLM's {"message"}."""
     try:
         data = resp.json()
     except ValueError:
@@ -384,15 +388,25 @@ def _status_error(
     said = f" (server said: {message})" if message else ""
     if status in (401, 403):
         if api_key_env:
-            fix = f"check that the environment variable {api_key_env} holds a valid API key for this endpoint"
+            fix = (
+                f"check that the environment variable {api_key_env} holds a valid API key "
+                "for this endpoint"
+            )
         else:
-            fix = "the server wants an API key: set api_key_env to the name of an environment variable that holds it"
+            fix = (
+                "the server wants an API key: set api_key_env to the name of an environment "
+                "variable that holds it"
+            )
         return UserError(f"openai engine: HTTP {status} from {url}{said}; {fix}")
     if status == 404:
-        what = f" and the model name {model!r}" if model else ""
+        what = (
+            f" and the model name {model!r} (GET {base_url}/models lists the served models)"
+            if model
+            else ""
+        )
         return UserError(
-            f"openai engine: HTTP 404 from {url}{said}; check the base URL (it usually ends in /v1)"
-            f"{what}; GET {base_url}/models lists the served models"
+            f"openai engine: HTTP 404 from {url}{said}; check the base URL (it usually ends "
+            f"in /v1){what}"
         )
     return UserError(f"openai engine: HTTP {status} from {url}{said}")
 
