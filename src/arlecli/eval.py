@@ -61,7 +61,7 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
     data = Path(opts.data) if opts.data else None
     split = opts.split or card.source.default_split
     origin = str(data) if data else f"{card.name}:{split}"
-    tasks = tasks_from_rows(card, load_rows(card, split, data), origin)
+    tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit), origin)
     if opts.limit is not None:
         tasks = tasks[:opts.limit]
     n_shots = card.prompt.fewshot.n if opts.num_fewshot is None else opts.num_fewshot
@@ -71,7 +71,8 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
         if not fs_split:
             raise UserError(f"{card.name} defines no few-shot split; use --num-fewshot 0")
         try:
-            pool = tasks_from_rows(card, load_rows(card, fs_split), f"{card.name}:{fs_split}")
+            need = n_shots + (len(tasks) if fs_split == split else 0)  # room to skip the eval tasks
+            pool = tasks_from_rows(card, load_rows(card, fs_split, limit=need), f"{card.name}:{fs_split}")
         except UserError as exc:
             raise UserError(f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
                             f"({exc}); pass --num-fewshot 0 to run without them") from None

@@ -59,7 +59,7 @@ def show_command(
     if card.fixture_path is not None:
         rows = read_rows_file(card.fixture_path)[:1]
     elif card.source.kind in ("package", "generator"):
-        rows = load_rows(card)[:1]
+        rows = load_rows(card, limit=1)[:1]
     else:
         rows = []
     if rows:

@@ -83,13 +83,14 @@ def _package_rows(card: Card, split: str) -> list[Row]:
     return read_rows_file(path)
 
 
-def _generator_rows(card: Card, split_spec: Any) -> list[Row]:
+def _generator_rows(card: Card, split_spec: Any, limit: int | None) -> list[Row]:
     from arlecli.data.generators import generate_rows
 
     if not isinstance(split_spec, dict) or "seed" not in split_spec or "size" not in split_spec:
         raise UserError(f"{card.path}: field 'source.splits': a generator split needs {{seed, size}}")
-    return generate_rows(card.source.path, seed=int(split_spec["seed"]), size=int(split_spec["size"]),
-                         params=card.source.params)
+    size = int(split_spec["size"]) if limit is None else min(limit, int(split_spec["size"]))
+    # Row i depends only on (seed, i), so generating a prefix gives the same first rows.
+    return generate_rows(card.source.path, seed=int(split_spec["seed"]), size=size, params=card.source.params)
 
 
 def split_names(card: Card) -> list[str]:
@@ -97,8 +98,11 @@ def split_names(card: Card) -> list[str]:
     return list(card.source.splits) or [card.source.default_split]
 
 
-def load_rows(card: Card, split: str | None = None, data: Path | None = None) -> list[Row]:
-    """Rows of one split of the card's source, or of the local `data` file instead."""
+def load_rows(card: Card, split: str | None = None, data: Path | None = None,
+              limit: int | None = None) -> list[Row]:
+    """Rows of one split of the card's source, or of the local `data` file instead.
+
+    `limit` lets generators make only the rows needed; other sources return them all."""
     if data is not None:
         return read_rows_file(data)
     split = split or card.source.default_split
@@ -114,7 +118,7 @@ def load_rows(card: Card, split: str | None = None, data: Path | None = None) ->
         return read_rows_file(base / str(spec if splits else card.source.path))
     if kind == "package":
         return _package_rows(card, str(spec))
-    return _generator_rows(card, spec)
+    return _generator_rows(card, spec, limit)
 
 
 def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]:
