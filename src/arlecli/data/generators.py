@@ -1,0 +1,222 @@
+"""Procedural datasets: seeded, offline rows from reasoning-gym or our own countdown.
+
+`generate_rows("reasoning_gym:gsm_symbolic", seed=0, size=100)` and
+`generate_rows("countdown", seed=0, size=100)` return plain JSON-serialisable dicts with an
+`id`, so the eval loop can write them to samples.jsonl and resume by id.
+
+Row i depends only on (seed, i): asking for more rows never changes the earlier ones. The
+one exception is reasoning_gym:acre, which draws its whole question set from `size`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fractions
+import hashlib
+import operator
+import random
+from typing import Any
+
+from arlecli.errors import UserError
+
+RG_PREFIX = "reasoning_gym:"
+
+COUNTDOWN_DEFAULTS: dict[str, Any] = {
+    "min_numbers": 3,
+    "max_numbers": 4,
+    "min_value": 1,
+    "max_value": 100,
+    "min_target": 10,
+    "max_target": 999,
+    "operators": ["+", "-", "*", "/"],
+}
+
+
+def generate_rows(
+    name: str, *, seed: int, size: int, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Rows of the procedural dataset `name`, deterministic in (seed, row index).
+
+    Args:
+        name: `reasoning_gym:<dataset>` (any reasoning-gym dataset, e.g.
+            `reasoning_gym:gsm_symbolic`) or `countdown`.
+        seed: any int; different seeds give unrelated rows.
+        size: number of rows.
+        params: generator settings. For reasoning-gym, fields of that dataset's config class
+            (e.g. `{"min_numbers": 3}` for countdown); for `countdown`, keys of
+            COUNTDOWN_DEFAULTS.
+
+    Returns:
+        reasoning-gym: {id, question, answer, metadata} with metadata made JSON-safe.
+        countdown: {id, numbers, target, question, answer} (`answer` is one solution).
+    """
+    if size < 0:
+        raise UserError(f"size must be >= 0, got {size}")
+    if name == "countdown":
+        return countdown_rows(seed=seed, size=size, params=params)
+    if name.startswith(RG_PREFIX):
+        return reasoning_gym_rows(name[len(RG_PREFIX) :], seed=seed, size=size, params=params)
+    raise UserError(
+        f"unknown generator '{name}'; use 'countdown' or 'reasoning_gym:<dataset>' "
+        "(e.g. reasoning_gym:gsm_symbolic)"
+    )
+
+
+def rg_seed(seed: int) -> int:
+    """The seed handed to reasoning-gym for our `seed`.
+
+    reasoning-gym seeds row i with `seed + i`, so seeds 1 and 2 would share all but one row
+    (a train/eval leak). Hashing spreads nearby seeds over 2**32, which keeps them apart.
+    """
+    digest = hashlib.sha256(f"arle-reasoning-gym:{seed}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def reasoning_gym_rows(
+    task: str, *, seed: int, size: int, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """`size` rows of reasoning-gym dataset `task` (see generate_rows)."""
+    dataset = _rg_dataset(task, seed=rg_seed(seed), size=size, params=params or {})
+    rows = []
+    for i in range(size):
+        entry = dataset[i]
+        rows.append(
+            {
+                "id": f"{task}-{seed}-{i}",
+                "question": entry["question"],
+                "answer": json_safe(entry["answer"]),
+                "metadata": json_safe(entry.get("metadata", {})),
+            }
+        )
+    return rows
+
+
+def _rg_dataset(task: str, *, seed: int, size: int, params: dict[str, Any]) -> Any:
+    import reasoning_gym  # heavy (~1 s); only generator users pay for it
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        near = difflib.get_close_matches(task, DATASETS, n=3)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise UserError(f"unknown reasoning-gym dataset '{task}'{hint}")
+    config_cls = DATASETS[task][1]
+    known = {f.name for f in dataclasses.fields(config_cls)} - {"seed", "size"}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise UserError(
+            f"unknown params for reasoning_gym:{task}: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    try:
+        return reasoning_gym.create_dataset(task, seed=seed, size=max(size, 1), **params)
+    except (AssertionError, TypeError, ValueError) as exc:
+        raise UserError(f"bad params for reasoning_gym:{task}: {exc}") from None
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with tuples/sets as lists, dict keys as str, Fractions and other objects as str."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        # Sorted so the same row serialises identically in every run.
+        return sorted((json_safe(v) for v in value), key=repr)
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        try:
+            return json_safe(value.item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays
+        return json_safe(value.tolist())
+    return str(value)
+
+
+# Countdown ------------------------------------------------------------------------------
+# Our own generator rather than reasoning-gym's: theirs builds sympy expressions (~11 ms a
+# row) and only left-to-right chains; a random tree over exact Fractions is ~100x faster
+# and reaches every shape. reasoning_gym:countdown is still there for rg-identical rows.
+
+
+def countdown_rows(
+    *, seed: int, size: int, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """`size` countdown rows: {id, numbers, target, question, answer} (see generate_rows)."""
+    cfg = {**COUNTDOWN_DEFAULTS, **(params or {})}
+    unknown = sorted(set(cfg) - set(COUNTDOWN_DEFAULTS))
+    if unknown:
+        raise UserError(
+            f"unknown params for countdown: {', '.join(unknown)}; "
+            f"known: {', '.join(COUNTDOWN_DEFAULTS)}"
+        )
+    _check_countdown_config(cfg)
+    return [_countdown_row(seed, i, cfg) for i in range(size)]
+
+
+def _check_countdown_config(cfg: dict[str, Any]) -> None:
+    problems = []
+    if not 2 <= cfg["min_numbers"] <= cfg["max_numbers"]:
+        problems.append("need 2 <= min_numbers <= max_numbers")
+    if not 0 <= cfg["min_value"] <= cfg["max_value"]:
+        problems.append("need 0 <= min_value <= max_value")
+    if cfg["min_target"] > cfg["max_target"]:
+        problems.append("need min_target <= max_target")
+    if not cfg["operators"] or set(cfg["operators"]) - {"+", "-", "*", "/"}:
+        problems.append("operators must be a non-empty subset of + - * /")
+    if problems:
+        raise UserError(f"bad params for countdown: {'; '.join(problems)}")
+
+
+def _countdown_row(seed: int, index: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    # A string seed goes through sha512 in `random`, so rows are stable across runs and
+    # platforms and independent of PYTHONHASHSEED.
+    rng = random.Random(f"arle-countdown:{seed}:{index}")
+    count = rng.randint(cfg["min_numbers"], cfg["max_numbers"])
+    for _ in range(1000):
+        numbers = [rng.randint(cfg["min_value"], cfg["max_value"]) for _ in range(count)]
+        solved = _random_expression(rng, numbers, cfg["operators"])
+        if solved is None:
+            continue
+        value, expression = solved
+        if value.denominator == 1 and cfg["min_target"] <= value <= cfg["max_target"]:
+            target = int(value)
+            break
+    else:
+        raise UserError(
+            "countdown: could not reach a target in [min_target, max_target] with these "
+            "params; widen the target range or the number range"
+        )
+    shown = ", ".join(map(str, numbers))
+    question = (
+        f"Using the numbers [{shown}], create an arithmetic expression that equals {target}. "
+        "Use each number exactly once; you may use +, -, *, / and parentheses."
+    )
+    return {
+        "id": f"countdown-{seed}-{index}",
+        "numbers": numbers,
+        "target": target,
+        "question": question,
+        "answer": expression,
+    }
+
+
+def _random_expression(
+    rng: random.Random, numbers: list[int], operators: list[str]
+) -> tuple[fractions.Fraction, str] | None:
+    """Combine random pairs with random operators until one value is left; None on x/0."""
+    pool = [(fractions.Fraction(n), str(n)) for n in numbers]
+    while len(pool) > 1:
+        left = pool.pop(rng.randrange(len(pool)))
+        right = pool.pop(rng.randrange(len(pool)))
+        op = rng.choice(operators)
+        if op == "/" and right[0] == 0:
+            return None
+        pool.append((_OPS[op](left[0], right[0]), f"({left[1]} {op} {right[1]})"))
+    value, text = pool[0]
+    return value, text[1:-1]  # the outermost pair of brackets says nothing
+
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}

@@ -1,0 +1,205 @@
+"""Math rewards: gsm8k scored exactly as lm-evaluation-harness does, and math-verify.
+
+`gsm8k` reproduces lm-eval's `gsm8k.yaml` (version 3.0): two regex filters (strict-match,
+flexible-extract) whose extraction is compared to the full gsm8k `answer` string by lm-eval's
+`exact_match` with the card's `regexes_to_ignore` and `ignore_case`. It also reports a
+math-verify equivalence so a model that answers in its own words still gets credit there.
+
+`math` compares a LaTeX/number gold against the last `\\boxed{}` of the completion (or
+math-verify's own extraction) by symbolic equivalence.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from arlecli.rewards import RewardFn, register
+from arlecli.types import Episode, Score, Task
+
+# math-verify's regexes and sympy can be slow on long inputs, and its own timeout relies on
+# signal.alarm (main thread only), so we disable that and bound the input instead. Answers sit
+# at the end of a completion, so the tail is what we keep.
+MAX_VERIFY_CHARS = 4000
+
+# lm-eval gsm8k.yaml, filter_list and metric_list, verbatim patterns.
+STRICT_REGEX = r"#### (\-?[0-9\.\,]+)"
+FLEXIBLE_REGEX = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"
+GSM8K_IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")
+INVALID = "[invalid]"
+
+
+@dataclass(frozen=True)
+class RegexFilter:
+    """lm-eval's `regex` filter followed by `take_first` (one response per sample).
+
+    `group_select` indexes the list of matches (0 = first, -1 = last). When the pattern has
+    several groups, the first non-empty group of the selected match is the extraction.
+    """
+
+    pattern: str
+    group_select: int = 0
+    fallback: str = INVALID
+
+    def __call__(self, text: str) -> str:
+        matches = re.findall(self.pattern, text)
+        if not matches:
+            return self.fallback
+        match = matches[self.group_select]
+        if isinstance(match, tuple):
+            groups = [g for g in match if g]
+            match = groups[0] if groups else self.fallback
+        return match.strip()
+
+
+STRICT_MATCH = RegexFilter(STRICT_REGEX, group_select=0)
+FLEXIBLE_EXTRACT = RegexFilter(FLEXIBLE_REGEX, group_select=-1)
+_FILTERS = {"strict_match": STRICT_MATCH, "flexible_extract": FLEXIBLE_EXTRACT}
+
+
+def exact_match(
+    prediction: str,
+    reference: str,
+    regexes_to_ignore: tuple[str, ...] = (),
+    ignore_case: bool = False,
+) -> bool:
+    """lm-eval's `exact_match` for one pair: each regex is removed from BOTH sides, in order,
+    then the strings are lower-cased if asked and compared exactly (no stripping)."""
+    for pattern in regexes_to_ignore:
+        prediction = re.sub(pattern, "", prediction)
+        reference = re.sub(pattern, "", reference)
+    if ignore_case:
+        prediction, reference = prediction.lower(), reference.lower()
+    return prediction == reference
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (also `\\fbox{...}`, `\\boxed 5`) in `text`, or None."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
+    if rest.startswith(" "):
+        # `\boxed 5$`: the argument runs to the next `$` or whitespace.
+        return re.split(r"[\s$]", rest.lstrip(), maxsplit=1)[0] or None
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[1:i]
+    return None  # unbalanced: the model was cut off inside the box
+
+
+def _silence_timeout_warning() -> None:
+    # math-verify warns once that its timeout is off; we bound input size on purpose, and the
+    # warning would otherwise land in the middle of a user's progress bar.
+    from math_verify import grader, parser
+
+    parser.TIMEOUT_WARNING_SHOWN = True
+    grader.TIMEOUT_WARNING_SHOWN = True
+
+
+def mv_parse(text: str) -> list[Any]:
+    """math-verify `parse` that is safe off the main thread; [] when nothing parses."""
+    from math_verify import parse
+
+    _silence_timeout_warning()
+    try:
+        return parse(text[-MAX_VERIFY_CHARS:], parsing_timeout=None)
+    except Exception:  # a malformed completion is a wrong answer, never a crash
+        return []
+
+
+def mv_verify(gold: list[Any], pred: list[Any]) -> bool:
+    """math-verify `verify` (gold first) that is safe off the main thread."""
+    from math_verify import verify
+
+    if not gold or not pred:
+        return False
+    _silence_timeout_warning()
+    try:
+        return bool(verify(gold, pred, timeout_seconds=None))
+    except Exception:
+        return False
+
+
+def _parse_latex(expr: str) -> list[Any]:
+    # Wrapping a bare answer in \boxed{} lets the LaTeX extractor take `\frac{1}{2}` as
+    # well as `0.5`; the plain parse catches what the box wrapper cannot.
+    return mv_parse(f"\\boxed{{{expr}}}") or mv_parse(expr)
+
+
+def gsm8k_gold(answer: str) -> str:
+    """The gold number of a gsm8k `answer` string (`... #### 1,000` -> `1000`)."""
+    return answer.split("####")[-1].strip().replace(",", "")
+
+
+@register("gsm8k")
+def gsm8k(primary: str = "flexible_extract") -> RewardFn:
+    """GSM8K scored like lm-eval's `gsm8k` task, plus math-verify.
+
+    The task target is the full gsm8k `answer` (rationale ending in `#### 72`). Each filter's
+    extraction and the target go through lm-eval's `exact_match` with regexes_to_ignore
+    `,`, `\\$`, `(?s).*#### `, `\\.$` and ignore_case, so the rationale and separators drop out.
+
+    Args:
+        primary: which sub-metric decides `correct` and `reward`: "flexible_extract" (last
+            number in the text; the default), "strict_match" (first `#### N`), or
+            "math_verify" (symbolic equivalence of the gold number and the completion).
+
+    Details: strict_match, flexible_extract, math_verify (each 0/1). `extracted` is the
+    primary filter's extraction (`[invalid]` when it found nothing; math-verify's answer
+    string for primary="math_verify").
+    """
+    choices = (*_FILTERS, "math_verify")
+    if primary not in choices:
+        raise ValueError(f"primary must be one of {', '.join(choices)}, got {primary!r}")
+
+    def score(task: Task, episode: Episode) -> Score:
+        reference = str(task.target)
+        text = episode.completion
+        extractions = {name: f(text) for name, f in _FILTERS.items()}
+        details: dict[str, Any] = {
+            name: int(exact_match(got, reference, GSM8K_IGNORE, ignore_case=True))
+            for name, got in extractions.items()
+        }
+        pred = mv_parse(text)
+        details["math_verify"] = int(mv_verify(_parse_latex(gsm8k_gold(reference)), pred))
+        extractions["math_verify"] = str(pred[-1]) if pred else None
+        correct = bool(details[primary])
+        return Score(float(correct), correct, extractions[primary], details)
+
+    return score
+
+
+@register("math")
+def math_answer() -> RewardFn:
+    """Symbolic equivalence of a math answer, by math-verify.
+
+    Gold: `task.target` as LaTeX or a number; if it holds a `\\boxed{}` (a full solution),
+    the last boxed content. Prediction: the last `\\boxed{}` of the completion, else
+    math-verify's own extraction from the text (its last-answer heuristics). So
+    `\\boxed{\\frac{1}{2}}` matches a gold of `0.5`.
+
+    Takes no params. Details: math_verify (0/1). `extracted` is the boxed content or
+    math-verify's answer string, None when nothing was found.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        gold_text = str(task.target)
+        gold = _parse_latex(last_boxed(gold_text) or gold_text)
+        boxed = last_boxed(episode.completion)
+        pred = _parse_latex(boxed) if boxed is not None else []
+        if not pred:
+            pred = mv_parse(episode.completion)
+        extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
+        correct = mv_verify(gold, pred)
+        return Score(float(correct), correct, extracted, {"math_verify": int(correct)})
+
+    return score

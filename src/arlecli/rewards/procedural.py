@@ -1,0 +1,285 @@
+"""Rewards for procedural tasks: countdown (our safe checker) and reasoning-gym's checkers."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import json
+import operator
+import re
+from collections import Counter
+from fractions import Fraction
+from typing import Any, Callable
+
+from arlecli.errors import UserError
+from arlecli.rewards import RewardFn, register
+from arlecli.types import Episode, Score, Task
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def answer_tag(text: str) -> str | None:
+    """Content of the last `<answer>...</answer>` in `text`, stripped, else None."""
+    found = _ANSWER_TAG.findall(text)
+    return found[-1].strip() if found else None
+
+
+def last_line(text: str) -> str | None:
+    """The last non-empty line of `text`, stripped, else None."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+# Countdown ------------------------------------------------------------------------------
+
+MAX_EXPRESSION_CHARS = 300  # a dozen numbers fit many times over; stops parser/bignum abuse
+MAX_LITERAL = 10**9
+_EXPRESSION_RUN = re.compile(r"[\d\s+\-*/().^%!]+")  # ^ % ! kept so ast rejects them
+_OPERATOR = re.compile(r"\d\s*[+\-*/]\s*[\d(]|\)\s*[+\-*/]")
+_BIN_OPS: dict[type, Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+class UnsafeExpression(ValueError):
+    """The text is not plain arithmetic on integer literals."""
+
+
+def countdown_expression(text: str) -> str | None:
+    """The expression a model proposed: the last `<answer>` content if any, else the last
+    line that holds arithmetic. Markdown, `×`/`÷` and a trailing `= <result>` are tolerated."""
+    tagged = answer_tag(text)
+    candidates = [tagged] if tagged is not None else reversed(text.splitlines())
+    for line in candidates:
+        expr = _expression_in(line)
+        if expr is not None:
+            return expr
+    return tagged  # a tag with no arithmetic in it is still the model's (wrong) answer
+
+
+def _expression_in(line: str) -> str | None:
+    line = line.replace("×", "*").replace("÷", "/").replace("−", "-")
+    line = re.sub(r"\\times|\\cdot", "*", line).replace("\\div", "/")
+    # "83 + 7 = 90": keep the side with the most numbers (the expression, not the result).
+    sides = [s for s in line.split("=") if s.strip()]
+    best: str | None = None
+    for side in sides:
+        for run in _EXPRESSION_RUN.findall(side):
+            # Bold markers and a full stop hug the expression in prose ("**8 / 2 + 3**.").
+            run = " ".join(run.split()).rstrip(".").strip(" *")
+            if _OPERATOR.search(run) and (best is None or _count(run) > _count(best)):
+                best = run
+    return best
+
+
+def _count(expr: str) -> int:
+    return len(re.findall(r"\d+", expr))
+
+
+def safe_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
+    """Evaluate `expr` exactly, allowing only integer literals, + - * /, unary minus and
+    brackets. Returns (value, the integer literals used). Raises UnsafeExpression otherwise
+    (names, calls, powers, floats, huge literals, division by zero)."""
+    if len(expr) > MAX_EXPRESSION_CHARS:
+        raise UnsafeExpression("expression too long")
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise UnsafeExpression(f"not an expression: {exc}") from None
+    literals: list[int] = []
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            if node.value > MAX_LITERAL:
+                raise UnsafeExpression("number too large")
+            literals.append(node.value)
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise UnsafeExpression("division by zero")
+            return _BIN_OPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            value = walk(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        raise UnsafeExpression(f"not allowed: {type(node).__name__}")
+
+    try:
+        return walk(tree), literals
+    except RecursionError:
+        raise UnsafeExpression("expression nested too deeply") from None
+
+
+def _countdown_problem(task: Task) -> tuple[list[int], Any]:
+    fields = task.fields
+    meta = fields.get("metadata") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    # Our rows carry numbers/target at the top; reasoning_gym:countdown rows in metadata.
+    numbers = fields.get("numbers", meta.get("numbers"))
+    target = fields.get("target", meta.get("target", task.target))
+    if numbers is None or target is None:
+        raise ValueError(f"task {task.id}: countdown needs fields 'numbers' and 'target'")
+    return [int(n) for n in numbers], target
+
+
+@register("countdown")
+def countdown() -> RewardFn:
+    """Countdown: an arithmetic expression that uses each given number exactly once and
+    equals the target.
+
+    The answer is the last `<answer>...</answer>` content, else the last line holding
+    arithmetic (a trailing `= result` is ignored). It is evaluated exactly with `ast`
+    (integer literals, + - * /, unary minus and brackets; no names, calls or powers); the
+    multiset of literals must equal `task.fields["numbers"]` and the value must equal
+    `task.fields["target"]` within 1e-6 (both also read from `fields["metadata"]`, so
+    reasoning_gym:countdown rows work too).
+
+    Takes no params. Details: accuracy (0/1), valid_expression (0/1: safe arithmetic that
+    evaluates). `extracted` is the expression string or None.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        numbers, target = _countdown_problem(task)
+        expr = countdown_expression(episode.completion)
+        valid = correct = False
+        if expr is not None:
+            try:
+                value, used = safe_arithmetic(expr)
+                valid = True
+                correct = Counter(used) == Counter(numbers) and abs(
+                    float(value - Fraction(str(target)))
+                ) <= 1e-6
+            except UnsafeExpression:
+                pass
+        details = {"accuracy": int(correct), "valid_expression": int(valid)}
+        return Score(float(correct), correct, expr, details)
+
+    return score
+
+
+# reasoning-gym --------------------------------------------------------------------------
+
+MAX_ANSWER_CHARS = 10_000
+# These reasoning-gym checkers pass the model's answer to eval() or sympy.parse_expr (itself
+# an eval), so model text must not reach them if it could run code, or hang sympy on a power
+# tower or a factorial. The screen is best-effort; the sandbox is the real boundary. Other
+# checkers only compare strings/numbers, and a screen there would reject honest answers
+# (a word-sorting answer may well contain "open").
+_EVAL_CHECKERS = frozenset(
+    {
+        "binary_matrix", "composite", "countdown", "intermediate_integration", "n_queens",
+        "polynomial_multiplication", "puzzle24", "simple_integration", "spiral_matrix",
+        "string_insertion",
+    }
+)
+_UNSAFE = re.compile(
+    r"__|\b(?:import|exec|eval|compile|open|globals|locals|vars|getattr|setattr|delattr|"
+    r"input|breakpoint|lambda|os|sys|subprocess|builtins|self|class)\b"
+    r"|\*\*\s*[\w.()]+\s*\*\*|\*\*\s*\([^)]*\*\*|\*\*\s*\(?\s*[\d.]{4,}|\d\s*!"
+)
+
+
+def looks_unsafe(answer: str) -> bool:
+    """True when `answer` could run code or blow up an eval-based checker."""
+    return bool(_UNSAFE.search(answer))
+
+
+def rg_answer(text: str) -> str | None:
+    """The answer reasoning-gym scores: the last `<answer>` content, else the last
+    non-empty line, stripped."""
+    tagged = answer_tag(text)
+    return tagged if tagged is not None else last_line(text)
+
+
+@functools.lru_cache(maxsize=None)
+def _rg_checker(name: str) -> Callable[[str | None, dict[str, Any]], float]:
+    from reasoning_gym import get_score_answer_fn
+
+    return get_score_answer_fn(name)
+
+
+def _grids_as_tuples(metadata: dict[str, Any]) -> dict[str, Any]:
+    # The ARC checkers compare their parsed board (tuples) with metadata["output"] by ==,
+    # and our JSON-safe rows hold lists, which never equal tuples.
+    def grid(value: Any) -> Any:
+        return tuple(tuple(r) for r in value) if isinstance(value, list) else value
+
+    return {**metadata, **{k: grid(metadata[k]) for k in ("input", "output") if k in metadata}}
+
+
+# Undo what JSON did to a row's metadata, where a checker cares (found by scoring every
+# dataset's own answers after a JSON round trip; only these two needed it).
+_RESTORE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "arc_agi": _grids_as_tuples,
+    "rearc": _grids_as_tuples,
+}
+
+
+def _rg_entry(task: Task, name: str | None) -> dict[str, Any]:
+    fields = task.fields
+    metadata = fields.get("metadata") or {}
+    if isinstance(metadata, str):  # a row that went through a flat file
+        metadata = json.loads(metadata)
+    name = name or metadata.get("source_dataset")
+    if name in _RESTORE:
+        metadata = _RESTORE[name](metadata)
+    return {
+        "question": fields.get("question", task.input),
+        "answer": fields.get("answer", task.target),
+        "metadata": metadata,
+    }
+
+
+@register("reasoning_gym")
+def reasoning_gym(task: str | None = None) -> RewardFn:
+    """Score with reasoning-gym's own checker (`score_answer`) for the row's dataset.
+
+    The answer is the last `<answer>...</answer>` content, else the last non-empty line.
+    The entry the checker sees is {question, answer, metadata} from the task's fields
+    (`answer` falls back to `task.target`, `question` to `task.input`). For the datasets
+    whose checker eval()s the answer (countdown, puzzle24, n_queens, the integration tasks,
+    ...), answers that look like code or a power tower score 0 without reaching it.
+
+    Args:
+        task: reasoning-gym dataset name (e.g. "gsm_symbolic"; "reasoning_gym:" prefix
+            allowed). Default: the row's `metadata["source_dataset"]`.
+
+    Details: accuracy (0/1, checker score == 1). `reward` is the checker's score in [0, 1]
+    (some checkers give partial credit, e.g. countdown 0.05 for a wrong value).
+    """
+    fixed = task.removeprefix("reasoning_gym:") if task else None
+    if fixed is not None:
+        from reasoning_gym.factory import DATASETS
+
+        if fixed not in DATASETS:
+            near = difflib.get_close_matches(fixed, DATASETS, n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise UserError(f"reward reasoning_gym: unknown dataset '{fixed}'{hint}")
+
+    def score(row: Task, episode: Episode) -> Score:
+        entry = _rg_entry(row, fixed)
+        name = fixed or entry["metadata"].get("source_dataset")
+        if not name:
+            raise ValueError(f"task {row.id}: set the reward param `task` (no source_dataset)")
+        answer = rg_answer(episode.completion)
+        value = 0.0
+        if answer is not None and len(answer) > MAX_ANSWER_CHARS:
+            answer = None  # no honest answer is that long; some checkers are quadratic
+        screened = answer is not None and name in _EVAL_CHECKERS and looks_unsafe(answer)
+        if answer is not None and not screened:
+            try:
+                value = float(_rg_checker(name)(answer, entry))
+            except Exception:  # a checker crash on odd model text is a wrong answer
+                value = 0.0
+        value = min(max(value, 0.0), 1.0)
+        correct = value == 1.0
+        return Score(value, correct, answer, {"accuracy": int(correct)})
+
+    return score
