@@ -1,0 +1,108 @@
+"""Cards and the registry: every packaged card resolves; bad cards fail with file + field."""
+
+from __future__ import annotations
+
+import pytest
+
+from arlecli.cards import load_card_file, parse_card, resolve_references
+from arlecli.data.sources import load_rows, read_rows_file, tasks_from_rows
+from arlecli.envs import single_turn
+from arlecli.errors import UserError
+from arlecli.registry import card_paths, list_cards, load_card
+from arlecli.rewards import get_reward
+from arlecli.types import Episode, Turn
+
+MINIMAL = {"name": "mini", "category": "math", "source": {"kind": "files", "path": "rows.jsonl"},
+           "reward": {"name": "gsm8k"}}
+
+
+def test_foundation_cards_are_registered():
+    assert {"gsm8k", "humaneval", "countdown", "mmlu", "gsm_symbolic"} <= set(card_paths())
+
+
+@pytest.mark.parametrize("card", list_cards(), ids=lambda c: c.name)
+def test_every_card_resolves_and_renders(card):
+    resolve_references(card)
+    rows = read_rows_file(card.fixture_path) if card.fixture_path else (
+        load_rows(card, limit=3) if card.source.kind in ("package", "generator") else [])
+    assert rows, f"{card.name} needs a fixture file or an offline source"
+    tasks = tasks_from_rows(card, rows[:3], "fixture")
+    prompt = single_turn.reset(card.prompt, tasks[0])
+    assert tasks[0].input in (prompt if isinstance(prompt, str) else prompt[-1]["content"])
+    score = get_reward(card.reward, card.reward_params)
+    wrong = score(tasks[0], Episode(tasks[0].id, [Turn(prompt=prompt, completion="I do not know.")]))
+    assert not wrong.correct
+    for metric in card.metrics:
+        if metric != "accuracy" and not metric.startswith("pass@"):
+            assert metric in wrong.details, f"{card.name}: metric {metric} is not a detail of {card.reward}"
+
+
+def test_missing_required_field_names_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ncategory: math\nsource: {kind: hub, path: x/y}\n")
+    with pytest.raises(UserError, match=r"bad\.yaml: field 'reward': is missing"):
+        load_card_file(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"category": "maths"}, "'category': 'maths' is not one of"),
+    ({"source": {"kind": "ftp", "path": "x"}}, "'source.kind': 'ftp' is not one of"),
+    ({"promt": {}}, "'promt': is not a card field; did you mean 'prompt'"),
+    ({"prompt": {"max_tokens": "many"}}, "'prompt.max_tokens': must be int"),
+    ({"prompt": {"fewshot": {"n": 3}}}, "'prompt.fewshot.split': is missing"),
+])
+def test_invalid_values_name_the_field(change, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_card({**MINIMAL, **change}, "card.yaml")
+
+
+def test_unknown_reward_is_a_card_error():
+    card = parse_card({**MINIMAL, "reward": {"name": "gsm9k"}}, "card.yaml")
+    with pytest.raises(UserError, match="field 'reward'.*did you mean gsm8k"):
+        resolve_references(card)
+
+
+def test_user_dir_card_shadows_packaged_and_paths_load(isolated_home, tmp_path):
+    user_dir = isolated_home / "benchmarks"
+    user_dir.mkdir()
+    (user_dir / "gsm8k.yaml").write_text(
+        "name: gsm8k\ncategory: math\ndescription: mine\nsource: {kind: files, path: rows.jsonl}\nreward: gsm8k\n")
+    assert load_card("gsm8k").description == "mine"
+    other = tmp_path / "elsewhere.yaml"
+    other.write_text("name: elsewhere\ncategory: math\nsource: {kind: files, path: r.jsonl}\nreward: gsm8k\n")
+    assert load_card(str(other)).name == "elsewhere"
+
+
+def test_entry_point_cards_are_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "thirdparty_cards"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mybench.yaml").write_text(
+        "name: mybench\ncategory: qa\nsource: {kind: files, path: r.jsonl}\nreward: gsm8k\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class EP:
+        name, value = "thirdparty", "thirdparty_cards"
+
+    import arlecli.registry as registry
+
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [EP()] if group == "arle.benchmarks" else [])
+    assert load_card("mybench").category == "qa"
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(UserError, match="did you mean gsm8k"):
+        load_card("gsm8kk")
+
+
+def test_missing_column_names_the_field_and_columns():
+    card = load_card("gsm8k")
+    with pytest.raises(UserError, match=r"fields\.input.*'question'.*columns: answer, problem"):
+        tasks_from_rows(card, [{"problem": "1+1", "answer": "#### 2"}], "rows.jsonl")
+
+
+def test_mmlu_fixture_maps_answers_to_letters():
+    card = load_card("mmlu")
+    tasks = tasks_from_rows(card, read_rows_file(card.fixture_path), "fixture")
+    assert [t.target for t in tasks] == ["B", "C", "A", "D"]
+    assert "B. Mercury" in single_turn.reset(card.prompt, tasks[0])[-1]["content"]
