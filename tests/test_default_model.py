@@ -80,7 +80,7 @@ def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPat
     assert not stale.exists() and not list(target.parent.glob(".*.tmp-*"))
     assert not (target / models.MARKER).exists()
 
-    monkeypatch.undo()
+    # (no monkeypatch.undo(): it would also undo the autouse ARLE_HOME and write to the real cache)
     monkeypatch.setattr(models, "_find_gguf", lambda work: work / "fake.gguf")
     monkeypatch.setattr(models, "_convert_gguf", lambda gguf, out: (out.mkdir(), (out / "ok").write_text("")))
     path = models.embedded_default_model()

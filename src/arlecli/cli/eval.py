@@ -133,7 +133,10 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
     """The summary table: each metric with its stderr, then per-group rows if any."""
     from rich.table import Table
 
-    table = Table(title=f"{results['benchmark']} · {results['model']} · {results['n_tasks']} tasks")
+    out = console()
+    out.print(f"{results['benchmark']} · {results['model']} · {results['n_tasks']} tasks · "
+              f"{results['n_samples']} samples", highlight=False)
+    table = Table()
     table.add_column("group")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -142,6 +145,5 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
     for group, metrics in rows:
         for name, stat in metrics.items():
             table.add_row(group, name, f"{stat['value']:.4f}", f"{stat['stderr']:.4f}")
-    out = console()
     out.print(table)
     out.print(f"run directory: {run_dir}", highlight=False)

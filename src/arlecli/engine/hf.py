@@ -193,7 +193,9 @@ class HFEngine:
 def _load(model: str, device: str, dtype: str | None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar is noise in eval output
     # fp32 on CPU: these CPUs have no bf16 units (slower) and bf16 is not deterministic here.
     torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
