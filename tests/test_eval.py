@@ -92,7 +92,8 @@ def _rows_file(tmp_path: Path, n: int) -> Path:
     return data
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+def test_interrupt_then_resume_matches_uninterrupted_run(tmp_path, sig):
     data = _rows_file(tmp_path, 40)
     reply = lambda body: f" #### {int(body['prompt'].split()[-4]) + (1 if int(body['prompt'].split()[-4]) % 3 else 2)}"
     with FakeOpenAIServer(reply, delay_s=0.05) as srv:
@@ -103,15 +104,17 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
 
         run = tmp_path / "killed"
         proc = subprocess.Popen([*ARLE, *common, "--output", str(run)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.PIPE, text=True)
         samples = run / "samples.jsonl"
         deadline = time.time() + 120
         while time.time() < deadline:
             if samples.exists() and samples.read_text().count("\n") >= 10:
                 break
             time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        if sig == signal.SIGINT:  # Ctrl-C: one line that says how to continue, no traceback
+            assert proc.returncode == 130 and "--resume" in err and "Traceback" not in err
         done_before = samples.read_text().count("\n")
         assert 10 <= done_before < 40, "the kill must land mid-run"
         resumed = arle(*common, "--output", str(run), "--resume", "--json")

@@ -47,22 +47,21 @@ def main() -> None:
     """Console-script entry point: user mistakes print one line and exit 2."""
     _register()
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False: typer returns exit codes (Ctrl-C becomes 130) instead of
+        # exiting, and lets UserError through to us.
+        rc = app(standalone_mode=False)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
     except typer.Abort:
         typer.echo("aborted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        typer.echo("interrupted: rerun with --resume to continue", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2)
-        raise
+    except typer.TyperException as exc:  # usage errors (bad option values)
+        show = getattr(exc, "show", None)
+        if show is None:
+            raise
+        show()
+        sys.exit(2)
+    if rc == 130:
+        typer.echo("interrupted: finished samples are saved; rerun with --resume to continue", err=True)
+    sys.exit(rc if isinstance(rc, int) else 0)

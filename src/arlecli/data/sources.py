@@ -54,9 +54,13 @@ def read_rows_file(path: Path) -> list[Row]:
 
 
 def _hub_rows(card: Card, split: str) -> list[Row]:
+    import logging
+
     import datasets
 
     src = card.source
+    # huggingface_hub logs every retry of an unreachable hub; our one-line error says it all.
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     try:
         ds = datasets.load_dataset(src.path, src.config, split=split)
     except Exception as exc:  # datasets raises many types; all mean "could not get the data"
@@ -67,7 +71,7 @@ def _hub_rows(card: Card, split: str) -> list[Row]:
                 f"run `hf auth login`, or pass --data FILE") from None
         raise UserError(
             f"cannot load {src.path}{'/' + src.config if src.config else ''} split '{split}' from the hub "
-            f"({type(exc).__name__}); check the network, run `arle data pull {card.name}` where there is one, "
+            f"({type(exc).__name__}); check the network (or HF_TOKEN), "
             f"or pass --data FILE with rows in the dataset's own schema") from None
     return [dict(r) for r in ds]
 
