@@ -177,3 +177,18 @@ def test_card_missing_field_names_file_and_field(tmp_path):
     out = arle("eval", str(card))
     assert out.returncode == 2
     assert str(card) in out.stderr and "'reward'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_mmlu_reports_accuracy_per_subject(tmp_path):
+    fixture = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures" / "mmlu.jsonl"
+    with FakeOpenAIServer(lambda body: "The answer is (B).") as srv:
+        out = arle("eval", "mmlu", "--data", str(fixture), "--base-url", srv.base_url,
+                   "--output", str(tmp_path / "run"), "--json")
+        sent = srv.bodies("/chat/completions")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["metrics"]["accuracy"]["value"] == 0.25  # only the astronomy answer is B
+    assert res["groups"]["astronomy"]["accuracy"]["value"] == 1.0
+    assert res["groups"]["college_mathematics"]["accuracy"]["value"] == 0.0
+    assert len(res["groups"]) == 4
+    assert sent[0]["messages"][-1]["role"] == "user" and "A. Venus" in sent[0]["messages"][-1]["content"]
