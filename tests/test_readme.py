@@ -19,7 +19,7 @@ def test_readme_starts_with_the_two_setup_commands():
     assert len(commands) == 2
     main_job, tests = commands
     assert "arle eval" in main_job and "--model" not in main_job  # the embedded default model
-    assert "pytest" in tests and '".[dev]"' in tests
+    assert "pytest" in tests and '".[dev,' in tests
 
 
 def test_ci_runs_the_readme_test_command():
