@@ -80,8 +80,8 @@ def test_gsm8k_data_reports_both_filters_with_stderr(tmp_path):
     assert m["strict_match"]["value"] == pytest.approx(3 / 6)
     assert m["flexible_extract"]["value"] == 1.0
     assert m["strict_match"]["stderr"] == pytest.approx(((0.5 * 0.5 * 6 / 5) / 6) ** 0.5)
-    assert sent[0]["prompt"] == "Question: What is 1 plus 2?\nAnswer:"
-    assert sent[0]["stop"] == ["Question:", "</s>", "<|im_end|>"]
+    assert "Question: What is 1 plus 2?\nAnswer:" in [b["prompt"] for b in sent]  # order varies: concurrent
+    assert all(b["stop"] == ["Question:", "</s>", "<|im_end|>"] for b in sent)
     assert (tmp_path / "run" / "meta.json").exists() and (tmp_path / "run" / "results.json").exists()
 
 
