@@ -1,0 +1,1 @@
+"""Training: RL fine-tuning on a benchmark's reward (GRPO, RLOO, PPO)."""
