@@ -1,0 +1,85 @@
+"""`arle serve`: an OpenAI-compatible server for a model, optionally recording every request."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from arlecli.errors import UserError
+
+SERVE_BACKENDS = ("hf", "vllm")
+# Batch size when --max-concurrency is not given: what a CPU handles vs what vLLM schedules.
+DEFAULT_CONCURRENCY = {"hf": 16, "vllm": 256}
+
+
+def serve_command(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder (a trained "
+                                        "checkpoint or a LoRA adapter folder, served as-is) or hub id. "
+                                        "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="hf or vllm (default: the same choice "
+                                          "as `arle eval`, hf on CPU)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0: all)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of an env var holding the key "
+                                              "clients must send as `Authorization: Bearer KEY`."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1, help="Most requests "
+                                                  "generated at once, as one batch (default: 16 on hf, 256 on vllm)."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model name clients "
+                                                    "send and /v1/models lists (default: the model's name)."),
+    record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
+                                          "ids, logprobs, text) to DIR/SESSION.jsonl; a session is the URL prefix "
+                                          "/s/SESSION/v1 or the X-Arle-Session header."),
+) -> None:
+    """Serve a model with an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    from arlecli.engine import make_engine
+    from arlecli.models import resolve_model
+    from arlecli.serve import server
+    from arlecli.serve.app import create_app
+
+    if backend is not None and backend not in SERVE_BACKENDS:
+        raise UserError(f"arle serve runs the hf or vllm backend, not {backend!r}: pass --backend hf or --backend vllm")
+    api_key = _api_key(api_key_env)
+    if record is not None:
+        try:
+            record.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--record {record}: cannot create the folder ({exc.strerror or exc})") from None
+    spec = resolve_model(model, backend=backend)  # --api-key-env here is our key, not an endpoint's
+    sock = server.bind(host, port)  # before loading the model: a busy port fails at once
+    engine = make_engine(spec, batch_size=max_concurrency or DEFAULT_CONCURRENCY["hf"],
+                         concurrency=max_concurrency or DEFAULT_CONCURRENCY["hf"])
+    # After make_engine: the factory may pick the backend itself (vllm on a CUDA machine).
+    concurrency = max_concurrency or DEFAULT_CONCURRENCY.get(engine.name, DEFAULT_CONCURRENCY["hf"])
+    name = served_model_name or spec.name
+    app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency)
+
+    def ready() -> None:
+        typer.echo(f"serving {name} on {server.url(sock)}")
+        sys.stdout.flush()
+
+    batcher = app.state.batcher
+    server.run(app, sock, on_ready=ready, on_stop=lambda: batcher.close(timeout=0))
+    if not batcher.close(timeout=1.0):
+        # A generate call is still running in the batcher thread (its clients were answered
+        # 503 already) and cannot be interrupted mid-batch. Leave at once: a normal exit would
+        # tear down torch under that thread and abort the process. Records are already flushed.
+        typer.echo("server stopped (a running batch was abandoned)", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    engine.close()
+    typer.echo("server stopped", err=True)
+
+
+def _api_key(api_key_env: str | None) -> str | None:
+    if api_key_env is None:
+        return None
+    key = os.environ.get(api_key_env, "").strip()
+    if not key:
+        raise UserError(f"--api-key-env {api_key_env}: the environment variable is empty or not set; "
+                        f"export {api_key_env}=... with the key clients must send")
+    return key

@@ -1,0 +1,10 @@
+"""OpenAI-compatible serving and the recording gateway (`arle serve`).
+
+    protocol.py   the OpenAI wire format: parse request bodies, build responses and stream chunks
+    batcher.py    groups concurrent requests into engine.generate calls, one at a time
+    record.py     --record: one JSONL line per request, per session
+    app.py        the starlette app tying them together
+    server.py     uvicorn in the foreground (the CLI) or a background thread
+
+Heavy imports (starlette, uvicorn) stay inside these modules; `arle --help` never loads them.
+"""

@@ -1,0 +1,230 @@
+"""The OpenAI-compatible ASGI app (starlette) over any engine of the protocol.
+
+    GET  /v1/models                 the one served model
+    POST /v1/chat/completions       chat, streaming or not
+    POST /v1/completions            raw prompts, streaming or not
+    GET  /health                    200 when up (no key needed)
+
+Every /v1 route also answers under /s/{session}/v1/..., which names the recording session
+(else the X-Arle-Session header, else "default"). Requests go through a Batcher, which
+groups concurrent ones into single engine.generate calls.
+
+Streaming: the engine protocol yields whole completions, not tokens, so a stream sends the
+role delta at once, then each choice's whole text as one content delta when it finishes,
+then its finish delta (then usage, then [DONE]). Clients see valid OpenAI SSE; they just do
+not see tokens trickle in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from arlecli.engine.base import Engine
+from arlecli.errors import UserError
+from arlecli.serve import protocol
+from arlecli.serve.batcher import SHUTDOWN, Batcher, Finished
+from arlecli.serve.protocol import ApiError, ApiRequest
+from arlecli.serve.record import DEFAULT_SESSION, Recorder, build_record
+
+SESSION_HEADER = "x-arle-session"
+
+
+class _Api:
+    def __init__(self, engine: Engine, batcher: Batcher, model_name: str, api_key: str | None,
+                 recorder: Recorder | None) -> None:
+        self.batcher = batcher
+        self.model_name = model_name
+        self.api_key = api_key
+        self.recorder = recorder
+        self.token_text = protocol.token_text_for(engine)
+        self.created = int(time.time())
+
+    async def models(self, request: Request) -> Response:
+        self._authorize(request)
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "arle"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, *, chat: bool) -> Response:
+        received = time.time()
+        self._authorize(request)
+        body = await _json_body(request)
+        req = protocol.parse_chat(body) if chat else protocol.parse_completion(body)
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(404, f"The model `{req.model}` does not exist (this server serves "
+                           f"`{self.model_name}`).", "model_not_found", "model")
+        session = request.path_params.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+        endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+        rid = protocol.new_id(chat)
+        try:
+            futures = self.batcher.submit(req.engine_requests(force_logprobs=self.recorder is not None))
+        except RuntimeError as exc:  # shutting down
+            raise ApiError(503, str(exc), "unavailable") from None
+        waiting = [asyncio.wrap_future(f) for f in futures]
+        if req.stream:
+            events = self._stream(req, waiting, rid, int(received), session, endpoint, received)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            finished: list[Finished] = list(await asyncio.gather(*waiting))
+        except Exception as exc:
+            raise _engine_error(exc) from None
+        finally:
+            for fut in waiting:  # on error or a dropped client: don't generate for nobody
+                fut.cancel()
+        completions = [f.completion for f in finished]
+        self._record(session, rid, endpoint, req, finished, received)
+        return JSONResponse(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
+
+    async def _stream(self, req: ApiRequest, waiting: list[asyncio.Future[Finished]], rid: str, created: int,
+                      session: str, endpoint: str, received: float) -> AsyncIterator[str]:
+        def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+            return _sse(protocol.chunk(req, rid, created, self.model_name, choices, **extra))
+
+        index = {fut: i for i, fut in enumerate(waiting)}
+        finished: list[Finished | None] = [None] * len(waiting)
+        try:
+            if req.chat:  # the role goes out at once, so clients know the request is being served
+                yield event([protocol.first_delta(req, i) for i in range(len(waiting))])
+            pending: set[asyncio.Future[Finished]] = set(waiting)
+            prompt_ids_sent = False
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in sorted(done, key=index.__getitem__):
+                    i, fin = index[fut], fut.result()
+                    finished[i] = fin
+                    extra = {}
+                    if req.chat and req.return_token_ids and not prompt_ids_sent:
+                        extra["prompt_token_ids"] = list(fin.completion.prompt_token_ids)
+                        prompt_ids_sent = True
+                    yield event([protocol.content_delta(req, i, fin.completion, self.token_text)], **extra)
+                    yield event([protocol.finish_delta(req, i, fin.completion)])
+            done_all = [f for f in finished if f is not None]
+            if req.include_usage:
+                yield event([], usage=protocol.usage(req, [f.completion for f in done_all]))
+            self._record(session, rid, endpoint, req, done_all, received)
+        except Exception as exc:  # headers are gone already: report in-band, as vLLM does
+            yield _sse(_engine_error(exc).body())
+        finally:
+            for fut in waiting:
+                fut.cancel()
+        yield "data: [DONE]\n\n"
+
+    def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
+                received: float) -> None:
+        if self.recorder is None:
+            return
+        record = build_record(rid=rid, endpoint=endpoint, model=self.model_name, request=req, finished=finished,
+                              received_at=received, usage=protocol.usage(req, [f.completion for f in finished]))
+        self.recorder.write(session, record)
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if not given:
+            raise ApiError(401, "missing API key: send the header `Authorization: Bearer <key>`", "invalid_api_key")
+        # Constant-time compare; the message never repeats what was sent.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "invalid API key", "invalid_api_key")
+
+
+def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, record_dir: Path | None = None,
+               max_concurrency: int = 16, batch_wait_s: float = 0.005) -> Starlette:
+    """The server app for `engine`, served as `model_name`.
+
+    Args:
+        api_key: when set, every /v1 request must send `Authorization: Bearer <api_key>`.
+        record_dir: when set, every completed request is recorded under it (see record.py).
+        max_concurrency: most requests in one engine.generate call.
+        batch_wait_s: how long an idle server waits after a request for others to batch with.
+
+    `app.state.batcher` holds the Batcher (its counters show how requests were batched). The
+    app does not close the engine: whoever made it does, after the server stops.
+    """
+    batcher = Batcher(engine, max_batch=max_concurrency, wait_s=batch_wait_s)
+    recorder = Recorder(record_dir) if record_dir is not None else None
+    api = _Api(engine, batcher, model_name, api_key, recorder)
+    routes = [Route("/health", _health, methods=["GET"])]
+    for prefix in ("", "/s/{session}"):
+        routes += [
+            Route(prefix + "/v1/models", api.models, methods=["GET"]),
+            Route(prefix + "/v1/chat/completions", api.chat, methods=["POST"]),
+            Route(prefix + "/v1/completions", api.completions, methods=["POST"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        batcher.close(timeout=0)  # answer whatever is still waiting; don't wait for the engine
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
+    app.state.batcher = batcher
+    app.state.recorder = recorder
+    return app
+
+
+async def _health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ApiError(400, "the request body is not valid JSON", "invalid_request_error") from None
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _engine_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, UserError):  # e.g. a chat request to a model without a chat template
+        return ApiError(400, str(exc), "invalid_request_error")
+    if isinstance(exc, RuntimeError) and str(exc) == SHUTDOWN:
+        return ApiError(503, str(exc), "unavailable")
+    return ApiError(500, f"the engine failed: {type(exc).__name__}: {exc}", "server_error")
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"{request.method} {request.url.path} not found (the API is under /v1 or /s/SESSION/v1)"
+    else:
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(ApiError(exc.status_code, message, "not_found" if exc.status_code == 404 else None).body(),
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    traceback.print_exception(exc)
+    return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body(),
+                        status_code=500)

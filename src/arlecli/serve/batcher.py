@@ -1,0 +1,175 @@
+"""Feeds concurrent HTTP requests to one engine in batches, one `generate` call at a time.
+
+Requests are queued from the event loop; a single worker thread takes what is waiting (up
+to `max_batch`, waiting `wait_s` after the first for company), runs one
+`engine.generate(batch)` and resolves each request's future the moment the engine yields
+its completion. Requests that arrive while a batch runs form the next batch. One worker
+because the engines are not thread-safe (the hf engine owns one model and one KV cache).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+
+from arlecli.engine.base import Completion, Engine, GenerationRequest
+from arlecli.errors import UserError
+
+SHUTDOWN = "the server is shutting down"
+
+
+@dataclass
+class Finished:
+    """A completion with when its batch started, when it finished, and how big the batch was."""
+
+    completion: Completion
+    started_at: float
+    finished_at: float
+    batch_size: int
+
+
+@dataclass
+class _Item:
+    request: GenerationRequest
+    future: Future[Finished]
+
+
+class Batcher:
+    """Batches requests for `engine`; `submit` returns one future per request.
+
+    Args:
+        engine: any engine of the protocol in arlecli.engine.base.
+        max_batch: most requests in one generate call (the server's --max-concurrency).
+        wait_s: after the first request of an idle spell, how long to wait for more.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int = 16, wait_s: float = 0.005) -> None:
+        self.engine = engine
+        self.max_batch = max(1, max_batch)
+        self.wait_s = wait_s
+        self.generate_calls = 0
+        self.requests_done = 0
+        self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=1024)
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._running: list[_Item] = []
+        self._thread = threading.Thread(target=self._run, name="arle-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, requests: list[GenerationRequest]) -> list[Future[Finished]]:
+        """Queue `requests`; each future resolves to a Finished or raises the engine's error.
+        Cancelling a future before its batch starts drops the request."""
+        items = [_Item(r, Future()) for r in requests]
+        with self._lock:  # so close() cannot miss an item put after it drained the queue
+            if self._closed:
+                raise RuntimeError(SHUTDOWN)
+            for item in items:
+                self._queue.put(item)
+        return [item.future for item in items]
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Stop: every request not answered yet, queued or in the running batch, fails at once
+        with a shut-down error (its client gets a 503 instead of waiting). Returns True if the
+        worker thread ended within `timeout`; False while a generate call still runs (the engine
+        is busy, and cannot be interrupted mid-batch)."""
+        error = RuntimeError(SHUTDOWN)
+        with self._lock:
+            self._closed = True
+            for item in self._running:
+                _settle(item.future, exc=error)
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None and item.future.set_running_or_notify_cancel():
+                    item.future.set_exception(error)
+            self._queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            deadline = time.monotonic() + self.wait_s
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)  # handle the batch in hand, then stop
+                    break
+                batch.append(item)
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Item]) -> None:
+        with self._lock:
+            # Requests whose client went away (future cancelled) are dropped, not generated.
+            live = [it for it in batch if it.future.set_running_or_notify_cancel()]
+            if self._closed:
+                for it in live:
+                    it.future.set_exception(RuntimeError(SHUTDOWN))
+                return
+            self._running = live
+        if not live:
+            return
+        try:
+            self._generate(live)
+        except Exception:
+            pending = [it for it in live if not it.future.done()]
+            if len(live) == 1:
+                self._fail(pending)
+            else:
+                # One bad request (say, a prompt the tokenizer rejects) must not fail its batch
+                # mates: retry the unfinished ones alone, so only the culprit gets the error.
+                for it in pending:
+                    if self._closed:
+                        break
+                    try:
+                        self._generate([it])
+                    except Exception:
+                        self._fail([it])
+        finally:
+            with self._lock:
+                self._running = []
+
+    def _generate(self, items: list[_Item]) -> None:
+        self.generate_calls += 1
+        self.recent_batch_sizes.append(len(items))
+        started = time.time()
+        for i, completion in self.engine.generate([it.request for it in items]):
+            _settle(items[i].future, Finished(completion, started, time.time(), len(items)))
+            self.requests_done += 1
+        for it in items:
+            if not it.future.done():
+                _settle(it.future, exc=RuntimeError(f"engine {self.engine.name} returned no completion"))
+
+    def _fail(self, items: list[_Item]) -> None:
+        exc = sys.exc_info()[1]
+        assert exc is not None
+        if not isinstance(exc, UserError):  # a bug or a device error: leave a trace in the server log
+            traceback.print_exc()
+        for it in items:
+            _settle(it.future, exc=exc)
+
+
+def _settle(future: Future[Finished], result: Finished | None = None, exc: BaseException | None = None) -> None:
+    """Resolve a running future unless close() already failed it (the two race by design)."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass

@@ -1,0 +1,368 @@
+"""The OpenAI wire format: request bodies in, response bodies and stream chunks out.
+
+Pure functions over dicts and the engine's dataclasses, so the shapes can be read (and
+tested) without a server. Field placement follows vLLM where OpenAI has no field: the
+`token_ids` of each choice and `prompt_token_ids` (on the response for chat, on the choice
+for completions) when the request sets `return_token_ids`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+
+MAX_N = 128
+# OpenAI's documented defaults: completions stop after 16 tokens; chat runs to the context
+# limit, which the engine protocol does not expose, so chat gets a generous fixed budget.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 1024
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+TokenText = Callable[[list[int]], list[str]]
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body OpenAI clients parse."""
+        if self.status == 401:
+            kind = "authentication_error"
+        else:
+            kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", param)
+
+
+@dataclass
+class ApiRequest:
+    """A validated /chat/completions or /completions request.
+
+    `prompts` holds one chat message list (chat) or one or more prompt strings
+    (completions); each gets `n` choices, numbered prompt-major as OpenAI does.
+    """
+
+    chat: bool
+    model: str | None
+    prompts: list[Any]
+    params: SamplingParams
+    n: int = 1
+    seeds: list[int | None] = field(default_factory=lambda: [None])
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False           # the client wants logprobs in the response
+    return_token_ids: bool = False
+
+    def engine_requests(self, force_logprobs: bool = False) -> list[GenerationRequest]:
+        """One engine request per choice. `force_logprobs` asks the engine for logprobs the
+        client did not request (the recorder keeps them; they do not change the sampled tokens)."""
+        out = []
+        for prompt in self.prompts:
+            for seed in self.seeds:
+                params = replace(self.params, seed=seed, stop=list(self.params.stop),
+                                 logprobs=self.logprobs or force_logprobs)
+                if self.chat:
+                    out.append(GenerationRequest(messages=prompt, params=params))
+                else:
+                    out.append(GenerationRequest(prompt=prompt, params=params))
+        return out
+
+
+def choice_seeds(seed: int | None, n: int, temperature: float) -> list[int | None]:
+    """Seeds for n choices: choice 0 keeps the request's seed (so n=1 samples what the engine
+    would in-process), the others get seeds hashed from (seed, i). No seed: a random base, so
+    unseeded sampling varies between requests as it does on OpenAI."""
+    if temperature <= 0:
+        return [seed] * n  # greedy ignores the seed
+    if seed is None:
+        seed = random.getrandbits(62)
+    seeds: list[int | None] = [seed]
+    for i in range(1, n):
+        digest = hashlib.sha256(f"{seed}:{i}".encode()).digest()
+        seeds.append(int.from_bytes(digest[:8], "big") >> 2)
+    return seeds
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def parse_chat(body: Any) -> ApiRequest:
+    """Validate a chat completion body; raise ApiError(400) naming the bad field."""
+    body = _object(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("`messages` must be a non-empty list of {role, content} objects", "messages")
+    clean = [_message(i, m) for i, m in enumerate(messages)]
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, 20)
+    if top and not logprobs:
+        raise _bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    if body.get("tools"):
+        raise _bad("tool calling (`tools`) is not supported by arle serve", "tools")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise _bad("only `response_format: {type: text}` is supported by arle serve", "response_format")
+    max_tokens = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, "max_completion_tokens", "max_tokens")
+    return _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs)
+
+
+def parse_completion(body: Any) -> ApiRequest:
+    """Validate a (legacy) completion body; raise ApiError(400) naming the bad field."""
+    body = _object(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) or isinstance(p, list) for p in prompt):
+        raise _bad("token-id prompts are not supported by arle serve; send the prompt as text", "prompt")
+    else:
+        raise _bad("`prompt` must be a string or a non-empty list of strings", "prompt")
+    logprobs_n = body.get("logprobs")
+    if logprobs_n is not None and (isinstance(logprobs_n, bool) or not isinstance(logprobs_n, int)
+                                   or not 0 <= logprobs_n <= 20):
+        raise _bad("`logprobs` must be an integer from 0 to 20", "logprobs")
+    if body.get("echo"):
+        raise _bad("`echo` (prompt logprobs) is not supported by arle serve", "echo")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != body.get("n", 1):
+        raise _bad("`best_of` is not supported by arle serve", "best_of")
+    if body.get("suffix"):
+        raise _bad("`suffix` is not supported by arle serve", "suffix")
+    max_tokens = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
+    return _common(body, chat=False, prompts=prompts, max_tokens=max_tokens, logprobs=logprobs_n is not None)
+
+
+def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens: int, logprobs: bool) -> ApiRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("`model` must be a string", "model")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0:
+        raise _bad("`top_p` must be greater than 0", "top_p")
+    n = _int(body, "n", 1, MAX_N, default=1)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not _SEED_MIN <= seed <= _SEED_MAX):
+        raise _bad("`seed` must be a 64-bit integer", "seed")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+            raise _bad(f"`{name}` is not supported by arle serve (leave it 0)", name)
+    if body.get("logit_bias"):
+        raise _bad("`logit_bias` is not supported by arle serve", "logit_bias")
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("`stream_options` must be an object", "stream_options")
+    include_usage = stream and bool((options or {}).get("include_usage"))
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=_stop(body),
+                            seed=seed, logprobs=logprobs)
+    return ApiRequest(chat=chat, model=model, prompts=prompts, params=params, n=n,
+                      seeds=choice_seeds(seed, n, temperature), stream=stream, include_usage=include_usage,
+                      logprobs=logprobs, return_token_ids=_bool(body, "return_token_ids"))
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    return body
+
+
+def _message(i: int, m: Any) -> dict[str, str]:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise _bad(f"messages[{i}] must be an object with a string `role`", "messages")
+    content = m.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise _bad(f"messages[{i}].content: only text parts are supported by arle serve", "messages")
+            parts.append(part["text"])
+        text = "".join(parts)
+    else:
+        raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+    return {"role": m["role"], "content": text}
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise _bad("`stop` must be a string or a list of strings", "stop")
+    return [s for s in stop if s]
+
+
+def _max_tokens(body: dict[str, Any], default: int, *names: str) -> int:
+    for name in names:  # max_completion_tokens, the newer name, wins
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _bad(f"`{name}` must be a positive integer", name)
+            return value
+    return default
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise _bad(f"`{name}` must be a number from {low:g} to {high:g}", name)
+    return float(value)
+
+
+def _int(body: dict[str, Any], name: str, low: int, high: int, default: int = 0) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(f"`{name}` must be an integer from {low} to {high}", name)
+    return value
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"`{name}` must be true or false", name)
+    return value
+
+
+# ------------------------------------------------------------------------------ responses
+
+
+def new_id(chat: bool) -> str:
+    """An id in OpenAI's style: chatcmpl-... or cmpl-..."""
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def usage(req: ApiRequest, completions: list[Completion]) -> dict[str, int]:
+    """Token counts from the engine's ids; each prompt counts once however many choices it has."""
+    prompt = sum(len(completions[p * req.n].prompt_token_ids) for p in range(len(req.prompts)))
+    completion = sum(len(c.token_ids) for c in completions)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def response(req: ApiRequest, rid: str, created: int, model: str, completions: list[Completion],
+             token_text: TokenText) -> dict[str, Any]:
+    """The non-streaming response body for `completions` (one per choice, in choice order)."""
+    choices = []
+    for i, comp in enumerate(completions):
+        choice: dict[str, Any] = {"index": i}
+        if req.chat:
+            choice["message"] = {"role": "assistant", "content": comp.text}
+        else:
+            choice["text"] = comp.text
+        choice["logprobs"] = logprobs(req, comp, token_text)
+        choice["finish_reason"] = comp.finish_reason
+        _token_ids(req, choice, comp)
+        choices.append(choice)
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.chat else "text_completion",
+                            "created": created, "model": model, "choices": choices,
+                            "usage": usage(req, completions)}
+    if req.chat and req.return_token_ids:
+        body["prompt_token_ids"] = completions[0].prompt_token_ids
+    return body
+
+
+def _token_ids(req: ApiRequest, choice: dict[str, Any], comp: Completion) -> None:
+    if req.return_token_ids:
+        choice["token_ids"] = list(comp.token_ids)
+        if not req.chat:
+            choice["prompt_token_ids"] = list(comp.prompt_token_ids)
+
+
+def finite(values: list[float] | None) -> list[float] | None:
+    """Logprobs safe for strict JSON: -inf (a token the sampler could not pick) becomes -9999.0,
+    as vLLM reports it."""
+    if values is None:
+        return None
+    return [v if math.isfinite(v) else -9999.0 for v in values]
+
+
+def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText) -> dict[str, Any] | None:
+    """Per-token logprobs in the endpoint's shape, or None when not asked for.
+
+    The engine reports only the sampled token's logprob, so alternatives are not given:
+    chat entries carry `top_logprobs: []`, completions `top_logprobs: null`.
+    """
+    if not req.logprobs or comp.logprobs is None:
+        return None
+    values = finite(comp.logprobs) or []
+    texts = token_text(comp.token_ids[:len(values)])
+    if req.chat:
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, lp in zip(texts, values)]}
+    offsets, at = [], 0
+    for t in texts:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": texts, "token_logprobs": values, "top_logprobs": None, "text_offset": offsets}
+
+
+def chunk(req: ApiRequest, rid: str, created: int, model: str, choices: list[dict[str, Any]],
+          **extra: Any) -> dict[str, Any]:
+    """One streaming chunk (`chat.completion.chunk` or `text_completion`)."""
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+                            "created": created, "model": model, "choices": choices, **extra}
+    if req.include_usage and "usage" not in body:
+        body["usage"] = None  # OpenAI: every chunk has usage: null, the last one the totals
+    return body
+
+
+def first_delta(req: ApiRequest, index: int) -> dict[str, Any]:
+    """The opening chat delta of a choice (role only), sent before generation ends."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+def content_delta(req: ApiRequest, index: int, comp: Completion, token_text: TokenText) -> dict[str, Any]:
+    """A choice's whole completion as one delta (the engine yields completions, not tokens)."""
+    choice: dict[str, Any] = {"index": index}
+    if req.chat:
+        choice["delta"] = {"content": comp.text}
+    else:
+        choice["text"] = comp.text
+    choice["logprobs"] = logprobs(req, comp, token_text)
+    choice["finish_reason"] = None
+    _token_ids(req, choice, comp)
+    return choice
+
+
+def finish_delta(req: ApiRequest, index: int, comp: Completion) -> dict[str, Any]:
+    """The closing delta of a choice: empty content and its finish reason."""
+    if req.chat:
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": comp.finish_reason}
+    return {"index": index, "text": "", "logprobs": None, "finish_reason": comp.finish_reason}
+
+
+def token_text_for(engine: Any) -> TokenText:
+    """How to show token ids as text in logprobs: the engine's tokenizer when it has one,
+    else vLLM's `token_id:N` convention."""
+    tok = getattr(engine, "tokenizer", None)
+    if tok is not None and hasattr(tok, "batch_decode"):
+        return lambda ids: list(tok.batch_decode([[i] for i in ids]))
+    return lambda ids: [f"token_id:{i}" for i in ids]

@@ -1,0 +1,91 @@
+"""The recording gateway's store: one JSONL file per session, one line per request.
+
+A session is named by the URL prefix `/s/{session}/v1/...` or the `X-Arle-Session` header
+(default "default"). Each line is written whole, under a lock, and flushed, so concurrent
+requests never interleave and a crash loses at most the line being written. The token ids
+and logprobs recorded are the engine's own (never re-tokenised text), which is what RL
+training on recorded agent traffic needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from arlecli.serve.protocol import finite
+
+DEFAULT_SESSION = "default"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def session_file_name(session: str) -> str:
+    """A file name for `session`: letters, digits, `_` and `-` kept; anything else (dots,
+    slashes) replaced, plus a short hash of the original so distinct ids never share a file."""
+    safe = _UNSAFE.sub("_", session)[:100]
+    if safe != session or not safe:
+        safe = f"{safe}-{hashlib.sha256(session.encode()).hexdigest()[:8]}"
+    return safe + ".jsonl"
+
+
+class Recorder:
+    """Appends request records to `directory/{session}.jsonl`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def path(self, session: str) -> Path:
+        """Where `session`'s records go."""
+        return self.directory / session_file_name(session)
+
+    def write(self, session: str, record: dict[str, Any]) -> None:
+        """Append one record as one line (written whole and flushed before returning)."""
+        line = json.dumps({"session": session, **record}, ensure_ascii=False) + "\n"
+        with self._lock:
+            # Open per write: no file handle per session to leak, and the cost is nothing
+            # next to a generation.
+            with open(self.path(session), "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+
+
+def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished: list[Any],
+                 received_at: float, usage: dict[str, int]) -> dict[str, Any]:
+    """The record of one request: what was asked (messages or prompt, sampling params) and, per
+    choice, the engine's prompt and completion token ids, logprobs, text, finish reason and times.
+
+    `request` is an ApiRequest, `finished` its batcher results in choice order.
+    """
+    params = request.params
+    asked: dict[str, Any] = {"messages": request.prompts[0]} if request.chat else {
+        "prompt": request.prompts[0] if len(request.prompts) == 1 else request.prompts}
+    choices = []
+    for i, fin in enumerate(finished):
+        comp = fin.completion
+        choices.append({
+            "index": i,
+            "seed": request.seeds[i % request.n],
+            "prompt_token_ids": list(comp.prompt_token_ids),
+            "token_ids": list(comp.token_ids),
+            "logprobs": finite(comp.logprobs),
+            "text": comp.text,
+            "finish_reason": comp.finish_reason,
+            "started_at": fin.started_at,
+            "finished_at": fin.finished_at,
+            "batch_size": fin.batch_size,
+        })
+    return {
+        "id": rid, "endpoint": endpoint, "model": model, **asked,
+        "params": {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens,
+                   "stop": list(params.stop), "seed": params.seed, "n": request.n,
+                   "logprobs": request.logprobs, "stream": request.stream},
+        "received_at": received_at,
+        "finished_at": max((fin.finished_at for fin in finished), default=received_at),
+        "usage": usage,
+        "choices": choices,
+    }
