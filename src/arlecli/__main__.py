@@ -2,4 +2,6 @@
 
 from arlecli.cli.main import main
 
-main()
+# Guarded: vLLM's spawned workers re-import __main__ and must not re-run the CLI.
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,7 @@ class ModelSpec:
 
     kind is "hf" (weights loaded in-process from `path_or_id`) or "openai" (an endpoint at
     `base_url`). backend is the engine the user asked for ("hf", "vllm", "openai") or None
-    to let the factory choose (hf weights: hf on CPU, vllm where it is installed).
+    to let the factory choose (hf weights: vllm on CUDA machines where it is installed, hf otherwise).
     """
 
     kind: str

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.engine.tokens import encode_request
 from arlecli.errors import UserError
 
 
@@ -70,15 +71,8 @@ class HFEngine:
             next(iter(eos_ids)) if eos_ids else 0)
 
     def encode(self, request: GenerationRequest) -> list[int]:
-        """Prompt token ids: the chat template for messages, plain tokenisation for raw text."""
-        tok = self.tokenizer
-        if request.messages is not None:
-            if not getattr(tok, "chat_template", None):
-                raise UserError("this model's tokenizer has no chat template; use a card with "
-                                "`prompt.format: completion` or an instruct model")
-            text = tok.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
-            return list(tok(text, add_special_tokens=False)["input_ids"])
-        return list(tok(request.prompt or "")["input_ids"])
+        """Prompt token ids (shared with the vllm backend so both see the same ids)."""
+        return encode_request(self.tokenizer, request)
 
     def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes, batch by batch."""
