@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import typer
 
+from arlecli.cli import options
 from arlecli.cli.output import console, err_console, print_json
 from arlecli.errors import UserError
 
@@ -92,14 +93,10 @@ def eval_command(
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Default: the card's."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="hf backend batch size."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Concurrent requests (openai backend)."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", min=1,
-                                             help="vllm backend: GPUs (or CPU core groups) per model replica."),
-    data_parallel_size: int = typer.Option(1, "--data-parallel-size", min=1,
-                                           help="vllm backend: model replicas, each in its own process."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.05, max=1.0,
-                                                 help="vllm backend: share of GPU memory for weights and KV cache."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1,
-                                                help="vllm backend: context length (default: the model's)."),
+    tensor_parallel_size: int = options.TENSOR_PARALLEL,
+    data_parallel_size: int = options.DATA_PARALLEL,
+    gpu_memory_utilization: float = options.GPU_MEMORY,
+    max_model_len: Optional[int] = options.MAX_MODEL_LEN,
     seed: int = typer.Option(1234, "--seed"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
                                           "(default: runs/BENCH-MODEL-TIMESTAMP)."),

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from arlecli.cli import options
 from arlecli.errors import UserError
 
 SERVE_BACKENDS = ("hf", "vllm")
@@ -33,9 +34,14 @@ def serve_command(
     record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
                                           "ids, logprobs, text) to DIR/SESSION.jsonl; a session is the URL prefix "
                                           "/s/SESSION/v1 or the X-Arle-Session header."),
+    tensor_parallel_size: int = options.TENSOR_PARALLEL,
+    data_parallel_size: int = options.DATA_PARALLEL,
+    gpu_memory_utilization: float = options.GPU_MEMORY,
+    max_model_len: Optional[int] = options.MAX_MODEL_LEN,
 ) -> None:
     """Serve a model with an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
     from arlecli.engine import make_engine
+    from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import resolve_model
     from arlecli.serve import server
     from arlecli.serve.app import create_app
@@ -50,8 +56,10 @@ def serve_command(
             raise UserError(f"--record {record}: cannot create the folder ({exc.strerror or exc})") from None
     spec = resolve_model(model, backend=backend)  # --api-key-env here is our key, not an endpoint's
     sock = server.bind(host, port)  # before loading the model: a busy port fails at once
+    vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
     engine = make_engine(spec, batch_size=max_concurrency or DEFAULT_CONCURRENCY["hf"],
-                         concurrency=max_concurrency or DEFAULT_CONCURRENCY["hf"])
+                         concurrency=max_concurrency or DEFAULT_CONCURRENCY["hf"], vllm_options=vllm_options)
     # After make_engine: the factory may pick the backend itself (vllm on a CUDA machine).
     concurrency = max_concurrency or DEFAULT_CONCURRENCY.get(engine.name, DEFAULT_CONCURRENCY["hf"])
     name = served_model_name or spec.name

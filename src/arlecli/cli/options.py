@@ -1,0 +1,13 @@
+"""Options shared by several commands (declared once so their help and limits agree)."""
+
+from __future__ import annotations
+
+import typer
+
+TENSOR_PARALLEL = typer.Option(1, "--tensor-parallel-size", min=1,
+                               help="vllm backend: GPUs (or CPU core groups) per model replica.")
+DATA_PARALLEL = typer.Option(1, "--data-parallel-size", min=1,
+                             help="vllm backend: model replicas, each in its own process.")
+GPU_MEMORY = typer.Option(0.9, "--gpu-memory-utilization", min=0.05, max=1.0,
+                          help="vllm backend: share of GPU memory for weights and KV cache.")
+MAX_MODEL_LEN = typer.Option(None, "--max-model-len", min=1, help="vllm backend: context length (default: the model's).")
