@@ -1,0 +1,180 @@
+"""`arle train BENCH --algo grpo|rloo|ppo`: RL-train a model on a benchmark's reward."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from arlecli.cli.output import console, err_console, print_json
+from arlecli.errors import UserError
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def step_line(row: dict[str, Any]) -> str:
+    """One logged step as a line: what a person watches (the full row is in metrics.jsonl)."""
+    parts = [f"step {row['step']}/{row.get('max_steps', '?')}",
+             f"reward {_fmt(row.get('reward'))}",
+             f"acc {_fmt(row.get('accuracy'))}",
+             f"kl {_fmt(row.get('kl'), '.4f')}",
+             f"loss {_fmt(row.get('loss', row.get('policy_loss')), '.4f')}",
+             f"{_fmt(row.get('seconds_per_step'), '.2f')} s/step",
+             f"{_fmt(row.get('tokens_per_second'), '.0f')} tok/s"]
+    return "  ".join(parts)
+
+
+class _View:
+    """A Rich progress view on a terminal (training bar + held-out eval bar); plain lines in logs."""
+
+    def __init__(self) -> None:
+        self.tty = err_console().is_terminal
+        self.progress = None
+        self.train_task = None
+        self.eval_task = None
+        self.eval_label = ""
+        self.eval_correct = self.eval_new = self.eval_done_n = self.eval_total = 0
+
+    def _bars(self):
+        if self.progress is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                     console=err_console())
+            self.progress.start()
+        return self.progress
+
+    def message(self, text: str) -> None:
+        err_console().print(text, highlight=False)
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.tty:
+            err_console().print(step_line(row), highlight=False, soft_wrap=True)
+            return
+        bars = self._bars()
+        info = (f"reward {_fmt(row.get('reward'))} acc {_fmt(row.get('accuracy'))} "
+                f"kl {_fmt(row.get('kl'), '.4f')} {_fmt(row.get('seconds_per_step'), '.1f')} s/step")
+        if self.train_task is None:
+            self.train_task = bars.add_task("train", total=row.get("max_steps"), info="")
+        bars.update(self.train_task, completed=row["step"], info=info)
+
+    def eval_start(self, label: str, total: int, done: int) -> None:
+        self.eval_label, self.eval_total, self.eval_done_n = label, total, done
+        self.eval_correct = self.eval_new = 0
+        if self.tty:
+            self.eval_task = self._bars().add_task(f"eval {label}", total=total, completed=done, info="")
+        else:
+            err_console().print(f"eval {label}: {total} held-out tasks" + (f" ({done} done)" if done else ""),
+                                highlight=False)
+
+    def eval_sample(self, sample: dict[str, Any]) -> None:
+        self.eval_new += 1
+        self.eval_correct += bool(sample["correct"])
+        if self.tty and self.eval_task is not None:
+            self.progress.update(self.eval_task, advance=1, info=f"acc {self.eval_correct / self.eval_new:.3f}")
+
+    def eval_done(self, label: str, results: dict[str, Any]) -> None:
+        acc = results["metrics"]["accuracy"]
+        if self.tty and self.eval_task is not None:
+            self.progress.remove_task(self.eval_task)
+            self.eval_task = None
+        err_console().print(f"eval {label}: accuracy {acc['value']:.4f} ± {acc['stderr']:.4f} "
+                            f"({results['n_tasks']} tasks)", highlight=False)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def train_command(
+    bench: Optional[str] = typer.Argument(None, metavar="BENCH", help="Benchmark name or card file (or `benchmark:` in the recipe)."),
+    algo: Optional[str] = typer.Option(None, "--algo", help="grpo (default), rloo or ppo."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
+                                        "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML (a file, or a packaged recipe name "
+                                         "such as countdown-grpo-cpu): arle and trainer fields."),
+    sets: Optional[list[str]] = typer.Option(None, "--set", help="KEY=VALUE: any arle field or trainer config "
+                                             "field (GRPOConfig/RLOOConfig, PPO params); repeatable; wins over "
+                                             "the recipe and the flags."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Optimizer steps (default 100)."),
+    num_generations: Optional[int] = typer.Option(None, "--num-generations", min=1,
+                                                  help="Completions per prompt (default: the trainer's)."),
+    learning_rate: Optional[float] = typer.Option(None, "--learning-rate", "--lr", min=0.0,
+                                                  help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA)."),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0,
+                                            help="LoRA rank on all linear layers; 0 (default) = full fine-tune."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Rollouts: hf (default) or vllm "
+                                          "(TRL's colocated vLLM)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
+                                          "(default: runs/train-BENCH-MODEL-TIMESTAMP)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint (the latest "
+                                "matching run when --output is not given)."),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0,
+                                             help="Held-out eval every N steps too (default: before and after only)."),
+    eval_split: Optional[str] = typer.Option(None, "--eval-split", help="Held-out split (default: the card's)."),
+    eval_limit: Optional[int] = typer.Option(None, "--eval-limit", min=0,
+                                             help="Held-out tasks per eval (default 50; 0 = no held-out eval)."),
+    report_to: Optional[str] = typer.Option(None, "--report-to", help="none (default), tensorboard, trackio or wandb."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Default 1234."),
+    split: Optional[str] = typer.Option(None, "--split", help="Train split (default: train if the card has one, "
+                                        "else its default split)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Train on the first N rows only."),
+    save_steps: Optional[int] = typer.Option(None, "--save-steps", min=1, help="Checkpoint every N steps (default 50)."),
+    as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
+) -> None:
+    """RL-train a model on a benchmark's reward; writes checkpoints, metrics and the final model."""
+    from arlecli.cards import resolve_references
+    from arlecli.cli.eval import _run_dir
+    from arlecli.models import resolve_model
+    from arlecli.registry import load_card
+    from arlecli.train.config import load_recipe, parse_set, resolve
+    from arlecli.train.run import TrainView, run_train
+
+    recipe_data: dict[str, Any] = {}
+    recipe_name = None
+    if recipe:
+        path, recipe_data = load_recipe(recipe)
+        recipe_name = str(path)
+    flags = {"benchmark": bench, "algo": algo, "model": model, "backend": backend, "split": split, "limit": limit,
+             "lora_rank": lora_rank, "eval_every": eval_every, "eval_split": eval_split, "eval_limit": eval_limit,
+             "max_steps": max_steps, "num_generations": num_generations, "learning_rate": learning_rate,
+             "report_to": report_to, "seed": seed, "save_steps": save_steps}
+    cfg = resolve(recipe_data, flags, parse_set(sets or []), recipe_name=recipe_name)
+    if not cfg.options.benchmark:
+        raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
+    card = load_card(cfg.options.benchmark)
+    resolve_references(card)
+    spec = resolve_model(cfg.options.model)
+    run_dir = _run_dir(output, f"train-{card.name}", spec.name, resume)
+    view = _View()
+    err_console().print(f"training {spec.name} on {card.name} with {cfg.options.algo}"
+                        f"{' + LoRA r=' + str(cfg.options.lora_rank) if cfg.options.lora_rank else ''} "
+                        f"for {cfg.trainer['max_steps']} steps -> {run_dir}", highlight=False)
+    try:
+        summary = run_train(card, cfg, spec, run_dir, resume=resume, command=["arle", *sys.argv[1:]],
+                            view=TrainView(log=view.log, eval_start=view.eval_start, eval_sample=view.eval_sample,
+                                           eval_done=view.eval_done, message=view.message))
+    finally:
+        view.stop()
+    if as_json:
+        print_json(summary)
+    else:
+        print_summary(summary, run_dir)
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    """Before/after held-out accuracy, where the model is, how to evaluate it."""
+    out = console()
+    before, after = summary.get("before"), summary.get("after")
+    if before and after:
+        delta = (after["accuracy"] or 0.0) - (before["accuracy"] or 0.0)
+        out.print(f"held-out accuracy: {before['accuracy']:.4f} ({before['label']}) -> {after['accuracy']:.4f} "
+                  f"({after['label']}), {delta:+.4f}", highlight=False)
+    out.print(f"{summary['global_step']} steps; final model: {summary['final_model']}", highlight=False)
+    out.print(f"run directory: {run_dir}  (evaluate: arle eval {summary['benchmark']} --model "
+              f"{summary['final_model']})", highlight=False)

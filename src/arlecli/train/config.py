@@ -1,0 +1,237 @@
+"""What a training run is made of: arle's own settings plus the trainer's, from three layers.
+
+A run's settings come, lowest first, from arle's defaults, a recipe file (`--recipe`), the
+command-line flags (`--max-steps` ...) and `--set key=value`. Every key is one of:
+
+- an arle field (`TrainOptions`: benchmark, algo, model, LoRA, held-out eval ...);
+- a field of the algorithm's trainer config: any `trl.GRPOConfig` field for grpo, any
+  `trl.RLOOConfig` field for rloo (loss_type, beta, epsilon, scale_rewards, num_iterations,
+  per_device_train_batch_size, temperature ...), and for ppo the fields of
+  `arlecli.train.ppo.PPOParams` plus the few that `train_ppo` takes as arguments.
+
+One flat namespace, so a recipe reads like the trainer's own docs and `--set` reaches
+everything. An unknown key is a one-line UserError that names the nearest known keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arlecli.errors import UserError
+
+ALGOS = ("grpo", "rloo", "ppo")
+TRAIN_BACKENDS = ("hf", "vllm")
+REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
+
+# Trainer fields arle sets unless the user does. logging_steps=1: metrics.jsonl and the live
+# view get every step. save_total_limit=2: a full fine-tune's checkpoint carries the optimizer
+# state (3x the weights), and resume only needs the newest. seed=1234: the eval's default.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 100,
+    "save_steps": 50,
+    "logging_steps": 1,
+    "save_total_limit": 2,
+    "seed": 1234,
+    "report_to": "none",
+}
+
+# Trainer fields the run directory owns; setting them would split the run apart.
+RESERVED = {
+    "output_dir": "use --output",
+    "resume_from_checkpoint": "use --resume (it continues from the run's last checkpoint)",
+    "logging_dir": "logs go under the run directory",
+}
+
+@dataclass
+class TrainOptions:
+    """arle's own training settings (everything that is not a trainer field)."""
+
+    benchmark: str | None = None
+    algo: str = "grpo"
+    model: str | None = None            # profile, local folder or hub id (see resolve_model)
+    backend: str = "hf"                 # rollouts: hf (TRL's transformers generate) or vllm (colocate)
+    split: str | None = None            # train split; None: "train" if the card has one, else its default
+    limit: int | None = None            # train on the first N rows only
+    num_fewshot: int | None = None      # exemplars in train prompts; None: the card's (as the eval does)
+    lora_rank: int = 0                  # 0: full fine-tune; >0: LoRA on all linear layers
+    lora_alpha: int | None = None       # None: 2 x lora_rank
+    lora_dropout: float = 0.0
+    lora_target_modules: Any = "all-linear"
+    eval_split: str | None = None       # held-out split; None: the card's default split
+    eval_limit: int = 50                # held-out tasks per evaluation; 0: no held-out evaluation
+    eval_every: int = 0                 # evaluate every N steps too (0: only before and after)
+    eval_max_tokens: int | None = None  # None: the card's max_tokens, as `arle eval` uses
+    eval_batch_size: int = 16
+
+
+ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
+
+
+@dataclass
+class TrainConfig:
+    """A resolved run: arle's options and the trainer field overrides for its algorithm."""
+
+    options: TrainOptions
+    trainer: dict[str, Any] = field(default_factory=dict)
+    recipe: str | None = None
+
+
+def trainer_fields(algo: str) -> dict[str, Any]:
+    """Field name -> declared type for the algorithm's trainer settings.
+
+    Imports TRL (seconds): called only once a run is being set up."""
+    if algo == "ppo":
+        from arlecli.train.ppo import PPOParams
+
+        fields = {f.name: f.type for f in dataclasses.fields(PPOParams)}
+        fields.update({"max_steps": int, "learning_rate": float, "num_generations": int,
+                       "max_completion_length": int, "temperature": float, "seed": int, "save_steps": int,
+                       "report_to": str})
+        return fields
+    from trl import GRPOConfig, RLOOConfig
+
+    cls = GRPOConfig if algo == "grpo" else RLOOConfig
+    return {f.name: f.type for f in dataclasses.fields(cls) if f.init}
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`["beta=0.04", "loss_type=dr_grpo"]` -> {"beta": 0.04, "loss_type": "dr_grpo"}.
+
+    Values are YAML scalars (numbers, true/false, null, strings); `[a, b]` lists also work."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: write --set key=value, e.g. --set beta=0.04")
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key] = raw  # not YAML (e.g. an unbalanced bracket): the plain string
+    return out
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A recipe file: a path, else a packaged recipe by name (`countdown-grpo-cpu`)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    packaged = Path(str(resources.files("arlecli.recipes")))
+    names = sorted(p.stem for p in packaged.glob("*.yaml"))
+    if name_or_path.removesuffix(".yaml") in names:
+        return packaged / f"{name_or_path.removesuffix('.yaml')}.yaml"
+    near = difflib.get_close_matches(name_or_path, names, n=2)
+    hint = f"; did you mean {' or '.join(near)}?" if near else f" (packaged recipes: {', '.join(names)})"
+    raise UserError(f"recipe {name_or_path} is neither a file nor a packaged recipe{hint}")
+
+
+def load_recipe(name_or_path: str) -> tuple[Path, dict[str, Any]]:
+    """Read a recipe: a flat YAML mapping of arle and trainer fields."""
+    path = find_recipe(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read recipe {path}: {exc.strerror}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise UserError(f"{path}: a recipe must be a YAML mapping of settings (model: ..., algo: grpo, beta: 0.04)")
+    return path, data
+
+
+def _coerce(key: str, value: Any, declared: Any, where: str) -> Any:
+    # YAML reads "1e-5" as a string (it wants "1.0e-5"); flags and recipes mean a number.
+    text = str(declared)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and ("float" in text or "int" in text) and "str" not in text:
+        try:
+            return int(value) if "float" not in text else float(value)
+        except ValueError:
+            raise UserError(f"{where}: {key} must be a number, got {value!r}") from None
+    if isinstance(value, int) and "float" in text and "int" not in text:
+        return float(value)
+    return value
+
+
+def _check_key(key: str, known: list[str], algo: str, where: str) -> None:
+    if key in RESERVED:
+        raise UserError(f"{where}: {key} is set by arle: {RESERVED[key]}")
+    if key in known:
+        return
+    near = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if near:
+        hint = f"; did you mean {', '.join(near)}?"
+    else:
+        others = [a for a in ALGOS if a != algo and key in _fields_or_empty(a)]
+        hint = (f"; it is a setting of --algo {' and '.join(others)}" if others
+                else "; see `arle train --help` and the trainer's config docs")
+    raise UserError(f"{where}: unknown setting '{key}' for --algo {algo}{hint}")
+
+
+def _fields_or_empty(algo: str) -> dict[str, Any]:
+    try:
+        return trainer_fields(algo)
+    except ImportError:  # ppo's module may be absent from a build
+        return {}
+
+
+def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any], *,
+            recipe_name: str | None = None) -> TrainConfig:
+    """Merge recipe < flags < --set into a validated TrainConfig.
+
+    `flags` holds only the command-line options the user actually gave (None means unset)."""
+    layers = [(recipe, f"recipe {recipe_name}"), ({k: v for k, v in flags.items() if v is not None},
+                                                   "command line"), (sets, "--set")]
+    algo = "grpo"
+    for layer, _ in layers:
+        algo = layer.get("algo", algo)
+    if algo not in ALGOS:
+        raise UserError(f"unknown algorithm {algo!r}: choose one of {', '.join(ALGOS)}")
+    declared = {f.name: f.type for f in dataclasses.fields(TrainOptions)}
+    trainer_types = trainer_fields(algo)
+    known = sorted(set(ARLE_KEYS) | set(trainer_types))
+
+    arle: dict[str, Any] = {}
+    trainer: dict[str, Any] = dict(TRAINER_DEFAULTS)
+    for layer, where in layers:
+        for key, value in layer.items():
+            _check_key(key, known, algo, where)
+            if key in declared:  # an arle field, even if the trainer has one of that name (ppo's lora_alpha)
+                arle[key] = _coerce(key, value, declared[key], where)
+            else:
+                trainer[key] = _coerce(key, value, trainer_types[key], where)
+    opts = TrainOptions(**arle)
+    _validate(opts, trainer)
+    return TrainConfig(options=opts, trainer=trainer, recipe=recipe_name)
+
+
+def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
+    if opts.backend not in TRAIN_BACKENDS:
+        raise UserError(f"unknown rollout backend {opts.backend!r}: choose one of {', '.join(TRAIN_BACKENDS)}")
+    if opts.backend == "vllm" and opts.algo == "ppo":
+        raise UserError("--backend vllm is not available with --algo ppo yet: its rollouts run on hf")
+    if opts.lora_rank < 0:
+        raise UserError("lora_rank must be >= 0 (0 is a full fine-tune)")
+    if opts.eval_limit < 0 or opts.eval_every < 0:
+        raise UserError("eval_limit and eval_every must be >= 0")
+    if opts.limit is not None and opts.limit < 1:
+        raise UserError("limit must be at least 1")
+    report = trainer.get("report_to")
+    for name in [report] if isinstance(report, str) else (report or []):
+        if name not in REPORT_TO and name != "all":
+            raise UserError(f"unknown report_to {name!r}: choose one of {', '.join(REPORT_TO)}")
+    steps = trainer.get("max_steps")
+    if not isinstance(steps, int) or steps < 1:
+        raise UserError(f"max_steps must be a whole number >= 1, got {steps!r}")

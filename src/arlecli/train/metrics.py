@@ -1,0 +1,89 @@
+"""`<run>/metrics.jsonl`: one JSON line per logged training step, plus throughput.
+
+Each line holds the trainer's logs for that step (reward, reward_std, accuracy, kl, loss,
+entropy, completion lengths ...) with `step`, `elapsed_s`, `seconds_per_step` and
+`tokens_per_second` added. On resume, lines after the checkpoint's step are dropped first:
+those steps run again, and the file keeps one line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _plain(value: Any) -> Any:
+    # Trainer logs hold numpy/torch scalars and NaN; JSON wants plain numbers or null.
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    """Appends step lines to metrics.jsonl and works out throughput between them."""
+
+    def __init__(self, run_dir: Path, start_step: int = 0) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        truncate_metrics(run_dir, start_step)
+        self.start = time.monotonic()
+        self._last_time = self.start
+        self._last_step = start_step
+        # A resumed trainer restarts its token counter, so the first delta would be wrong.
+        self._last_tokens: float | None = 0.0 if start_step == 0 else None
+
+    def restart_clock(self) -> None:
+        """Start timing now: model loading and the step-0 evaluation are not step time."""
+        self.start = self._last_time = time.monotonic()
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` (a held-out evaluation between steps) out of the next step's time."""
+        self._last_time += seconds
+
+    def record(self, step: int, logs: dict[str, Any]) -> dict[str, Any]:
+        """Write one line for `step` and return it (what the live view shows)."""
+        now = time.monotonic()
+        row: dict[str, Any] = {"step": step, **{k: _plain(v) for k, v in logs.items()}}
+        row["elapsed_s"] = round(now - self.start, 3)
+        steps = step - self._last_step
+        if steps > 0:
+            row["seconds_per_step"] = round((now - self._last_time) / steps, 4)
+        tokens = row.get("num_tokens")
+        if isinstance(tokens, (int, float)) and self._last_tokens is not None and now > self._last_time:
+            row["tokens_per_second"] = round((tokens - self._last_tokens) / (now - self._last_time), 2)
+        self._last_time, self._last_step = now, step
+        self._last_tokens = tokens if isinstance(tokens, (int, float)) else None
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        return row
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The complete lines of metrics.jsonl (a torn last line is skipped)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for raw in path.read_bytes().splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            rows.append(json.loads(raw))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def truncate_metrics(run_dir: Path, after_step: int) -> None:
+    """Keep only the lines of steps up to `after_step` (and drop a torn tail)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return
+    keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= after_step]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep), encoding="utf-8")

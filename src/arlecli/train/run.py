@@ -1,0 +1,280 @@
+"""A training run from start to finish: run directory, data, reward, trainer, evaluations.
+
+    <run>/meta.json          command, versions, card hash, model, algo, every setting
+    <run>/metrics.jsonl      one line per logged step (reward, accuracy, kl, loss, throughput)
+    <run>/rewards.jsonl      one line per scored completion (the same verdicts the eval writes)
+    <run>/checkpoint-N/      the trainer's checkpoints (weights or adapter, optimizer, RNG, data position)
+    <run>/eval/step-N/       held-out evaluations: ordinary eval run directories
+    <run>/final/             the trained model (full weights, or the LoRA adapter) + tokenizer
+    <run>/summary.json       before/after accuracy, steps, time
+
+`--resume` continues from the newest checkpoint: steps after it are dropped from
+metrics.jsonl and rewards.jsonl (they run again), finished evaluations are kept.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from arlecli.cards import Card
+from arlecli.data.sources import split_names
+from arlecli.envs import single_turn
+from arlecli.errors import UserError
+from arlecli.eval import EvalOptions, _versions, load_tasks
+from arlecli.models import ModelSpec
+from arlecli.results import META, read_json, write_json
+from arlecli.train.config import TrainConfig
+from arlecli.train.heldout import HeldOut, accuracy
+from arlecli.train.metrics import MetricsLog
+from arlecli.train.reward import CardReward, truncate_rewards
+
+SUMMARY = "summary.json"
+FINAL = "final"
+# Settings a resumed run may change: they do not alter what the steps already taken mean.
+RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps"}
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class TrainView:
+    """Where progress goes (the CLI's live view); every hook is optional."""
+
+    log: Callable[[dict[str, Any]], None] | None = None               # one logged step
+    eval_start: Callable[[str, int, int], None] | None = None         # (label, total, done)
+    eval_sample: Callable[[dict[str, Any]], None] | None = None
+    eval_done: Callable[[str, dict[str, Any]], None] | None = None
+    message: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+
+
+def train_split(card: Card, requested: str | None) -> str:
+    """The split to train on: the one asked for, else "train" if the card has it, else its default."""
+    if requested:
+        return requested
+    return "train" if "train" in split_names(card) else card.source.default_split
+
+
+def last_checkpoint(run_dir: Path) -> tuple[Path | None, int]:
+    """The newest complete checkpoint-N folder and its N (None, 0 when there is none)."""
+    best: tuple[Path | None, int] = (None, 0)
+    for p in Path(run_dir).glob("checkpoint-*"):
+        m = _CHECKPOINT.match(p.name)
+        # trainer_state.json is written last by the Trainer: without it the save was cut short.
+        done = (p / "trainer_state.json").exists() or (p / "trainer_state.pt").exists()
+        if m and p.is_dir() and done and int(m.group(1)) > best[1]:
+            best = (p, int(m.group(1)))
+    return best
+
+
+def _prepare_dir(run_dir: Path, meta: dict[str, Any], resume: bool) -> None:
+    if (run_dir / META).exists():
+        if not resume:
+            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
+        old = read_json(run_dir / META)
+        diffs = []
+        for key in ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split"):
+            if old.get(key) != meta[key]:
+                diffs.append(f"{key}: {old.get(key)!r} -> {meta[key]!r}")
+        for group in ("options", "trainer"):
+            before, now = old.get(group, {}), meta[group]
+            for key in sorted(set(before) | set(now)):
+                if key not in RESUMABLE and before.get(key) != now.get(key):
+                    diffs.append(f"{key}: {before.get(key)!r} -> {now.get(key)!r}")
+        if diffs:
+            raise UserError(f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
+                            f"rerun with the original settings or use a new --output")
+        write_json(run_dir / META, {**old, "resumed": [*old.get("resumed", []), meta["created"]],
+                                    "trainer": {**old["trainer"], **{k: v for k, v in meta["trainer"].items()
+                                                                     if k in RESUMABLE}}})
+        return
+    if resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(f"cannot resume {run_dir}: it has no {META}, so it is not a training run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / META, meta)
+
+
+def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, resume: bool = False,
+              command: list[str] | None = None, view: TrainView | None = None) -> dict[str, Any]:
+    """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content."""
+    view = view or TrainView()
+    opts = cfg.options
+    if spec.kind != "hf" or not spec.path_or_id:
+        raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
+                        "not an endpoint")
+    split = train_split(card, opts.split)
+    eval_split = opts.eval_split or card.source.default_split
+    meta = {
+        "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
+        "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
+        "algo": opts.algo, "train_split": split, "eval_split": eval_split, "recipe": cfg.recipe,
+        "options": asdict(opts), "trainer": cfg.trainer, "versions": _versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    # Settings errors surface before the run directory exists, so a fixed rerun needs no new --output.
+    if opts.algo == "ppo":
+        trainer_args = None
+        _ppo_params(cfg)
+    else:
+        from arlecli.train.grpo import trainer_args as make_args
+
+        trainer_args = make_args(cfg, run_dir, card.prompt.max_tokens)
+        # Every field the trainer ran with, defaults included (resume compares only "trainer").
+        meta["trainer_resolved"] = trainer_args.to_dict()
+    _prepare_dir(run_dir, meta, resume)
+
+    tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
+    if not tasks:
+        raise UserError(f"no tasks to train on in {card.name}:{split} (check --split and --limit)")
+    prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]
+    if split == eval_split and opts.eval_limit:
+        view.message(f"warning: training and held-out evaluation both use split '{split}' of {card.name}; "
+                     f"pass --eval-split or --split to keep them apart")
+
+    checkpoint, start_step = last_checkpoint(run_dir) if resume else (None, 0)
+    if resume:
+        view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
+                     "starting from step 0")
+    truncate_rewards(run_dir, start_step)
+    metrics = MetricsLog(run_dir, start_step)
+    reward = CardReward(card, tasks, prompts, run_dir)
+    heldout = None
+    if opts.eval_limit:
+        eval_opts = EvalOptions(split=eval_split, limit=opts.eval_limit, temperature=0.0,
+                                max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
+                                seed=int(cfg.trainer.get("seed", 1234)))
+        heldout = HeldOut(card, eval_opts, run_dir, spec.name, opts.eval_batch_size,
+                          view.eval_start, view.eval_sample, view.eval_done)
+
+    started = time.monotonic()
+    if opts.algo == "ppo":
+        evals, global_step = _run_ppo(card, cfg, spec, prompts, reward, run_dir, checkpoint, metrics, heldout, view)
+    else:
+        evals, global_step = _run_trl(cfg, trainer_args, spec, prompts, reward, run_dir, checkpoint, metrics,
+                                      heldout, view)
+
+    labels = sorted(evals, key=lambda s: int(s.split("-")[1]))
+    summary = {
+        "benchmark": card.name, "model": spec.name, "algo": opts.algo, "global_step": global_step,
+        "final_model": str(run_dir / FINAL), "train_seconds_this_session": round(time.monotonic() - started, 1),
+        "before": {"label": labels[0], "accuracy": accuracy(evals[labels[0]])} if labels else None,
+        "after": {"label": labels[-1], "accuracy": accuracy(evals[labels[-1]])} if len(labels) > 1 else None,
+        "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))}
+                  for label in labels} if heldout else {},
+    }
+    write_json(run_dir / SUMMARY, summary)
+    return summary
+
+
+def _run_trl(cfg: TrainConfig, args: Any, spec: ModelSpec, prompts: list[Any], reward: CardReward, run_dir: Path,
+             checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
+             view: TrainView) -> tuple[dict[str, dict[str, Any]], int]:
+    from arlecli.train.grpo import _unwrap, build_trainer, load_model, make_callback
+
+    callback = make_callback(metrics, view.log, heldout, cfg.options.eval_every)
+    trainer = build_trainer(cfg, args, load_model(spec.path_or_id or "", spec.is_adapter), prompts, reward,
+                            [callback])
+    evals: dict[str, dict[str, Any]] = {}
+    main = trainer.accelerator.is_main_process
+    if heldout is not None and main:
+        evals["step-0"] = heldout.evaluate(_unwrap(trainer.model), trainer.processing_class, "step-0")
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    step = trainer.state.global_step
+    trainer.save_model(str(run_dir / FINAL))  # adapter only for LoRA; `arle eval` merges it on load
+    if heldout is not None and main:
+        for label in _existing_labels(heldout):
+            evals.setdefault(label, read_json(heldout.dir_for(label) / "results.json"))
+        if f"step-{step}" not in evals:
+            evals[f"step-{step}"] = heldout.evaluate(_unwrap(trainer.model), trainer.processing_class,
+                                                     f"step-{step}")
+    return evals, step
+
+
+def _existing_labels(heldout: HeldOut) -> list[str]:
+    # Evaluations finished before a resume (or by the every-N callback) count in the summary.
+    root = heldout.run_dir / "eval"
+    return sorted(p.name for p in root.glob("step-*") if (p / "results.json").exists()) if root.exists() else []
+
+
+def _import_train_ppo() -> Any:
+    try:
+        from arlecli.train.ppo import train_ppo
+    except ModuleNotFoundError as exc:
+        if exc.name != "arlecli.train.ppo":
+            raise
+        raise UserError("--algo ppo is not available in this build yet; use --algo grpo or --algo rloo") from None
+    return train_ppo
+
+
+def _ppo_params(cfg: TrainConfig) -> dict[str, Any]:
+    """What goes to train_ppo's `params`: the trainer keys it does not take as arguments."""
+    _import_train_ppo()
+    opts = cfg.options
+    params = {k: v for k, v in cfg.trainer.items() if k not in _PPO_ARGS}
+    if opts.lora_alpha is not None:
+        params["lora_alpha"] = opts.lora_alpha
+    if opts.lora_target_modules != "all-linear":
+        params["lora_target_modules"] = opts.lora_target_modules
+    from arlecli.train import ppo
+
+    check = getattr(ppo, "parse_params", None)
+    if check is not None:
+        try:
+            check(params)
+        except ValueError as exc:
+            raise UserError(f"invalid ppo settings: {exc}") from None
+    return params
+
+
+def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, prompts: list[Any], reward: CardReward, run_dir: Path,
+             checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
+             view: TrainView) -> tuple[dict[str, dict[str, Any]], int]:
+    train_ppo = _import_train_ppo()
+    if spec.is_adapter:
+        raise UserError("--algo ppo trains from full weights: pass the base model, not a LoRA adapter folder")
+    opts, t = cfg.options, dict(cfg.trainer)
+    if opts.eval_every:
+        view.message("warning: --eval-every is not supported with --algo ppo yet; evaluating before and after only")
+    if t.get("report_to") not in (None, "none"):
+        view.message("warning: --report-to is not supported with --algo ppo yet; see metrics.jsonl")
+    evals: dict[str, dict[str, Any]] = {}
+    if heldout is not None:
+        evals["step-0"] = heldout.evaluate(None, None, "step-0", model_path=spec.path_or_id)
+
+    def on_log(logs: dict[str, Any]) -> None:
+        step = int(logs.get("step", 0))
+        reward.step = step + 1  # completions scored from now on belong to the next step
+        acc = reward.pop_accuracy()
+        row = metrics.record(step, {"accuracy": acc, **{k: v for k, v in logs.items() if k != "step"}})
+        if view.log:
+            view.log({**row, "max_steps": t["max_steps"]})
+
+    reward.step = 1
+    metrics.restart_clock()
+    params = _ppo_params(cfg)
+    try:
+        final = train_ppo(
+            spec.path_or_id or "", prompts, reward.rewards, output_dir=run_dir, max_steps=t["max_steps"],
+            learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6), lora_rank=opts.lora_rank,
+            num_generations=t.get("num_generations", 1),
+            max_new_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
+            temperature=t.get("temperature", 1.0), seed=t["seed"], save_steps=t["save_steps"],
+            resume=checkpoint is not None, params=params, on_log=on_log)
+    except ValueError as exc:  # train_ppo's checks on params and arguments
+        raise UserError(f"invalid ppo settings: {exc}") from None
+    if Path(final).resolve() != (run_dir / FINAL).resolve():
+        shutil.copytree(final, run_dir / FINAL, dirs_exist_ok=True)
+    step = t["max_steps"]  # train_ppo returns once it has run them all
+    if heldout is not None:
+        label = f"step-{t['max_steps']}"
+        evals[label] = heldout.evaluate(None, None, label, model_path=str(run_dir / FINAL))
+    return evals, step
+
+
+# Trainer keys `train_ppo` takes as arguments; everything else goes in `params`.
+_PPO_ARGS = {"max_steps", "learning_rate", "num_generations", "max_completion_length", "temperature", "seed",
+             "save_steps", "report_to", "logging_steps", "save_total_limit"}

@@ -1,0 +1,262 @@
+"""`arle train` on the tiny model, CPU: GRPO/RLOO (full and LoRA), resume after kill -9,
+the reward adapter against the eval, and `--set` validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arlecli.rewards import register
+from arlecli.types import Score
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+# The real `arle` entry point with the train command added (until cli/main.py registers it).
+ARLE = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_train; test_train.cli_main()"]
+TINY = ["--limit", "8", "--num-generations", "2", "--set", "max_completion_length=8",
+        "--set", "per_device_train_batch_size=2"]
+
+
+def cli_main() -> None:
+    """`arle` as main.py runs it, with `train` registered if main.py does not yet."""
+    import arlecli.cli.main as main
+    from arlecli.cli.train import train_command
+
+    register_builtin = main._register
+
+    def _register() -> None:
+        register_builtin()
+        if not any(c.name == "train" for c in main.app.registered_commands):
+            main.app.command("train")(train_command)
+
+    main._register = _register
+    main.main()
+
+
+def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+
+
+def train_in_process(*args: str) -> None:
+    """Run `arle train ARGS` in this process (saves the ~7 s import of torch/transformers/trl)."""
+    import typer
+
+    from arlecli.cli.train import train_command
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train_command)
+    app(args=list(args), standalone_mode=False)
+
+
+@register("test_varied")
+def _varied_reward():
+    """A reward that varies on a random model's gibberish, so advantages (and gradients) are not zero.
+
+    The countdown reward is 0 for every completion of a random model: zero advantages, zero
+    gradient, and unchanged weights would prove nothing about the update."""
+
+    def score(task, episode) -> Score:
+        value = len(set(episode.completion)) / 20
+        return Score(reward=value, correct=value > 0.5, extracted=None, details={})
+
+    return score
+
+
+def varied_card(tmp_path: Path) -> Path:
+    """The countdown card (same generator, prompt, splits) scored by `test_varied`."""
+    data = yaml.safe_load((ROOT / "benchmarks" / "countdown.yaml").read_text())
+    data["name"] = "countdown_varied"
+    data["reward"] = {"name": "test_varied"}
+    data["metrics"] = ["accuracy"]
+    path = tmp_path / "countdown_varied.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def steps_in(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, algo, lora):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    train_in_process(str(varied_card(tmp_path)), "--algo", algo, "--model", str(tiny_model), *TINY,
+                     "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3",
+                     "--eval-limit", "2", "--set", "eval_max_tokens=8", "--output", str(run))
+    train_s = time.monotonic() - t0
+
+    assert steps_in(run / "metrics.jsonl") == [1, 2]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("reward" in r and "accuracy" in r for r in rows)
+    assert len((run / "rewards.jsonl").read_text().splitlines()) == 4  # 2 steps x 1 prompt x 2 completions
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 2 and summary["before"]["label"] == "step-0"
+    assert (run / "eval" / "step-0" / "results.json").exists() and (run / "eval" / "step-2" / "results.json").exists()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["algo"] == algo and meta["options"]["lora_rank"] == lora
+
+    final = run / "final"
+    base = load_file(str(tiny_model / "model.safetensors"))
+    if lora:
+        assert (final / "adapter_config.json").exists() and not (final / "config.json").exists()
+        adapter = load_file(str(final / "adapter_model.safetensors"))
+        lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+        assert lora_b and any(t.abs().max() > 0 for t in lora_b), "LoRA B starts at zero; training must move it"
+    else:
+        trained = load_file(str(final / "model.safetensors"))
+        key = "model.layers.0.self_attn.q_proj.weight"
+        assert not trained[key].equal(base[key])
+
+    out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
+               "--output", str(tmp_path / "eval"), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["n_tasks"] == 2
+    print(f"{algo} lora={lora}: train {train_s:.1f} s")
+
+
+def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
+    card = str(varied_card(tmp_path))  # a reward that moves the weights, so resuming has state to get right
+    common = [card, "--model", str(tiny_model), *TINY, "--max-steps", "3", "--save-steps", "1",
+              "--learning-rate", "1e-3", "--eval-limit", "1", "--set", "eval_max_tokens=4"]
+    run = tmp_path / "run"
+    args = ["train", *common, "--output", str(run)]
+    proc = subprocess.Popen([*ARLE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "checkpoint-1" / "trainer_state.json").exists():
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
+    assert not (run / "final").exists(), "the kill must land mid-run"
+    assert 1 <= max(steps_in(run / "metrics.jsonl")) < 3
+
+    capsys.readouterr()
+    train_in_process(*common, "--output", str(run), "--resume")  # in-process: one import of trl saved
+    assert "resuming from checkpoint-" in capsys.readouterr().err
+    state = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    assert steps_in(run / "metrics.jsonl") == [1, 2, 3]
+    # Each step scored its 2 completions once: a step redone after the resume would add lines.
+    assert sorted(steps_in(run / "rewards.jsonl")) == [1, 1, 2, 2, 3, 3]
+    assert (run / "final").is_dir() and json.loads((run / "summary.json").read_text())["global_step"] == 3
+    # The step-0 evaluation finished before the kill and was not redone.
+    assert len((run / "eval" / "step-0" / "samples.jsonl").read_text().splitlines()) == 1
+
+    # Weights, optimizer, RNG and data position all came back: the resumed run sampled the
+    # same prompts and the same completions as a run that was never interrupted.
+    train_in_process(*common, "--output", str(tmp_path / "straight"))
+    sampled = lambda r: [(x["step"], x["task_id"], x["completion"])
+                         for x in map(json.loads, (r / "rewards.jsonl").read_text().splitlines())]
+    assert sampled(run) == sampled(tmp_path / "straight")
+
+
+def test_reward_adapter_gives_the_eval_reward(tmp_path):
+    """Same completions, same numbers: the eval (through the OpenAI engine and a fake server)
+    and the training adapter (TRL's call shape), on a chat card and on a completion card
+    with stop strings."""
+    from fake_openai import FakeOpenAIServer
+
+    from arlecli.data.sources import load_rows, tasks_from_rows
+    from arlecli.engine import make_engine
+    from arlecli.eval import EvalOptions, load_tasks, run_eval
+    from arlecli.envs import single_turn
+    from arlecli.models import resolve_model
+    from arlecli.registry import load_card
+    from arlecli.train.reward import CardReward
+
+    def countdown_reply(body: dict) -> str:
+        q = body["messages"][-1]["content"]
+        row = next(r for r in rows if r["question"] in q)
+        i = int(row["id"].rsplit("-", 1)[1])
+        return [f"Easy. <answer>{row['answer']}</answer>", f"<answer>{row['answer']} + 1</answer>",
+                f"{row['answer']}", "no idea"][i % 4]
+
+    gsm_rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(6)]
+
+    def gsm_reply(body: dict) -> str:
+        i = int(body["prompt"].rsplit("What is ", 1)[1].split()[0])
+        # After the stop string the text must not count: the eval cuts it, so must training.
+        return [f" {i + 1}\n\nQuestion: and 7? #### 7", f" #### {i + 1}", f" {i}", " 99 Question: 5"][i % 4]
+
+    cases = []
+    card = load_card("countdown")
+    rows = load_rows(card, "test", limit=8)
+    cases.append((card, countdown_reply, EvalOptions(limit=8, num_fewshot=0), None))
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in gsm_rows))
+    cases.append((load_card("gsm8k"), gsm_reply, EvalOptions(num_fewshot=0, data=str(data)), gsm_rows))
+
+    for card, reply, opts, raw_rows in cases:
+        with FakeOpenAIServer(reply) as srv:
+            engine = make_engine(resolve_model(None, base_url=srv.base_url), concurrency=4)
+            run_eval(card, engine, opts, model="fake", run_dir=tmp_path / card.name)
+        samples = {s["task_id"]: s for s in map(json.loads, (tmp_path / card.name / "samples.jsonl").open())}
+        tasks, exemplars = load_tasks(card, opts)
+        if raw_rows is not None:
+            assert [t.id for t in tasks] == [t.id for t in tasks_from_rows(card, raw_rows)]
+        prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]
+        adapter = CardReward(card, tasks, prompts, tmp_path)
+        # What the model "said", uncut, in TRL's shapes: messages for chat cards, text otherwise.
+        raw = [reply({"messages": p} if isinstance(p, list) else {"prompt": p}) for p in prompts]
+        completions = [[{"role": "assistant", "content": r}] if isinstance(p, list) else r
+                       for r, p in zip(raw, prompts)]
+        logged = []
+        rewards = adapter(prompts, completions, task_index=list(range(len(tasks))),
+                          log_metric=lambda name, value: logged.append((name, value)))
+        assert rewards == [samples[t.id]["reward"] for t in tasks]
+        assert 0 < sum(rewards) < len(rewards), "the cases must mix right and wrong answers"
+        accuracy = sum(samples[t.id]["correct"] for t in tasks) / len(tasks)
+        assert logged == [("accuracy", accuracy)]
+        lines = [json.loads(line) for line in (tmp_path / "rewards.jsonl").read_text().splitlines()][-len(tasks):]
+        assert [line["completion"] for line in lines] == [samples[t.id]["completion"] for t in tasks]
+        (tmp_path / "rewards.jsonl").unlink()
+
+
+def test_unknown_set_key_is_a_one_line_error():
+    out = arle("train", "countdown", "--set", "lerning_rate=1e-5")
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert "lerning_rate" in out.stderr and "learning_rate" in out.stderr
+
+
+def test_recipes_resolve():
+    from arlecli.train.config import load_recipe, resolve
+
+    for name in ("countdown-grpo-cpu", "gsm8k-grpo"):
+        path, data = load_recipe(name)
+        cfg = resolve(data, {}, {"max_steps": 3}, recipe_name=str(path))
+        assert cfg.options.benchmark and cfg.trainer["max_steps"] == 3
+
+
+def test_settings_layers_and_values():
+    from arlecli.errors import UserError
+    from arlecli.train.config import parse_set, resolve
+
+    recipe = {"benchmark": "countdown", "max_steps": 7, "beta": 0.1, "lora_rank": 8}
+    cfg = resolve(recipe, {"max_steps": 5, "lora_rank": None},
+                  parse_set(["learning_rate=1e-5", "save_total_limit=null", "loss-type=dr_grpo", "beta=0"]))
+    assert cfg.trainer["max_steps"] == 5                        # a flag beats the recipe
+    assert cfg.options.lora_rank == 8                           # an unset flag does not
+    assert cfg.trainer["learning_rate"] == 1e-5 and isinstance(cfg.trainer["learning_rate"], float)
+    assert cfg.trainer["save_total_limit"] is None and cfg.trainer["loss_type"] == "dr_grpo"
+    assert cfg.trainer["beta"] == 0.0 and isinstance(cfg.trainer["beta"], float)
+    with pytest.raises(UserError, match="loss_type.*rloo|rloo.*loss_type"):
+        resolve({"loss_type": "dapo"}, {"algo": "rloo"}, {})  # a GRPO-only field
+    with pytest.raises(UserError, match="--output"):
+        resolve({}, {}, {"output_dir": "x"})
+    with pytest.raises(UserError, match="must be a number"):
+        resolve({}, {}, {"beta": "high"})
