@@ -36,12 +36,13 @@ def _root(
 
 
 def _register() -> None:
-    from arlecli.cli import bench, eval as eval_cmd, model, serve
+    from arlecli.cli import bench, eval as eval_cmd, model, serve, train
 
     app.add_typer(model.app, name="model")
     app.add_typer(bench.app, name="bench")
     app.command("eval")(eval_cmd.eval_command)
     app.command("serve")(serve.serve_command)
+    app.command("train")(train.train_command)
 
 
 def main() -> None:
