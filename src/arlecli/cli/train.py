@@ -92,6 +92,7 @@ class _View:
 
 
 def train_command(
+    ctx: typer.Context,
     bench: Optional[str] = typer.Argument(None, metavar="BENCH", help="Benchmark name or card file (or `benchmark:` in the recipe)."),
     algo: Optional[str] = typer.Option(None, "--algo", help="grpo (default), rloo or ppo."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
@@ -126,6 +127,22 @@ def train_command(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Train on the first N rows only."),
     save_steps: Optional[int] = typer.Option(None, "--save-steps", min=1, help="Checkpoint every N steps (default 50)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Training processes per "
+                                                "machine (data parallel through accelerate; gloo on CPU, NCCL on "
+                                                "GPU). Per-device batch x processes must be a multiple of "
+                                                "--num-generations."),
+    deepspeed: Optional[str] = typer.Option(None, "--deepspeed", help="zero2 or zero3: DeepSpeed ZeRO through "
+                                            "accelerate (needs CUDA and `pip install deepspeed`)."),
+    fsdp: bool = typer.Option(False, "--fsdp", help="FSDP full shard through accelerate (needs CUDA)."),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="Launch with this "
+                                                     "accelerate config file (from `accelerate config`) instead."),
+    num_machines: Optional[int] = typer.Option(None, "--num-machines", min=1, help="Machines (multi-node); run "
+                                               "the same command on each with its --machine-rank."),
+    machine_rank: Optional[int] = typer.Option(None, "--machine-rank", min=0, help="This machine's rank (0 = main)."),
+    main_process_ip: Optional[str] = typer.Option(None, "--main-process-ip", help="Address of machine rank 0."),
+    main_process_port: Optional[int] = typer.Option(None, "--main-process-port", min=0,
+                                                    help="Port on machine rank 0 (default: a free port on one "
+                                                    "machine, 29500 across machines)."),
 ) -> None:
     """RL-train a model on a benchmark's reward; writes checkpoints, metrics and the final model."""
     from arlecli.cards import resolve_references
@@ -133,8 +150,11 @@ def train_command(
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
     from arlecli.train.config import load_recipe, parse_set, resolve
+    from arlecli.train import launch
     from arlecli.train.run import TrainView, run_train
 
+    launch_opts = launch.LaunchOptions(num_processes, num_machines, machine_rank, main_process_ip,
+                                       main_process_port, deepspeed, fsdp, accelerate_config)
     recipe_data: dict[str, Any] = {}
     recipe_name = None
     if recipe:
@@ -151,12 +171,29 @@ def train_command(
     resolve_references(card)
     spec = resolve_model(cfg.options.model)
     run_dir = _run_dir(output, f"train-{card.name}", spec.name, resume)
+    command = launch.original_command() or ["arle", *sys.argv[1:]]
+    if launch_opts.wanted():
+        launch.check(launch_opts, cfg.options.algo)
+        if (num_machines or 1) > 1 and output is None:
+            raise UserError("--num-machines needs --output: the same run directory (on a shared filesystem) "
+                            "on every machine")
+        if (run_dir / "meta.json").exists() and not resume and not machine_rank:
+            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
+        child = ["train", *_child_args(ctx), "--output", str(run_dir)]
+        rc = launch.launch(launch_opts, child, command, message=lambda text: err_console().print(text, highlight=False))
+        raise typer.Exit(rc)
+    if launch.rank() != 0:  # a launched rank other than the main one: the main process speaks for the run
+        try:
+            run_train(card, cfg, spec, run_dir, resume=resume, command=command, view=TrainView(message=_quiet))
+        except UserError:
+            raise typer.Exit(2) from None  # the main process prints the error once
+        return
     view = _View()
     err_console().print(f"training {spec.name} on {card.name} with {cfg.options.algo}"
                         f"{' + LoRA r=' + str(cfg.options.lora_rank) if cfg.options.lora_rank else ''} "
                         f"for {cfg.trainer['max_steps']} steps -> {run_dir}", highlight=False)
     try:
-        summary = run_train(card, cfg, spec, run_dir, resume=resume, command=["arle", *sys.argv[1:]],
+        summary = run_train(card, cfg, spec, run_dir, resume=resume, command=command,
                             view=TrainView(log=view.log, eval_start=view.eval_start, eval_sample=view.eval_sample,
                                            eval_done=view.eval_done, message=view.message))
     finally:
@@ -165,6 +202,36 @@ def train_command(
         print_json(summary)
     else:
         print_summary(summary, run_dir)
+
+
+_LAUNCH_PARAMS = {"num_processes", "deepspeed", "fsdp", "accelerate_config", "num_machines", "machine_rank",
+                  "main_process_ip", "main_process_port", "output"}
+
+
+def _quiet(text: str) -> None:
+    pass
+
+
+def _child_args(ctx: typer.Context) -> list[str]:
+    """This command's parsed arguments as a command line again, minus the launch flags and --output."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if param.name in _LAUNCH_PARAMS or value is None:
+            continue
+        if param.param_type_name == "argument":
+            args.append(str(value))
+        elif param.param_type_name == "option":
+            opt = max(param.opts, key=len)  # the long name
+            if param.is_flag:
+                if value:
+                    args.append(opt)
+            elif param.multiple:
+                for v in value:
+                    args += [opt, str(v)]
+            else:
+                args += [opt, str(value)]
+    return args
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:

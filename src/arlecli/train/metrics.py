@@ -29,9 +29,10 @@ def _plain(value: Any) -> Any:
 class MetricsLog:
     """Appends step lines to metrics.jsonl and works out throughput between them."""
 
-    def __init__(self, run_dir: Path, start_step: int = 0) -> None:
+    def __init__(self, run_dir: Path, start_step: int = 0, *, truncate: bool = True) -> None:
         self.path = Path(run_dir) / METRICS_FILE
-        truncate_metrics(run_dir, start_step)
+        if truncate:  # False on the ranks other than the main one: they never write here
+            truncate_metrics(run_dir, start_step)
         self.start = time.monotonic()
         self._last_time = self.start
         self._last_step = start_step

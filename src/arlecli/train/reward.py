@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from arlecli.cards import Card
 from arlecli.envs import single_turn
@@ -41,9 +41,15 @@ class CardReward:
     """Scores completions with the card's reward; callable as a TRL reward function.
 
     `rendered[i]` is task i's prompt as the eval renders it (kept in each Episode, as the
-    eval does). Per-sample verdicts are appended to `<run>/rewards.jsonl`."""
+    eval does). Per-sample verdicts are appended to `<run>/rewards.jsonl`.
 
-    def __init__(self, card: Card, tasks: list[Task], rendered: list[Any], run_dir: Path | None = None) -> None:
+    Under several processes each rank scores its own completions; `gather` (every rank's
+    lines, in rank order, on every rank) lets the one rank given a `run_dir` write them all, so
+    the file keeps one line per completion. Every rank must then call the adapter equally often,
+    as TRL's trainers do."""
+
+    def __init__(self, card: Card, tasks: list[Task], rendered: list[Any], run_dir: Path | None = None,
+                 gather: Callable[[list[str]], list[str]] | None = None) -> None:
         self.card = card
         self.tasks = tasks
         self.rendered = rendered
@@ -54,6 +60,7 @@ class CardReward:
         self._lock = threading.Lock()
         self._correct: list[bool] = []  # since the last pop_accuracy(), for loops without log_metric
         self.step: int | None = None    # the step label for callers that pass none (ppo)
+        self.gather = gather
 
     def score(self, completions: list[Any], indices: list[int], step: int | None = None) -> list[Score]:
         """Score each completion against the task at the same position in `indices`."""
@@ -71,6 +78,8 @@ class CardReward:
                 "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
                 "correct": bool(result.correct), "details": result.details,
             }, ensure_ascii=False, default=str) + "\n")
+        if self.gather is not None:
+            lines = self.gather(lines)
         with self._lock:
             self._correct.extend(bool(s.correct) for s in scores)
             if self.path is not None:

@@ -10,10 +10,17 @@
 
 `--resume` continues from the newest checkpoint: steps after it are dropped from
 metrics.jsonl and rewards.jsonl (they run again), finished evaluations are kept.
+
+Under `accelerate launch` (see launch.py) every rank runs this same function. Only the main
+process writes meta.json, metrics.jsonl, summary.json and the held-out evaluations; rewards.jsonl
+is written by the main process too, from every rank's verdicts gathered at each reward call (one
+line per completion, in rank order); the trainer saves checkpoints and final/ as it does for any
+accelerate run. The other ranks wait at a barrier while the main process evaluates.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -31,6 +38,7 @@ from arlecli.models import ModelSpec
 from arlecli.results import META, read_json, write_json
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
+from arlecli.train.launch import in_launched_process
 from arlecli.train.metrics import MetricsLog
 from arlecli.train.reward import CardReward, truncate_rewards
 
@@ -50,6 +58,65 @@ class TrainView:
     eval_sample: Callable[[dict[str, Any]], None] | None = None
     eval_done: Callable[[str, dict[str, Any]], None] | None = None
     message: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+
+
+@dataclass
+class Ranks:
+    """This process among the training processes: one (the default), or a rank under accelerate."""
+
+    main: bool = True
+    world: int = 1
+
+    @classmethod
+    def current(cls) -> "Ranks":
+        if not in_launched_process():
+            return cls()
+        from accelerate import PartialState  # set up already by the trainer's config (same settings)
+
+        state = PartialState()
+        return cls(main=state.is_main_process, world=state.num_processes)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            from accelerate import PartialState
+
+            PartialState().wait_for_everyone()
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        """Every rank's `items`, concatenated in rank order, on every rank."""
+        if self.world == 1:
+            return items
+        from accelerate.utils import gather_object
+
+        return gather_object(items)
+
+    def on_main(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` on the main process only; the others wait, and fail too if it fails."""
+        if self.world == 1:
+            fn()
+            return
+        from accelerate.utils import broadcast_object_list
+
+        error: list[Any] = [None]
+        failure: BaseException | None = None
+        if self.main:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001  (re-raised below, after the others know)
+                failure, error[0] = exc, str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+        broadcast_object_list(error, from_process=0)
+        if failure is not None:
+            raise failure
+        if error[0] is not None:
+            raise UserError(error[0])
+
+
+def sharded() -> bool:
+    """Whether the weights are split over the ranks (ZeRO-3, FSDP): then no rank can generate alone."""
+    env = os.environ
+    on = lambda name: env.get(name, "").lower() in ("1", "true", "yes")  # noqa: E731
+    return on("ACCELERATE_USE_FSDP") or (on("ACCELERATE_USE_DEEPSPEED")
+                                         and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3")
 
 
 def train_split(card: Card, requested: str | None) -> str:
@@ -125,7 +192,14 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         trainer_args = make_args(cfg, run_dir, card.prompt.max_tokens)
         # Every field the trainer ran with, defaults included (resume compares only "trainer").
         meta["trainer_resolved"] = trainer_args.to_dict()
-    _prepare_dir(run_dir, meta, resume)
+    # After trainer_args: its config set up the processes' shared state. PPO runs in one process.
+    ranks = Ranks.current() if opts.algo != "ppo" else Ranks()
+    if ranks.world > 1:
+        meta["num_processes"] = ranks.world
+    if not ranks.main:
+        view = TrainView(message=lambda text: None)  # the main process reports for the run
+    checkpoint, start_step = last_checkpoint(run_dir) if resume else (None, 0)
+    ranks.on_main(lambda: _prepare_dir(run_dir, meta, resume))
 
     tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
     if not tasks:
@@ -135,13 +209,15 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         view.message(f"warning: training and held-out evaluation both use split '{split}' of {card.name}; "
                      f"pass --eval-split or --split to keep them apart")
 
-    checkpoint, start_step = last_checkpoint(run_dir) if resume else (None, 0)
     if resume:
         view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
                      "starting from step 0")
-    truncate_rewards(run_dir, start_step)
-    metrics = MetricsLog(run_dir, start_step)
-    reward = CardReward(card, tasks, prompts, run_dir)
+    if ranks.main:
+        truncate_rewards(run_dir, start_step)
+    metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
+    ranks.barrier()
+    reward = CardReward(card, tasks, prompts, run_dir if ranks.main else None,
+                        gather=ranks.gather if ranks.world > 1 else None)
     heldout = None
     if opts.eval_limit:
         eval_opts = EvalOptions(split=eval_split, limit=opts.eval_limit, temperature=0.0,
@@ -155,7 +231,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         evals, global_step = _run_ppo(card, cfg, spec, prompts, reward, run_dir, checkpoint, metrics, heldout, view)
     else:
         evals, global_step = _run_trl(cfg, trainer_args, spec, prompts, reward, run_dir, checkpoint, metrics,
-                                      heldout, view)
+                                      heldout, view, ranks)
 
     labels = sorted(evals, key=lambda s: int(s.split("-")[1]))
     summary = {
@@ -166,32 +242,65 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))}
                   for label in labels} if heldout else {},
     }
-    write_json(run_dir / SUMMARY, summary)
+    if ranks.main:
+        write_json(run_dir / SUMMARY, summary)
     return summary
 
 
 def _run_trl(cfg: TrainConfig, args: Any, spec: ModelSpec, prompts: list[Any], reward: CardReward, run_dir: Path,
              checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
-             view: TrainView) -> tuple[dict[str, dict[str, Any]], int]:
+             view: TrainView, ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
     from arlecli.train.grpo import _unwrap, build_trainer, load_model, make_callback
 
-    callback = make_callback(metrics, view.log, heldout, cfg.options.eval_every)
+    ranks = ranks or Ranks()
+    # With the weights split over the ranks (ZeRO-3, FSDP) the main process cannot generate
+    # alone: it evaluates the saved weights instead (before: the start model, after: final/).
+    from_disk = ranks.world > 1 and sharded()
+    every = cfg.options.eval_every
+    if from_disk and every and heldout is not None:
+        view.message("warning: --eval-every is not supported with ZeRO-3/FSDP; evaluating before and after only")
+        every = 0
+    callbacks = [make_callback(metrics, view.log, heldout, every)]
+    if ranks.world > 1 and heldout is not None and every:
+        callbacks.append(_barrier_callback(ranks, every))  # runs after the main process's evaluation
     trainer = build_trainer(cfg, args, load_model(spec.path_or_id or "", spec.is_adapter), prompts, reward,
-                            [callback])
+                            callbacks)
     evals: dict[str, dict[str, Any]] = {}
-    main = trainer.accelerator.is_main_process
-    if heldout is not None and main:
-        evals["step-0"] = heldout.evaluate(_unwrap(trainer.model), trainer.processing_class, "step-0")
+
+    def evaluate(label: str, path: str) -> None:
+        if from_disk:
+            evals[label] = heldout.evaluate(None, None, label, model_path=path)
+        else:
+            evals[label] = heldout.evaluate(_unwrap(trainer.model), trainer.processing_class, label)
+
+    if heldout is not None:
+        if ranks.main:
+            evaluate("step-0", spec.path_or_id or "")
+        ranks.barrier()
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     step = trainer.state.global_step
+    # Every rank takes part (ZeRO-3/FSDP gather the weights); the trainer writes on the main one.
     trainer.save_model(str(run_dir / FINAL))  # adapter only for LoRA; `arle eval` merges it on load
-    if heldout is not None and main:
-        for label in _existing_labels(heldout):
-            evals.setdefault(label, read_json(heldout.dir_for(label) / "results.json"))
-        if f"step-{step}" not in evals:
-            evals[f"step-{step}"] = heldout.evaluate(_unwrap(trainer.model), trainer.processing_class,
-                                                     f"step-{step}")
+    if heldout is not None:
+        if ranks.main:
+            for label in _existing_labels(heldout):
+                evals.setdefault(label, read_json(heldout.dir_for(label) / "results.json"))
+            if f"step-{step}" not in evals:
+                evaluate(f"step-{step}", str(run_dir / FINAL))
+        ranks.barrier()
     return evals, step
+
+
+def _barrier_callback(ranks: Ranks, every: int) -> Any:
+    """The other ranks wait while the main process runs an every-N held-out evaluation."""
+    from transformers import TrainerCallback
+
+    class Barrier(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % every == 0 and state.global_step < state.max_steps:
+                ranks.barrier()
+
+    return Barrier()
 
 
 def _existing_labels(heldout: HeldOut) -> list[str]:
