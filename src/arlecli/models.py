@@ -110,7 +110,7 @@ def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_
             raise UserError(f"--model {model}: the folder has no config.json or adapter_config.json "
                             "(not a Hugging Face model or LoRA adapter)")
         return ModelSpec(kind="hf", name=model, path_or_id=str(path.resolve()), backend=backend,
-                         is_adapter=_is_adapter(path))
+                         is_adapter=is_adapter_folder(path))
     if path.exists():
         raise UserError(f"--model {model} is a file: pass the model's folder")
     if _looks_like_path(model):
@@ -132,9 +132,11 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
 
 
-def _is_adapter(folder: Path) -> bool:
-    # A LoRA adapter saved by peft/trl: adapter_config.json and no config.json of its own.
-    # The engine loads its base model from the adapter config; here we only keep the path.
+def is_adapter_folder(folder: str | Path) -> bool:
+    """A LoRA adapter saved by peft/trl: adapter_config.json and no config.json of its own.
+
+    The engines load its base model from the adapter config."""
+    folder = Path(folder)
     return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
 
 
@@ -150,7 +152,7 @@ def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env
         raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
                         f"rerun `arle model setup --name {profile.name} --path DIR` or `arle model remove {profile.name}`")
     return ModelSpec(kind="hf", name=profile.name, path_or_id=profile.path or profile.hub_id, backend=backend,
-                     is_adapter=bool(profile.path) and _is_adapter(Path(profile.path)), profile=profile.name)
+                     is_adapter=bool(profile.path) and is_adapter_folder(Path(profile.path)), profile=profile.name)
 
 
 # ---------------------------------------------------------------- the embedded default model

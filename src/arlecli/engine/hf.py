@@ -16,7 +16,6 @@ draws the same samples as an uninterrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
@@ -32,11 +31,6 @@ class _Row:
     generator: object | None
     out: list[int]
     logprobs: list[float]
-
-
-def _is_adapter_dir(path: str) -> bool:
-    p = Path(path)
-    return p.is_dir() and (p / "adapter_config.json").exists() and not (p / "config.json").exists()
 
 
 class HFEngine:
@@ -193,7 +187,9 @@ def _load(model: str, device: str, dtype: str | None):
     # fp32 on CPU: these CPUs have no bf16 units (slower) and bf16 is not deterministic here.
     torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
-        if _is_adapter_dir(model):
+        from arlecli.models import is_adapter_folder
+
+        if is_adapter_folder(model):
             from peft import AutoPeftModelForCausalLM
 
             m = AutoPeftModelForCausalLM.from_pretrained(model, dtype=torch_dtype).merge_and_unload()

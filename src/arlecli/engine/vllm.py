@@ -201,9 +201,11 @@ def _is_torch_default_inductor_dir(value: str | None) -> bool:
 
 def _split_adapter(model: str) -> tuple[str, str | None]:
     """(base model, adapter folder or None): a LoRA folder names its base in adapter_config.json."""
+    from arlecli.models import is_adapter_folder
+
     folder = Path(model)
     config_file = folder / "adapter_config.json"
-    if not (folder.is_dir() and config_file.is_file() and not (folder / "config.json").exists()):
+    if not is_adapter_folder(folder):
         return model, None
     import json
 
