@@ -1,16 +1,14 @@
-"""Cards and the registry: every packaged card resolves; bad cards fail with file + field."""
+"""Cards and the registry: bad cards fail with file + field (every packaged card: test_catalog)."""
 
 from __future__ import annotations
 
 import pytest
 
 from arlecli.cards import load_card_file, parse_card, resolve_references
-from arlecli.data.sources import load_rows, read_rows_file, tasks_from_rows
+from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.envs import single_turn
 from arlecli.errors import UserError
-from arlecli.registry import card_paths, list_cards, load_card
-from arlecli.rewards import get_reward
-from arlecli.types import Episode, Turn
+from arlecli.registry import card_paths, load_card
 
 MINIMAL = {"name": "mini", "category": "math", "source": {"kind": "files", "path": "rows.jsonl"},
            "reward": {"name": "gsm8k"}}
@@ -18,23 +16,6 @@ MINIMAL = {"name": "mini", "category": "math", "source": {"kind": "files", "path
 
 def test_foundation_cards_are_registered():
     assert {"gsm8k", "humaneval", "countdown", "mmlu", "gsm_symbolic"} <= set(card_paths())
-
-
-@pytest.mark.parametrize("card", list_cards(), ids=lambda c: c.name)
-def test_every_card_resolves_and_renders(card):
-    resolve_references(card)
-    rows = read_rows_file(card.fixture_path) if card.fixture_path else (
-        load_rows(card, limit=3) if card.source.kind in ("package", "generator") else [])
-    assert rows, f"{card.name} needs a fixture file or an offline source"
-    tasks = tasks_from_rows(card, rows[:3], "fixture")
-    prompt = single_turn.reset(card.prompt, tasks[0])
-    assert tasks[0].input in (prompt if isinstance(prompt, str) else prompt[-1]["content"])
-    score = get_reward(card.reward, card.reward_params)
-    wrong = score(tasks[0], Episode(tasks[0].id, [Turn(prompt=prompt, completion="I do not know.")]))
-    assert not wrong.correct
-    for metric in card.metrics:
-        if metric != "accuracy" and not metric.startswith("pass@"):
-            assert metric in wrong.details, f"{card.name}: metric {metric} is not a detail of {card.reward}"
 
 
 def test_missing_required_field_names_file_and_field(tmp_path):

@@ -8,6 +8,8 @@ same function scores eval samples and training completions.
 from __future__ import annotations
 
 import difflib
+import importlib
+import pkgutil
 from typing import Any, Callable
 
 from arlecli.errors import UserError
@@ -49,5 +51,7 @@ def get_reward(name: str, params: dict[str, Any] | None = None) -> RewardFn:
 
 
 def _load_builtin() -> None:
-    # Imported lazily so `arle --help` stays fast; each module registers on import.
-    from arlecli.rewards import choice, code, math, procedural  # noqa: F401
+    # Imported lazily so `arle --help` stays fast; every module of this package registers
+    # its rewards on import.
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")

@@ -5,6 +5,8 @@ flexible-extract) whose extraction is compared to the full gsm8k `answer` string
 `exact_match` with the card's `regexes_to_ignore` and `ignore_case`. It also reports a
 math-verify equivalence so a model that answers in its own words still gets credit there.
 
+`number` compares the last number of a completion with a numeric gold, exactly.
+
 `math` compares a LaTeX/number gold against the last `\\boxed{}` of the completion (or
 math-verify's own extraction) by symbolic equivalence.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from arlecli.rewards import RewardFn, register
@@ -201,5 +204,46 @@ def math_answer() -> RewardFn:
         extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
         correct = mv_verify(gold, pred)
         return Score(float(correct), correct, extracted, {"math_verify": int(correct)})
+
+    return score
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in `text` (`1,000` -> `1000`, `-3.50` -> `-3.50`), else None."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+def _as_fraction(value: Any) -> Fraction | None:
+    try:
+        return Fraction(str(value).strip().replace(",", ""))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+@register("number")
+def number() -> RewardFn:
+    """A numeric answer: the last number of the completion equals `task.target` exactly.
+
+    The answer is the last number inside the last `<answer>...</answer>` when the completion
+    has one, else the last number anywhere in it, so "3 + 4 = 7" and "<answer>7</answer>"
+    both answer 7. Compared as exact fractions (`7.0` == `7`, `1,000` == `1000`).
+
+    Takes no params. Details: accuracy (0/1), tagged (0/1: the answer came from a tag).
+    `extracted` is the number string or None.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        tags = _TAGGED.findall(episode.completion)
+        got = last_number(tags[-1] if tags else episode.completion)
+        gold = _as_fraction(task.target)
+        value = _as_fraction(got) if got is not None else None
+        correct = value is not None and value == gold
+        details = {"accuracy": int(correct), "tagged": int(bool(tags))}
+        return Score(float(correct), correct, got, details)
 
     return score

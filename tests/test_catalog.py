@@ -1,0 +1,80 @@
+"""The catalog: every packaged card's whole path runs offline from its fixture.
+
+Each card ships `benchmarks/fixtures/<name>.jsonl` (3-5 rows in the dataset's real schema)
+and `benchmarks/fixtures/<name>.answers.jsonl`: one line per fixture row,
+`{"correct": <a completion the card must score correct>, "wrong": <a plausible wrong one>}`.
+The reference answers go through the card's own transform, prompt and reward, the same
+code `arle eval` and `arle train` run, so a card with a broken field map, transform or
+reward parameter fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arlecli.cards import Card, resolve_references
+from arlecli.data.sources import read_rows_file, tasks_from_rows
+from arlecli.envs import single_turn
+from arlecli.eval import EvalOptions, run_eval
+from arlecli.registry import list_cards
+from arlecli.rewards import get_reward
+from arlecli.types import Episode, Task, Turn
+
+CARDS = list_cards()
+OFFLINE_KINDS = ("package", "generator")
+
+
+def answers_path(card: Card) -> Path:
+    assert card.fixture_path is not None, f"{card.name}: add `fixture: fixtures/{card.name}.jsonl`"
+    return card.fixture_path.with_name(card.fixture_path.stem + ".answers.jsonl")
+
+
+def fixture_tasks(card: Card) -> list[Task]:
+    rows = read_rows_file(card.fixture_path)
+    assert 3 <= len(rows) <= 5, f"{card.name}: a fixture holds 3-5 rows, found {len(rows)}"
+    return tasks_from_rows(card, rows, "fixture")
+
+
+def test_catalog_has_at_least_fifty_named_cards():
+    assert len({c.name for c in CARDS}) >= 50, sorted(c.name for c in CARDS)
+
+
+@pytest.mark.parametrize("card", CARDS, ids=lambda c: c.name)
+def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card):
+    resolve_references(card)
+    tasks = fixture_tasks(card)
+    path = answers_path(card)
+    assert path.is_file(), f"{card.name}: add {path.relative_to(path.parents[1])}"
+    answers = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert len(answers) == len(tasks), f"{card.name}: one answers line per fixture row"
+    score = get_reward(card.reward, card.reward_params)
+    for task, answer in zip(tasks, answers):
+        prompt = single_turn.reset(card.prompt, task)
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        assert task.input and task.input in text, f"{card.name}/{task.id}: the prompt lost the input"
+        right = score(task, Episode(task.id, [Turn(prompt=prompt, completion=answer["correct"])]))
+        wrong = score(task, Episode(task.id, [Turn(prompt=prompt, completion=answer["wrong"])]))
+        assert right.correct and right.reward > 0, f"{card.name}/{task.id}: reference scored {right}"
+        assert not wrong.correct, f"{card.name}/{task.id}: wrong answer scored {wrong}"
+        for metric in card.metrics:
+            if metric != "accuracy" and not metric.startswith("pass@"):
+                assert metric in right.details, f"{card.name}: metric {metric} is not a detail of {card.reward}"
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model):
+    from arlecli.engine.hf import HFEngine
+
+    return HFEngine(str(tiny_model), batch_size=8)
+
+
+@pytest.mark.parametrize("card", [c for c in CARDS if c.source.kind in OFFLINE_KINDS], ids=lambda c: c.name)
+def test_offline_card_runs_end_to_end_on_the_tiny_model(card: Card, tiny_engine, tmp_path):
+    opts = EvalOptions(limit=2, max_tokens=8)
+    result = run_eval(card, tiny_engine, opts, model="tiny", run_dir=tmp_path / card.name)
+    assert result["n_tasks"] == 2
+    samples = (tmp_path / card.name / "samples.jsonl").read_text().splitlines()
+    assert len(samples) == 2 and all(json.loads(s)["completion"] is not None for s in samples)
