@@ -22,9 +22,7 @@ SECRET = "sk-test-0123456789-do-not-store"
 
 @pytest.fixture(scope="module")
 def app():
-    # _register() mounts the sub-apps on the shared root app; do it once per process.
-    if not any(group.name == "model" for group in cli_main.app.registered_groups):
-        cli_main._register()
+    cli_main._register()
     return cli_main.app
 
 

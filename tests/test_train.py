@@ -26,18 +26,9 @@ TINY = ["--limit", "8", "--num-generations", "2", "--set", "max_completion_lengt
 
 
 def cli_main() -> None:
-    """`arle` as main.py runs it, with `train` registered if main.py does not yet."""
+    """`arle` as its console script runs it, with this module's test rewards registered."""
     import arlecli.cli.main as main
-    from arlecli.cli.train import train_command
 
-    register_builtin = main._register
-
-    def _register() -> None:
-        register_builtin()
-        if not any(c.name == "train" for c in main.app.registered_commands):
-            main.app.command("train")(train_command)
-
-    main._register = _register
     main.main()
 
 

@@ -11,11 +11,13 @@ Every validation error names the file, the field and the fix, and exits 2 via Us
     source:
       kind: hub                  # hub | files | package | generator
       path: openai/gsm8k         # hub id | file path | "package:resource" | generator name
-      config: main
+      config: main               # or a list of configs, concatenated (rows tagged `config`)
       splits: {test: test, train: train}   # arle split -> source split (or {seed, size})
       default_split: test
+      params: {}                 # hub: extra datasets.load_dataset kwargs (data_files, revision);
+                                 # generator: the generator's parameters
     fields: {input: question, target: answer}   # Task field <- row column
-    transform: null              # optional: a name in data/transforms.py or "module:function"
+    transform: null              # optional: a name in data/transforms/ or "module:function"
     prompt:
       format: completion         # completion (raw text) | chat (messages)
       system: null
@@ -53,7 +55,7 @@ class Source:
 
     kind: str
     path: str
-    config: str | None = None
+    config: str | list[str] | None = None
     splits: dict[str, Any] = field(default_factory=dict)
     default_split: str = "test"
     params: dict[str, Any] = field(default_factory=dict)
@@ -158,7 +160,7 @@ def parse_card(data: Any, path: Path | str) -> Card:
     source = Source(
         kind=_one_of(_take(src, "kind", str, path, "source", required=True), SOURCE_KINDS, path, "source.kind"),
         path=_take(src, "path", str, path, "source", required=True),
-        config=_take(src, "config", str, path, "source"),
+        config=_take(src, "config", (str, list), path, "source"),
         splits=_take(src, "splits", dict, path, "source", default={}),
         default_split=_take(src, "default_split", str, path, "source", default="test"),
         params=_take(src, "params", dict, path, "source", default={}),

@@ -15,7 +15,8 @@ app = typer.Typer(help="Browse benchmark cards.", no_args_is_help=True)
 
 def _source_text(card) -> str:
     src = card.source
-    return f"{src.kind}:{src.path}" + (f" [{src.config}]" if src.config else "")
+    config = ",".join(src.config) if isinstance(src.config, list) else src.config
+    return f"{src.kind}:{src.path}" + (f" [{config}]" if config else "")
 
 
 @app.command("list")

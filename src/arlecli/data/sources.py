@@ -53,7 +53,19 @@ def read_rows_file(path: Path) -> list[Row]:
     raise UserError(f"{path}: unsupported data file; use one of {', '.join(FILE_SUFFIXES)}")
 
 
-def _hub_rows(card: Card, split: str) -> list[Row]:
+def pulled_path(card: Card, split: str) -> Path:
+    """Where `arle data pull` keeps one split of a hub source (a parquet file)."""
+    from arlecli.config import cache_dir
+
+    src = card.source
+    configs = src.config if isinstance(src.config, list) else [src.config] if src.config else []
+    key = "__".join([src.path.replace("/", "__"), *configs])
+    return cache_dir() / "datasets" / key / f"{split}.parquet"
+
+
+def _download(card: Card, split: str) -> Any:
+    """One split of the card's hub source as a `datasets.Dataset` (several configs are
+    concatenated, each row tagged with its `config` when the rows lack one)."""
     import logging
 
     import datasets
@@ -61,19 +73,51 @@ def _hub_rows(card: Card, split: str) -> list[Row]:
     src = card.source
     # huggingface_hub logs every retry of an unreachable hub; our one-line error says it all.
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    configs = src.config if isinstance(src.config, list) else [src.config]
     try:
-        ds = datasets.load_dataset(src.path, src.config, split=split)
+        parts = [datasets.load_dataset(src.path, config, split=split, **src.params) for config in configs]
     except Exception as exc:  # datasets raises many types; all mean "could not get the data"
         text = str(exc)
         if "gated" in text.lower() or "401" in text or "403" in text:
             raise UserError(
                 f"{src.path} is gated: accept its terms at https://huggingface.co/datasets/{src.path}, "
                 f"run `hf auth login`, or pass --data FILE") from None
+        where = f"{src.path}{'/' + str(src.config) if src.config else ''}"
         raise UserError(
-            f"cannot load {src.path}{'/' + src.config if src.config else ''} split '{split}' from the hub "
-            f"({type(exc).__name__}); check the network (or HF_TOKEN), "
-            f"or pass --data FILE with rows in the dataset's own schema") from None
-    return [dict(r) for r in ds]
+            f"cannot load {where} split '{split}' from the hub ({type(exc).__name__}); check the "
+            f"network (or HF_TOKEN), or pass --data FILE with rows in the dataset's own schema") from None
+    if len(parts) == 1:
+        return parts[0]
+    parts = [p if "config" in p.column_names else p.add_column("config", [c] * len(p))
+             for p, c in zip(parts, configs)]
+    return datasets.concatenate_datasets(parts)
+
+
+def _hub_rows(card: Card, split: str) -> list[Row]:
+    pulled = pulled_path(card, split)
+    if pulled.is_file():  # `arle data pull` got it earlier: no hub round trip at all
+        return read_rows_file(pulled)
+    return [dict(r) for r in _download(card, split)]
+
+
+def pull(card: Card, splits: list[str] | None = None) -> list[tuple[str, int, Path]]:
+    """Download the card's hub splits into arle's cache, where `load_rows` reads them first.
+
+    Returns (split, rows, file) per split. Re-pulling replaces the files atomically."""
+    if card.source.kind != "hub":
+        raise UserError(f"{card.name} reads {card.source.kind} data that needs no download")
+    out = []
+    for split in splits or split_names(card):
+        if card.source.splits and split not in card.source.splits:
+            raise UserError(f"{card.name} has no split '{split}'; choose one of: {', '.join(card.source.splits)}")
+        ds = _download(card, str(card.source.splits.get(split, split)))
+        path = pulled_path(card, str(card.source.splits.get(split, split)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".parquet.tmp")
+        ds.to_parquet(str(tmp))
+        tmp.replace(path)
+        out.append((split, len(ds), path))
+    return out
 
 
 def _package_rows(card: Card, split: str) -> list[Row]:
