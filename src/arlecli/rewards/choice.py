@@ -37,13 +37,21 @@ _WORD_AFTER = re.compile(r"\s+([a-z]+)")
 _OPTION_VERBS = {"is", "was", "would", "seems", "appears", "matches", "fits", "correct"}
 
 
-def choice_count(task: Task) -> int:
-    """How many letters are valid for `task`: len(fields['choices'] or fields['options'])."""
+def task_choices(task: Task) -> list[str] | None:
+    """The task's options as a list: `fields["choices"]`, else `fields["options"]`, else None.
+
+    A column that is not a list (ARC's raw {label, text} dict) does not count."""
     for key in ("choices", "options"):
         choices = task.fields.get(key)
         if isinstance(choices, (list, tuple)) and choices:
-            return min(len(choices), len(LETTERS))
-    return DEFAULT_NUM_CHOICES
+            return [str(c) for c in choices]
+    return None
+
+
+def choice_count(task: Task) -> int:
+    """How many letters are valid for `task`: the number of its choices, else A-J."""
+    choices = task_choices(task)
+    return min(len(choices), len(LETTERS)) if choices else DEFAULT_NUM_CHOICES
 
 
 def gold_letter(target: Any) -> str:
@@ -51,6 +59,13 @@ def gold_letter(target: Any) -> str:
     if isinstance(target, int) and not isinstance(target, bool):
         return LETTERS[target]
     return str(target).strip().strip("()[]. ").upper()
+
+
+def gold_letters(target: Any) -> set[str]:
+    """Every accepted letter: a list of golds (MMLU-Redux's multiple correct answers) or one."""
+    if isinstance(target, (list, tuple, set)):
+        return {gold_letter(t) for t in target}
+    return {gold_letter(target)}
 
 
 def _is_english_word(text: str, match: re.Match[str]) -> bool:
@@ -86,15 +101,20 @@ def _normalise(text: str) -> str:
     return text.strip(" .!?:;\"'")
 
 
-def extract_by_text(text: str, choices: list[str]) -> str | None:
+def extract_by_text(text: str, choices: list[str], leading: bool = False) -> str | None:
     """The letter whose choice text the model wrote: the whole reply, the span after
-    "answer is", or the only choice text that appears in the reply (word-bounded)."""
+    "answer is", a choice opening the reply (only with `leading`, for short options such as
+    "yes"/"no"), or the only choice text that appears in the reply (word-bounded)."""
     norm = [_normalise(str(c)) for c in choices]
     reply = _normalise(text)
     tail = re.split(r"answer\s*(?:is|:)", reply)[-1].strip(" .:")
     for candidate in (reply, tail):
         if candidate and candidate in norm and norm.count(candidate) == 1:
             return LETTERS[norm.index(candidate)]
+    if leading:
+        opening = [i for i, c in enumerate(norm) if c and re.match(rf"{re.escape(c)}(?![a-z0-9])", tail)]
+        if len(opening) == 1:
+            return LETTERS[opening[0]]
     found = [
         i
         for i, c in enumerate(norm)
@@ -103,32 +123,50 @@ def extract_by_text(text: str, choices: list[str]) -> str | None:
     return LETTERS[found[0]] if len(found) == 1 else None
 
 
+MATCH_MODES = ("letter", "text")
+
+
 @register("multiple_choice")
-def multiple_choice(num_choices: int | None = None) -> RewardFn:
+def multiple_choice(num_choices: int | None = None, match: str = "letter") -> RewardFn:
     """Accuracy of a generative multiple-choice answer.
 
-    `task.target` is the gold letter ("A".."J"; an int index or "(B)" also works). The
-    number of valid letters comes from `task.fields["choices"]` (or `"options"`), else A-J.
-    The model's letter is the last explicit "answer is (B)" / "Answer: B", else a letter
-    opening the reply ("B", "B.", "(B) text", "**B**"), else the last standalone valid
-    letter. Letters beyond the number of choices never count. When no letter is found and
-    the choices are known, writing the exact text of one choice selects it.
+    `task.target` is the gold letter ("A".."J"; an int index or "(B)" also works), or a
+    list of letters when any of them counts. The number of valid letters comes from
+    `task.fields["choices"]` (or `"options"`), else A-J.
+
+    With `match: letter` (the default) the model's letter is the last explicit
+    "answer is (B)" / "Answer: B", else a letter opening the reply ("B", "B.", "(B) text",
+    "**B**"), else the last standalone valid letter. Letters beyond the number of choices
+    never count. When no letter is found and the choices are known, writing the exact text
+    of one choice selects it.
+
+    With `match: text` the options are answered by their text, not a letter (BoolQ's
+    "yes"/"no"): the whole reply, the words after "answer is", the option opening the reply,
+    or the only option mentioned. `extracted` is then the option text.
 
     Args:
         num_choices: force the number of valid letters (for rows that carry no
             `choices` list, e.g. 4 for MMLU when the card drops the choices column).
+        match: "letter" or "text" (see above).
 
-    Details: accuracy (0/1). `extracted` is the chosen letter or None.
+    Details: accuracy (0/1). `extracted` is the chosen letter (or option text) or None.
     """
+    if match not in MATCH_MODES:
+        raise TypeError(f"match must be one of {', '.join(MATCH_MODES)}, got {match!r}")
 
     def score(task: Task, episode: Episode) -> Score:
         n = num_choices or choice_count(task)
-        text = episode.completion
-        letter = extract_letter(text, n)
-        choices = task.fields.get("choices") or task.fields.get("options")
-        if letter is None and isinstance(choices, (list, tuple)) and choices:
-            letter = extract_by_text(text, list(choices)[:n])
-        correct = letter is not None and letter == gold_letter(task.target)
-        return Score(float(correct), correct, letter, {"accuracy": int(correct)})
+        text = episode.completion or ""
+        choices = (task_choices(task) or [])[:n]
+        if match == "text":
+            letter = extract_by_text(text, choices, leading=True) if choices else None
+            extracted = choices[LETTERS.index(letter)] if letter else None
+        else:
+            letter = extract_letter(text, n)
+            if letter is None and choices:
+                letter = extract_by_text(text, choices)
+            extracted = letter
+        correct = letter is not None and letter in gold_letters(task.target)
+        return Score(float(correct), correct, extracted, {"accuracy": int(correct)})
 
     return score
