@@ -4,11 +4,13 @@
 flexible-extract) whose extraction is compared to the full gsm8k `answer` string by lm-eval's
 `exact_match` with the card's `regexes_to_ignore` and `ignore_case`. It also reports a
 math-verify equivalence so a model that answers in its own words still gets credit there.
+`strict_regex` swaps the strict filter's pattern (lm-eval's `gsm8k_cot` reads "The answer is N").
 
 `number` compares the last number of a completion with a numeric gold, exactly.
 
 `math` compares a LaTeX/number gold against the last `\\boxed{}` of the completion (or
-math-verify's own extraction) by symbolic equivalence.
+math-verify's own extraction) by symbolic equivalence, optionally with a relative numeric
+tolerance for answers rounded to a few significant figures.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ MAX_VERIFY_CHARS = 4000
 
 # lm-eval gsm8k.yaml, filter_list and metric_list, verbatim patterns.
 STRICT_REGEX = r"#### (\-?[0-9\.\,]+)"
+# lm-eval gsm8k-cot.yaml's strict-match (the final `.` is any character, as there).
+COT_STRICT_REGEX = r"The answer is (\-?[0-9\.\,]+)."
 FLEXIBLE_REGEX = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"
 GSM8K_IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")
 INVALID = "[invalid]"
@@ -132,7 +136,15 @@ def mv_verify(gold: list[Any], pred: list[Any]) -> bool:
         return False
 
 
+# A bare float literal with an exponent ("4.5e-7", "1e+16"): math-verify reads the `e` as
+# Euler's number, so it is rewritten as LaTeX scientific notation first.
+_SCIENTIFIC = re.compile(r"^\s*(-?\d+(?:\.\d+)?)[eE]([-+]?\d+)\s*$")
+
+
 def _parse_latex(expr: str) -> list[Any]:
+    sci = _SCIENTIFIC.match(expr)
+    if sci:
+        expr = f"{sci.group(1)} \\times 10^{{{int(sci.group(2))}}}"
     # Wrapping a bare answer in \boxed{} lets the LaTeX extractor take `\frac{1}{2}` as
     # well as `0.5`; the plain parse catches what the box wrapper cannot.
     return mv_parse(f"\\boxed{{{expr}}}") or mv_parse(expr)
@@ -144,17 +156,21 @@ def gsm8k_gold(answer: str) -> str:
 
 
 @register("gsm8k")
-def gsm8k(primary: str = "flexible_extract") -> RewardFn:
+def gsm8k(primary: str = "flexible_extract", strict_regex: str = STRICT_REGEX) -> RewardFn:
     """GSM8K scored like lm-eval's `gsm8k` task, plus math-verify.
 
-    The task target is the full gsm8k `answer` (rationale ending in `#### 72`). Each filter's
-    extraction and the target go through lm-eval's `exact_match` with regexes_to_ignore
-    `,`, `\\$`, `(?s).*#### `, `\\.$` and ignore_case, so the rationale and separators drop out.
+    The task target is the full gsm8k `answer` (rationale ending in `#### 72`) or the bare
+    number. Each filter's extraction and the target go through lm-eval's `exact_match` with
+    regexes_to_ignore `,`, `\\$`, `(?s).*#### `, `\\.$` and ignore_case, so the rationale and
+    separators drop out.
 
     Args:
         primary: which sub-metric decides `correct` and `reward`: "flexible_extract" (last
-            number in the text; the default), "strict_match" (first `#### N`), or
-            "math_verify" (symbolic equivalence of the gold number and the completion).
+            number in the text; the default), "strict_match" (first match of `strict_regex`),
+            or "math_verify" (symbolic equivalence of the gold number and the completion).
+        strict_regex: the strict-match pattern; its first non-empty group is the answer.
+            Default `#### N` (lm-eval `gsm8k`); lm-eval `gsm8k_cot` uses
+            `The answer is (\\-?[0-9\\.\\,]+).`
 
     Details: strict_match, flexible_extract, math_verify (each 0/1). `extracted` is the
     primary filter's extraction (`[invalid]` when it found nothing; math-verify's answer
@@ -163,11 +179,16 @@ def gsm8k(primary: str = "flexible_extract") -> RewardFn:
     choices = (*_FILTERS, "math_verify")
     if primary not in choices:
         raise ValueError(f"primary must be one of {', '.join(choices)}, got {primary!r}")
+    try:
+        re.compile(strict_regex)
+    except re.error as exc:
+        raise ValueError(f"strict_regex {strict_regex!r} is not a valid regex: {exc}") from None
+    filters = {"strict_match": RegexFilter(strict_regex), "flexible_extract": FLEXIBLE_EXTRACT}
 
     def score(task: Task, episode: Episode) -> Score:
         reference = str(task.target)
         text = episode.completion
-        extractions = {name: f(text) for name, f in _FILTERS.items()}
+        extractions = {name: f(text) for name, f in filters.items()}
         details: dict[str, Any] = {
             name: int(exact_match(got, reference, GSM8K_IGNORE, ignore_case=True))
             for name, got in extractions.items()
@@ -181,29 +202,80 @@ def gsm8k(primary: str = "flexible_extract") -> RewardFn:
     return score
 
 
+def gold_text(target: Any) -> str:
+    """A gold answer as one LaTeX string: a list (several answers) is comma-joined, `$`s
+    around each part dropped; a full solution keeps only its last `\\boxed{}` content."""
+    if isinstance(target, (list, tuple)):
+        return ", ".join(str(t).strip().strip("$").strip() for t in target)
+    text = str(target)
+    return last_boxed(text) or text
+
+
+def as_float(parsed: list[Any]) -> float | None:
+    """The numeric value of math-verify's first parse (a sympy number), else None."""
+    if not parsed:
+        return None
+    try:
+        value = complex(parsed[0].evalf())
+    except Exception:  # sets, equations, symbols, strings: not a single number
+        return None
+    return value.real if value.imag == 0 else None
+
+
+def within(gold: float | None, pred: float | None, tolerance: float) -> bool:
+    """`pred` is within a relative `tolerance` of `gold` (absolute when gold is 0)."""
+    if gold is None or pred is None or tolerance <= 0:
+        return False
+    return abs(pred - gold) <= tolerance * (abs(gold) or 1.0)
+
+
+# math-verify compares floats after rounding them to 6 decimals, so any two tiny values
+# (6.63e-19 and 6.63e-49) are "equal"; numbers it accepts must also agree this closely.
+_SAME_NUMBER_REL = 1e-4
+
+
+def equivalent(gold: list[Any], pred: list[Any]) -> bool:
+    """math-verify equivalence, where two numbers must also agree to a relative 1e-4."""
+    if not mv_verify(gold, pred):
+        return False
+    g, p = as_float(gold), as_float(pred)
+    if g is None or p is None:
+        return True
+    return abs(p - g) <= _SAME_NUMBER_REL * max(abs(g), abs(p))
+
+
 @register("math")
-def math_answer() -> RewardFn:
+def math_answer(tolerance: float = 0.0) -> RewardFn:
     """Symbolic equivalence of a math answer, by math-verify.
 
-    Gold: `task.target` as LaTeX or a number; if it holds a `\\boxed{}` (a full solution),
-    the last boxed content. Prediction: the last `\\boxed{}` of the completion, else
-    math-verify's own extraction from the text (its last-answer heuristics). So
-    `\\boxed{\\frac{1}{2}}` matches a gold of `0.5`.
+    Gold: `task.target` as LaTeX or a number (a list of answers is comma-joined); if it holds
+    a `\\boxed{}` (a full solution), the last boxed content. Prediction: the last `\\boxed{}`
+    of the completion, else math-verify's own extraction from the text (its last-answer
+    heuristics). So `\\boxed{\\frac{1}{2}}` matches a gold of `0.5`.
 
-    Takes no params. Details: math_verify (0/1). `extracted` is the boxed content or
-    math-verify's answer string, None when nothing was found.
+    Args:
+        tolerance: relative tolerance for numeric answers (0.01 = within 1%); 0 (the
+            default) leaves it to math-verify.
+
+    Details: math_verify (0/1, math-verify equivalence alone; numbers must also agree to a
+    relative 1e-4, since math-verify rounds floats to 6 decimals and so equates any two tiny
+    values), boxed (0/1, the completion has a complete `\\boxed{}`). `correct` is math_verify, or the tolerance when one is set.
+    `extracted` is the boxed content or math-verify's answer string, None when nothing was found.
     """
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
 
     def score(task: Task, episode: Episode) -> Score:
-        gold_text = str(task.target)
-        gold = _parse_latex(last_boxed(gold_text) or gold_text)
+        gold = _parse_latex(gold_text(task.target))
         boxed = last_boxed(episode.completion)
         pred = _parse_latex(boxed) if boxed is not None else []
         if not pred:
             pred = mv_parse(episode.completion)
         extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
-        correct = mv_verify(gold, pred)
-        return Score(float(correct), correct, extracted, {"math_verify": int(correct)})
+        verified = equivalent(gold, pred)
+        correct = verified or within(as_float(gold), as_float(pred), tolerance)
+        details = {"math_verify": int(verified), "boxed": int(boxed is not None)}
+        return Score(float(correct), correct, extracted, details)
 
     return score
 
