@@ -1,4 +1,5 @@
-"""gsm8k pinned to lm-eval's filters and exact_match; the math reward via math-verify."""
+"""gsm8k pinned to lm-eval's filters and exact_match; the math reward via math-verify; the
+math transforms (asdiv, olympiadbench)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import threading
 
 import pytest
 
+from arlecli.data.transforms import get_transform
 from arlecli.rewards import _REWARDS
 from arlecli.rewards import math as m
 from arlecli.types import Episode, Score, Task, Turn
@@ -114,7 +116,7 @@ def test_math_verify_works_off_the_main_thread() -> None:
 def test_math_reward(gold: str, completion: str, correct: bool, extracted: str | None) -> None:
     score = run("math", gold, completion)
     assert score.correct is correct
-    assert score.details == {"math_verify": int(correct)}
+    assert score.details["math_verify"] == int(correct)
     assert score.extracted == extracted
 
 
@@ -124,3 +126,118 @@ def test_last_boxed() -> None:
     assert m.last_boxed("\\fbox{7}") == "7"
     assert m.last_boxed("\\boxed{cut off") is None
     assert m.last_boxed("no box") is None
+
+
+COT_STRICT = m.COT_STRICT_REGEX
+
+
+@pytest.mark.parametrize(
+    "completion, strict, flexible",
+    [
+        ("18 - 0 = 18. The answer is 18.", 1, 1),
+        ("The answer is 1,000 pens. Later: 7", 0, 0),
+        # The pattern's final `.` needs one more character, as in lm-eval: nothing after "18".
+        ("So she earns 18 dollars. The answer is 18", 0, 1),
+        ("The answer is $18.", 0, 1),  # `$` is not in the strict group
+        ("The answer is 17.\n\nQ: more?\nA: The answer is 18.", 0, 1),
+        ("", 0, 0),
+    ],
+)
+def test_gsm8k_cot_strict_regex(completion: str, strict: int, flexible: int) -> None:
+    score = run("gsm8k", GOLD_18, completion, strict_regex=COT_STRICT)
+    assert flags(score) == (strict, flexible)
+
+
+def test_gsm8k_cot_strict_primary_extracts_the_number() -> None:
+    score = run("gsm8k", "18", "The answer is 18.", strict_regex=COT_STRICT, primary="strict_match")
+    assert score.correct and score.extracted == "18"
+
+
+def test_gsm8k_rejects_a_bad_strict_regex() -> None:
+    with pytest.raises(ValueError):
+        _REWARDS["gsm8k"](strict_regex="The answer is (")
+
+
+@pytest.mark.parametrize(
+    "gold, completion, tolerance, correct, verified",
+    [
+        # Scientific notation: a bare `e` exponent is read as 10^n, not Euler's number.
+        ("6.63e-19", "$E = \\boxed{6.63 \\times 10^{-19}}$", 0.0, True, 1),
+        ("6.63 \\times 10^{-19}", "\\boxed{6.63e-19}", 0.0, True, 1),
+        # math-verify rounds floats to 6 decimals; tiny numbers must still differ.
+        ("6.63e-19", "\\boxed{6.63 \\times 10^{-49}}", 0.0, False, 0),
+        ("0.0000012", "\\boxed{0.0000014}", 0.0, False, 0),
+        # 6-decimal agreement still counts (gsm-hard floats), a 2-decimal rounding does not.
+        (2.6666666666666665, "\\boxed{\\frac{8}{3}}", 0.0, True, 1),
+        (2.6666666666666665, "\\boxed{2.67}", 0.0, False, 0),
+        # A relative tolerance accepts rounded physical answers, not other numbers.
+        ("6.63e-19", "\\boxed{6.6 \\times 10^{-19}}", 0.01, True, 0),
+        ("6.63e-19", "\\boxed{6.0 \\times 10^{-19}}", 0.01, False, 0),
+        ("1200", "\\boxed{1190}", 0.01, True, 0),
+        ("0", "\\boxed{0.001}", 0.01, True, 0),  # absolute when the gold is 0
+        ("x^2", "\\boxed{x^2 + 0.001}", 0.01, False, 0),  # expressions: no tolerance
+        (27.0, "\\boxed{27}", 0.0, True, 1),
+        ("", "\\boxed{3}", 0.01, False, 0),  # an empty gold never matches
+        ("3", "", 0.01, False, 0),
+    ],
+)
+def test_math_tolerance_and_numbers(
+    gold: object, completion: str, tolerance: float, correct: bool, verified: int
+) -> None:
+    score = run("math", gold, completion, tolerance=tolerance)  # type: ignore[arg-type]
+    assert (score.correct, score.details["math_verify"]) == (correct, verified)
+    assert score.reward == float(correct)
+
+
+def test_math_list_gold_is_an_unordered_set_of_answers() -> None:
+    gold = ["$2$", "$5$"]  # OlympiadBench final_answer
+    assert run("math", gold, "So the final answer is $\\boxed{5, 2}$.").correct  # type: ignore[arg-type]
+    assert not run("math", gold, "\\boxed{2}").correct  # type: ignore[arg-type]
+    assert m.gold_text(gold) == "2, 5"
+
+
+def test_math_boxed_detail_and_odd_text() -> None:
+    assert run("math", "7", "\\boxed{7}").details["boxed"] == 1
+    unboxed = run("math", "7", "so the answer is 7")
+    assert unboxed.correct and unboxed.details["boxed"] == 0
+    cut = run("math", "7", "\\boxed{7")  # cut off inside the box
+    assert cut.details["boxed"] == 0
+    for text in ("", "\\boxed{}", "}}}{{{\\frac", "\\boxed{\\frac{1}{0}}", "x" * 20000):
+        score = run("math", "7", text, tolerance=0.01)
+        assert not score.correct and score.reward == 0.0
+    with pytest.raises(ValueError):
+        _REWARDS["math"](tolerance=-1)
+
+
+def test_as_float_and_within() -> None:
+    assert m.as_float(m._parse_latex("\\frac{1}{4}")) == 0.25
+    assert m.as_float(m._parse_latex("x + 1")) is None
+    assert m.as_float(m._parse_latex("1, 2")) is None
+    assert m.as_float([]) is None
+    assert m.within(100.0, 100.5, 0.01) and not m.within(100.0, 102.0, 0.01)
+    assert not m.within(100.0, 100.0, 0.0)  # no tolerance: leave it to math-verify
+
+
+def test_asdiv_transform() -> None:
+    row = {"body": "Sam has 3 apples.", "question": "How many apples?", "answer": "3 (apples)"}
+    out = get_transform("asdiv")(row)
+    assert out["problem"] == "Sam has 3 apples. How many apples?"
+    assert out["answer_number"] == "3"
+    assert get_transform("asdiv")({"body": None, "question": "Q?", "answer": "2:3"})["answer_number"] == "2:3"
+
+
+def test_olympiadbench_transform() -> None:
+    base = {"question": "Find x.", "subject": "Math", "unit": None, "answer_type": "Numerical"}
+    single = get_transform("olympiadbench")({**base, "final_answer": ["$20$"], "is_multiple_answer": False})
+    assert single["answer"] == "20"
+    assert "should be a numerical value" in single["instruction"]
+    assert '"So the final answer is \\boxed{answer}."' in single["instruction"]
+    multi = get_transform("olympiadbench")(
+        {**base, "final_answer": ["$2$", "$5$"], "is_multiple_answer": True, "unit": "cm",
+         "answer_type": "Numerical,Expression"})
+    assert multi["answer"] == "2, 5"
+    assert "answers in order being a numerical value, an expression" in multi["instruction"]
+    assert "\\boxed{multiple answers connected with commas}(unit)" in multi["instruction"]
+    assert "unit of the answer should not be included" in multi["instruction"]
+    tuple_type = get_transform("olympiadbench")({**base, "final_answer": [], "answer_type": "Tuple"})
+    assert tuple_type["answer"] == "" and "should be" not in tuple_type["instruction"]

@@ -259,8 +259,9 @@ def math_answer(tolerance: float = 0.0) -> RewardFn:
 
     Details: math_verify (0/1, math-verify equivalence alone; numbers must also agree to a
     relative 1e-4, since math-verify rounds floats to 6 decimals and so equates any two tiny
-    values), boxed (0/1, the completion has a complete `\\boxed{}`). `correct` is math_verify, or the tolerance when one is set.
-    `extracted` is the boxed content or math-verify's answer string, None when nothing was found.
+    values), boxed (0/1, the completion has a complete `\\boxed{}`). `correct` is math_verify,
+    or within `tolerance`. `extracted` is the boxed content or math-verify's answer string,
+    None when nothing was found.
     """
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
