@@ -51,7 +51,10 @@ def shuffled(key: str, options: Sequence[Any], gold: int) -> tuple[list[Any], in
     The order sorts option positions by an md5 of (key, position): no RNG state, so it is
     the same under every Python version and on every machine.
     """
-    order = sorted(range(len(options)), key=lambda i: hashlib.md5(f"{key}\x00{i}".encode()).hexdigest())
+    def rank(i: int) -> str:
+        return hashlib.md5(f"{key}\x00{i}".encode(), usedforsecurity=False).hexdigest()
+
+    order = sorted(range(len(options)), key=rank)
     return [options[i] for i in order], order.index(gold)
 
 
@@ -136,7 +139,8 @@ def supergpqa(row: Row) -> Row:
     letter = row.get("answer_letter")
     gold = _index(letter) if letter else options.index(row["answer"])
     # Groups by the 13 disciplines; the prompt names the narrower field ("Physics", not "Science").
-    subject = {**_subject(row, "discipline"), "subject_name": str(row.get("field") or row.get("discipline") or "science")}
+    subject = _subject(row, "discipline")
+    subject["subject_name"] = str(row.get("field") or subject["subject_name"])
     return lettered(row, row["question"], options, gold, **subject)
 
 
@@ -211,8 +215,8 @@ def _gpqa_clean(text: Any) -> str:
 def gpqa(row: Row) -> Row:
     """Idavidrein/gpqa: `Correct Answer` and three `Incorrect Answer N` columns (text only),
     shuffled deterministically per question; `High-level domain` becomes `domain`."""
-    options = [row["Correct Answer"], row["Incorrect Answer 1"], row["Incorrect Answer 2"], row["Incorrect Answer 3"]]
-    options, gold = shuffled(str(row["Question"]), [_gpqa_clean(o) for o in options], 0)
+    columns = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+    options, gold = shuffled(str(row["Question"]), [_gpqa_clean(row[c]) for c in columns], 0)
     domain = str(row.get("High-level domain") or "all")
     return lettered(row, str(row["Question"]).strip(), options, gold, domain=domain)
 
