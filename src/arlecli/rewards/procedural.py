@@ -8,9 +8,10 @@ import functools
 import json
 import operator
 import re
+import secrets
 from collections import Counter
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from arlecli.errors import UserError
 from arlecli.rewards import RewardFn, register
@@ -167,11 +168,15 @@ def countdown() -> RewardFn:
 # reasoning-gym --------------------------------------------------------------------------
 
 MAX_ANSWER_CHARS = 10_000
+MAX_INERT_CHARS = 2_000  # longer plain literals go to the sandbox: parse/compile cost grows
 # These reasoning-gym checkers pass the model's answer to eval() or sympy.parse_expr (itself
-# an eval), so model text must not reach them if it could run code, or hang sympy on a power
-# tower or a factorial. The screen is best-effort; the sandbox is the real boundary. Other
-# checkers only compare strings/numbers, and a screen there would reject honest answers
-# (a word-sorting answer may well contain "open").
+# an eval), so model text could run code or hang sympy on a power tower or a factorial.
+# Three layers: a regex screen rejects obvious code for free; an answer that is a plain
+# literal (numbers under + - * /, lists/tuples of literals) cannot run anything and is
+# checked in-process; anything else is checked in the sandbox (arlecli.sandbox), with a
+# timeout, so a loop or a file write never happens here. Other checkers only compare
+# strings/numbers, and a screen there would reject honest answers (a word-sorting answer
+# may well contain "open").
 _EVAL_CHECKERS = frozenset(
     {
         "binary_matrix", "composite", "countdown", "intermediate_integration", "n_queens",
@@ -184,11 +189,61 @@ _UNSAFE = re.compile(
     r"input|breakpoint|lambda|os|sys|subprocess|builtins|self|class)\b"
     r"|\*\*\s*[\w.()]+\s*\*\*|\*\*\s*\([^)]*\*\*|\*\*\s*\(?\s*[\d.]{4,}|\d\s*!"
 )
+# Runs in the sandbox: reads {name, answer, entry, nonce} from stdin and prints the score
+# after the nonce, so an answer that prints a number and exits cannot pose as the result.
+_CHECKER_PROGRAM = r"""
+import json, sys
+
+def main():
+    job = json.loads(sys.stdin.read())
+    nonce = job.pop("nonce")
+    from reasoning_gym import get_score_answer_fn
+
+    value = float(get_score_answer_fn(job["name"])(job["answer"], job["entry"]))
+    sys.stdout.write("\n" + nonce + " " + json.dumps(value) + "\n")
+    sys.stdout.flush()
+
+main()
+"""
 
 
 def looks_unsafe(answer: str) -> bool:
-    """True when `answer` could run code or blow up an eval-based checker."""
+    """True when `answer` could run code or blow up an eval-based checker (a cheap screen)."""
     return bool(_UNSAFE.search(answer))
+
+
+def _numeric(node: ast.AST) -> bool:
+    return isinstance(node, (ast.BinOp, ast.UnaryOp)) or (
+        isinstance(node, ast.Constant) and type(node.value) in (int, float)
+    )
+
+
+def is_inert(answer: str) -> bool:
+    """True when eval() of `answer` can only build a value: number literals under + - * /
+    and unary minus, strings, and lists/tuples of those (no names, calls, powers,
+    subscripts or comprehensions). Such answers are safe to check in-process."""
+    if len(answer) > MAX_INERT_CHARS:
+        return False
+    try:
+        tree = ast.parse(answer.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    # ast.walk is iterative, so a long operator chain cannot exhaust the stack here.
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Expression, ast.List, ast.Tuple, ast.expr_context, ast.operator,
+                             ast.unaryop)):
+            continue  # operator nodes are vetted through their BinOp/UnaryOp below
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float, str, bool):
+            continue
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) \
+                and _numeric(node.operand):
+            continue
+        # Numbers only on both sides: "a" * 10**9 or [0] * 10**9 would allocate gigabytes.
+        if isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS and _numeric(node.left) \
+                and _numeric(node.right):
+            continue
+        return False
+    return True
 
 
 def rg_answer(text: str) -> str | None:
@@ -237,22 +292,69 @@ def _rg_entry(task: Task, name: str | None) -> dict[str, Any]:
     }
 
 
+def _in_process(name: str, answer: str, entry: dict[str, Any]) -> float:
+    try:
+        return float(_rg_checker(name)(answer, entry))
+    except Exception:  # a checker crash on odd model text is a wrong answer
+        return 0.0
+
+
+def sandbox_checks(
+    jobs: Sequence[tuple[str, str, dict[str, Any]]], *, timeout_s: float = 10.0,
+    memory_mb: int = 2048, workers: int | None = None,
+) -> list[float]:
+    """Run reasoning-gym checkers on (dataset, answer, entry) jobs in the sandbox, in parallel.
+
+    Each job's score, or 0.0 when the checker failed, timed out or printed no result."""
+    from arlecli.sandbox import run_programs
+
+    if not jobs:
+        return []
+    nonces = [secrets.token_hex(16) for _ in jobs]
+    stdins = [
+        json.dumps({"name": name, "answer": answer, "entry": entry, "nonce": nonce}, default=str)
+        for (name, answer, entry), nonce in zip(jobs, nonces)
+    ]
+    results = run_programs([_CHECKER_PROGRAM] * len(jobs), stdins=stdins, timeout_s=timeout_s,
+                           memory_mb=memory_mb, workers=workers)
+    return [_sandbox_value(r.stdout, nonce) if r.passed else 0.0 for r, nonce in zip(results, nonces)]
+
+
+def _sandbox_value(stdout: str, nonce: str) -> float:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(nonce + " "):
+            try:
+                return float(json.loads(line[len(nonce) + 1:]))
+            except (ValueError, TypeError):
+                return 0.0
+    return 0.0
+
+
 @register("reasoning_gym")
-def reasoning_gym(task: str | None = None) -> RewardFn:
+def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: int = 2048,
+                  workers: int | None = None) -> RewardFn:
     """Score with reasoning-gym's own checker (`score_answer`) for the row's dataset.
 
     The answer is the last `<answer>...</answer>` content, else the last non-empty line.
     The entry the checker sees is {question, answer, metadata} from the task's fields
     (`answer` falls back to `task.target`, `question` to `task.input`). For the datasets
     whose checker eval()s the answer (countdown, puzzle24, n_queens, the integration tasks,
-    ...), answers that look like code or a power tower score 0 without reaching it.
+    ...), answers that look like code or a power tower score 0 without reaching it; plain
+    literals (numbers and + - * /, lists) are checked here; any other answer is checked in
+    the sandbox, so model text never runs in this process.
 
     Args:
         task: reasoning-gym dataset name (e.g. "gsm_symbolic"; "reasoning_gym:" prefix
             allowed). Default: the row's `metadata["source_dataset"]`.
+        timeout_s: wall-clock limit of one sandboxed check (interpreter start and the
+            reasoning-gym import, about 1.5 s, included).
+        memory_mb: memory limit of one sandboxed check.
+        workers: sandboxed checks run at once by the batch path (default: CPU count).
 
     Details: accuracy (0/1, checker score == 1). `reward` is the checker's score in [0, 1]
-    (some checkers give partial credit, e.g. countdown 0.05 for a wrong value).
+    (some checkers give partial credit, e.g. countdown 0.05 for a wrong value). The
+    returned `score` also carries `score.batch(tasks, episodes)`, which runs the sandboxed
+    checks of a batch in parallel.
     """
     fixed = task.removeprefix("reasoning_gym:") if task else None
     if fixed is not None:
@@ -263,23 +365,120 @@ def reasoning_gym(task: str | None = None) -> RewardFn:
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
             raise UserError(f"reward reasoning_gym: unknown dataset '{fixed}'{hint}")
 
+    def batch(tasks: Sequence[Task], episodes: Sequence[Episode]) -> list[Score]:
+        if len(tasks) != len(episodes):
+            raise ValueError(f"got {len(tasks)} tasks but {len(episodes)} episodes")
+        answers: list[str | None] = []
+        values: list[float | None] = []  # None: left for the sandbox
+        jobs: list[tuple[str, str, dict[str, Any]]] = []
+        for row, episode in zip(tasks, episodes):
+            answer, value, job = _triage(row, episode.completion, fixed)
+            answers.append(answer)
+            values.append(value)
+            if job is not None:
+                jobs.append(job)
+        sandboxed = iter(sandbox_checks(jobs, timeout_s=timeout_s, memory_mb=memory_mb,
+                                        workers=workers))
+        return [_rg_score(next(sandboxed) if v is None else v, a) for v, a in zip(values, answers)]
+
     def score(row: Task, episode: Episode) -> Score:
-        entry = _rg_entry(row, fixed)
-        name = fixed or entry["metadata"].get("source_dataset")
-        if not name:
-            raise ValueError(f"task {row.id}: set the reward param `task` (no source_dataset)")
-        answer = rg_answer(episode.completion)
-        value = 0.0
-        if answer is not None and len(answer) > MAX_ANSWER_CHARS:
-            answer = None  # no honest answer is that long; some checkers are quadratic
-        screened = answer is not None and name in _EVAL_CHECKERS and looks_unsafe(answer)
-        if answer is not None and not screened:
-            try:
-                value = float(_rg_checker(name)(answer, entry))
-            except Exception:  # a checker crash on odd model text is a wrong answer
-                value = 0.0
-        value = min(max(value, 0.0), 1.0)
-        correct = value == 1.0
-        return Score(value, correct, answer, {"accuracy": int(correct)})
+        return batch([row], [episode])[0]
+
+    score.batch = batch  # type: ignore[attr-defined]
+    return score
+
+
+def _triage(row: Task, completion: str, fixed: str | None
+            ) -> tuple[str | None, float | None, tuple[str, str, dict[str, Any]] | None]:
+    """(answer, score, None) when scored here, or (answer, None, sandbox job)."""
+    entry = _rg_entry(row, fixed)
+    name = fixed or entry["metadata"].get("source_dataset")
+    if not name:
+        raise ValueError(f"task {row.id}: set the reward param `task` (no source_dataset)")
+    answer = rg_answer(completion)
+    if answer is not None and len(answer) > MAX_ANSWER_CHARS:
+        answer = None  # no honest answer is that long; some checkers are quadratic
+    if answer is None:
+        return None, 0.0, None
+    if name not in _EVAL_CHECKERS:
+        return answer, _in_process(name, answer, entry), None
+    if looks_unsafe(answer):  # the cheap first filter
+        return answer, 0.0, None
+    if is_inert(answer):
+        return answer, _in_process(name, answer, entry), None
+    return answer, None, (name, answer, entry)
+
+
+def _rg_score(value: float, answer: str | None) -> Score:
+    value = min(max(value, 0.0), 1.0)
+    correct = value == 1.0
+    return Score(value, correct, answer, {"accuracy": int(correct)})
+
+
+# ARC grids ------------------------------------------------------------------------------
+
+Grid = list[list[int]]
+MAX_GRID_CHARS = 20_000  # a 30x30 grid is under 2,000 characters
+_GRID_LINE = re.compile(r"[\s\[\],]*\d(?:[\s,]*\d)*[\s\[\],]*")
+
+
+def parse_grid(text: str) -> Grid | None:
+    """The grid in `text` (the last `<answer>` content if any, else the whole text): a JSON
+    list of lists of digits, else the last block of consecutive lines made only of digits
+    (separated by spaces or commas, brackets allowed). Each digit is one cell. None if none."""
+    tagged = answer_tag(text)
+    body = (tagged if tagged is not None else text)[:MAX_GRID_CHARS]
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, list) and data and all(
+        isinstance(r, list) and all(type(c) is int and 0 <= c <= 9 for c in r) for r in data
+    ):
+        return data
+    blocks: list[list[str]] = []
+    inside = False
+    for line in body.splitlines():
+        if _GRID_LINE.fullmatch(line):
+            if not inside:
+                blocks.append([])
+            blocks[-1].append(line)
+            inside = True
+        else:
+            inside = False
+    if not blocks:
+        return None
+    return [[int(c) for c in re.findall(r"\d", line)] for line in blocks[-1]]
+
+
+def _target_grid(task: Task) -> Grid:
+    target = task.target
+    grid = target if isinstance(target, list) else parse_grid(str(target))
+    if not grid:
+        raise ValueError(f"task {task.id}: the target is not a grid of digits")
+    return grid
+
+
+@register("arc_grid")
+def arc_grid() -> RewardFn:
+    """ARC-AGI: the output grid must equal the target grid exactly (every cell, same shape).
+
+    The grid is read by `parse_grid`: the last `<answer>` content, else the whole text; a
+    JSON list of lists, or the last block of lines of digits ("0 1 2", "012" or "[0, 1, 2]").
+    The target is `task.target` as grid text (the `arc_agi` transform's `answer`) or a list
+    of lists. Takes no params.
+
+    Details: accuracy (0/1), valid_grid (0/1: a rectangular grid was found), shape_match
+    (0/1: same height and width as the target). `extracted` is the parsed grid or None.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        target = _target_grid(task)
+        grid = parse_grid(episode.completion)
+        valid = bool(grid) and len({len(r) for r in grid}) == 1
+        shape = valid and len(grid) == len(target) and len(grid[0]) == len(target[0])
+        correct = shape and grid == target
+        details = {"accuracy": int(correct), "valid_grid": int(valid), "shape_match": int(shape)}
+        return Score(float(correct), correct, grid, details)
 
     return score
