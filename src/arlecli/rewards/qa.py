@@ -105,7 +105,9 @@ def qa(abstain: bool = False) -> RewardFn:
             the right reply is to abstain: an answer that normalises to one of
             ABSTAIN_PHRASES ("unanswerable", "no answer", ...) counts as the empty
             prediction, which scores 1 against no gold and 0 against any gold (as the
-            official v2 script scores an empty prediction). An empty reply scores 0.
+            official v2 script scores an empty prediction). A reply that normalises
+            to nothing ("", "the", ".") scores 0 in either mode, even against a gold
+            that also normalises to nothing.
 
     Details: exact_match (0/1), f1 (0-1); with abstain, also abstained (0/1).
     correct = exact match; reward = exact match. `extracted` is the extracted answer.
@@ -121,8 +123,10 @@ def qa(abstain: bool = False) -> RewardFn:
             details["abstained"] = int(abstained)
             prediction = "" if abstained else answer
             golds = golds or [""]
-        if not answer:
-            em, f1 = 0, 0.0  # silence is not an abstention, and never matches a gold
+        if not normalize_answer(prediction) and not (abstain and details["abstained"]):
+            # Silence is not an abstention, and "the" must not match a gold that also
+            # normalises to nothing (nor, in v2 mode, the empty no-answer gold).
+            em, f1 = 0, 0.0
         else:
             em = max((squad_exact(prediction, g) for g in golds), default=0)
             f1 = max((squad_f1(prediction, g) for g in golds), default=0.0)
@@ -231,6 +235,8 @@ def drop() -> RewardFn:
         if not answer or not golds:
             return Score(0.0, False, answer, {"exact_match": 0, "f1": 0.0})
         pred = split_spans(answer)
+        if not any(drop_normalize(p) for p in pred):
+            return Score(0.0, False, answer, {"exact_match": 0, "f1": 0.0})  # only punctuation/articles
         results = [drop_em_f1(pred, g) for g in golds]
         em, f1 = max(r[0] for r in results), max(r[1] for r in results)
         return Score(float(em), bool(em), answer, {"exact_match": em, "f1": f1})
@@ -262,12 +268,12 @@ def parse_number(text: str) -> tuple[float, int, bool] | None:
     return (-value if negative else value), decimals, percent
 
 
-def numbers_match(pred: float, decimals: int, gold: float, rel_tol: float) -> bool:
-    """Within `rel_tol` of the gold, or equal to the gold rounded to the decimals the model
-    wrote (at least one: "1.3" for 1.338 matches, "1" for 1.4 does not)."""
+def numbers_match(pred: float, decimals: int, gold: float, rel_tol: float, rounded: bool = True) -> bool:
+    """Within `rel_tol` of the gold, or (when `rounded`) equal to the gold rounded to
+    `decimals` places."""
     if math.isclose(pred, gold, rel_tol=rel_tol, abs_tol=1e-9):
         return True
-    return decimals >= 1 and abs(pred - gold) <= 0.5 * 10 ** -decimals + 1e-9
+    return rounded and abs(pred - gold) <= 0.5 * 10 ** -decimals + 1e-9
 
 
 def _as_float(value: Any) -> float | None:
@@ -308,8 +314,10 @@ def finqa(rel_tol: float = 0.01) -> RewardFn:
             match = False
         else:
             value, decimals, _ = parsed
-            match = any(numbers_match(v, d, gold, rel_tol)
-                        for v, d in ((value, decimals), (value / 100, decimals + 2), (value * 100, max(decimals - 2, 0))))
+            # Rounding leeway only for a model that wrote decimals: "1.3" for 1.338 matches,
+            # "1" for 1.4 does not. The /100 and *100 variants shift the decimals with it.
+            variants = ((value, decimals), (value / 100, decimals + 2), (value * 100, max(decimals - 2, 0)))
+            match = any(numbers_match(v, d, gold, rel_tol, rounded=decimals >= 1) for v, d in variants)
         details = {"exact_match": em, "f1": f1, "numeric_match": int(match)}
         return Score(float(match), match, answer, details)
 
