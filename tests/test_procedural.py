@@ -186,3 +186,162 @@ def test_reasoning_gym_reward_screens_code_for_eval_checkers() -> None:
 def test_reasoning_gym_reward_unknown_dataset() -> None:
     with pytest.raises(UserError):
         _REWARDS["reasoning_gym"](task="gsm_symbolc")
+
+
+# reasoning_gym reward: eval()-based checkers run in the sandbox ---------------------------
+
+
+@pytest.mark.parametrize(
+    "answer, inert",
+    [
+        ("9 + 1 + 7 + 7", True),
+        ("-(3 - 5) * 2 / 4", True),
+        ("[[1, 0], [0, 1]]", True),
+        ("[['Q', '_'], ('_', 'Q')]", True),
+        ("'__import__(\"os\")'", True),  # a string literal only evaluates to itself
+        ("'a' * 999999999", False),  # would allocate a gigabyte
+        ("[0] * 999999999", False),
+        ("2 ** 3", False),
+        ("x + 1", False),
+        ("any(iter(int, 1))", False),
+        ("[c for c in 'ab']", False),
+        ("[1][0]", False),
+        ("1 + " * 1500 + "1", False),  # over MAX_INERT_CHARS
+        ("", False),
+        ("1 +", False),
+    ],
+)
+def test_is_inert(answer: str, inert: bool) -> None:
+    assert p.is_inert(answer) is inert
+
+
+def _nq_task() -> Task:
+    return task_from(g.generate_rows("reasoning_gym:n_queens", seed=0, size=1)[0])
+
+
+def test_sandboxed_answer_never_runs_in_this_process(tmp_path, monkeypatch) -> None:
+    # Bypasses the regex screen on purpose: this is what it would let through if it missed.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ARLE_PWNED", raising=False)
+    entry = p._rg_entry(_nq_task(), "n_queens")
+    evil = ("[open('pwned', 'w').write('x'), "
+            "__import__('os').environ.__setitem__('ARLE_PWNED', '1')]")
+    assert p.sandbox_checks([("n_queens", evil, entry)], timeout_s=20) == [0.0]
+    assert not (tmp_path / "pwned").exists()
+    assert "ARLE_PWNED" not in __import__("os").environ
+
+
+def test_a_looping_answer_that_passes_the_screen_times_out_as_wrong() -> None:
+    import time
+
+    answer = "any(iter(int, 1))"  # eval() would spin forever; nothing in it looks like code
+    assert not p.looks_unsafe(answer)
+    start = time.monotonic()
+    score = run("reasoning_gym", _nq_task(), f"<answer>{answer}</answer>", timeout_s=4)
+    assert (score.reward, score.correct, score.details) == (0.0, False, {"accuracy": 0})
+    assert time.monotonic() - start < 30
+
+
+def test_an_answer_cannot_print_its_own_score() -> None:
+    # Prints a perfect score and exits before the checker could: the nonce gives it away.
+    fake = "[print('1.0'), print('deadbeef 1.0'), exit(0)]"
+    assert not p.looks_unsafe(fake)
+    assert run("reasoning_gym", _nq_task(), f"<answer>{fake}</answer>", timeout_s=20).reward == 0.0
+
+
+def test_honest_non_literal_answers_are_checked_in_the_sandbox_in_a_batch() -> None:
+    rows = json.loads(json.dumps(g.generate_rows("reasoning_gym:polynomial_multiplication", seed=3, size=2)))
+    tasks = [task_from(r) for r in rows]
+    assert not p.is_inert(rows[0]["answer"])  # names and powers: the sandbox path
+    score = p.reasoning_gym(timeout_s=30)
+    episodes = [Episode(t.id, [Turn("q", f"<answer>{r['answer']}</answer>")]) for t, r in zip(tasks, rows)]
+    episodes.append(Episode(tasks[0].id, [Turn("q", "<answer>x**2 + 1</answer>")]))
+    results = score.batch(tasks + [tasks[0]], episodes)
+    assert [s.correct for s in results] == [True, True, False]
+    assert results[0].extracted == rows[0]["answer"]
+
+
+def test_puzzle24_literal_answers_stay_in_process(monkeypatch) -> None:
+    # Plain arithmetic never pays for a sandbox start.
+    monkeypatch.setattr(p, "sandbox_checks", lambda *a, **k: pytest.fail("sandbox used"))
+    row = g.generate_rows("reasoning_gym:puzzle24", seed=2, size=1)[0]
+    assert run("reasoning_gym", task_from(row), f"<answer>{row['answer']}</answer>").correct
+    assert run("reasoning_gym", task_from(row), "<answer>1 + 1</answer>").reward < 1.0
+    assert run("reasoning_gym", task_from(row), "").reward == 0.0
+
+
+# ARC-AGI ------------------------------------------------------------------------------------
+
+
+def test_arc_agi_rows_are_seeded_and_subsets_disjoint() -> None:
+    rows = g.generate_rows("arc_agi", seed=3, size=20)
+    assert rows == g.generate_rows("arc_agi", seed=3, size=20)
+    assert g.generate_rows("arc_agi", seed=3, size=5) == rows[:5]
+    assert rows != g.generate_rows("arc_agi", seed=4, size=20)
+    every = g.generate_rows("arc_agi", seed=0, size=10_000)
+    training = g.generate_rows("arc_agi", seed=0, size=10_000, params={"subset": "training"})
+    assert (len(every), len(training)) == (419, 416)
+    assert not {r["task_id"] for r in every} & {r["task_id"] for r in training}
+    row = rows[0]
+    assert set(row) == {"id", "task_id", "train", "test"} and len(row["test"]) == 1
+    assert set(row["train"][0]) == {"input", "output"}
+    assert json.loads(json.dumps(rows)) == rows
+
+
+@pytest.mark.parametrize("params", [{"subset": "dev"}, {"colour": 1}, {"version": "arc9"}])
+def test_arc_agi_bad_params(params: dict[str, Any]) -> None:
+    with pytest.raises(UserError):
+        g.generate_rows("arc_agi", seed=0, size=1, params=params)
+
+
+def test_arc_agi_card_splits_are_the_two_sets() -> None:
+    # Needs the split spec's `subset` to reach the generator (sources._generator_rows).
+    from arlecli.data.sources import load_rows
+    from arlecli.registry import load_card
+
+    card = load_card("arc_agi")
+    test = {r["task_id"] for r in load_rows(card, "test", limit=30)}
+    train = {r["task_id"] for r in load_rows(card, "train", limit=30)}
+    assert not test & train
+
+
+def test_arc_agi_transform_and_reward_on_generated_rows() -> None:
+    from arlecli.data.transforms import get_transform
+
+    row = get_transform("arc_agi")(g.generate_rows("arc_agi", seed=1, size=1)[0])
+    out = row["test"][0]["output"]
+    assert row["answer"] == "\n".join(" ".join(map(str, r)) for r in out)
+    assert "Example 1\nInput (" in row["question"] and "Test input (" in row["question"]
+    assert row["question"].count("Output (") == len(row["train"])
+    task = Task(row["id"], row["question"], row["answer"], row)
+    assert run("arc_grid", task, f"<answer>\n{row['answer']}\n</answer>").correct
+    assert run("arc_grid", task, f"<answer>{json.dumps(out)}</answer>").correct
+
+
+ARC = Task("arc", "q", "1 2 0\n0 3 3", {})
+
+
+@pytest.mark.parametrize(
+    "completion, accuracy, valid, shape",
+    [
+        ("Rule: recolour.\n<answer>\n1 2 0\n0 3 3\n</answer>", 1, 1, 1),
+        ("<answer>[[1, 2, 0], [0, 3, 3]]</answer>", 1, 1, 1),
+        ("The grid is\n```\n120\n033\n```\nDone.", 1, 1, 1),  # no tags: the last digit block
+        ("Input:\n1 1 1\n\nOutput:\n[1, 2, 0]\n[0, 3, 3]", 1, 1, 1),
+        ("<answer>\n1 2 0\n0 3 4\n</answer>", 0, 1, 1),  # one cell off
+        ("<answer>\n1 2 0\n0 3 3\n0 0 0\n</answer>", 0, 1, 0),  # an extra row
+        ("<answer>\n1 2\n0 3 3\n</answer>", 0, 0, 0),  # ragged
+        ("<answer>no idea</answer>", 0, 0, 0),
+        ("", 0, 0, 0),
+    ],
+)
+def test_arc_grid(completion: str, accuracy: int, valid: int, shape: int) -> None:
+    score = run("arc_grid", ARC, completion)
+    assert score.details == {"accuracy": accuracy, "valid_grid": valid, "shape_match": shape}
+    assert score.reward == float(accuracy) and score.correct is bool(accuracy)
+
+
+def test_arc_grid_target_as_list_and_bad_target() -> None:
+    assert run("arc_grid", Task("a", "q", [[1, 2, 0], [0, 3, 3]], {}), "<answer>120\n033</answer>").correct
+    with pytest.raises(ValueError):
+        run("arc_grid", Task("a", "q", "no grid", {}), "<answer>1</answer>")

@@ -377,8 +377,9 @@ def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: i
             values.append(value)
             if job is not None:
                 jobs.append(job)
-        sandboxed = iter(sandbox_checks(jobs, timeout_s=timeout_s, memory_mb=memory_mb,
-                                        workers=workers))
+        checked = sandbox_checks(jobs, timeout_s=timeout_s, memory_mb=memory_mb,
+                                 workers=workers) if jobs else []
+        sandboxed = iter(checked)
         return [_rg_score(next(sandboxed) if v is None else v, a) for v, a in zip(values, answers)]
 
     def score(row: Task, episode: Episode) -> Score:
