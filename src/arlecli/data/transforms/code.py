@@ -38,6 +38,7 @@ def _mbpp_common(row: Row, tests: list[str], extra_test: str = "") -> Row:
         # `text` in the full config, `prompt` in sanitized and MBPP+.
         "description": str(row.get("text") or row.get("prompt") or ""),
         "tests_text": "\n".join(tests),
+        "first_test": tests[0] if tests else "",
         "test_source": test_source,
         "entry_point": test_function_name("\n".join(tests)),
         "prompt_code": "",
