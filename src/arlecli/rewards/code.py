@@ -305,7 +305,8 @@ def parse_tests(raw: Any, fn_name: str | None = None) -> list[dict[str, Any]]:
         DeepCoder lcbv5/codeforces) or {"type": "stdin_stdout" | "function_call", ...}
         (PrimeIntellect);
       - {"inputs": [...], "outputs": [...], "fn_name"?} (APPS, TACO); call-based expected
-        values may be wrapped in a one-element list, which is also accepted (as APPS).
+        values may be wrapped in a one-element list, which is also accepted (as APPS;
+        so are PrimeIntellect's function_call tests, converted from TACO).
     A functional test's input is its arguments: a list, or JSON values one per line
     (LiveCodeBench); its output is the expected value, or JSON text of it.
     """
@@ -320,7 +321,8 @@ def parse_tests(raw: Any, fn_name: str | None = None) -> list[dict[str, Any]]:
                 continue
             kind = str(t.get("testtype") or t.get("type") or "")
             call = kind in ("functional", "function_call") or (not kind and bool(fn_name))
-            tests.append(_test(t["input"], t["output"], call, unwrap=False))
+            # PrimeIntellect's function_call tests come from TACO: wrapped expected values.
+            tests.append(_test(t["input"], t["output"], call, unwrap=kind == "function_call"))
         return tests
     return []
 

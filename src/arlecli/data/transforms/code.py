@@ -69,6 +69,7 @@ def livecodebench(row: Row) -> Row:
         "fn_name": _json_get(row.get("metadata"), "func_name") or "",
         "difficulty": str(row.get("difficulty") or "unknown"),
         "platform": str(row.get("platform") or "unknown"),
+        "reference": "",  # the dataset has no reference solutions
     }
 
 
@@ -82,6 +83,7 @@ def apps(row: Row) -> Row:
         **row,
         "apps_prompt": f"\nQUESTION:\n{row.get('question', '')}\n{starter}\n{fmt}\nANSWER:\n",
         "difficulty": str(row.get("difficulty") or "unknown"),
+        "reference": _first(row.get("solutions")),
     }
 
 
@@ -93,7 +95,18 @@ def deepcoder(row: Row) -> Row:
         **row,
         "format_instructions": format_instructions(row.get("starter_code")),
         "fn_name": _json_get(row.get("metadata"), "func_name") or "",
+        "reference": "",  # the dataset has no reference solutions
     }
+
+
+def _first(solutions: Any) -> str:
+    # APPS `solutions` is a JSON list of programs, or "" for some problems.
+    if isinstance(solutions, str):
+        try:
+            solutions = json.loads(solutions) if solutions.strip() else []
+        except ValueError:
+            return ""
+    return str(solutions[0]) if isinstance(solutions, list) and solutions else ""
 
 
 def _json_get(value: Any, key: str) -> Any:
