@@ -159,7 +159,9 @@ def test_run_tests_verdicts_come_from_the_harness_not_the_exit_status():
         {"mode": "script", "program": "import sys\nsys.exit(0)\nassert False\n"},
         {"mode": "script", "program": "import os\nos._exit(0)\n"},
         {"mode": "script", "program": "def f(:\n"},
-        {"mode": "script", "program": "print('ARLE-VERDICT-0000000000000000:{\"passed\": 1, \"total\": 1}')\nraise SystemExit(0)\n"},
+        # a forged verdict line lacks the run's random marker
+        {"mode": "script",
+         "program": "print('ARLE-VERDICT-0000000000000000:{\"passed\": 1, \"total\": 1}')\nraise SystemExit(0)\n"},
     ]
     ok, exited, killed, syntax, forged = run_tests(jobs, timeout_s=10)
     assert (ok.status, ok.passed, ok.total, ok.failure) == ("passed", 1, 1, None)

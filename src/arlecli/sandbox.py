@@ -443,7 +443,7 @@ def child(compiled, prelude, test, files, fn_name):
     namespace = fresh_main()
     status = 0
     try:
-        if prelude is not None:
+        if prelude is not None and test["kind"] == "call":
             exec(prelude, namespace)
         exec(compiled, namespace)
         if test["kind"] == "call":
@@ -526,7 +526,8 @@ def run_case(compiled, prelude, test, files, job, timeout_s):
     if same_value(got, want, tol) or (test.get("unwrap") and isinstance(want, list) and len(want) == 1
                                       and same_value(got, want[0], tol)):
         return None
-    return {"kind": "wrong_answer", "message": f"expected {clip(json.dumps(want), 120)}, got {clip(json.dumps(got), 120)}"}
+    shown = f"expected {clip(json.dumps(want), 120)}, got {clip(json.dumps(got), 120)}"
+    return {"kind": "wrong_answer", "message": shown}
 
 
 def run_io(job):
