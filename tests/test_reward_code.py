@@ -152,11 +152,11 @@ def test_assert_script_runs_without_a_check_call():
     assert not score(task, Episode("m", [Turn("", "")])).correct
 
 
-def test_test_function_name_skips_builtins_and_attributes():
-    assert code_reward.test_function_name("assert set(similar((3, 4), (5, 4))) == {4}") == "similar"
-    assert code_reward.test_function_name("assert math.isclose(area(2), 4.0)") == "area"
-    assert code_reward.test_function_name("assert len([]) == 0") == ""
-    assert code_reward.test_function_name("not python (") == ""
+def test_called_function_skips_builtins_and_attributes():
+    assert code_reward.called_function("assert set(similar((3, 4), (5, 4))) == {4}") == "similar"
+    assert code_reward.called_function("assert math.isclose(area(2), 4.0)") == "area"
+    assert code_reward.called_function("assert len([]) == 0") == ""
+    assert code_reward.called_function("not python (") == ""
 
 
 def test_extract_code_last_block():

@@ -584,7 +584,7 @@ main()
 
 
 @dataclass
-class TestVerdict:
+class HarnessVerdict:
     """The harness's verdict on one job, with the raw sandbox result.
 
     status is "passed" (every test passed, and there was at least one), "timeout" (the
@@ -608,7 +608,7 @@ def run_tests(
     memory_mb: int = 2048,
     max_file_mb: int = 16,
     max_procs: int = 256,
-) -> list[TestVerdict]:
+) -> list[HarnessVerdict]:
     """Run each job under the test harness in its own sandbox (see the module docstring).
 
     A job is {"mode": "script" | "unittest" | "io", "program": source, ...}; "io" jobs add
@@ -633,7 +633,7 @@ def run_tests(
     return [_verdict(result, marker, job) for result, marker, job in zip(results, markers, jobs)]
 
 
-def _verdict(result: SandboxResult, marker: str, job: dict[str, Any]) -> TestVerdict:
+def _verdict(result: SandboxResult, marker: str, job: dict[str, Any]) -> HarnessVerdict:
     total = len(job["tests"]) if job.get("mode") == "io" else 1
     at = result.stdout.rfind(marker)
     data: dict[str, Any] | None = None
@@ -646,7 +646,7 @@ def _verdict(result: SandboxResult, marker: str, job: dict[str, Any]) -> TestVer
         kind = "timeout" if result.status == "timeout" else "no_verdict"
         message = (f"timed out after {result.duration_s:.1f}s" if kind == "timeout"
                    else "the program ended the process before the tests finished")
-        return TestVerdict("timeout" if kind == "timeout" else "failed", 0, total,
+        return HarnessVerdict("timeout" if kind == "timeout" else "failed", 0, total,
                            {"kind": kind, "message": message}, result)
     passed, total = int(data.get("passed", 0)), int(data.get("total", total))
     failure = data.get("failure")
@@ -656,7 +656,7 @@ def _verdict(result: SandboxResult, marker: str, job: dict[str, Any]) -> TestVer
         status = "timeout"
     else:
         status = "failed"
-    return TestVerdict(status, passed, total, failure, result)
+    return HarnessVerdict(status, passed, total, failure, result)
 
 
 def _minimal_env(home: Path, tmp: Path) -> dict[str, str]:

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 from arlecli.errors import UserError
 from arlecli.rewards import RewardFn, register
-from arlecli.sandbox import TestVerdict, run_tests
+from arlecli.sandbox import HarnessVerdict, run_tests
 from arlecli.types import Episode, Score, Task
 
 # A fenced block with its language tag; an unclosed fence (the model hit its token limit)
@@ -420,7 +420,7 @@ def extract_code(completion: str, last: bool = False) -> str:
     return blocks[-1] if last else blocks[0]
 
 
-def test_function_name(test_source: str) -> str:
+def called_function(test_source: str) -> str:
     """The function an assert-style test calls first, skipping builtins: MBPP's entry point.
 
     `assert set(similar_elements((3, 4), (5, 4))) == {4}` gives "similar_elements"."""
@@ -469,7 +469,7 @@ def _import_lines(prompt: str) -> str:
     return "".join(line + "\n" for line in prompt.splitlines() if _IMPORT.match(line))
 
 
-def _to_score(code: str, verdict: TestVerdict, counts: bool = False) -> Score:
+def _to_score(code: str, verdict: HarnessVerdict, counts: bool = False) -> Score:
     details: dict[str, Any] = {"status": verdict.status}
     if counts:
         details.update(tests_passed=verdict.passed, tests_total=verdict.total,
@@ -480,7 +480,7 @@ def _to_score(code: str, verdict: TestVerdict, counts: bool = False) -> Score:
     return Score(reward=1.0 if passed else 0.0, correct=passed, extracted=code, details=details)
 
 
-def _error_text(verdict: TestVerdict) -> str:
+def _error_text(verdict: HarnessVerdict) -> str:
     failure = verdict.failure or {}
     if failure.get("kind") in ("timeout", "no_verdict", "exit", "wrong_answer") or not (
             verdict.result.stderr or verdict.result.stdout).strip():

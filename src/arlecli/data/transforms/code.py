@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from arlecli.data.transforms import Row, transform
-from arlecli.rewards.code import test_function_name
+from arlecli.rewards.code import called_function
 
 # LiveCodeBench's instructions (as lighteval's lcb prompt): starter code for functional
 # (LeetCode) problems, stdin/stdout otherwise.
@@ -40,7 +40,7 @@ def _mbpp_common(row: Row, tests: list[str], extra_test: str = "") -> Row:
         "tests_text": "\n".join(tests),
         "first_test": tests[0] if tests else "",
         "test_source": test_source,
-        "entry_point": test_function_name("\n".join(tests)),
+        "entry_point": called_function("\n".join(tests)),
         "prompt_code": "",
     }
 
