@@ -87,3 +87,18 @@ def test_mmlu_fixture_maps_answers_to_letters():
     tasks = tasks_from_rows(card, read_rows_file(card.fixture_path), "fixture")
     assert [t.target for t in tasks] == ["B", "C", "A", "D"]
     assert "B. Mercury" in single_turn.reset(card.prompt, tasks[0])[-1]["content"]
+
+
+def test_a_transform_may_split_one_record_into_several_tasks(tmp_path):
+    card = parse_card({**MINIMAL, "transform": "test_cards:explode_questions",
+                       "fields": {"input": "q", "target": "a"}}, tmp_path / "card.yaml")
+    rows = [{"table": "t1", "questions": [{"q": "x?", "a": "1"}, {"q": "y?", "a": "2"}]},
+            {"table": "t2", "questions": [{"q": "z?", "a": "3", "id": "uid-z"}]}]
+    tasks = tasks_from_rows(card, rows)
+    assert [(t.id, t.input, t.fields["table"]) for t in tasks] == [("0-0", "x?", "t1"), ("0-1", "y?", "t1"),
+                                                                  ("uid-z", "z?", "t2")]
+
+
+def explode_questions(row):
+    """A transform for the test above: one task per question, the table kept on each."""
+    return [{"table": row["table"], **q} for q in row["questions"]]

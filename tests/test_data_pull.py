@@ -59,3 +59,17 @@ def test_pull_cli_refuses_offline_cards_politely():
     main._register()
     out = CliRunner().invoke(main.app, ["data", "pull", "countdown"], catch_exceptions=False)
     assert out.exit_code == 0 and "countdown: generator data, nothing to pull" in out.output
+
+
+def test_configs_with_differently_typed_null_columns_still_concatenate(tmp_path, monkeypatch):
+    # mmlu-redux: a column that is all null is float64 in one config and string in another.
+    def load_dataset(path, config, split, **kwargs):
+        value = None if config == "easy" else "fixed"
+        features = datasets.Features({"question": datasets.Value("string"),
+                                      "note": datasets.Value("float64" if config == "easy" else "string")})
+        return datasets.Dataset.from_list([{"question": config, "note": value}], features=features)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    card = parse_card(CARD, tmp_path / "qa.yaml")
+    rows = load_rows(card, "test")
+    assert [(r["question"], r["note"], r["config"]) for r in rows] == [("easy", None, "easy"), ("hard", "fixed", "hard")]

@@ -18,14 +18,6 @@ def run(ids: list[str], kwargs: list[dict], completion: str, prompt: str = "Writ
     return score(Task("t", prompt, ids, fields), Episode("t", [Turn(prompt, completion)]))
 
 
-def has_punkt() -> bool:
-    try:
-        nltk.data.find("tokenizers/punkt_tab")
-        return True
-    except LookupError:
-        return False
-
-
 @pytest.fixture
 def no_download(monkeypatch):
     """Any NLTK download is a test failure: tests never touch the network."""
@@ -112,8 +104,20 @@ def test_punkt_checks_fail_clearly_offline_when_the_data_is_missing(monkeypatch)
         run(["length_constraints:number_sentences"], [{"num_sentences": 2, "relation": "less than"}], "One. Two.")
 
 
-@pytest.mark.skipif(not has_punkt(), reason="NLTK punkt_tab data not installed (tests never download it)")
-def test_sentence_count_with_punkt(no_download):
+@pytest.fixture
+def small_punkt(tmp_path, monkeypatch):
+    """A punkt_tab model that knows one abbreviation, in a private NLTK data dir: the real
+    model is a download, and tests never download (the checks only need its file layout)."""
+    model = tmp_path / "tokenizers" / "punkt_tab" / "english"
+    model.mkdir(parents=True)
+    for name in ("collocations.tab", "sent_starters.txt", "ortho_context.tab"):
+        (model / name).write_text("")
+    (model / "abbrev_types.txt").write_text("dr\n")
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path), *nltk.data.path])
+    return model
+
+
+def test_sentence_count_with_punkt(no_download, small_punkt):
     kwargs = [{"num_sentences": 3, "relation": "less than"}]
-    assert run(["length_constraints:number_sentences"], kwargs, "One idea. Two ideas.").correct
+    assert run(["length_constraints:number_sentences"], kwargs, "Dr. Smith had one idea. Two ideas.").correct
     assert not run(["length_constraints:number_sentences"], kwargs, "One. Two. Three. Four.").correct

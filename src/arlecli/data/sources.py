@@ -11,7 +11,7 @@ import gzip
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from arlecli.cards import Card
 from arlecli.errors import UserError
@@ -90,7 +90,12 @@ def _download(card: Card, split: str) -> Any:
         return parts[0]
     parts = [p if "config" in p.column_names else p.add_column("config", [c] * len(p))
              for p, c in zip(parts, configs)]
-    return datasets.concatenate_datasets(parts)
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError:
+        # Configs whose all-null columns were typed differently (float64 in one, string in
+        # another: mmlu-redux) do not align; rebuilding from the rows lets arrow unify them.
+        return datasets.Dataset.from_list([dict(r) for p in parts for r in p])
 
 
 def _hub_rows(card: Card, split: str) -> list[Row]:
@@ -137,8 +142,11 @@ def _generator_rows(card: Card, split_spec: Any, limit: int | None) -> list[Row]
     if not isinstance(split_spec, dict) or "seed" not in split_spec or "size" not in split_spec:
         raise UserError(f"{card.path}: field 'source.splits': a generator split needs {{seed, size}}")
     size = int(split_spec["size"]) if limit is None else min(limit, int(split_spec["size"]))
+    # A split may also set generator params of its own (arc_agi: subset training/evaluation).
+    extra = {k: v for k, v in split_spec.items() if k not in ("seed", "size")}
     # Row i depends only on (seed, i), so generating a prefix gives the same first rows.
-    return generate_rows(card.source.path, seed=int(split_spec["seed"]), size=size, params=card.source.params)
+    return generate_rows(card.source.path, seed=int(split_spec["seed"]), size=size,
+                         params={**card.source.params, **extra})
 
 
 def split_names(card: Card) -> list[str]:
@@ -169,6 +177,18 @@ def load_rows(card: Card, split: str | None = None, data: Path | None = None,
     return _generator_rows(card, spec, limit)
 
 
+def _transformed(rows: list[Row], transform: Any) -> Iterator[tuple[Row, str]]:
+    """(row, default id) after the transform; a transform that returns a list turns one
+    record into several tasks (default ids `i-j`)."""
+    for i, row in enumerate(rows):
+        out = transform(row) if transform else row
+        if isinstance(out, list):
+            for j, sub in enumerate(out):
+                yield sub, f"{i}-{j}"
+        else:
+            yield out, str(i)
+
+
 def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]:
     """Apply the card's transform and field map; missing columns name the card field and fix."""
     from arlecli.data.transforms import get_transform
@@ -177,9 +197,7 @@ def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]
     fmap = {"input": "input", "target": "target", **card.fields}
     tasks: list[Task] = []
     seen: set[str] = set()
-    for i, row in enumerate(rows):
-        if transform:
-            row = transform(row)
+    for row, default_id in _transformed(rows, transform):
         for key in ("input", "target"):
             if fmap[key] not in row:
                 raise UserError(
@@ -189,7 +207,7 @@ def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]
         if "id" in card.fields:
             tid = str(row[card.fields["id"]])
         else:
-            tid = str(row["id"]) if "id" in row else str(i)
+            tid = str(row["id"]) if "id" in row else default_id
         if tid in seen:
             raise UserError(f"duplicate task id '{tid}' in {origin or card.name}; ids must be unique")
         seen.add(tid)

@@ -1,7 +1,8 @@
 """Row transforms: small functions `row -> row` that cards name when a field map is not enough.
 
 A transform returns a new dict with the columns the card's field map and prompt template
-read (it may keep the original columns). Each module in this package holds one family's
+read (it may keep the original columns), or a list of such dicts when one source record
+holds several questions (TAT-QA: one table, many questions; each becomes a task). Each module in this package holds one family's
 transforms (choice, math, code, qa, procedural) and registers them with `@transform("name")`;
 cards name them by that key, or give "module:function" for a user's own.
 """
@@ -16,7 +17,7 @@ from typing import Any, Callable
 from arlecli.errors import UserError
 
 Row = dict[str, Any]
-Transform = Callable[[Row], Row]
+Transform = Callable[[Row], "Row | list[Row]"]
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 _TRANSFORMS: dict[str, Transform] = {}

@@ -92,9 +92,13 @@ def finqa(row: Row) -> Row:
 
 
 @transform("tatqa")
-def tatqa(row: Row) -> Row:
-    """TAT-QA, one row per question with its context (`table` {uid, table}, `paragraphs`
-    [{uid, order, text}]): render the table and the paragraphs in order."""
+def tatqa(row: Row) -> Row | list[Row]:
+    """TAT-QA: a record holds one context (`table` {uid, table}, `paragraphs` [{uid, order,
+    text}]) and its `questions`; each question becomes a task with the table and the
+    paragraphs rendered in order. A row that is already one question is rendered as is."""
+    if "questions" in row:
+        context = {k: v for k, v in row.items() if k != "questions"}
+        return [tatqa({**context, **question}) for question in row["questions"]]
     table = row.get("table") or {}
     cells = table.get("table") if isinstance(table, dict) else table
     paragraphs = sorted(row.get("paragraphs") or [], key=lambda p: int(p.get("order") or 0))
