@@ -1,4 +1,4 @@
-"""`arle train` on the tiny model, CPU: GRPO/RLOO (full and LoRA), resume after kill -9,
+"""`arle train` on the tiny model, CPU: GRPO/RLOO/PPO (full and LoRA), resume after kill -9,
 the reward adapter against the eval, and `--set` validation."""
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from arlecli.types import Score
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-# The real `arle` entry point with the train command added (until cli/main.py registers it).
+# The real `arle` entry point, in a process that also registers this module's test rewards.
 ARLE = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_train; test_train.cli_main()"]
 TINY = ["--limit", "8", "--num-generations", "2", "--set", "max_completion_length=8",
         "--set", "per_device_train_batch_size=2"]
+# The same step shape for PPO: one prompt x 2 completions.
+TINY_PPO = [*TINY[:-1], "prompts_per_step=1"]
 
 
 def cli_main() -> None:
@@ -77,14 +79,14 @@ def steps_in(path: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
-@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "ppo"])
 def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, algo, lora):
     from safetensors.torch import load_file
 
     run = tmp_path / "run"
     t0 = time.monotonic()
-    train_in_process(str(varied_card(tmp_path)), "--algo", algo, "--model", str(tiny_model), *TINY,
-                     "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3",
+    train_in_process(str(varied_card(tmp_path)), "--algo", algo, "--model", str(tiny_model),
+                     *(TINY_PPO if algo == "ppo" else TINY), "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3",
                      "--eval-limit", "2", "--set", "eval_max_tokens=8", "--output", str(run))
     train_s = time.monotonic() - t0
 
@@ -153,6 +155,29 @@ def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
     sampled = lambda r: [(x["step"], x["task_id"], x["completion"])
                          for x in map(json.loads, (r / "rewards.jsonl").read_text().splitlines())]
     assert sampled(run) == sampled(tmp_path / "straight")
+
+
+def test_ppo_evaluates_every_n_prunes_checkpoints_and_reports(tmp_path, tiny_model, monkeypatch):
+    import types
+
+    logged: list[tuple[int, dict]] = []
+    finished: list[bool] = []
+    run_obj = types.SimpleNamespace(log=lambda row, step: logged.append((step, row)),
+                                    finish=lambda: finished.append(True))
+    fake_wandb = types.ModuleType("wandb")
+    fake_wandb.init = lambda **kwargs: run_obj
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)  # no account, no network
+
+    run = tmp_path / "run"
+    train_in_process(str(varied_card(tmp_path)), "--algo", "ppo", "--model", str(tiny_model), *TINY_PPO,
+                     "--max-steps", "3", "--save-steps", "1", "--set", "save_total_limit=1",
+                     "--eval-every", "2", "--eval-limit", "1", "--set", "eval_max_tokens=4",
+                     "--report-to", "wandb", "--output", str(run))
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-3"]
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["step-0", "step-2", "step-3"]
+    assert set(json.loads((run / "summary.json").read_text())["evals"]) == {"step-0", "step-2", "step-3"}
+    assert [step for step, _ in logged] == [1, 2, 3] and "train/reward" in logged[0][1]
+    assert finished == [True]
 
 
 def test_reward_adapter_gives_the_eval_reward(tmp_path):

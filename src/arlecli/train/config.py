@@ -93,7 +93,7 @@ def trainer_fields(algo: str) -> dict[str, Any]:
         fields = {f.name: f.type for f in dataclasses.fields(PPOParams)}
         fields.update({"max_steps": int, "learning_rate": float, "num_generations": int,
                        "max_completion_length": int, "temperature": float, "seed": int, "save_steps": int,
-                       "report_to": str})
+                       "save_total_limit": int, "report_to": str})
         return fields
     from trl import GRPOConfig, RLOOConfig
 

@@ -4,15 +4,21 @@ Each line holds the trainer's logs for that step (reward, reward_std, accuracy, 
 entropy, completion lengths ...) with `step`, `elapsed_s`, `seconds_per_step` and
 `tokens_per_second` added. On resume, lines after the checkpoint's step are dropped first:
 those steps run again, and the file keeps one line per step.
+
+`open_reporter` forwards the same lines to TensorBoard, Trackio or W&B for the PPO loop
+(TRL's trainers report through their own `report_to`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -88,3 +94,69 @@ def truncate_metrics(run_dir: Path, after_step: int) -> None:
         return
     keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= after_step]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep), encoding="utf-8")
+
+
+@dataclass
+class Reporter:
+    """Where each step's scalar metrics go besides metrics.jsonl."""
+
+    log: Callable[[int, dict[str, Any]], None]
+    close: Callable[[], None]
+
+
+_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def _scalars(row: dict[str, Any]) -> dict[str, float]:
+    return {f"train/{k}": float(v) for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _open_one(name: str, run_dir: Path, config: dict[str, Any]) -> Reporter:
+    project = os.environ.get("WANDB_PROJECT" if name == "wandb" else "TRACKIO_PROJECT", "arle")
+    if name == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(run_dir / "runs"))  # where TRL's trainers write theirs
+
+        def log_tb(step: int, row: dict[str, Any]) -> None:
+            for key, value in _scalars(row).items():
+                writer.add_scalar(key, value, step)
+
+        return Reporter(log_tb, writer.close)
+    module = importlib.import_module(name)
+    if name == "wandb":
+        run = module.init(project=project, dir=str(run_dir), name=run_dir.name, config=config)
+        return Reporter(lambda step, row: run.log(_scalars(row), step=step), run.finish)
+    module.init(project=project, name=run_dir.name, config=config)
+    return Reporter(lambda step, row: module.log(_scalars(row), step=step), module.finish)
+
+
+def open_reporter(report_to: str | list[str] | None, run_dir: Path, config: dict[str, Any]) -> Reporter | None:
+    """A reporter for `report_to` (none, tensorboard, trackio, wandb, a list, or "all" = every
+    installed one), or None when there is nothing to report to. A named integration whose
+    package is missing is a UserError naming the pip install."""
+    from arlecli.errors import UserError
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if "all" in names:
+        names = [n for n, pkg in _PACKAGES.items() if importlib.util.find_spec(pkg) is not None]
+    reporters = []
+    for name in (n for n in names if n != "none"):
+        try:
+            reporters.append(_open_one(name, Path(run_dir), config))
+        except ModuleNotFoundError as exc:
+            raise UserError(f"--report-to {name} needs the {_PACKAGES[name]} package ({exc.name} is missing): "
+                            f"pip install {_PACKAGES[name]}") from None
+    if not reporters:
+        return None
+
+    def log(step: int, row: dict[str, Any]) -> None:
+        for reporter in reporters:
+            reporter.log(step, row)
+
+    def close() -> None:
+        for reporter in reporters:
+            reporter.close()
+
+    return Reporter(log, close)

@@ -547,6 +547,16 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
+    """Delete all but the newest `keep` complete checkpoints (None or 0: keep them all)."""
+    if not keep:
+        return
+    found = sorted((int(m.group(1)), d) for d in output_dir.iterdir()
+                   if (m := CHECKPOINT_RE.match(d.name)) and (d / "trainer_state.pt").exists())
+    for _, folder in found[:-keep]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _rng_state() -> dict:
     import numpy as np
 
@@ -628,7 +638,8 @@ def _make_scheduler(optimizer: torch.optim.Optimizer, p: PPOParams, max_steps: i
 def train_ppo(model_path: str, prompts: list[str | list[dict]],
               reward_fn: Callable[[list[str], list[int]], list[float]], *, output_dir: Path, max_steps: int,
               learning_rate: float, lora_rank: int, num_generations: int, max_new_tokens: int, temperature: float,
-              seed: int, save_steps: int, resume: bool, params: dict, on_log: Callable[[dict], None]) -> Path:
+              seed: int, save_steps: int, resume: bool, params: dict, on_log: Callable[[dict], None],
+              save_total_limit: int | None = None, on_step_end: Callable[[int, Policy], None] | None = None) -> Path:
     """Train `model_path` with PPO on `reward_fn` and return `output_dir/final`.
 
     Each step samples `num_generations` completions for each of the next `prompts_per_step`
@@ -638,8 +649,10 @@ def train_ppo(model_path: str, prompts: list[str | list[dict]],
     overrides PPOParams. `on_log` gets one dict per step: step, reward, reward_std, [accuracy],
     kl (per-sequence sum, mean), policy_loss, value_loss, clip_fraction, value_clip_fraction,
     approx_kl, entropy, value, completion_length, grad_norm, learning_rate, step_seconds.
-    Checkpoints go to `output_dir/checkpoint-N` every `save_steps` steps (0: none); `resume`
-    continues from the latest one (a fresh start when there is none).
+    Checkpoints go to `output_dir/checkpoint-N` every `save_steps` steps (0: none), keeping
+    the newest `save_total_limit` (None: all); `resume` continues from the latest one (a fresh
+    start when there is none). `on_step_end(step, policy)` runs after each step's checkpoint
+    and log (held-out evaluation hooks in here).
     """
     p = parse_params(params)
     if not prompts:
@@ -699,8 +712,11 @@ def train_ppo(model_path: str, prompts: list[str | list[dict]],
             raise FloatingPointError(f"PPO step {step} produced non-finite metrics: {log}")
         if save_steps > 0 and step % save_steps == 0:
             save_checkpoint(output_dir, policy, optimizer, scheduler, step, position, p)
+            prune_checkpoints(output_dir, save_total_limit)
         if on_log is not None:
             on_log(log)
+        if on_step_end is not None:
+            on_step_end(step, policy)
 
     final = output_dir / "final"
     _write_atomically(final, lambda tmp: _save_model(tmp, policy))

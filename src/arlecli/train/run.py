@@ -39,7 +39,7 @@ from arlecli.results import META, read_json, write_json
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
 from arlecli.train.launch import in_launched_process
-from arlecli.train.metrics import MetricsLog
+from arlecli.train.metrics import MetricsLog, open_reporter
 from arlecli.train.reward import CardReward, truncate_rewards
 
 SUMMARY = "summary.json"
@@ -346,21 +346,29 @@ def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, prompts: list[Any], 
     if spec.is_adapter:
         raise UserError("--algo ppo trains from full weights: pass the base model, not a LoRA adapter folder")
     opts, t = cfg.options, dict(cfg.trainer)
-    if opts.eval_every:
-        view.message("warning: --eval-every is not supported with --algo ppo yet; evaluating before and after only")
-    if t.get("report_to") not in (None, "none"):
-        view.message("warning: --report-to is not supported with --algo ppo yet; see metrics.jsonl")
     evals: dict[str, dict[str, Any]] = {}
-    if heldout is not None:
+    if heldout is not None:  # a finished evaluation directory is read back, not redone
         evals["step-0"] = heldout.evaluate(None, None, "step-0", model_path=spec.path_or_id)
+    reporter = open_reporter(t.get("report_to"), run_dir, {"benchmark": card.name, "algo": "ppo", **t})
 
     def on_log(logs: dict[str, Any]) -> None:
         step = int(logs.get("step", 0))
         reward.step = step + 1  # completions scored from now on belong to the next step
         acc = reward.pop_accuracy()
         row = metrics.record(step, {"accuracy": acc, **{k: v for k, v in logs.items() if k != "step"}})
+        if reporter is not None:
+            reporter.log(step, row)
         if view.log:
             view.log({**row, "max_steps": t["max_steps"]})
+
+    def on_step_end(step: int, policy: Any) -> None:
+        every = opts.eval_every
+        if heldout is None or not every or step % every or step >= t["max_steps"]:
+            return
+        started = time.monotonic()
+        label = f"step-{step}"
+        evals[label] = heldout.evaluate(policy.model, policy.tokenizer, label)
+        metrics.exclude(time.monotonic() - started)
 
     reward.step = 1
     metrics.restart_clock()
@@ -372,15 +380,22 @@ def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, prompts: list[Any], 
             num_generations=t.get("num_generations", 1),
             max_new_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
             temperature=t.get("temperature", 1.0), seed=t["seed"], save_steps=t["save_steps"],
-            resume=checkpoint is not None, params=params, on_log=on_log)
+            resume=checkpoint is not None, params=params, on_log=on_log,
+            save_total_limit=t.get("save_total_limit"), on_step_end=on_step_end)
     except ValueError as exc:  # train_ppo's checks on params and arguments
         raise UserError(f"invalid ppo settings: {exc}") from None
+    finally:
+        if reporter is not None:
+            reporter.close()
     if Path(final).resolve() != (run_dir / FINAL).resolve():
         shutil.copytree(final, run_dir / FINAL, dirs_exist_ok=True)
     step = t["max_steps"]  # train_ppo returns once it has run them all
     if heldout is not None:
-        label = f"step-{t['max_steps']}"
-        evals[label] = heldout.evaluate(None, None, label, model_path=str(run_dir / FINAL))
+        for label in _existing_labels(heldout):  # every-N evaluations from before a resume
+            evals.setdefault(label, read_json(heldout.dir_for(label) / "results.json"))
+        label = f"step-{step}"
+        if label not in evals:
+            evals[label] = heldout.evaluate(None, None, label, model_path=str(run_dir / FINAL))
     return evals, step
 
 
