@@ -252,7 +252,9 @@ def test_unknown_set_key_is_a_one_line_error():
 def test_recipes_resolve():
     from arlecli.train.config import load_recipe, resolve
 
-    for name in ("countdown-grpo-cpu", "gsm8k-grpo"):
+    names = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+    assert {"countdown-grpo-cpu", "gsm8k-grpo", "finqa-grpo", "mbpp-grpo"} <= set(names)
+    for name in names:
         path, data = load_recipe(name)
         cfg = resolve(data, {}, {"max_steps": 3}, recipe_name=str(path))
         assert cfg.options.benchmark and cfg.trainer["max_steps"] == 3

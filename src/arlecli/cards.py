@@ -25,7 +25,7 @@ Every validation error names the file, the field and the fix, and exits 2 via Us
       fewshot: {split: train, n: 5, target: " {target}", separator: "\\n\\n"}
       stop: ["Question:"]
       max_tokens: 256
-    env: single_turn
+    env: single_turn             # or {name: tools, params: {tools: [python], max_turns: 4}}
     reward: {name: gsm8k, params: {}}
     metrics: [strict_match, flexible_extract]
     group_by: null               # a Task field to break metrics down by (e.g. subject)
@@ -45,7 +45,6 @@ from arlecli.errors import UserError
 
 SOURCE_KINDS = ("hub", "files", "package", "generator")
 PROMPT_FORMATS = ("completion", "chat")
-ENV_KINDS = ("single_turn",)
 CATEGORIES = ("math", "code", "multiple_choice", "qa", "instruction_following", "procedural", "agent")
 
 
@@ -98,6 +97,7 @@ class Card:
     transform: str | None = None
     prompt: Prompt = field(default_factory=Prompt)
     env: str = "single_turn"
+    env_params: dict[str, Any] = field(default_factory=dict)
     metrics: list[str] = field(default_factory=list)
     group_by: str | None = None
     fixture: str | None = None
@@ -193,6 +193,10 @@ def parse_card(data: Any, path: Path | str) -> Card:
     if isinstance(rw, str):
         rw = {"name": rw}
     _check_unknown(rw, {"name", "params"}, path, "reward")
+    env = _take(data, "env", (dict, str), path, "", default="single_turn")
+    if isinstance(env, str):
+        env = {"name": env}
+    _check_unknown(env, {"name", "params"}, path, "env")
     fields = _take(data, "fields", dict, path, "", default={})
     _check_unknown(fields, {"id", "input", "target"}, path, "fields")
     card = Card(
@@ -204,7 +208,8 @@ def parse_card(data: Any, path: Path | str) -> Card:
         fields={k: str(v) for k, v in fields.items()},
         transform=_take(data, "transform", str, path, ""),
         prompt=prompt,
-        env=_one_of(_take(data, "env", str, path, "", default="single_turn"), ENV_KINDS, path, "env"),
+        env=_take(env, "name", str, path, "env", required=True),
+        env_params=_take(env, "params", dict, path, "env", default={}),
         reward=_take(rw, "name", str, path, "reward", required=True),
         reward_params=_take(rw, "params", dict, path, "reward", default={}),
         metrics=[str(m) for m in _take(data, "metrics", list, path, "", default=[])],
@@ -239,9 +244,14 @@ def resolve_references(card: Card) -> None:
     so a card that names something missing fails CI rather than a user's run.
     """
     from arlecli.data.transforms import get_transform
+    from arlecli.envs import get_env_factory
     from arlecli.rewards import get_reward
 
     where = card.path or card.name
+    try:
+        get_env_factory(card.env)
+    except UserError as exc:
+        raise _fail(where, "env", str(exc)) from None
     try:
         get_reward(card.reward, card.reward_params)
     except UserError as exc:

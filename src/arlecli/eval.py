@@ -1,4 +1,4 @@
-"""The eval loop: card -> tasks -> prompts -> engine -> reward -> samples.jsonl -> results.json.
+"""The eval loop: card -> tasks -> env episodes (engine turns) -> reward -> samples.jsonl -> results.json.
 
 Resumable by construction: every finished sample is one appended line; a rerun with
 `resume=True` skips ids already there and re-aggregates from the file, so an
@@ -22,12 +22,13 @@ from typing import Any, Callable
 from arlecli import __version__
 from arlecli.cards import Card
 from arlecli.data.sources import load_rows, tasks_from_rows
-from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
-from arlecli.envs import single_turn
+from arlecli.engine.base import Engine, SamplingParams
+from arlecli.envs import make_env
+from arlecli.envs.episodes import Job, native_tools, run_episodes
 from arlecli.errors import UserError
 from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_json, read_samples, write_json
 from arlecli.rewards import get_reward
-from arlecli.types import Task, Turn
+from arlecli.types import Episode, Task
 
 
 @dataclass
@@ -148,19 +149,17 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
     done_ids = {s["id"] for s in read_samples(run_dir)}
     max_tokens = opts.max_tokens or card.prompt.max_tokens
-    pending: list[tuple[Task, int, Any]] = []
-    requests: list[GenerationRequest] = []
+    tools_native = native_tools(engine)
+    pending: list[tuple[Task, int]] = []
+    jobs: list[Job] = []
     for task in tasks:
-        rendered = single_turn.reset(card.prompt, task, exemplars)
         for k in range(opts.num_samples):
             if sample_id(task.id, k) in done_ids:
                 continue
             params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=max_tokens,
                                     stop=list(card.prompt.stop), seed=sample_seed(opts.seed, task.id, k))
-            pending.append((task, k, rendered))
-            requests.append(GenerationRequest(messages=rendered if isinstance(rendered, list) else None,
-                                              prompt=rendered if isinstance(rendered, str) else None,
-                                              params=params))
+            pending.append((task, k))
+            jobs.append(Job(task, make_env(card, task, exemplars, tools_native), params))
     total = len(tasks) * opts.num_samples
     if on_start:
         on_start(total, total - len(pending))
@@ -174,17 +173,22 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         if not f.cancelled() and f.exception() is not None:
             failures.append(f.exception())  # type: ignore[arg-type]
 
-    def finish(task: Task, k: int, rendered: Any, comp: Completion) -> None:
-        turn = Turn(prompt=rendered, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
-                    token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason)
-        episode = single_turn.step(task, rendered, turn)
+    def finish(task: Task, k: int, episode: Episode) -> None:
         result = score(task, episode)
+        first, last = episode.turns[0], episode.turns[-1]
         sample = {
             "id": sample_id(task.id, k), "task_id": task.id, "sample": k,
-            "prompt": rendered, "completion": comp.text, "extracted": result.extracted, "target": task.target,
-            "reward": float(result.reward), "correct": bool(result.correct), "details": result.details,
-            "finish_reason": comp.finish_reason, "num_tokens": len(comp.token_ids),
+            "prompt": first.prompt, "completion": last.completion, "extracted": result.extracted,
+            "target": task.target, "reward": float(result.reward), "correct": bool(result.correct),
+            "details": result.details, "finish_reason": last.finish_reason,
+            "num_tokens": sum(len(t.token_ids or []) for t in episode.turns),
         }
+        if card.env != "single_turn":  # every turn, with what the environment answered
+            sample["turns"] = [{"completion": t.completion, "observation": t.observation,
+                                "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids or [])}
+                               for t in episode.turns]
+            sample["end_reason"] = episode.end_reason
+            sample["env_info"] = episode.info
         if card.group_by:
             sample["group"] = task.fields.get(card.group_by, "")
         writer.write(sample)
@@ -193,8 +197,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
     ok = False
     try:
-        for i, comp in engine.generate(requests):
-            fut = pool.submit(finish, *pending[i], comp)
+        for i, episode in run_episodes(engine, jobs):
+            fut = pool.submit(finish, *pending[i], episode)
             fut.add_done_callback(note_failure)
             futures.append(fut)
             if failures:  # surface a scoring error at once, not after the whole generation pass

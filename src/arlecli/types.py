@@ -27,22 +27,32 @@ class Task:
 
 @dataclass
 class Turn:
-    """One model turn: what was sent and what came back, with the engine's token ids."""
+    """One model turn: what was sent and what came back, with the engine's token ids.
 
-    prompt: str | list[dict[str, str]]
+    `observation` holds the messages the environment answered this turn with (tool
+    results, a game's new state); empty on the last turn."""
+
+    prompt: str | list[dict[str, Any]]
     completion: str
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str = "stop"
+    observation: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
 class Episode:
-    """Everything one rollout produced for one task (one turn for single-turn envs)."""
+    """Everything one rollout produced for one task (one turn for single-turn envs).
+
+    `end_reason` says why it ended ("done": the model answered or the game ended;
+    "turn_limit"; "length": the context ran out). `info` is what the environment knows
+    at the end that a reward may need (a game's outcome, tool-call counts)."""
 
     task_id: str
     turns: list[Turn] = field(default_factory=list)
+    end_reason: str = "done"
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completion(self) -> str:

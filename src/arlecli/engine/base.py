@@ -8,7 +8,7 @@ Token ids always come from the engine (never from re-tokenising text).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 
 @dataclass
@@ -25,11 +25,18 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
-    """One generation: either chat `messages` or a raw `prompt` string."""
+    """One generation: either chat `messages` or a raw `prompt` string.
 
-    messages: list[dict[str, str]] | None = None
+    `tools` (JSON schemas) go to the chat template for models whose template renders them.
+    `prompt_token_ids`, when set, is what in-process engines feed the model instead of
+    encoding the messages: a later turn of an episode continues the exact ids of the
+    earlier ones (see envs.episodes). Endpoints ignore it and send the messages."""
+
+    messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
+    tools: list[dict[str, Any]] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass

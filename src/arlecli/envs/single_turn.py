@@ -8,13 +8,15 @@ completion and ends the episode. Multi-turn envs follow the same reset/step shap
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 from typing import Any
 
 from arlecli.cards import Prompt
+from arlecli.envs import Step, register_env
 from arlecli.errors import UserError
 from arlecli.types import Episode, Task, Turn
 
-Rendered = str | list[dict[str, str]]
+Rendered = str | list[dict[str, Any]]
 
 
 def _context(task: Task) -> dict[str, Any]:
@@ -56,3 +58,27 @@ def step(task: Task, rendered: Rendered, turn: Turn) -> Episode:
     """Record the single completion; the episode is done after one turn."""
     turn.prompt = rendered
     return Episode(task_id=task.id, turns=[turn])
+
+
+@dataclass
+class SingleTurnEnv:
+    """The one-step env: the card's prompt, one completion, done."""
+
+    rendered: Rendered
+    tools: list[dict[str, Any]] | None = None
+    max_turns: int = 1
+
+    def reset(self) -> Rendered:
+        return self.rendered
+
+    def step(self, completion: str) -> Step:
+        return Step(done=True)
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+@register_env("single_turn")
+def single_turn_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool) -> SingleTurnEnv:
+    """Env factory for `env: single_turn` (the default)."""
+    return SingleTurnEnv(reset(card.prompt, task, exemplars))

@@ -16,6 +16,7 @@ and fp32/eager engine settings.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -166,9 +167,15 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
     dataset = Dataset.from_list([{"prompt": p, "task_index": i, "task_id": reward.tasks[i].id}
                                  for i, p in enumerate(prompts)])
     cls = trl.GRPOTrainer if cfg.options.algo == "grpo" else trl.RLOOTrainer
+    extra: dict[str, Any] = {}
+    if reward.card.env != "single_turn":  # multi-turn: whole episodes from arle's env driver
+        from arlecli.train.rollout import make_rollout_func
+
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.16
+        extra["rollout_func"] = make_rollout_func(reward.card, reward.tasks, reward.exemplars, prompts, args)
     with _vllm_setup(cfg):  # TRL starts the colocated vLLM engine inside the constructor
         trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                      peft_config=lora_config(cfg), callbacks=callbacks)
+                      peft_config=lora_config(cfg), callbacks=callbacks, **extra)
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
     return trainer
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from arlecli.cards import Card
 from arlecli.envs import single_turn
 from arlecli.rewards import get_reward
-from arlecli.types import Score, Task, Turn
+from arlecli.types import Episode, Score, Task, Turn
 
 REWARDS_FILE = "rewards.jsonl"
 
@@ -49,9 +49,11 @@ class CardReward:
     as TRL's trainers do."""
 
     def __init__(self, card: Card, tasks: list[Task], rendered: list[Any], run_dir: Path | None = None,
-                 gather: Callable[[list[str]], list[str]] | None = None) -> None:
+                 gather: Callable[[list[str]], list[str]] | None = None,
+                 exemplars: list[Task] | None = None) -> None:
         self.card = card
         self.tasks = tasks
+        self.exemplars = exemplars or []
         self.rendered = rendered
         self.score_fn = get_reward(card.reward, card.reward_params)
         self.stop = list(card.prompt.stop)
@@ -62,22 +64,29 @@ class CardReward:
         self.step: int | None = None    # the step label for callers that pass none (ppo)
         self.gather = gather
 
-    def score(self, completions: list[Any], indices: list[int], step: int | None = None) -> list[Score]:
-        """Score each completion against the task at the same position in `indices`."""
+    def score(self, completions: list[Any], indices: list[int], step: int | None = None,
+              episodes: list[Episode] | None = None) -> list[Score]:
+        """Score each completion against the task at the same position in `indices`; with
+        `episodes` (multi-turn rollouts), score those whole episodes instead."""
         step = self.step if step is None else step
         scores: list[Score] = []
         lines: list[str] = []
-        for completion, index in zip(completions, indices, strict=True):
+        for n, (completion, index) in enumerate(zip(completions, indices, strict=True)):
             task = self.tasks[int(index)]
-            text = cut_at_stop(completion_text(completion), self.stop)
-            episode = single_turn.step(task, self.rendered[int(index)], Turn(prompt="", completion=text))
+            if episodes is not None:
+                episode = episodes[n]
+                text = episode.completion
+            else:
+                text = cut_at_stop(completion_text(completion), self.stop)
+                episode = single_turn.step(task, self.rendered[int(index)], Turn(prompt="", completion=text))
             result = self.score_fn(task, episode)
             scores.append(result)
-            lines.append(json.dumps({
-                "step": step, "task_id": task.id, "task_index": int(index), "completion": text,
-                "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
-                "correct": bool(result.correct), "details": result.details,
-            }, ensure_ascii=False, default=str) + "\n")
+            line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": text,
+                    "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
+                    "correct": bool(result.correct), "details": result.details}
+            if episodes is not None:
+                line.update(turns=len(episode.turns), end_reason=episode.end_reason, env_info=episode.info)
+            lines.append(json.dumps(line, ensure_ascii=False, default=str) + "\n")
         if self.gather is not None:
             lines = self.gather(lines)
         with self._lock:
@@ -88,10 +97,12 @@ class CardReward:
         return scores
 
     def __call__(self, prompts: list[Any], completions: list[Any], task_index: list[int],
-                 trainer_state: Any = None, log_metric: Any = None, **_: Any) -> list[float]:
-        """TRL's reward-function signature: every dataset column arrives as a keyword."""
+                 trainer_state: Any = None, log_metric: Any = None, episode: list[Episode] | None = None,
+                 **_: Any) -> list[float]:
+        """TRL's reward-function signature: every dataset column (and each rollout's
+        `episode`, for multi-turn envs) arrives as a keyword."""
         step = trainer_state.global_step + 1 if trainer_state is not None else None
-        scores = self.score(completions, task_index, step=step)
+        scores = self.score(completions, task_index, step=step, episodes=episode)
         if log_metric is not None and scores:
             log_metric("accuracy", sum(s.correct for s in scores) / len(scores))
             self.pop_accuracy()  # TRL averaged it already

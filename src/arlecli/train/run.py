@@ -173,6 +173,9 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     if spec.kind != "hf" or not spec.path_or_id:
         raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
                         "not an endpoint")
+    if card.env != "single_turn" and (opts.algo != "grpo" or opts.backend == "vllm"):
+        raise UserError(f"{card.name} is a multi-turn ({card.env}) benchmark: train it with --algo grpo and "
+                        f"hf rollouts (TRL's RLOO has no rollout hook, and arle's PPO samples single turns)")
     split = train_split(card, opts.split)
     eval_split = opts.eval_split or card.source.default_split
     meta = {
@@ -217,7 +220,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
     ranks.barrier()
     reward = CardReward(card, tasks, prompts, run_dir if ranks.main else None,
-                        gather=ranks.gather if ranks.world > 1 else None)
+                        gather=ranks.gather if ranks.world > 1 else None, exemplars=exemplars)
     heldout = None
     if opts.eval_limit:
         eval_opts = EvalOptions(split=eval_split, limit=opts.eval_limit, temperature=0.0,

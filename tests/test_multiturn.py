@@ -1,0 +1,196 @@
+"""Multi-turn envs: tool calls, their failures, turn limits, token continuity across turns,
+multi-turn eval (every turn logged) and GRPO on whole episodes with the env tokens masked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.envs import Step, make_env, register_env
+from arlecli.envs.episodes import Job, run_episodes
+from arlecli.envs.tools import call_tool, get_tool, parse_tool_calls
+from arlecli.eval import EvalOptions, run_eval
+from arlecli.registry import load_card
+from arlecli.types import Task
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "14 + 9 - 17"}}\n</tool_call>'
+
+
+class ScriptedAgent:
+    """An engine that answers turn k with replies[k] (a fixed agent for env tests)."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = replies
+        self.requests: list[GenerationRequest] = []
+
+    def generate(self, requests: list[GenerationRequest]):
+        for i, request in enumerate(requests):
+            self.requests.append(request)
+            turn = sum(m["role"] == "assistant" for m in request.messages or [])
+            yield i, Completion(text=self.replies[min(turn, len(self.replies) - 1)])
+
+    def close(self) -> None:
+        pass
+
+
+def episodes_for(card_name: str, replies: list[str], limit: int = 1):
+    card = load_card(card_name)
+    task = Task("t", "How many loaves are left?", "#### 6", {"question": "How many loaves are left?"})
+    jobs = [Job(task, make_env(card, task), SamplingParams()) for _ in range(limit)]
+    return [ep for _, ep in run_episodes(ScriptedAgent(replies), jobs)]
+
+
+def test_tool_call_parsing_tolerates_what_models_write():
+    calls = parse_tool_calls('first <tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}'
+                             '</tool_call> then <tool_call>{"name": "calculator", "arguments": {"expression": "2"}}')
+    assert [(c.name, c.arguments) for c in calls] == [("python", {"code": "print(1)"}),
+                                                     ("calculator", {"expression": "2"})]
+    assert parse_tool_calls("no calls here") == []
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<tool_call>{not json}</tool_call>", "error: the tool call is not valid JSON"),
+    ('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', "error: unknown tool 'shell'"),
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>',
+     "error: UnsafeExpression: division by zero"),
+    ('<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>', "error: bad arguments"),
+    ('<tool_call>{"arguments": {}}</tool_call>', 'error: a tool call needs {"name"'),
+])
+def test_bad_tool_calls_become_error_observations_and_the_episode_goes_on(text, expected):
+    [episode] = episodes_for("math_tool", [text, "#### 6"])
+    assert [t.completion for t in episode.turns] == [text, "#### 6"]
+    assert expected in episode.turns[0].observation[0]["content"]
+    assert episode.end_reason == "answered" and episode.info == {"tool_calls": 1, "tool_errors": 1}
+
+
+def test_turn_limit_ends_the_episode_with_its_reason():
+    [episode] = episodes_for("math_tool", [CALL])  # calls a tool every turn, never answers
+    assert len(episode.turns) == 4 and episode.end_reason == "turn_limit"
+    assert episode.info["tool_calls"] == 4
+
+
+def test_python_tool_runs_in_the_sandbox():
+    python = get_tool("python", Task("t", "", ""))
+    assert python(code="import os; print(6 * 7, os.getcwd() != '/')") == "42 True"
+    out, ok = call_tool({"python": python}, parse_tool_calls(
+        '<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>')[0])
+    assert ok and "error (timeout)" in out
+
+
+@pytest.mark.parametrize("replies, correct", [([CALL, "So 6 are left.\n#### 6"], True),
+                                              ([CALL, "So 7 are left.\n#### 7"], False)])
+def test_multi_turn_eval_logs_every_turn(tmp_path, replies, correct):
+    card = load_card("math_tool")
+    result = run_eval(card, ScriptedAgent(replies), EvalOptions(data=GSM8K_ROWS, limit=1, num_fewshot=0),
+                      model="scripted", run_dir=tmp_path)
+    assert result["metrics"]["accuracy"]["value"] == float(correct)
+    sample = json.loads((tmp_path / "samples.jsonl").read_text())
+    assert [t["completion"] for t in sample["turns"]] == replies
+    assert sample["turns"][0]["observation"] == [{"role": "user", "content": "<tool_response>\n6\n</tool_response>"}]
+    assert sample["end_reason"] == "answered" and sample["env_info"]["tool_calls"] == 1
+
+
+@register_env("test_nudge")
+def _nudge_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool) -> Any:
+    """Two turns: whatever the model says first, the env asks it to check, then it ends."""
+
+    class Nudge:
+        tools = None
+        max_turns = 2
+
+        def reset(self):
+            return [{"role": "user", "content": task.input}]
+
+        def step(self, completion: str) -> Step:
+            return Step([{"role": "user", "content": "Check that again."}])
+
+        def info(self):
+            return {}
+
+    return Nudge()
+
+
+def test_later_turns_extend_the_engine_ids_exactly(tiny_model):
+    from arlecli.engine.hf import HFEngine
+    from arlecli.train.rollout import flatten_episode
+
+    card = load_card("math_tool")
+    card.env, card.env_params = "test_nudge", {}
+    engine = HFEngine(str(tiny_model), batch_size=4)
+    tasks = [Task(str(i), f"What is {i} plus 30?", "") for i in range(3)]
+    jobs = [Job(t, make_env(card, t), SamplingParams(temperature=1.0, max_tokens=6, seed=i, logprobs=True))
+            for i, t in enumerate(tasks)]
+    for _, episode in run_episodes(engine, jobs):
+        first, second = episode.turns
+        assert second.prompt_token_ids[:len(first.prompt_token_ids) + len(first.token_ids)] == \
+            first.prompt_token_ids + first.token_ids
+        prompt_ids, completion_ids, mask, logprobs = flatten_episode(episode)
+        assert prompt_ids + completion_ids == second.prompt_token_ids + second.token_ids
+        env_part = [t for t, m in zip(completion_ids, mask) if m == 0]
+        assert "Check that again." in engine.tokenizer.decode(env_part)
+        assert sum(mask) == len(first.token_ids) + len(second.token_ids) == len(
+            [lp for lp, m in zip(logprobs, mask) if m])
+
+
+def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_model, monkeypatch):
+    """Two GRPO steps on math_tool: the first turn is a fixed tool call (a tiny random model
+    never writes one), the second is the model's own; the env's reply is masked out."""
+    from arlecli.cli.train import train_command
+    from arlecli.engine import hf
+    from arlecli.train import rollout
+
+    original = hf.HFEngine.generate
+
+    def generate(self, requests):
+        first = [i for i, r in enumerate(requests) if not any(m["role"] == "assistant" for m in r.messages)]
+        for i in first:
+            ids = self.tokenizer(CALL, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            yield i, Completion(CALL, ids, self.encode(requests[i]), [0.0] * len(ids))
+        rest = [i for i in range(len(requests)) if i not in first]
+        for j, comp in original(self, [requests[i] for i in rest]):
+            yield rest[j], comp
+
+    flattened: list[tuple[list[int], list[int]]] = []
+    flatten = rollout.flatten_episode
+
+    def record(episode):
+        out = flatten(episode)
+        flattened.append((out[1], out[2]))
+        return out
+
+    monkeypatch.setattr(hf.HFEngine, "generate", generate)
+    monkeypatch.setattr(rollout, "flatten_episode", record)
+    import typer
+
+    import yaml
+
+    card = yaml.safe_load((ROOT / "benchmarks" / "math_tool.yaml").read_text())
+    card["source"] = {"kind": "files", "path": GSM8K_ROWS}  # the fixture rows, offline
+    (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train_command)
+    run = tmp_path / "run"
+    app(args=[str(tmp_path / "math_tool.yaml"), "--model", str(tiny_model), "--num-generations", "2",
+              "--max-steps", "2", "--eval-limit", "0", "--set", "max_completion_length=8",
+              "--set", "per_device_train_batch_size=2", "--output", str(run)], standalone_mode=False)
+
+    lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(x["turns"] == 2 and x["env_info"]["tool_calls"] == 1 for x in lines)
+    assert len(flattened) == 4
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    for ids, mask in flattened:
+        env_ids = [t for t, m in zip(ids, mask) if m == 0]
+        model_ids = [t for t, m in zip(ids, mask) if m == 1]
+        assert "<tool_response>\n6\n</tool_response>" in tok.decode(env_ids)
+        assert "<tool_response>" not in tok.decode(model_ids) and CALL in tok.decode(model_ids)
+    assert (run / "final").is_dir()
