@@ -39,7 +39,15 @@ def fixture_tasks(card: Card) -> list[Task]:
 
 
 def test_catalog_has_at_least_fifty_named_cards():
-    assert len({c.name for c in CARDS}) >= 50, sorted(c.name for c in CARDS)
+    from typer.testing import CliRunner
+
+    from arlecli.cli import main
+
+    main._register()
+    out = CliRunner().invoke(main.app, ["bench", "list", "--json"], catch_exceptions=False)
+    listed = json.loads(out.output)
+    assert len({c["name"] for c in listed}) >= 50 and len(listed) == len(CARDS)
+    assert all(c["source"] and c["reward"] and c["category"] for c in listed)
 
 
 @pytest.mark.parametrize("card", CARDS, ids=lambda c: c.name)

@@ -73,3 +73,16 @@ def test_configs_with_differently_typed_null_columns_still_concatenate(tmp_path,
     card = parse_card(CARD, tmp_path / "qa.yaml")
     rows = load_rows(card, "test")
     assert [(r["question"], r["note"], r["config"]) for r in rows] == [("easy", None, "easy"), ("hard", "fixed", "hard")]
+
+
+def test_gated_dataset_says_how_to_get_access(tmp_path, monkeypatch):
+    card = parse_card({**CARD, "source": {"kind": "hub", "path": "Idavidrein/gpqa", "config": "gpqa_diamond"}},
+                      tmp_path / "gpqa.yaml")
+
+    def gated(*args, **kwargs):
+        raise ConnectionError("Dataset 'Idavidrein/gpqa' is a gated dataset on the Hub. You must be authenticated")
+
+    monkeypatch.setattr(datasets, "load_dataset", gated)
+    with pytest.raises(UserError, match=r"gated: accept its terms at https://huggingface.co/datasets/Idavidrein/gpqa, "
+                                        r"run `hf auth login`, or pass --data FILE"):
+        load_rows(card, "test")
