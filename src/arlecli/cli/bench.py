@@ -52,7 +52,7 @@ def show_command(
 ) -> None:
     """Show a card, its splits and one rendered prompt from its fixture or offline source."""
     from arlecli.data.sources import load_rows, read_rows_file, split_names, tasks_from_rows
-    from arlecli.envs import single_turn
+    from arlecli.envs import make_env
     from arlecli.registry import load_card
 
     card = load_card(name)
@@ -65,7 +65,7 @@ def show_command(
         rows = []
     if rows:
         task = tasks_from_rows(card, rows, "fixture")[0]
-        example = single_turn.reset(card.prompt, task)
+        example = make_env(card, task).reset()  # what the model sees first (tool guide included)
     info = {"name": card.name, "version": card.version, "category": card.category, "description": card.description,
             "source": _source_text(card), "splits": split_names(card), "default_split": card.source.default_split,
             "reward": card.reward, "reward_params": card.reward_params, "metrics": card.metrics,
