@@ -54,6 +54,8 @@ def generate_rows(
         countdown: {id, numbers, target, question, answer} (`answer` is one solution).
         arc_agi: {id, task_id, train: [{input, output}], test: [{input, output}]}, ARC's
             own task schema with one test pair per row.
+        frozenlake: {id, size, map, question, answer} (`map` is gymnasium's desc rows,
+            `answer` one shortest path as space-separated moves); params `sizes`, `p`.
     """
     if size < 0:
         raise UserError(f"size must be >= 0, got {size}")
@@ -61,10 +63,12 @@ def generate_rows(
         return countdown_rows(seed=seed, size=size, params=params)
     if name == "arc_agi":
         return arc_agi_rows(seed=seed, size=size, params=params)
+    if name == "frozenlake":
+        return frozenlake_rows(seed=seed, size=size, params=params)
     if name.startswith(RG_PREFIX):
         return reasoning_gym_rows(name[len(RG_PREFIX) :], seed=seed, size=size, params=params)
     raise UserError(
-        f"unknown generator '{name}'; use 'countdown', 'arc_agi' or 'reasoning_gym:<dataset>' "
+        f"unknown generator '{name}'; use 'countdown', 'arc_agi', 'frozenlake' or 'reasoning_gym:<dataset>' "
         "(e.g. reasoning_gym:gsm_symbolic)"
     )
 
@@ -274,4 +278,37 @@ def _arc_pairs(version: str, subset: str) -> list[dict[str, Any]]:
                 "train": [{"input": p["input"], "output": p["output"]} for p in task["train"]],
                 "test": [{"input": pair["input"], "output": pair["output"]}],
             })
+    return rows
+
+
+# FrozenLake ------------------------------------------------------------------------------
+# Boards from gymnasium's own generator (a random map with a path from S to G, each tile
+# frozen with probability p); envs/frozenlake.py plays them. Small boards repeat across
+# seeds (a 4x4 board has 14 free tiles and most have no more than two holes), so train and
+# test share some 4x4 boards; 6x6 boards rarely repeat.
+
+
+def frozenlake_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`size` FrozenLake boards (see generate_rows): params `sizes` (board sides to draw
+    from, default [4, 6]) and `p` (probability a tile is frozen, default 0.8, >= 0.5 so
+    gymnasium's rejection sampling finds a solvable board quickly)."""
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    from arlecli.envs.frozenlake import question, shortest_path
+
+    cfg = {"sizes": [4, 6], "p": 0.8, **(params or {})}
+    unknown = sorted(set(cfg) - {"sizes", "p"})
+    if unknown:
+        raise UserError(f"unknown params for frozenlake: {', '.join(unknown)}; known: sizes, p")
+    if not cfg["sizes"] or any(not isinstance(n, int) or not 2 <= n <= 12 for n in cfg["sizes"]):
+        raise UserError(f"frozenlake: sizes must be board sides from 2 to 12, got {cfg['sizes']!r}")
+    if not 0.5 <= float(cfg["p"]) <= 1:
+        raise UserError(f"frozenlake: p must be in [0.5, 1], got {cfg['p']!r}")
+    rows = []
+    for i in range(size):
+        rng = random.Random(f"arle-frozenlake:{seed}:{i}")  # row i depends only on (seed, i)
+        side = rng.choice(cfg["sizes"])
+        board = generate_random_map(size=side, p=float(cfg["p"]), seed=rng.randrange(2**31))
+        rows.append({"id": f"frozenlake-{seed}-{i}", "size": side, "map": board,
+                     "question": question(board), "answer": " ".join(shortest_path(board))})
     return rows

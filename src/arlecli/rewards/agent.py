@@ -1,0 +1,64 @@
+"""Rewards for agent cards: a game's outcome (FrozenLake) and solver-then-judge episodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arlecli.rewards import RewardFn, get_reward, register
+from arlecli.types import Episode, Score, Task
+
+
+@register("frozenlake")
+def frozenlake() -> RewardFn:
+    """FrozenLake: 1 when the player reached the goal, else 0.
+
+    The outcome is the env's (`episode.info["reached_goal"]`, written by envs/frozenlake.py).
+    An episode without it (scored outside the env: a single completion, as the catalog test
+    scores reference answers) is replayed: the moves of every turn, parsed as the env parses
+    them, are played on the task's `map` in order, so a reply that spells out a whole path
+    (`<answer>down down right ...</answer>`) is scored exactly as the env would play it.
+
+    Takes no params. Details: reached_goal (0/1), fell_in_hole (0/1), moves (the number
+    taken). `extracted` is the path taken, space-separated.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        outcome = episode.info if "reached_goal" in episode.info else _replayed(task, episode)
+        reached = bool(outcome.get("reached_goal"))
+        path = list(outcome.get("path") or [])
+        details = {"reached_goal": int(reached), "fell_in_hole": int(bool(outcome.get("fell_in_hole"))),
+                   "moves": len(path)}
+        return Score(float(reached), reached, " ".join(path), details)
+
+    return score
+
+
+def _replayed(task: Task, episode: Episode) -> dict[str, Any]:
+    from arlecli.envs.frozenlake import replay
+
+    rows = task.fields.get("map")
+    if not isinstance(rows, list):
+        raise ValueError(f"task {task.id}: the frozenlake reward needs the task's 'map' column")
+    return replay([str(r) for r in rows], [t.completion for t in episode.turns]).outcome()
+
+
+@register("solver_judge")
+def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None = None) -> RewardFn:
+    """A solver-then-judge episode (envs/judge.py) scored by `reward` on the final (judge's)
+    answer, with the solver's own first answer scored by the same reward as a detail.
+
+    The score, `correct` and every detail are the inner reward's on the final completion,
+    unchanged; added details: solver_correct (0/1: the first turn scored alone) and
+    judge_fixed (0/1: the solver was wrong and the final answer is right). On a one-turn
+    episode the solver's answer is the final one.
+    """
+    inner = get_reward(reward, reward_params)
+
+    def score(task: Task, episode: Episode) -> Score:
+        final = inner(task, episode)
+        first = inner(task, Episode(episode.task_id, episode.turns[:1], episode.end_reason, episode.info))
+        details = {**final.details, "solver_correct": int(first.correct),
+                   "judge_fixed": int(final.correct and not first.correct)}
+        return Score(final.reward, final.correct, final.extracted, details)
+
+    return score
