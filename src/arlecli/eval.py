@@ -24,10 +24,11 @@ from arlecli.cards import Card
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.engine.base import Engine, SamplingParams
 from arlecli.envs import make_env
-from arlecli.envs.episodes import Job, native_tools, run_episodes
+from arlecli.envs.episodes import Job, native_tools
 from arlecli.errors import UserError
 from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_json, read_samples, write_json
 from arlecli.rewards import get_reward
+from arlecli.rollout import episode_driver
 from arlecli.types import Episode, Task
 
 
@@ -197,7 +198,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
     ok = False
     try:
-        for i, episode in run_episodes(engine, jobs):
+        for i, episode in episode_driver(card)(engine, jobs):  # env turns, or a @rollout agent's calls
             fut = pool.submit(finish, *pending[i], episode)
             fut.add_done_callback(note_failure)
             futures.append(fut)

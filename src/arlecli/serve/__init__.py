@@ -3,6 +3,7 @@
     protocol.py   the OpenAI wire format: parse request bodies, build responses and stream chunks
     batcher.py    groups concurrent requests into engine.generate calls, one at a time
     record.py     --record: one JSONL line per request, per session
+    continuation.py  recorded sessions: a call that continues an earlier reply keeps its exact ids
     app.py        the starlette app tying them together
     server.py     uvicorn in the foreground (the CLI) or a background thread
 

@@ -7,7 +7,10 @@
 
 Every /v1 route also answers under /s/{session}/v1/..., which names the recording session
 (else the X-Arle-Session header, else "default"). Requests go through a Batcher, which
-groups concurrent ones into single engine.generate calls.
+groups concurrent ones into single engine.generate calls. When recording over an engine with
+a tokenizer, a chat request that continues an earlier reply of its session gets that reply's
+exact ids as its prompt's start (see continuation.py), so a recorded agent trajectory is one
+unbroken id sequence.
 
 Streaming: the engine protocol yields whole completions, not tokens, so a stream sends the
 role delta at once, then each choice's whole text as one content delta when it finishes,
@@ -36,6 +39,7 @@ from arlecli.engine.base import Engine
 from arlecli.errors import UserError
 from arlecli.serve import protocol
 from arlecli.serve.batcher import SHUTDOWN, Batcher, Finished
+from arlecli.serve.continuation import Continuations
 from arlecli.serve.protocol import ApiError, ApiRequest
 from arlecli.serve.record import DEFAULT_SESSION, Recorder, build_record
 
@@ -51,6 +55,10 @@ class _Api:
         self.recorder = recorder
         self.token_text = protocol.token_text_for(engine)
         self.created = int(time.time())
+        tokenizer = getattr(engine, "tokenizer", None)
+        # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
+        self.continuations = Continuations(tokenizer) if (
+            recorder is not None and getattr(tokenizer, "chat_template", None)) else None
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
@@ -74,13 +82,17 @@ class _Api:
         session = request.path_params.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         rid = protocol.new_id(chat)
+        prompt_ids, continues = None, None
+        if chat and self.continuations is not None:
+            prompt_ids, continues = self.continuations.prompt_ids(session, req.prompts[0])
         try:
-            futures = self.batcher.submit(req.engine_requests(force_logprobs=self.recorder is not None))
+            futures = self.batcher.submit(req.engine_requests(force_logprobs=self.recorder is not None,
+                                                              prompt_token_ids=prompt_ids))
         except RuntimeError as exc:  # shutting down
             raise ApiError(503, str(exc), "unavailable") from None
         waiting = [asyncio.wrap_future(f) for f in futures]
         if req.stream:
-            events = self._stream(req, waiting, rid, int(received), session, endpoint, received)
+            events = self._stream(req, waiting, rid, int(received), session, endpoint, received, continues)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             finished: list[Finished] = list(await asyncio.gather(*waiting))
@@ -90,11 +102,12 @@ class _Api:
             for fut in waiting:  # on error or a dropped client: don't generate for nobody
                 fut.cancel()
         completions = [f.completion for f in finished]
-        self._record(session, rid, endpoint, req, finished, received)
+        self._record(session, rid, endpoint, req, finished, received, continues)
         return JSONResponse(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
 
     async def _stream(self, req: ApiRequest, waiting: list[asyncio.Future[Finished]], rid: str, created: int,
-                      session: str, endpoint: str, received: float) -> AsyncIterator[str]:
+                      session: str, endpoint: str, received: float,
+                      continues: dict[str, Any] | None) -> AsyncIterator[str]:
         def event(choices: list[dict[str, Any]], **extra: Any) -> str:
             return _sse(protocol.chunk(req, rid, created, self.model_name, choices, **extra))
 
@@ -119,7 +132,7 @@ class _Api:
             done_all = [f for f in finished if f is not None]
             if req.include_usage:
                 yield event([], usage=protocol.usage(req, [f.completion for f in done_all]))
-            self._record(session, rid, endpoint, req, done_all, received)
+            self._record(session, rid, endpoint, req, done_all, received, continues)
         except Exception as exc:  # headers are gone already: report in-band, as vLLM does
             yield _sse(_engine_error(exc).body())
         finally:
@@ -128,12 +141,16 @@ class _Api:
         yield "data: [DONE]\n\n"
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
-                received: float) -> None:
+                received: float, continues: dict[str, Any] | None = None) -> None:
         if self.recorder is None:
             return
+        completions = [f.completion for f in finished]
         record = build_record(rid=rid, endpoint=endpoint, model=self.model_name, request=req, finished=finished,
-                              received_at=received, usage=protocol.usage(req, [f.completion for f in finished]))
+                              received_at=received, usage=protocol.usage(req, completions), continues=continues)
         self.recorder.write(session, record)
+        if req.chat and self.continuations is not None:
+            # Before the response goes out, so the client's next call finds this reply.
+            self.continuations.remember(session, rid, req.prompts[0], completions)
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:

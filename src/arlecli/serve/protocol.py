@@ -69,16 +69,19 @@ class ApiRequest:
     logprobs: bool = False           # the client wants logprobs in the response
     return_token_ids: bool = False
 
-    def engine_requests(self, force_logprobs: bool = False) -> list[GenerationRequest]:
+    def engine_requests(self, force_logprobs: bool = False,
+                        prompt_token_ids: list[int] | None = None) -> list[GenerationRequest]:
         """One engine request per choice. `force_logprobs` asks the engine for logprobs the
-        client did not request (the recorder keeps them; they do not change the sampled tokens)."""
+        client did not request (the recorder keeps them; they do not change the sampled tokens).
+        `prompt_token_ids` (chat only) replaces encoding the messages: a continued session's
+        exact ids (see continuation.py)."""
         out = []
         for prompt in self.prompts:
             for seed in self.seeds:
                 params = replace(self.params, seed=seed, stop=list(self.params.stop),
                                  logprobs=self.logprobs or force_logprobs)
                 if self.chat:
-                    out.append(GenerationRequest(messages=prompt, params=params))
+                    out.append(GenerationRequest(messages=prompt, params=params, prompt_token_ids=prompt_token_ids))
                 else:
                     out.append(GenerationRequest(prompt=prompt, params=params))
         return out

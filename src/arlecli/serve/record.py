@@ -55,11 +55,14 @@ class Recorder:
 
 
 def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished: list[Any],
-                 received_at: float, usage: dict[str, int]) -> dict[str, Any]:
+                 received_at: float, usage: dict[str, int],
+                 continues: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of one request: what was asked (messages or prompt, sampling params) and, per
     choice, the engine's prompt and completion token ids, logprobs, text, finish reason and times.
 
-    `request` is an ApiRequest, `finished` its batcher results in choice order.
+    `request` is an ApiRequest, `finished` its batcher results in choice order. `continues`
+    ({"id", "choice", "seamless"}, or None) names the earlier reply of the session whose ids
+    this request's prompt continues (see continuation.py).
     """
     params = request.params
     asked: dict[str, Any] = {"messages": request.prompts[0]} if request.chat else {
@@ -87,5 +90,6 @@ def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished:
         "received_at": received_at,
         "finished_at": max((fin.finished_at for fin in finished), default=received_at),
         "usage": usage,
+        "continues": continues,
         "choices": choices,
     }

@@ -14,6 +14,10 @@ model being trained. Each episode becomes one training sequence:
 The Episode itself rides along as an extra field, so the reward adapter scores exactly
 what the eval would. Where a chat template rewrote history (a seam), the sequence stops
 before it: training on ids the model never conditioned on would teach the wrong thing.
+
+A card with `env: rollout` runs its @rollout agent instead of an env (arlecli.rollout): the
+agent's calls go through the recording gateway over the same hf engine, and its recorded
+calls are the episode's turns, flattened the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any, Callable
 from arlecli.cards import Card
 from arlecli.engine.base import SamplingParams
 from arlecli.envs import make_env
-from arlecli.envs.episodes import Job, native_tools, run_episodes
+from arlecli.envs.episodes import Job, native_tools
+from arlecli.rollout import episode_driver
 from arlecli.types import Episode, Task
 
 
@@ -83,7 +88,7 @@ def make_rollout_func(card: Card, tasks: list[Task], exemplars: list[Task], prom
             jobs.append(Job(task, make_env(card, task, exemplars, native), params))
         episodes: list[Episode | None] = [None] * len(jobs)
         try:
-            for i, episode in run_episodes(engine, jobs):
+            for i, episode in episode_driver(card)(engine, jobs):
                 episodes[i] = episode
         finally:
             model.train(was_training)  # the engine switched it to eval mode

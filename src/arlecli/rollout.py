@@ -1,0 +1,367 @@
+"""`@rollout`: any Python agent that speaks the OpenAI API, evaluated and trained as a benchmark's agent.
+
+    from arlecli import rollout
+
+    @rollout
+    def solve(task, client):                     # client: a ClientConfig
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.api_key)
+        reply = api.chat.completions.create(messages=client.prompt, **client.sampling())
+        return reply.choices[0].message.content  # the answer (None: the last reply is)
+
+A card runs it with `env: {name: rollout, params: {function: ...}}`, where `function` is
+
+    "my_pkg.agents:solve"     an importable module's function
+    "agent.py:solve"          a file, relative to the card's folder
+    "solve"                   a name registered with @rollout (in a module already imported)
+                              or by a package's entry point in group `arle.rollouts`
+                              (`solve = "my_pkg.agents:solve"`)
+
+and any other params are passed to the function as keyword arguments.
+
+How an episode runs (`run_rollout_episodes`, for eval and training alike): arle serves its
+engine in-process through the recording gateway (arlecli.serve, on a free localhost port),
+gives each episode its own session (`client.base_url` ends in /s/<session>/v1), and calls
+the function on a thread pool, so many agents run at once and the server batches their
+requests. When a function returns, its session's recorded requests become the Episode's
+turns, with the engine's own prompt/completion token ids and logprobs. Because the server
+continues a session's earlier reply with its exact ids (serve/continuation.py), an agent
+that re-sends its conversation yields one unbroken id sequence that GRPO trains on as is
+(train/rollout.py). A function that raises ends its episode with end_reason "error" and
+an empty answer (reward 0); the run goes on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import tempfile
+import threading
+import traceback
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
+
+from arlecli.envs import Step, register_env
+from arlecli.errors import UserError
+from arlecli.types import Episode, Task, Turn
+
+if TYPE_CHECKING:
+    from arlecli.engine.base import Engine
+    from arlecli.envs.episodes import Job
+
+ENV_NAME = "rollout"
+ENTRY_POINT_GROUP = "arle.rollouts"
+SERVED_MODEL = "arle-policy"
+MAX_AGENTS = 32  # agent threads at once: enough to fill a batch, few enough for any machine
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How a rollout function reaches the model: an OpenAI-compatible endpoint and the run's
+    sampling settings. Build the client yourself (`openai.OpenAI(base_url=..., api_key=...)`,
+    or any framework's OpenAI settings) and pass `**client.sampling()` to each call.
+
+    `prompt` is the card's prompt for the task (chat messages, or a string for completion
+    cards), for agents that start from it; `session` names the recording session."""
+
+    base_url: str
+    api_key: str
+    model: str
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    prompt: Any = None
+    session: str = ""
+
+    def sampling(self) -> dict[str, Any]:
+        """Keyword arguments for `chat.completions.create` / `completions.create`: the model and
+        the run's sampling settings (eval: the eval's options; training: the trainer's)."""
+        out: dict[str, Any] = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
+                               "max_tokens": self.max_tokens}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
+
+
+RolloutFn = Callable[..., Any]
+_ROLLOUTS: dict[str, RolloutFn] = {}
+
+
+@overload
+def rollout(fn: RolloutFn, *, name: str | None = None) -> RolloutFn: ...
+
+
+@overload
+def rollout(fn: None = None, *, name: str | None = None) -> Callable[[RolloutFn], RolloutFn]: ...
+
+
+def rollout(fn: RolloutFn | None = None, *, name: str | None = None) -> Any:
+    """Register `fn(task: Task, client: ClientConfig, **params) -> str | None` as a rollout
+    function, under `name` (default: the function's name). Returns `fn` unchanged, so it can
+    still be called directly. Use as `@rollout` or `@rollout(name="...")`."""
+
+    def deco(f: RolloutFn) -> RolloutFn:
+        key = name or f.__name__
+        _ROLLOUTS[key] = f
+        f.__arle_rollout__ = key  # type: ignore[attr-defined]
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def rollout_names() -> list[str]:
+    """Registered rollout functions: @rollout in imported modules and `arle.rollouts` entry points."""
+    return sorted({*_ROLLOUTS, *(ep.name for ep in _entry_points())})
+
+
+def get_rollout(spec: str, base: Path | None = None) -> RolloutFn:
+    """The rollout function `spec` names: a registered name, "module:function", or
+    "file.py:function" (relative to `base`, the card's folder). Raises UserError."""
+    if spec in _ROLLOUTS:
+        return _ROLLOUTS[spec]
+    for ep in _entry_points():
+        if ep.name == spec:
+            return _load(ep.value, None, f"entry point '{spec}' in group {ENTRY_POINT_GROUP}")
+    if ":" not in spec:
+        known = ", ".join(rollout_names()) or "none"
+        raise UserError(f"unknown rollout function '{spec}'; name it as 'module:function' or "
+                        f"'file.py:function' (registered: {known})")
+    return _load(spec, base, f"rollout function '{spec}'")
+
+
+def _entry_points() -> list[Any]:
+    from importlib import metadata
+
+    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _load(spec: str, base: Path | None, what: str) -> RolloutFn:
+    where, _, attr = spec.rpartition(":")
+    try:
+        if where.endswith(".py"):
+            module = _import_file(Path(where) if base is None else base / where)
+        else:
+            module = importlib.import_module(where)
+        fn = getattr(module, attr)
+    except (ImportError, AttributeError, OSError) as exc:
+        raise UserError(f"cannot load {what}: {type(exc).__name__}: {exc}") from None
+    if not callable(fn):
+        raise UserError(f"{what} is not a function")
+    return fn
+
+
+def _import_file(path: Path) -> Any:
+    path = path.resolve()
+    name = f"arle_rollout_{path.stem}_{abs(hash(str(path))):x}"
+    if name in sys.modules:  # loaded once per process: every episode shares the module
+        return sys.modules[name]
+    if not path.is_file():
+        raise ImportError(f"no file {path}")
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+# ------------------------------------------------------------------------------ the env
+
+
+@dataclass
+class RolloutEpisode(Episode):
+    """An Episode whose answer the rollout function returned (None: its last reply).
+
+    Rewards score `episode.completion`, so the answer is what they see."""
+
+    answer: str | None = None
+
+    @property
+    def completion(self) -> str:
+        """The answer the function returned, else the last model reply."""
+        if self.answer is not None:
+            return self.answer
+        return self.turns[-1].completion if self.turns else ""
+
+
+@dataclass
+class RolloutEnv:
+    """`env: rollout` for one task: the function and its params. The function drives its own
+    turns, so this env only holds them for `run_rollout_episodes` (and shows the card's
+    prompt, which `reset` returns, as single_turn does)."""
+
+    name: str
+    fn: RolloutFn
+    prompt: Any
+    params: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+    max_turns: int = 0  # the function decides
+
+    def reset(self) -> Any:
+        return self.prompt
+
+    def step(self, completion: str) -> Step:
+        raise UserError("a rollout function drives its own turns: run its episodes with "
+                        "arlecli.rollout.run_rollout_episodes")
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+@register_env(ENV_NAME)
+def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, function: str = "",
+                **params: Any) -> RolloutEnv:
+    """Env factory for `env: {name: rollout, params: {function: ..., **params}}`."""
+    from arlecli.envs import single_turn
+
+    if not function:
+        raise UserError("env 'rollout' needs params.function: 'module:function', 'file.py:function' "
+                        "or a registered name")
+    base = Path(card.path).parent if getattr(card, "path", None) else None
+    return RolloutEnv(function, get_rollout(function, base), single_turn.reset(card.prompt, task, exemplars), params)
+
+
+def episode_driver(card: Any) -> Callable[[Engine, list[Job]], Iterator[tuple[int, Episode]]]:
+    """The episode driver for `card`: run_rollout_episodes for `env: rollout`, else the env
+    driver (envs.episodes.run_episodes). Both take (engine, jobs) and yield (index, Episode)."""
+    if card.env == ENV_NAME:
+        return run_rollout_episodes
+    from arlecli.envs.episodes import run_episodes
+
+    return run_episodes
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_AGENTS
+                         ) -> Iterator[tuple[int, Episode]]:
+    """Run each job's rollout function against `engine` through the recording gateway; yield
+    (job index, Episode) as each function returns. Jobs' envs are RolloutEnvs (make_env of a
+    card with `env: rollout`); their params give each call's sampling settings."""
+    if not jobs:
+        return
+    from arlecli.serve.app import create_app
+    from arlecli.serve.server import BackgroundServer
+
+    with tempfile.TemporaryDirectory(prefix="arle-rollout-") as record_dir:
+        # Concurrent agents' calls arrive a little apart: wait a bit longer than `arle serve`
+        # does for batch mates, as one generate call per batch is what makes this fast.
+        app = create_app(engine, model_name=SERVED_MODEL, record_dir=Path(record_dir),
+                         max_concurrency=max(16, min(len(jobs), 256)), batch_wait_s=0.02)
+        recorder = app.state.recorder
+        warned = threading.Event()
+        with BackgroundServer(app) as server:
+            root = server.base_url.removesuffix("/v1")
+            pool = ThreadPoolExecutor(max_workers=min(len(jobs), max_agents), thread_name_prefix="arle-agent")
+            futures: dict[Future[Any], tuple[int, str]] = {}
+            try:
+                for i, job in enumerate(jobs):
+                    session = f"ep{i}-{uuid.uuid4().hex[:12]}"
+                    futures[pool.submit(_call, job, _client(job, root, session))] = (i, session)
+                for fut in as_completed(futures):
+                    i, session = futures[fut]
+                    answer, error = fut.result()
+                    if error is not None and not warned.is_set():
+                        warned.set()
+                        print(f"arle: rollout function '{jobs[i].env.name}' raised {error} (task {jobs[i].task.id}; "
+                              "the episode ends with end_reason 'error'; later errors are in each sample's "
+                              "env_info)", file=sys.stderr)
+                    records = _read_records(recorder.path(session))
+                    yield i, build_episode(jobs[i], records, answer, error, engine)
+            finally:
+                # On an early exit (an interrupt, a scoring error) don't start the agents still
+                # queued; running ones get a 503 once the server stops, and end.
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _client(job: Job, root: str, session: str) -> ClientConfig:
+    p = job.params
+    return ClientConfig(base_url=f"{root}/s/{session}/v1", api_key="arle-local", model=SERVED_MODEL,
+                        temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens, stop=tuple(p.stop),
+                        seed=p.seed, prompt=job.env.reset(), session=session)
+
+
+def _call(job: Job, client: ClientConfig) -> tuple[str | None, str | None]:
+    """(answer, error): what the function returned, or why it failed (never raises, so one bad
+    episode does not end the run)."""
+    env = job.env
+    try:
+        out = env.fn(job.task, client, **env.params)
+        if out is not None and not isinstance(out, str):
+            raise TypeError(f"a rollout function returns the answer as str or None, not {type(out).__name__}")
+        return out, None
+    except Exception as exc:
+        tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return None, tail
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(records, key=lambda r: r["received_at"])  # the order the agent asked in
+
+
+def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, error: str | None,
+                  engine: Any = None) -> RolloutEpisode:
+    """The Episode of one rollout: each recorded request is a turn (the choice a later call
+    continued, else choice 0), with the engine's ids and logprobs. `seams` in info lists the
+    turns whose prompt ids do not extend the previous turn's ids (a fresh conversation, or a
+    template that rewrote history): training stops there (train/rollout.flatten_episode)."""
+    continued = {r["continues"]["id"]: r["continues"]["choice"] for r in records if r.get("continues")}
+    turns: list[Turn] = []
+    seams: list[int] = []
+    for k, record in enumerate(records):
+        choice = record["choices"][continued.get(record["id"], 0)]
+        turns.append(Turn(prompt=record.get("messages", record.get("prompt")), completion=choice["text"],
+                          prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
+                          logprobs=choice["logprobs"], finish_reason=choice["finish_reason"]))
+        link = record.get("continues")
+        if k and not (link and link["seamless"] and link["id"] == records[k - 1]["id"]):
+            seams.append(k)
+    for turn, after in zip(turns, turns[1:]):  # what came between two calls: tool results, a nudge
+        before = [*turn.prompt, {"role": "assistant", "content": turn.completion}] if isinstance(turn.prompt, list) \
+            else None
+        if before is not None and isinstance(after.prompt, list) and after.prompt[:len(before)] == before:
+            turn.observation = after.prompt[len(before):]
+    if not turns:  # the function failed (or answered) without calling the model
+        turns.append(_empty_turn(job, engine, "error" if error else "stop"))
+    info: dict[str, Any] = {"rollout": job.env.name, "calls": len(records)}
+    if seams:
+        info["seams"] = seams
+    if error is not None:
+        info["error"] = error
+    if answer is not None:
+        info["answer"] = answer
+    return RolloutEpisode(job.task.id, turns, end_reason="error" if error else "done", info=info,
+                          answer="" if error else answer)
+
+
+def _empty_turn(job: Job, engine: Any, finish_reason: str) -> Turn:
+    """A turn with no completion, so eval's samples and training's sequences (which start from
+    the first turn's prompt) have one; its prompt is the card's prompt."""
+    from arlecli.engine.base import GenerationRequest
+    from arlecli.engine.tokens import encode_request
+
+    prompt = job.env.reset()
+    ids: list[int] | None = None
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is not None:
+        request = GenerationRequest(messages=prompt if isinstance(prompt, list) else None,
+                                    prompt=prompt if isinstance(prompt, str) else None)
+        ids = encode_request(tokenizer, request)
+    return Turn(prompt=prompt, completion="", prompt_token_ids=ids, token_ids=[], logprobs=[],
+                finish_reason=finish_reason)
