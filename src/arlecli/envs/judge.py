@@ -73,7 +73,8 @@ class SolverJudgeEnv:
     def step(self, completion: str) -> Step:
         if self.proposal is None:  # the solver's turn just ended
             self.proposal = proposal_of(completion)
-            task = Task(self.task.id, self.task.input, self.task.target, {**self.task.fields, "proposal": self.proposal})
+            fields = {**self.task.fields, "proposal": self.proposal}
+            task = Task(self.task.id, self.task.input, self.task.target, fields)
             return Step([{"role": "user", "content": fill(self.judge, task, "env.params.judge")}])
         self.verdict = verdict_of(completion)
         return Step(done=True, reason="judged")
