@@ -229,6 +229,27 @@ def test_recording_keeps_each_session_apart_with_the_engine_token_ids(served, re
                 assert len(rec["logprobs"]) == len(rec["token_ids"]) and got["logprobs"] is None
 
 
+def test_a_recorded_session_continues_its_earlier_reply_with_the_exact_ids(served):
+    """An agent re-sends its conversation as text; the server starts the new prompt with the
+    earlier prompt's ids + the reply's ids as generated, and says so in the record."""
+    session = "agent-" + uuid.uuid4().hex[:8]
+    url = f"{served.root}/s/{session}/v1/chat/completions"
+    ask = {"max_tokens": 6, "temperature": 1.0, "seed": 3, "return_token_ids": True}
+    first = served.client.post(url, json={**ask, "messages": CHATS[0]}).json()
+    reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
+    convo = [*CHATS[0], reply, {"role": "user", "content": "Are you sure?"}]
+    second = served.client.post(url, json={**ask, "messages": convo}).json()
+    elsewhere = served.client.post(f"{served.root}/s/other-{session}/v1/chat/completions",
+                                   json={**ask, "messages": convo}).json()  # another session: encoded afresh
+    sent = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert second["prompt_token_ids"][:len(sent)] == sent
+    records = [json.loads(x) for x in (served.record / session_file_name(session)).read_text().splitlines()]
+    assert records[0]["continues"] is None
+    assert records[1]["continues"] == {"id": first["id"], "choice": 0, "seamless": True}
+    other = json.loads((served.record / session_file_name(f"other-{session}")).read_text())
+    assert other["continues"] is None and other["choices"][0]["prompt_token_ids"] == elsewhere["prompt_token_ids"]
+
+
 # ------------------------------------------------------------------ `arle serve` itself
 
 
