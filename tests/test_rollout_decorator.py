@@ -163,12 +163,23 @@ def test_an_answer_from_a_failed_agent_does_not_count(tiny_model):
     assert episode.completion == "" and episode.end_reason == "error"
 
 
-def test_grpo_trains_the_example_for_two_steps(tmp_path, tiny_model, monkeypatch):
-    """`arle train` on the example card: whole two-call episodes, the nudge between the calls
-    masked out of the loss."""
+def train_two_steps(card: str, model: Path, run: Path) -> Path:
+    """`arle train CARD --algo grpo`, 2 steps of 2 episodes each, in this process."""
     import typer
 
     from arlecli.cli.train import train_command
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train_command)
+    app(args=[card, "--model", str(model), "--num-generations", "2", "--max-steps", "2", "--limit", "4",
+              "--eval-limit", "0", "--set", "max_completion_length=8", "--set", "per_device_train_batch_size=2",
+              "--output", str(run)], standalone_mode=False)
+    return run
+
+
+def test_grpo_trains_the_example_for_two_steps(tmp_path, tiny_model, monkeypatch):
+    """`arle train` on the example card: whole two-call episodes, the nudge between the calls
+    masked out of the loss."""
     from arlecli.train import rollout as train_rollout
 
     flattened: list[tuple[list[int], list[int], int]] = []
@@ -180,13 +191,7 @@ def test_grpo_trains_the_example_for_two_steps(tmp_path, tiny_model, monkeypatch
         return out
 
     monkeypatch.setattr(train_rollout, "flatten_episode", record)
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(train_command)
-    run = tmp_path / "run"
-    app(args=[CARD, "--model", str(tiny_model), "--num-generations", "2", "--max-steps", "2", "--limit", "4",
-              "--eval-limit", "0", "--set", "max_completion_length=8", "--set", "per_device_train_batch_size=2",
-              "--output", str(run)], standalone_mode=False)
-
+    run = train_two_steps(CARD, tiny_model, tmp_path / "run")
     lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(x["turns"] == 2 and x["env_info"]["calls"] == 2 for x in lines)
     from transformers import AutoTokenizer
@@ -196,6 +201,18 @@ def test_grpo_trains_the_example_for_two_steps(tmp_path, tiny_model, monkeypatch
     for ids, mask, model_tokens in flattened:
         assert sum(mask) == model_tokens  # both calls' own tokens are trained on
         assert "Check your expression" in tok.decode([t for t, m in zip(ids, mask) if m == 0])
+    assert (run / "final").is_dir()
+
+
+def test_grpo_goes_on_when_agents_fail_before_calling_the_model(tmp_path, tiny_model):
+    import yaml
+
+    card = yaml.safe_load(Path(CARD).read_text())
+    card["env"] = {"name": "rollout", "params": {"function": "test_flaky", "fail": "before"}}
+    (tmp_path / "flaky.yaml").write_text(yaml.safe_dump(card))
+    run = train_two_steps(str(tmp_path / "flaky.yaml"), tiny_model, tmp_path / "run")
+    lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(x["end_reason"] == "error" and x["reward"] == 0.0 for x in lines)
     assert (run / "final").is_dir()
 
 

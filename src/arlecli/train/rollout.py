@@ -96,6 +96,10 @@ def make_rollout_func(card: Card, tasks: list[Task], exemplars: list[Task], prom
                                      "episode": []}
         for episode in episodes:
             prompt_ids, completion_ids, mask, logprobs = flatten_episode(episode)
+            if not completion_ids:  # a @rollout agent that failed before calling the model
+                # TRL reads each completion's last id: give it one end-of-sequence token, masked
+                # out of the loss (the episode's reward, 0, then teaches nothing either way).
+                completion_ids, mask, logprobs = [_end_id(trainer.processing_class)], [0], [0.0]
             out["prompt_ids"].append(prompt_ids)
             out["completion_ids"].append(completion_ids)
             out["env_mask"].append(mask)
@@ -104,3 +108,11 @@ def make_rollout_func(card: Card, tasks: list[Task], exemplars: list[Task], prom
         return out
 
     return rollout
+
+
+def _end_id(tokenizer: Any) -> int:
+    for name in ("eos_token_id", "pad_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
