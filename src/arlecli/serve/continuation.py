@@ -44,7 +44,8 @@ class Continuations:
         self.tokenizer = tokenizer
         self._sessions: collections.OrderedDict[str, collections.deque[_Reply]] = collections.OrderedDict()
 
-    def prompt_ids(self, session: str, messages: list[dict[str, Any]]) -> tuple[list[int] | None, dict[str, Any] | None]:
+    def prompt_ids(self, session: str, messages: list[dict[str, Any]]
+                   ) -> tuple[list[int] | None, dict[str, Any] | None]:
         """(prompt ids, what was continued) for a chat request in `session`; (None, None) when
         it continues no remembered reply (the engine encodes the messages as usual).
 
