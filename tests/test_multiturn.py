@@ -140,12 +140,10 @@ def test_later_turns_extend_the_engine_ids_exactly(tiny_model):
             [lp for lp, m in zip(logprobs, mask) if m])
 
 
-def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_model, monkeypatch):
-    """Two GRPO steps on math_tool: the first turn is a fixed tool call (a tiny random model
-    never writes one), the second is the model's own; the env's reply is masked out."""
-    from arlecli.cli.train import train_command
+def first_turn_calls_a_tool(monkeypatch) -> None:
+    """Make the hf engine's first turn of every episode the fixed tool call CALL (with the
+    ids the model would have produced for it); later turns are the model's own."""
     from arlecli.engine import hf
-    from arlecli.train import rollout
 
     original = hf.HFEngine.generate
 
@@ -158,6 +156,30 @@ def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_mod
         for j, comp in original(self, [requests[i] for i in rest]):
             yield rest[j], comp
 
+    monkeypatch.setattr(hf.HFEngine, "generate", generate)
+
+
+def test_tool_call_episode_on_the_tiny_model_logs_every_turn(tmp_path, tiny_model, monkeypatch):
+    from arlecli.engine.hf import HFEngine
+
+    first_turn_calls_a_tool(monkeypatch)
+    run_eval(load_card("math_tool"), HFEngine(str(tiny_model)), EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8),
+             model="tiny", run_dir=tmp_path)
+    for line in (tmp_path / "samples.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        first, second = sample["turns"][:2]
+        assert first["completion"] == CALL and "<tool_response>" in first["observation"][0]["content"]
+        assert second["num_tokens"] > 0 and sample["completion"] == sample["turns"][-1]["completion"]
+        assert sample["env_info"]["tool_calls"] >= 1
+
+
+def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_model, monkeypatch):
+    """Two GRPO steps on math_tool: the first turn is a fixed tool call (a tiny random model
+    never writes one), the second is the model's own; the env's reply is masked out."""
+    from arlecli.cli.train import train_command
+    from arlecli.train import rollout
+
+    first_turn_calls_a_tool(monkeypatch)
     flattened: list[tuple[list[int], list[int]]] = []
     flatten = rollout.flatten_episode
 
@@ -166,7 +188,6 @@ def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_mod
         flattened.append((out[1], out[2]))
         return out
 
-    monkeypatch.setattr(hf.HFEngine, "generate", generate)
     monkeypatch.setattr(rollout, "flatten_episode", record)
     import typer
 
