@@ -96,17 +96,18 @@ def _rows_file(tmp_path: Path, n: int) -> Path:
 def test_interrupt_then_resume_matches_uninterrupted_run(tmp_path, sig):
     data = _rows_file(tmp_path, 40)
     reply = lambda body: f" #### {int(body['prompt'].split()[-4]) + (1 if int(body['prompt'].split()[-4]) % 3 else 2)}"
-    # 0.15 s a request: the 30 samples after the signal's trigger take 4.5 s, so a loaded CI
-    # machine cannot finish the run before the signal lands.
-    with FakeOpenAIServer(reply, delay_s=0.15) as srv:
+    with FakeOpenAIServer(reply, delay_s=0.05) as srv:
         common = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
                   "--concurrency", "1"]
         full = arle(*common, "--output", str(tmp_path / "full"), "--json")
         assert full.returncode == 0, full.stderr
 
         run = tmp_path / "killed"
+        # A shell that starts the test run in the background (`pytest &`) leaves SIGINT ignored,
+        # and children inherit that; a user's Ctrl-C reaches a process with the default handler.
         proc = subprocess.Popen([*ARLE, *common, "--output", str(run)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         samples = run / "samples.jsonl"
         deadline = time.time() + 120
         while time.time() < deadline:
