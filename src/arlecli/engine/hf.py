@@ -104,12 +104,15 @@ class HFEngine:
             while active:
                 logits = out.logits[:, -1, :].float()
                 chosen, lps = self._pick(logits, active)
+                # One device-to-host copy per step, not one per row (a sync each on a GPU).
+                tokens = chosen.tolist()
+                token_lps = lps.tolist() if lps is not None else None
                 keep: list[int] = []
                 for b, r in enumerate(active):
-                    tok = int(chosen[b])
+                    tok = tokens[b]
                     r.out.append(tok)
-                    if r.params.logprobs:
-                        r.logprobs.append(float(lps[b]))
+                    if token_lps is not None and r.params.logprobs:
+                        r.logprobs.append(token_lps[b])
                     done = self._finished(r, tok)
                     if done:
                         yield r.index, self._completion(r, done)
@@ -128,8 +131,8 @@ class HFEngine:
                 next_pos = next_pos + 1
 
     def _pick(self, logits, active: list[_Row]):
+        """The next token of each row, and its logprob (None when no row asked for them)."""
         torch = self.torch
-        logp = torch.log_softmax(logits, dim=-1)
         chosen = logits.argmax(dim=-1)
         for b, r in enumerate(active):
             p = r.params
@@ -144,7 +147,9 @@ class HFEngine:
                 sorted_p[cut] = 0.0
                 probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
             chosen[b] = torch.multinomial(probs, 1, generator=r.generator)[0]
-        lps = logp.gather(1, chosen.view(-1, 1)).squeeze(1)
+        if not any(r.params.logprobs for r in active):
+            return chosen, None  # a full-vocabulary log-softmax per step, skipped when unused
+        lps = torch.log_softmax(logits, dim=-1).gather(1, chosen.view(-1, 1)).squeeze(1)
         return chosen, lps
 
     def _finished(self, r: _Row, tok: int) -> str | None:
