@@ -182,7 +182,13 @@ def batch_curve(args: argparse.Namespace, model: Path, work: Path) -> dict[str, 
 def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
     """openai backend against a fake server with a fixed per-request delay: wall vs the ideal."""
     sys.path.insert(0, str(ROOT / "tests"))
+    import fake_openai
     from fake_openai import FakeOpenAIServer
+
+    # http.server leaves Nagle on and writes headers and body separately: with the client's
+    # delayed ACK every response then stalls ~40 ms (measured 44 ms vs 1.5 ms per request),
+    # which would measure the fake server, not arle. Real servers (uvicorn) set TCP_NODELAY.
+    fake_openai._Handler.disable_nagle_algorithm = True
 
     from arlecli.cards import resolve_references
     from arlecli.engine import make_engine
