@@ -4,9 +4,10 @@ Why not `model.generate`: a static batch there runs until its longest row ends, 
 row that never emits EOS makes every other row pay for its tokens (ENVIRONMENT.md
 measured 16,384 token slots computed for 1,480 useful ones). This loop drops each row
 from the batch (and from the KV cache) the moment it hits EOS, a stop string or its
-token budget, so compute follows the useful tokens. Requests are sorted by prompt
-length so padding stays small, and the longest batch runs first (out-of-memory shows
-up at once, not at the end).
+token budget, so compute follows the useful tokens, and refills the freed slots with
+waiting requests (their prompts prefilled, their KV merged into the running cache), so
+a batch never idles while one long row finishes. Requests are admitted longest prompt
+first, so padding stays small and out-of-memory shows up at once, not at the end.
 
 Sampling uses one torch.Generator per request, seeded from the request's seed, so a
 sample's tokens do not depend on which other requests share its batch: a resumed eval
@@ -15,8 +16,9 @@ draws the same samples as an uninterrupted one.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
 from arlecli.engine.tokens import encode_request
@@ -69,22 +71,30 @@ class HFEngine:
         return encode_request(self.tokenizer, request)
 
     def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
-        """Yield (index, completion) as each request finishes, batch by batch."""
+        """Yield (index, completion) as each request finishes.
+
+        Continuous batching: up to `batch_size` rows decode together; a finished row leaves
+        the batch (and the KV cache) at once, and waiting requests (longest prompts first)
+        are prefilled and merged in as soon as a quarter of the slots are free, so the batch
+        does not run on to the end of its longest row half empty."""
         encoded = [self.encode(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
-        for start in range(0, len(order), self.batch_size):
-            rows = []
-            for i in order[start:start + self.batch_size]:
-                params = requests[i].params
-                gen = None
-                if params.temperature > 0:
-                    gen = self.torch.Generator(device=self.device)
-                    gen.manual_seed(params.seed if params.seed is not None else 0)
-                rows.append(_Row(i, encoded[i], params, gen, [], []))
-            yield from self._run_batch(rows)
+        waiting = deque(_Row(i, encoded[i], requests[i].params, self._generator(requests[i].params), [], [])
+                        for i in order)
+        yield from self._run(waiting)
 
-    def _run_batch(self, rows: list[_Row]) -> Iterator[tuple[int, Completion]]:
+    def _generator(self, params: SamplingParams) -> object | None:
+        if params.temperature <= 0:
+            return None
+        gen = self.torch.Generator(device=self.device)
+        gen.manual_seed(params.seed if params.seed is not None else 0)
+        return gen
+
+    def _prefill(self, rows: list[_Row]):
+        """Run the prompts of `rows` (left-padded); returns (last logits, cache, mask, next positions)."""
         torch = self.torch
+        from transformers import DynamicCache
+
         width = max(len(r.prompt_ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -93,42 +103,71 @@ class HFEngine:
             mask[b, width - len(r.prompt_ids):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=self.model.config)
-        active = list(rows)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        return out.logits[:, -1, :].float(), cache, mask, positions[:, -1:] + 1
+
+    def _step(self, rows: list[_Row], logits) -> tuple[list[int], list[int], list[tuple[int, Completion]]]:
+        """Pick each row's next token; returns (tokens, surviving row positions, finished)."""
+        chosen, lps = self._pick(logits, rows)
+        # One device-to-host copy per step, not one per row (a sync each on a GPU).
+        tokens = chosen.tolist()
+        token_lps = lps.tolist() if lps is not None else None
+        keep: list[int] = []
+        finished: list[tuple[int, Completion]] = []
+        for b, r in enumerate(rows):
+            r.out.append(tokens[b])
+            if token_lps is not None and r.params.logprobs:
+                r.logprobs.append(token_lps[b])
+            done = self._finished(r, tokens[b])
+            if done:
+                finished.append((r.index, self._completion(r, done)))
+            else:
+                keep.append(b)
+        return tokens, keep, finished
+
+    def _run(self, waiting: deque[_Row]) -> Iterator[tuple[int, Completion]]:
+        torch = self.torch
+        active: list[_Row] = []
+        cache = mask = next_pos = last = None  # the running batch: KV cache, mask, positions, fed tokens
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-            next_pos = positions[:, -1:] + 1
-            while active:
-                logits = out.logits[:, -1, :].float()
-                chosen, lps = self._pick(logits, active)
-                # One device-to-host copy per step, not one per row (a sync each on a GPU).
-                tokens = chosen.tolist()
-                token_lps = lps.tolist() if lps is not None else None
-                keep: list[int] = []
-                for b, r in enumerate(active):
-                    tok = tokens[b]
-                    r.out.append(tok)
-                    if token_lps is not None and r.params.logprobs:
-                        r.logprobs.append(token_lps[b])
-                    done = self._finished(r, tok)
-                    if done:
-                        yield r.index, self._completion(r, done)
-                    else:
-                        keep.append(b)
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    sel = torch.tensor(keep, device=self.device)
-                    cache.batch_select_indices(sel)
-                    mask, next_pos, chosen = mask[sel], next_pos[sel], chosen[sel]
-                    active = [active[b] for b in keep]
+            while active or waiting:
+                free = self.batch_size - len(active)
+                if waiting and (not active or free >= max(1, self.batch_size // 4)):
+                    rows = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+                    logits, new_cache, new_mask, new_pos = self._prefill(rows)
+                    tokens, keep, finished = self._step(rows, logits)
+                    yield from finished
+                    if keep:
+                        sel = torch.tensor(keep, device=self.device)
+                        new_cache.batch_select_indices(sel)
+                        new_last = torch.tensor([tokens[b] for b in keep], device=self.device)
+                        rows = [rows[b] for b in keep]
+                        if active:
+                            mask = _merge(cache, new_cache, mask, new_mask[sel])
+                            next_pos = torch.cat([next_pos, new_pos[sel]])
+                            last = torch.cat([last, new_last])
+                        else:
+                            cache, mask, next_pos, last = new_cache, new_mask[sel], new_pos[sel], new_last
+                        active += rows
+                if not active:
+                    continue
                 mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-                out = self.model(input_ids=chosen.view(-1, 1), attention_mask=mask, position_ids=next_pos,
+                out = self.model(input_ids=last.view(-1, 1), attention_mask=mask, position_ids=next_pos,
                                  use_cache=True, **{self._cache_kw: cache})
                 next_pos = next_pos + 1
+                tokens, keep, finished = self._step(active, out.logits[:, -1, :].float())
+                yield from finished
+                last = torch.tensor(tokens, device=self.device)
+                if len(keep) < len(active):
+                    active = [active[b] for b in keep]
+                    if not active:
+                        cache = mask = next_pos = last = None
+                        continue
+                    sel = torch.tensor(keep, device=self.device)
+                    cache.batch_select_indices(sel)
+                    mask, next_pos, last = mask[sel], next_pos[sel], last[sel]
 
     def _pick(self, logits, active: list[_Row]):
         """The next token of each row, and its logprob (None when no row asked for them)."""
@@ -181,6 +220,27 @@ class HFEngine:
     def close(self) -> None:
         """Drop the model so its memory can be freed."""
         self.model = None
+
+
+def _merge(cache: Any, new: Any, mask: Any, new_mask: Any) -> Any:
+    """Append the rows of KV cache `new` to `cache` (in place), left-padding whichever is
+    shorter with masked-out zeros; returns the merged attention mask."""
+    import torch
+
+    width = max(mask.shape[1], new_mask.shape[1])
+
+    def pad(x: Any, dim: int) -> Any:
+        missing = width - x.shape[dim]
+        if not missing:
+            return x
+        shape = list(x.shape)
+        shape[dim] = missing
+        return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+    for old, add in zip(cache.layers, new.layers, strict=True):
+        old.keys = torch.cat([pad(old.keys, 2), pad(add.keys, 2)])
+        old.values = torch.cat([pad(old.values, 2), pad(add.values, 2)])
+    return torch.cat([pad(mask, 1), pad(new_mask, 1)])
 
 
 def _load(model: str, device: str, dtype: str | None):
