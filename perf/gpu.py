@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine_info import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # PYTHONPATH=src does the same; arle need not be installed
 
@@ -273,13 +275,7 @@ def environment(device: str) -> dict[str, Any]:
         env["trl"] = None
     if device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                env["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    env["cpu"] = cpu_model()
     return env
 
 

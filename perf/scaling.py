@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine_info import cpu_model, package_versions
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "perf" / "results" / "scaling.json"
 MARK = "PERF_CHILD_RESULT "
@@ -237,21 +239,8 @@ def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, load and versions."""
-    from importlib import metadata
-
-    cpu = platform.processor() or ""
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                   if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {"python": platform.python_version()}
-    for pkg in ("arle", "torch", "transformers", "httpx"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpu": cpu, "cores": os.cpu_count(),
+    versions = package_versions(("arle", "torch", "transformers", "httpx"))
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpu": cpu_model(), "cores": os.cpu_count(),
             "platform": platform.platform(), "loadavg_start": os.getloadavg(), "versions": versions}
 
 

@@ -46,6 +46,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from machine_info import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "examples" / "cpu_grpo_demo" / "sums.yaml"
 RECIPE = ROOT / "examples" / "cpu_grpo_demo" / "recipe.yaml"
@@ -318,15 +320,7 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
             "load_avg_at_start": os.getloadavg()}
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# perf/ scripts run as `python perf/x.py` (their folder on sys.path, for perf/machine_info.py);
+# the tests that load them by file path need the same.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "perf"))
 
 
 @pytest.fixture(autouse=True)

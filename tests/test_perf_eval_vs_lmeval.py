@@ -47,7 +47,6 @@ def test_rows_are_deterministic_gsm8k_rows() -> None:
 
 
 def test_lmeval_task_is_lmeval_gsm8k_on_local_files(tmp_path: Path) -> None:
-    pytest.importorskip("lm_eval")
     import lm_eval
 
     _, inp = _inputs(tmp_path)

@@ -1,0 +1,29 @@
+"""What every perf script records about the machine it ran on (imported by the scripts in perf/)."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what `platform` knows (may be empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
+    """Python's version and each installed package's (missing ones are left out)."""
+    versions = {"python": platform.python_version()}
+    for pkg in packages:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
