@@ -30,20 +30,20 @@ from typing import Any
 from arlecli.envs import Step, register_env
 from arlecli.envs.single_turn import reset as render_prompt
 from arlecli.errors import UserError
+from arlecli.rewards.procedural import answer_tag
 from arlecli.types import Task
 
 # gymnasium's action ids
 MOVES = {"left": 0, "down": 1, "right": 2, "up": 3}
 _DELTAS = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
-_TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 MOVE_FORMAT = "one of left, down, right, up inside <answer></answer> tags, e.g. <answer>down</answer>"
 
 
 def parse_moves(text: str) -> tuple[list[str], str | None]:
     """The moves a reply gives: the words of its last `<answer>` tag, else of the whole
     reply. Returns (moves, None), or ([], why) when a word is not a move or none is given."""
-    tags = _TAGGED.findall(text)
-    body = tags[-1] if tags else text
+    tagged = answer_tag(text)
+    body = tagged if tagged is not None else text
     words = re.findall(r"[a-z]+", body.lower())
     if not words:
         return [], "no move given"

@@ -25,6 +25,7 @@ from arlecli.envs import Step, register_env
 from arlecli.envs.single_turn import fill
 from arlecli.envs.single_turn import reset as render_prompt
 from arlecli.errors import UserError
+from arlecli.rewards.procedural import answer_tag
 from arlecli.types import Task
 
 MAX_PROPOSAL_CHARS = 1000  # an untagged proposal is the whole reply: keep the judge prompt short
@@ -34,14 +35,13 @@ DEFAULT_JUDGE = (
     "answer inside <answer></answer> tags: the proposal if it is correct, else a corrected one.\n\n"
     "Proposal: {proposal}"
 )
-_TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _VERDICT = re.compile(r"verdict\s*:\s*\**\s*(correct|incorrect)", re.IGNORECASE)
 
 
 def proposal_of(text: str) -> str:
     """The solver's proposal: its last `<answer>` content, else its whole reply (clipped)."""
-    tags = _TAGGED.findall(text)
-    body = (tags[-1] if tags else text).strip()
+    tagged = answer_tag(text)
+    body = tagged if tagged is not None else text.strip()
     if len(body) > MAX_PROPOSAL_CHARS:
         body = body[-MAX_PROPOSAL_CHARS:]  # the end of a reasoning reply is where the answer is
     return body or "(no proposal)"

@@ -21,6 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from arlecli.rewards import RewardFn, register
+from arlecli.rewards.procedural import answer_tag
 from arlecli.types import Episode, Score, Task
 
 # math-verify's regexes and sympy can be slow on long inputs, and its own timeout relies on
@@ -282,7 +283,6 @@ def math_answer(tolerance: float = 0.0) -> RewardFn:
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
 def last_number(text: str) -> str | None:
@@ -311,12 +311,12 @@ def number() -> RewardFn:
     """
 
     def score(task: Task, episode: Episode) -> Score:
-        tags = _TAGGED.findall(episode.completion)
-        got = last_number(tags[-1] if tags else episode.completion)
+        tagged = answer_tag(episode.completion)
+        got = last_number(tagged if tagged is not None else episode.completion)
         gold = _as_fraction(task.target)
         value = _as_fraction(got) if got is not None else None
         correct = value is not None and value == gold
-        details = {"accuracy": int(correct), "tagged": int(bool(tags))}
+        details = {"accuracy": int(correct), "tagged": int(tagged is not None)}
         return Score(float(correct), correct, got, details)
 
     return score

@@ -23,13 +23,13 @@ import string
 from typing import Any, Iterable
 
 from arlecli.rewards import RewardFn, register
+from arlecli.rewards.procedural import answer_tag
 from arlecli.types import Episode, Score, Task
 
 # What a model writes to say the passage has no answer (SQuAD v2). Normalised before the
 # comparison, so "Unanswerable." and "**no answer**" count too.
 ABSTAIN_PHRASES = ("unanswerable", "no answer", "not answerable", "cannot be answered")
 
-_TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _ANSWER_LINE = re.compile(r"answer\s*:", re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -38,9 +38,9 @@ _PUNCT = set(string.punctuation)
 def extract_answer(text: str) -> str:
     """The answer a completion gives: last `<answer>` tag, else after the last "Answer:",
     else the last non-empty line; emphasis markers, quotes and a trailing period removed."""
-    tags = _TAGGED.findall(text)
-    if tags:
-        answer = tags[-1]
+    tagged = answer_tag(text)
+    if tagged is not None:
+        answer = tagged
     else:
         marks = list(_ANSWER_LINE.finditer(text))
         if marks:
