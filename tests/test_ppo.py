@@ -1,4 +1,5 @@
-"""PPO: the math against hand-computed numbers, rollouts against generate, and train_ppo end to end."""
+"""PPO: the math against hand-computed numbers, its batch against the engine's own sampling
+logprobs, and train_ppo end to end on rollouts from arle's engine."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import pytest
 import torch
 
 from arlecli.train import ppo
-from arlecli.train.ppo import (PPOParams, completion_mask, gae, kl_rewards, policy_loss, train_ppo, value_loss,
-                               whiten)
+from arlecli.engine.base import SamplingParams
+from arlecli.envs.episodes import Job, run_episodes
+from arlecli.envs.single_turn import SingleTurnEnv
+from arlecli.train.ppo import PPOParams, gae, kl_rewards, policy_loss, train_ppo, value_loss, whiten
+from arlecli.types import Task
 
 PROMPTS = ["Question: What is 12 plus 30?", [{"role": "user", "content": "count to three"}], "def add(a, b):"]
 FAST = {"prompts_per_step": 2, "ppo_epochs": 2, "mini_batch_size": 2}
@@ -25,15 +29,29 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _reward(completions: list[str], prompt_indices: list[int]) -> list[float]:
+def _reward(episodes: list, prompt_indices: list[int]) -> list[float]:
     # Anything that varies across samples: longer texts and digits score higher.
-    return [len(c) / 20 + sum(ch.isdigit() for ch in c) for c in completions]
+    return [len(e.completion) / 20 + sum(ch.isdigit() for ch in e.completion) for e in episodes]
+
+
+def _episodes(policy, indices: list[int], step: int, max_tokens: int = 8, temperature: float = 1.0) -> list:
+    """PROMPTS[i] for each index, sampled on arle's hf engine over the policy (as train.rollout does)."""
+    from arlecli.engine.hf import HFEngine
+
+    engine = HFEngine("", model_obj=policy.model, tokenizer=policy.tokenizer, device=str(policy.device))
+    jobs = [Job(Task(str(i), "", None), SingleTurnEnv(PROMPTS[i]),
+                SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=1000 * step + j, logprobs=True))
+            for j, i in enumerate(indices)]
+    out = [None] * len(jobs)
+    for j, episode in run_episodes(engine, jobs):
+        out[j] = episode
+    return out
 
 
 def _train(model, out, *, max_steps=2, lora_rank=0, save_steps=0, resume=False, logs=None, params=FAST):
     logs = [] if logs is None else logs
-    final = train_ppo(str(model), PROMPTS, _reward, output_dir=out, max_steps=max_steps, learning_rate=1e-3,
-                      lora_rank=lora_rank, num_generations=2, max_new_tokens=8, temperature=1.0, seed=0,
+    final = train_ppo(str(model), len(PROMPTS), _episodes, _reward, output_dir=out, max_steps=max_steps,
+                      learning_rate=1e-3, lora_rank=lora_rank, num_generations=2, temperature=1.0, seed=0,
                       save_steps=save_steps, resume=resume, params=dict(params), on_log=logs.append)
     return final, logs
 
@@ -87,11 +105,8 @@ def test_value_loss_hand_example():
     assert clip_fraction.item() == 1.0
 
 
-def test_completion_mask_kl_rewards_and_whiten():
-    eos = 7
-    ids = torch.tensor([[3, 4, eos, 0, 0], [3, 3, 3, 3, 3], [eos, eos, 1, 1, 1]])
-    mask = completion_mask(ids, [eos])
-    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+def test_kl_rewards_go_to_the_last_model_token_and_whiten():
+    mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
 
     logp, ref = torch.full((3, 5), -1.0), torch.full((3, 5), -1.5)
     rewards, kl = kl_rewards(logp, ref, mask, torch.tensor([1.0, 2.0, 3.0]), kl_coef=0.1)
@@ -125,31 +140,27 @@ def tiny_policy(tiny_model):
     return ppo.load_policy(str(tiny_model), 0, PPOParams())
 
 
-def test_rollout_logprobs_are_the_sampling_distribution(tiny_policy):
-    """Recomputed logprobs (left padding, rebuilt position ids) equal the scores generate sampled from."""
+def test_ppo_logprobs_are_the_engines_sampling_distribution(tiny_policy):
+    """PPO's recomputed logprobs (left padding, rebuilt position ids) equal the logprobs the
+    engine sampled the rollout from, on every model token; env tokens and padding are masked."""
     policy = tiny_policy
-    prompts = [ppo.encode_prompt(policy.tokenizer, p) for p in PROMPTS]
-    input_ids, attn = ppo._left_pad(prompts, policy.pad_id, policy.device)
-    torch.manual_seed(1)
-    with torch.no_grad(), ppo._plain_generation_defaults(policy.model):
-        out = policy.model.generate(input_ids=input_ids, attention_mask=attn, output_scores=True,
-                                    return_dict_in_generate=True,
-                                    generation_config=ppo.sampling_config(policy, 12, 0.7))
-    prompt_len = input_ids.shape[1]
-    completion = out.sequences[:, prompt_len:]
-    mask = completion_mask(completion, policy.eos_ids)
-    sampled = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        logprobs, values, _ = ppo.forward_pass(policy.model, policy.value_head, out.sequences,
-                                               torch.cat([attn, mask.long()], 1), prompt_len, 0.7)
-    assert torch.allclose(logprobs * mask, sampled * mask, atol=1e-4)
-    assert values.shape == logprobs.shape
+    episodes = _episodes(policy, [0, 1, 2], step=0, max_tokens=12, temperature=0.7)
+    batch = ppo.score_rollout(policy, episodes, [0, 1, 2], temperature=0.7, micro_batch_size=8)
+    sampled = torch.zeros_like(batch.logprobs)
+    for r, episode in enumerate(episodes):
+        own = episode.turns[0].logprobs
+        sampled[r, :len(own)] = torch.tensor(own)
+        assert batch.mask[r].sum() == len(own) == len(episode.turns[0].token_ids)
+        assert batch.sequences[r, batch.prompt_len:batch.prompt_len + len(own)].tolist() == episode.turns[0].token_ids
+    assert torch.allclose(batch.logprobs, sampled * batch.mask, atol=1e-4)
+    assert batch.values.shape == batch.logprobs.shape
 
 
 def test_value_loss_decreases_on_fixed_batch(tiny_policy):
     policy = tiny_policy
-    batch = ppo.rollout(policy, [ppo.encode_prompt(policy.tokenizer, p) for p in PROMPTS], [0, 1, 2],
-                        num_generations=2, max_new_tokens=6, temperature=1.0, micro_batch_size=8)
+    indices = [0, 0, 1, 1, 2, 2]
+    batch = ppo.score_rollout(policy, _episodes(policy, indices, step=0, max_tokens=6), indices, temperature=1.0,
+                              micro_batch_size=8)
     returns = torch.linspace(-1.0, 1.0, batch.mask.numel()).reshape(batch.mask.shape) * batch.mask
     head = torch.nn.Linear(policy.value_head.in_features, 1)
     head.load_state_dict(policy.value_head.state_dict())
@@ -230,9 +241,10 @@ def test_first_update_starts_at_ratio_one_and_scores_give_accuracy(tiny_model, t
     from arlecli.types import Score
 
     logs = []
-    train_ppo(str(tiny_model), PROMPTS, lambda texts, idx: [Score(reward=float(i), correct=i == 0) for i in idx],
+    train_ppo(str(tiny_model), len(PROMPTS), _episodes,
+              lambda episodes, idx: [Score(reward=float(i), correct=i == 0) for i in idx],
               output_dir=tmp_path / "run", max_steps=1, learning_rate=1e-3, lora_rank=0, num_generations=2,
-              max_new_tokens=6, temperature=1.0, seed=0, save_steps=0, resume=False,
+              temperature=1.0, seed=0, save_steps=0, resume=False,
               params={"prompts_per_step": 2, "ppo_epochs": 1}, on_log=logs.append)
     (log,) = logs
     assert log["clip_fraction"] == 0.0 and log["approx_kl"] < 1e-10

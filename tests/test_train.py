@@ -181,15 +181,16 @@ def test_ppo_evaluates_every_n_prunes_checkpoints_and_reports(tmp_path, tiny_mod
 
 
 def test_reward_adapter_gives_the_eval_reward(tmp_path):
-    """Same completions, same numbers: the eval (through the OpenAI engine and a fake server)
-    and the training adapter (TRL's call shape), on a chat card and on a completion card
-    with stop strings."""
+    """Same episodes, same numbers: the eval (through the OpenAI engine and a fake server) and
+    the training adapter (TRL's call shape) over the episodes the one producer (`collect`)
+    gives for the same tasks, on a chat card and on a completion card with stop strings."""
     from fake_openai import FakeOpenAIServer
 
     from arlecli.data.sources import load_rows, tasks_from_rows
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, load_tasks, run_eval
     from arlecli.envs import single_turn
+    from arlecli.envs.episodes import Sampling, collect
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
     from arlecli.train.reward import CardReward
@@ -220,18 +221,20 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
         with FakeOpenAIServer(reply) as srv:
             engine = make_engine(resolve_model(None, base_url=srv.base_url), concurrency=4)
             run_eval(card, engine, opts, model="fake", run_dir=tmp_path / card.name)
+            tasks, exemplars = load_tasks(card, opts)
+            draws = [(i, 0) for i in range(len(tasks))]
+            episodes = [None] * len(tasks)
+            for j, episode in collect(card, engine, tasks, exemplars, draws, Sampling(seed=opts.seed)):
+                episodes[j] = episode
         samples = {s["task_id"]: s for s in map(json.loads, (tmp_path / card.name / "samples.jsonl").open())}
-        tasks, exemplars = load_tasks(card, opts)
         if raw_rows is not None:
             assert [t.id for t in tasks] == [t.id for t in tasks_from_rows(card, raw_rows)]
         prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]
-        adapter = CardReward(card, tasks, prompts, tmp_path)
-        # What the model "said", uncut, in TRL's shapes: messages for chat cards, text otherwise.
-        raw = [reply({"messages": p} if isinstance(p, list) else {"prompt": p}) for p in prompts]
-        completions = [[{"role": "assistant", "content": r}] if isinstance(p, list) else r
-                       for r, p in zip(raw, prompts)]
+        adapter = CardReward(card, tasks, tmp_path)
+        # TRL's own decoding of the ids (uncut: it knows no stop strings) is not what is scored.
+        completions = [reply({"messages": p} if isinstance(p, list) else {"prompt": p}) for p in prompts]
         logged = []
-        rewards = adapter(prompts, completions, task_index=list(range(len(tasks))),
+        rewards = adapter(prompts, completions, task_index=list(range(len(tasks))), episode=episodes,
                           log_metric=lambda name, value: logged.append((name, value)))
         assert rewards == [samples[t.id]["reward"] for t in tasks]
         assert 0 < sum(rewards) < len(rewards), "the cases must mix right and wrong answers"

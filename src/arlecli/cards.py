@@ -244,12 +244,12 @@ def resolve_references(card: Card) -> None:
     so a card that names something missing fails CI rather than a user's run.
     """
     from arlecli.data.transforms import get_transform
-    from arlecli.envs import get_env_factory
+    from arlecli.envs import env_kind
     from arlecli.rewards import get_reward
 
     where = card.path or card.name
     try:
-        get_env_factory(card.env)
+        env_kind(card.env)
     except UserError as exc:
         raise _fail(where, "env", str(exc)) from None
     try:

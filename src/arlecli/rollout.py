@@ -220,7 +220,6 @@ class RolloutEnv:
         return {}
 
 
-@register_env(ENV_NAME)
 def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, function: str = "",
                 **params: Any) -> RolloutEnv:
     """Env factory for `env: {name: rollout, params: {function: ..., **params}}`."""
@@ -231,16 +230,6 @@ def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool
                         "or a registered name")
     base = Path(card.path).parent if getattr(card, "path", None) else None
     return RolloutEnv(function, get_rollout(function, base), single_turn.reset(card.prompt, task, exemplars), params)
-
-
-def episode_driver(card: Any) -> Callable[[Engine, list[Job]], Iterator[tuple[int, Episode]]]:
-    """The episode driver for `card`: run_rollout_episodes for `env: rollout`, else the env
-    driver (envs.episodes.run_episodes). Both take (engine, jobs) and yield (index, Episode)."""
-    if card.env == ENV_NAME:
-        return run_rollout_episodes
-    from arlecli.envs.episodes import run_episodes
-
-    return run_episodes
 
 
 # ------------------------------------------------------------------------------ running
@@ -285,6 +274,10 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
                 # On an early exit (an interrupt, a scoring error) don't start the agents still
                 # queued; running ones get a 503 once the server stops, and end.
                 pool.shutdown(wait=False, cancel_futures=True)
+
+
+# `env: rollout` runs its episodes with this driver instead of the turn-by-turn env driver.
+register_env(ENV_NAME, driver=run_rollout_episodes)(rollout_env)
 
 
 def _client(job: Job, root: str, session: str) -> ClientConfig:

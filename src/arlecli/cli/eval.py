@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,7 +10,6 @@ import typer
 
 from arlecli.cli import options
 from arlecli.cli.output import console, err_console, print_json
-from arlecli.errors import UserError
 
 
 class _Progress:
@@ -56,23 +53,6 @@ class _Progress:
             self.bar.stop()
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.rstrip("/").split("/")[-1])[:60] or "model"
-
-
-def _run_dir(output: Optional[Path], bench: str, model_name: str, resume: bool) -> Path:
-    if output is not None:
-        return output
-    base = Path("runs")
-    prefix = f"{_slug(bench)}-{_slug(model_name)}-"
-    if resume:
-        previous = sorted(p for p in base.glob(prefix + "*") if (p / "meta.json").exists())
-        if not previous:
-            raise UserError(f"nothing to resume: no runs/{prefix}* directory; pass --output DIR")
-        return previous[-1]
-    return base / (prefix + time.strftime("%Y%m%d-%H%M%S"))
-
-
 def eval_command(
     bench: str = typer.Argument(..., help="Benchmark name (see `arle bench list`) or a card file."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
@@ -97,6 +77,8 @@ def eval_command(
     data_parallel_size: int = options.DATA_PARALLEL,
     gpu_memory_utilization: float = options.GPU_MEMORY,
     max_model_len: Optional[int] = options.MAX_MODEL_LEN,
+    quantization: Optional[str] = options.QUANTIZATION,
+    kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
     seed: int = typer.Option(1234, "--seed"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
                                           "(default: runs/BENCH-MODEL-TIMESTAMP)."),
@@ -113,6 +95,7 @@ def eval_command(
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
     from arlecli.cards import resolve_references
+    from arlecli import rundir
 
     card = load_card(bench)
     resolve_references(card)
@@ -122,9 +105,10 @@ def eval_command(
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
                        data=str(data) if data else None)
     spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env)
-    run_dir = _run_dir(output, card.name, spec.name, resume)
+    run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
     vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                               quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
     progress = _Progress(f"{card.name}")
     try:

@@ -38,6 +38,8 @@ def serve_command(
     data_parallel_size: int = options.DATA_PARALLEL,
     gpu_memory_utilization: float = options.GPU_MEMORY,
     max_model_len: Optional[int] = options.MAX_MODEL_LEN,
+    quantization: Optional[str] = options.QUANTIZATION,
+    kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
 ) -> None:
     """Serve a model with an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
     from arlecli.engine import make_engine
@@ -57,7 +59,8 @@ def serve_command(
     spec = resolve_model(model, backend=backend)  # --api-key-env here is our key, not an endpoint's
     sock = server.bind(host, port)  # before loading the model: a busy port fails at once
     vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                               quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     engine = make_engine(spec, batch_size=max_concurrency or DEFAULT_CONCURRENCY["hf"],
                          concurrency=max_concurrency or DEFAULT_CONCURRENCY["hf"], vllm_options=vllm_options)
     # After make_engine: the factory may pick the backend itself (vllm on a CUDA machine).

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 
+from arlecli.cli import options
 from arlecli.cli.output import console, err_console, print_json
 from arlecli.errors import UserError
 
@@ -109,8 +110,15 @@ def train_command(
                                                   help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA)."),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0,
                                             help="LoRA rank on all linear layers; 0 (default) = full fine-tune."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Rollouts: hf (default) or vllm "
-                                          "(TRL's colocated vLLM)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Rollouts and held-out evals: hf (default: the "
+                                          "eval's engine over the live policy) or vllm (in-process vLLM, synced "
+                                          "to the policy before each rollout)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per model turn, as in "
+                                             "`arle eval` (default: the card's)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Rollout sampling "
+                                                "temperature (default 1.0)."),
+    quantization: Optional[str] = options.QUANTIZATION,
+    kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
                                           "(default: runs/train-BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint (the latest "
@@ -145,8 +153,8 @@ def train_command(
                                                     "machine, 29500 across machines)."),
 ) -> None:
     """RL-train a model on a benchmark's reward; writes checkpoints, metrics and the final model."""
+    from arlecli import rundir
     from arlecli.cards import resolve_references
-    from arlecli.cli.eval import _run_dir
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
     from arlecli.train.config import load_recipe, parse_set, resolve
@@ -163,22 +171,23 @@ def train_command(
     flags = {"benchmark": bench, "algo": algo, "model": model, "backend": backend, "split": split, "limit": limit,
              "lora_rank": lora_rank, "eval_every": eval_every, "eval_split": eval_split, "eval_limit": eval_limit,
              "max_steps": max_steps, "num_generations": num_generations, "learning_rate": learning_rate,
-             "report_to": report_to, "seed": seed, "save_steps": save_steps}
+             "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
+             "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype}
     cfg = resolve(recipe_data, flags, parse_set(sets or []), recipe_name=recipe_name)
     if not cfg.options.benchmark:
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
     spec = resolve_model(cfg.options.model)
-    run_dir = _run_dir(output, f"train-{card.name}", spec.name, resume)
+    run_dir = rundir.choose_dir(output, f"train-{card.name}", spec.name, resume)
     command = launch.original_command() or ["arle", *sys.argv[1:]]
     if launch_opts.wanted():
         launch.check(launch_opts, cfg.options.algo)
         if (num_machines or 1) > 1 and output is None:
             raise UserError("--num-machines needs --output: the same run directory (on a shared filesystem) "
                             "on every machine")
-        if (run_dir / "meta.json").exists() and not resume and not machine_rank:
-            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
+        if not machine_rank:
+            rundir.check_fresh(run_dir, resume)
         child = ["train", *_child_args(ctx), "--output", str(run_dir)]
         rc = launch.launch(launch_opts, child, command, message=lambda text: err_console().print(text, highlight=False))
         raise typer.Exit(rc)

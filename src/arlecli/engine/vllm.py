@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass, fields
 from importlib import metadata, util
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
 from arlecli.engine.tokens import encode_request
@@ -48,6 +48,8 @@ class VLLMOptions:
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
+    quantization: str | None = None     # vLLM's --quantization (fp8, awq, ...): a known speed lever for rollouts
+    kv_cache_dtype: str | None = None   # vLLM's --kv-cache-dtype (auto, fp8, ...)
 
     def changed(self) -> list[str]:
         """The command-line flags of the settings that differ from their defaults."""
@@ -199,7 +201,7 @@ def _is_torch_default_inductor_dir(value: str | None) -> bool:
 # ---------------------------------------------------------------- the engine
 
 
-def _split_adapter(model: str) -> tuple[str, str | None]:
+def split_adapter(model: str) -> tuple[str, str | None]:
     """(base model, adapter folder or None): a LoRA folder names its base in adapter_config.json."""
     from arlecli.models import is_adapter_folder
 
@@ -257,6 +259,7 @@ class VLLMEngine:
     def __init__(self, model: str, *, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, seed: int = 0,
                  dtype: str | None = None, enforce_eager: bool | None = None,
+                 quantization: str | None = None, kv_cache_dtype: str | None = None,
                  cache_dir: Path | None = None) -> None:
         check_vllm_install()
         cpu = on_cpu()
@@ -267,7 +270,7 @@ class VLLMEngine:
         self._lora: Any = None
         self._lock = threading.Lock()
         self._finished: dict[str, Any] = {}  # outputs finished for another thread's generate call
-        base, adapter = _split_adapter(model)
+        base, adapter = split_adapter(model)
         tokenizer_path = adapter if adapter and _has_tokenizer(adapter) else base
         from transformers import AutoTokenizer
 
@@ -275,7 +278,8 @@ class VLLMEngine:
         if data_parallel_size > 1:
             replica = dict(model=model, tensor_parallel_size=tensor_parallel_size,
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                           seed=seed, dtype=dtype, enforce_eager=enforce_eager, cache_dir=cache_dir)
+                           seed=seed, dtype=dtype, enforce_eager=enforce_eager, quantization=quantization,
+                           kv_cache_dtype=kv_cache_dtype, cache_dir=cache_dir)
             self._replicas = _Replicas(replica, data_parallel_size, tensor_parallel_size, cpu=cpu)
             return
         _silence_known_noise()
@@ -288,7 +292,14 @@ class VLLMEngine:
             dtype=dtype or ("float32" if cpu else "auto"),
             enforce_eager=cpu if enforce_eager is None else enforce_eager,
             use_tqdm_on_load=False,
+            # Logprobs of the distribution sampled from (after temperature/top-p), as the hf
+            # engine reports them: what a trainer compares with its own.
+            logprobs_mode="processed_logprobs",
         )
+        if quantization:
+            kwargs["quantization"] = quantization
+        if kv_cache_dtype:
+            kwargs["kv_cache_dtype"] = kv_cache_dtype
         if adapter:
             from vllm.lora.request import LoRARequest
 
@@ -296,10 +307,22 @@ class VLLMEngine:
             self._lora = LoRARequest("adapter", 1, adapter)
         try:
             self.llm = LLM(**kwargs)
-        except (OSError, ValueError, VLLMClientError) as exc:  # no such model, a KV cache too small, ...
+        except (OSError, ValueError, NotImplementedError, VLLMClientError) as exc:
+            # No such model, a KV cache too small, a quantization this platform cannot run ...
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"vLLM could not load {model}: {first} (on CPU, VLLM_CPU_KVCACHE_SPACE sets the KV cache "
                             "in GiB; --max-model-len shortens the context)") from None
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load `(name, tensor)` weights, under HF checkpoint names, into the running model (a
+        policy in training, synced before each rollout); requests from then on see them."""
+        if self._replicas is not None or self.llm is None:
+            raise UserError("syncing weights needs one in-process vLLM engine (--data-parallel-size 1)")
+        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        with self._lock:
+            for name, tensor in weights:  # one at a time: vLLM fuses q/k/v and gate/up as they come
+                model.load_weights([(name, tensor)])
+            self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
 
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids, exactly as the hf backend computes them."""

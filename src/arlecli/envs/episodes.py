@@ -1,4 +1,13 @@
-"""Driving environments against an engine: many episodes at once, turn by turn.
+"""The one producer of Episodes: (card, tasks, engine, sampling) -> Episodes.
+
+`collect` is what `arle eval`, GRPO, RLOO and PPO all call (eval.py, train/rollout.py), for
+single-turn, multi-turn and @rollout cards alike: it builds each episode's env, gives each
+sample its settings (`Sampling.params`: the card's stop strings, the per-token budget, a
+per-sample seed that depends only on (seed, task id, sample number)), and runs the env
+kind's registered driver. So a training rollout and an eval sample of the same weights,
+seed and task are the same tokens, by construction.
+
+The turn-by-turn driver (`run_episodes`), for every env kind but @rollout agents:
 
 Each round sends one request per unfinished episode in a single `engine.generate` call
 (so the engine batches across episodes), hands every completion to its env as it
@@ -15,13 +24,49 @@ re-tokenisation drift across turns.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from arlecli.engine.base import Engine, GenerationRequest, SamplingParams
 from arlecli.engine.tokens import continue_ids, template_renders_tools
-from arlecli.envs import Env
+from arlecli.envs import Env, env_kind, make_env
 from arlecli.types import Episode, Task, Turn
+
+
+def sample_seed(seed: int, task_id: str, k: int) -> int:
+    """A per-sample seed, independent of batching and of which samples ran before."""
+    digest = hashlib.sha256(f"{seed}:{task_id}:{k}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a job samples every episode: eval's options, or a trainer's (same fields, same meaning)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int | None = None   # per model turn; None: the card's budget
+    seed: int = 1234
+    logprobs: bool = False          # the engine's per-token sampling logprobs (training wants them)
+
+    def params(self, card: Any, task_id: str, k: int) -> SamplingParams:
+        """The engine settings of sample `k` of task `task_id` (every turn of it: see `_request`)."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                              max_tokens=self.max_tokens or card.prompt.max_tokens, stop=list(card.prompt.stop),
+                              seed=sample_seed(self.seed, task_id, k), logprobs=self.logprobs)
+
+
+def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: list[Task],
+            draws: Sequence[tuple[int, int]], sampling: Sampling) -> Iterator[tuple[int, Episode]]:
+    """Run one episode per draw `(task index, sample number)`; yield (draw index, Episode) as
+    each ends, in any order. Tasks travel by index: two draws of one task are two samples."""
+    native = native_tools(engine)
+    jobs = [Job(tasks[i], make_env(card, tasks[i], exemplars, native), sampling.params(card, tasks[i].id, k))
+            for i, k in draws]
+    if not jobs:
+        return iter(())
+    return env_kind(card.env).run(engine, jobs)
 
 
 @dataclass

@@ -78,7 +78,7 @@ class SingleTurnEnv:
         return {}
 
 
-@register_env("single_turn")
+@register_env("single_turn", multi_turn=False)
 def single_turn_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool) -> SingleTurnEnv:
     """Env factory for `env: single_turn` (the default)."""
     return SingleTurnEnv(reset(card.prompt, task, exemplars))

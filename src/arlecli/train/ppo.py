@@ -3,9 +3,10 @@
 Where this sits
     TRL 1.16 trains with GRPO and RLOO: critic-free methods whose baseline is the mean reward
     of a prompt's group of completions. It has no PPO (removed in TRL 1.13) and no value-head
-    model class. This module is that missing piece: HF `generate` rollouts, a learned critic,
-    GAE and the PPO2 clipped objectives (the recipe of TRL's former PPOTrainer and of
-    "N implementation details of RLHF with PPO"), driven by the same reward function the
+    model class. This module is that missing piece: a learned critic, GAE and the PPO2 clipped
+    objectives (the recipe of TRL's former PPOTrainer and of "N implementation details of RLHF
+    with PPO"), on rollouts from the caller (arle's one producer of Episodes, train/rollout.py:
+    the eval's engines, stop strings and envs, multi-turn included) and the same reward the
     GRPO/RLOO glue uses. One entry point, `train_ppo`; the math lives in small pure functions.
 
 The critic: a value head on the shared trunk
@@ -20,23 +21,23 @@ The critic: a value head on the shared trunk
     gradient and early values (0) are an unbiased guess for whitened-scale rewards.
 
 How the reward is placed
-    Each completion token t is an action. Its reward is -kl_coef * (logp_t - ref_logp_t), the
+    Each model token t is an action. Its reward is -kl_coef * (logp_t - ref_logp_t), the
     per-token (k1) estimate of KL from the frozen initial policy, and the task reward is added at
-    the last completion token (the EOS if one was sampled, else the last token within
-    max_new_tokens). The value V_t is read at the position that predicts token t, i.e. the
-    state "prompt + tokens before t". GAE runs backwards over completion tokens; the state
-    after the last token is terminal (value 0). Tokens after the first EOS are padding: masked
-    out of rewards, advantages, whitening and every loss.
+    the episode's last model token. The value V_t is read at the position that predicts token t,
+    i.e. the state "prompt + tokens before t". GAE runs backwards over model tokens; the state
+    after the last one is terminal (value 0). Environment tokens (tool results, a game's reply:
+    `env_mask` 0) are attended to but are no actions: masked out of rewards, advantages,
+    whitening and every loss, as is the right padding.
 
 Reference policy
     Full fine-tune: a frozen copy of the initial weights. LoRA: the same model with its adapter
     disabled (peft's `disable_adapter()`), so no second copy.
 
 Sampling
-    Logprobs are those of the distribution actually sampled: softmax(logits / temperature),
-    with no top-k/top-p/repetition penalty. A model's generation_config defaults (Qwen's
-    repetition_penalty, top_k=50 ...) are replaced during rollouts: truncated sampling would
-    make the rollout logprobs disagree with the policy being optimised.
+    Logprobs are those of the distribution actually sampled: softmax(logits / temperature).
+    The rollout engines sample exactly that (no top-k, repetition penalty or generation_config
+    defaults); a top_p below 1 would make the rollout logprobs disagree with the policy being
+    optimised, so PPO's rollouts use top_p 1.
 
 Checkpoints and output
     `output_dir/checkpoint-N/` (N = steps done) holds the model (a full HF folder, or the LoRA
@@ -57,7 +58,6 @@ import copy
 import dataclasses
 import math
 import random
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -66,7 +66,7 @@ from typing import Any, Callable
 
 import torch
 
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+from arlecli.rundir import latest_checkpoint, prune_checkpoints
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +98,6 @@ class PPOParams:
     warmup_steps: int = 0             # linear warm-up steps before the schedule
     lora_alpha: int | None = None     # LoRA scaling numerator; None: 2 x lora_rank
     lora_target_modules: Any = "all-linear"  # peft target_modules (a name list or "all-linear")
-    max_prompt_length: int | None = None     # keep only the last N prompt tokens; None: no cut
     gradient_checkpointing: bool = False     # trade compute for activation memory in updates
     bf16: bool | None = None          # bf16 autocast; None: on CUDA only
 
@@ -160,13 +159,6 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: fl
     if not shift_mean:
         out = out + mean
     return out * mask
-
-
-def completion_mask(completion_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
-    """1.0 for completion tokens up to and including the first EOS, 0.0 after (padding)."""
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device)).int()
-    after_first_eos = (is_eos.cumsum(dim=1) - is_eos) > 0
-    return (~after_first_eos).float()
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -379,55 +371,17 @@ def forward_pass(model: Any, value_head: torch.nn.Linear | None, sequences: torc
 
 @dataclass
 class Rollout:
-    """One step's sampled completions and everything PPO needs about them (on the device)."""
+    """One step's sampled episodes and everything PPO needs about them (on the device)."""
 
     sequences: torch.Tensor        # [B, P+T] left-padded prompt ids then right-padded completion ids
-    attention_mask: torch.Tensor   # [B, P+T]
+    attention_mask: torch.Tensor   # [B, P+T] 1 on every real token (the env's included)
     prompt_len: int                # P
-    mask: torch.Tensor             # [B, T] completion mask (1.0 up to and including the first EOS)
+    mask: torch.Tensor             # [B, T] 1.0 on the model's own tokens: the actions
     logprobs: torch.Tensor         # [B, T] under the rollout policy
     ref_logprobs: torch.Tensor     # [B, T] under the reference policy
     values: torch.Tensor           # [B, T] critic estimates
-    prompt_indices: list[int]      # index into `prompts` of each row
-    texts: list[str]               # decoded completions (special tokens dropped)
-
-
-def encode_prompt(tokenizer: Any, prompt: str | list[dict], max_prompt_length: int | None = None) -> list[int]:
-    """Token ids for a raw string, or for chat messages through the chat template (as the hf engine does)."""
-    if isinstance(prompt, str):
-        ids = list(tokenizer(prompt)["input_ids"])
-    else:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("chat-message prompts need a tokenizer with a chat template")
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return ids[-max_prompt_length:] if max_prompt_length else ids
-
-
-def sampling_config(policy: Policy, max_new_tokens: int, temperature: float) -> Any:
-    """Plain temperature sampling: every logits processor that would change the distribution
-    (top-k, top-p, repetition penalty, ...) off."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, min_p=None,
-                            typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
-                            max_new_tokens=max_new_tokens, eos_token_id=policy.eos_ids,
-                            pad_token_id=policy.pad_id)
-
-
-@contextlib.contextmanager
-def _plain_generation_defaults(model: Any):
-    # generate() fills unset fields from the model's generation_config (top_k, min_p,
-    # suppress_tokens ...); swap in an empty one so only sampling_config() applies.
-    from transformers import GenerationConfig
-
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    saved = inner.generation_config
-    inner.generation_config = GenerationConfig(eos_token_id=saved.eos_token_id, pad_token_id=saved.pad_token_id)
-    try:
-        yield
-    finally:
-        inner.generation_config = saved
+    prompt_indices: list[int]      # the task index of each row
+    episodes: list[Any]            # what the reward scores (arlecli.types.Episode)
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -440,40 +394,46 @@ def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids.to(device), attn.to(device)
 
 
+def _right_pad(rows: list[list[Any]], pad: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    out = torch.full((len(rows), width), pad, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+    return out.to(device)
+
+
 @torch.no_grad()
-def rollout(policy: Policy, prompt_ids: list[list[int]], prompt_indices: list[int], num_generations: int,
-            max_new_tokens: int, temperature: float, micro_batch_size: int) -> Rollout:
-    """Sample `num_generations` completions per prompt and score them with policy, reference and critic."""
-    rows = [ids for ids in prompt_ids for _ in range(num_generations)]
-    indices = [i for i in prompt_indices for _ in range(num_generations)]
-    input_ids, prompt_attn = _left_pad(rows, policy.pad_id, policy.device)
-    model = policy.model
-    model.eval()
-    with _plain_generation_defaults(model), policy.autocast():
-        sequences = model.generate(input_ids=input_ids, attention_mask=prompt_attn,
-                                   generation_config=sampling_config(policy, max_new_tokens, temperature))
-    prompt_len = input_ids.shape[1]
-    mask = completion_mask(sequences[:, prompt_len:], policy.eos_ids)
-    attention_mask = torch.cat([prompt_attn, mask.long()], dim=1)
+def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], temperature: float,
+                  micro_batch_size: int) -> Rollout:
+    """Turn sampled episodes into PPO's batch: their token sequences (train.rollout.Sequences)
+    and the policy's, reference's and critic's view of every completion token."""
+    from arlecli.train.rollout import Sequences
+
+    seqs = Sequences.of(episodes, policy.eos_ids[0])
+    prompt_ids, prompt_attn = _left_pad(seqs.prompt_ids, policy.pad_id, policy.device)
+    completions = _right_pad(seqs.completion_ids, policy.pad_id, torch.long, policy.device)
+    real = _right_pad([[1] * len(c) for c in seqs.completion_ids], 0, torch.long, policy.device)
+    mask = _right_pad(seqs.env_mask, 0, torch.float32, policy.device)
+    sequences = torch.cat([prompt_ids, completions], dim=1)
+    attention_mask = torch.cat([prompt_attn, real], dim=1)
+    prompt_len = prompt_ids.shape[1]
 
     logprobs, ref_logprobs, values = [], [], []
+    model = policy.model
+    model.eval()
     ref_model, ref_context = policy.reference()
-    for s in range(0, len(rows), micro_batch_size):
+    for s in range(0, len(episodes), micro_batch_size):
         seq, attn = sequences[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size]
         lp, v, _ = forward_pass(model, policy.value_head, seq, attn, prompt_len, temperature, policy.bf16)
         logprobs.append(lp)
         values.append(v)
     with ref_context:
-        for s in range(0, len(rows), micro_batch_size):
+        for s in range(0, len(episodes), micro_batch_size):
             seq, attn = sequences[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size]
             ref_logprobs.append(forward_pass(ref_model, None, seq, attn, prompt_len, temperature, policy.bf16)[0])
-
-    completions = sequences[:, prompt_len:]
-    lengths = mask.sum(1).long().tolist()
-    texts = policy.tokenizer.batch_decode([c[:n].tolist() for c, n in zip(completions, lengths)],
-                                          skip_special_tokens=True)
     return Rollout(sequences, attention_mask, prompt_len, mask, torch.cat(logprobs) * mask,
-                   torch.cat(ref_logprobs) * mask, torch.cat(values) * mask, indices, texts)
+                   torch.cat(ref_logprobs) * mask, torch.cat(values) * mask, list(indices), list(episodes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,25 +496,6 @@ def _unpack_rewards(out: Any, expected: int) -> tuple[list[float], list[bool] | 
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The complete `checkpoint-N` folder with the highest N, or None."""
-    if not output_dir.is_dir():
-        return None
-    found = [(int(m.group(1)), d) for d in output_dir.iterdir()
-             if (m := CHECKPOINT_RE.match(d.name)) and (d / "trainer_state.pt").exists()]
-    return max(found)[1] if found else None
-
-
-def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
-    """Delete all but the newest `keep` complete checkpoints (None or 0: keep them all)."""
-    if not keep:
-        return
-    found = sorted((int(m.group(1)), d) for d in output_dir.iterdir()
-                   if (m := CHECKPOINT_RE.match(d.name)) and (d / "trainer_state.pt").exists())
-    for _, folder in found[:-keep]:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _rng_state() -> dict:
@@ -635,32 +576,34 @@ def _make_scheduler(optimizer: torch.optim.Optimizer, p: PPOParams, max_steps: i
 # Entry point
 
 
-def train_ppo(model_path: str, prompts: list[str | list[dict]],
-              reward_fn: Callable[[list[str], list[int]], list[float]], *, output_dir: Path, max_steps: int,
-              learning_rate: float, lora_rank: int, num_generations: int, max_new_tokens: int, temperature: float,
+def train_ppo(model_path: str, num_tasks: int, rollout_fn: Callable[[Policy, list[int], int], list[Any]],
+              reward_fn: Callable[[list[Any], list[int]], list[Any]], *, output_dir: Path, max_steps: int,
+              learning_rate: float, lora_rank: int, num_generations: int, temperature: float,
               seed: int, save_steps: int, resume: bool, params: dict, on_log: Callable[[dict], None],
               save_total_limit: int | None = None, on_step_end: Callable[[int, Policy], None] | None = None) -> Path:
-    """Train `model_path` with PPO on `reward_fn` and return `output_dir/final`.
+    """Train `model_path` with PPO and return `output_dir/final`.
 
-    Each step samples `num_generations` completions for each of the next `prompts_per_step`
-    prompts (in order, cycling), scores them with `reward_fn(completions, prompt_indices)`
-    (one float per completion; Score-like objects with `.reward` and `.correct` also give
-    accuracy), and runs `ppo_epochs` PPO passes. `lora_rank` 0 is a full fine-tune. `params`
-    overrides PPOParams. `on_log` gets one dict per step: step, reward, reward_std, [accuracy],
-    kl (per-sequence sum, mean), policy_loss, value_loss, clip_fraction, value_clip_fraction,
-    approx_kl, entropy, value, completion_length, grad_norm, learning_rate, step_seconds.
-    Checkpoints go to `output_dir/checkpoint-N` every `save_steps` steps (0: none), keeping
-    the newest `save_total_limit` (None: all); `resume` continues from the latest one (a fresh
-    start when there is none). `on_step_end(step, policy)` runs after each step's checkpoint
-    and log (held-out evaluation hooks in here).
+    Each step takes the next `prompts_per_step` task indices (in order, cycling over
+    `num_tasks`), each repeated `num_generations` times, and asks `rollout_fn(policy, indices,
+    step)` for one sampled Episode per entry (sampled from `policy` at `temperature`, top_p 1).
+    `reward_fn(episodes, indices)` scores them (floats, or Score-like objects with `.reward`
+    and `.correct`, which also give accuracy); then `ppo_epochs` PPO passes run. `lora_rank` 0
+    is a full fine-tune. `params` overrides PPOParams. `on_log` gets one dict per step: step,
+    reward, reward_std, [accuracy], kl (per-sequence sum, mean), policy_loss, value_loss,
+    clip_fraction, value_clip_fraction, approx_kl, entropy, value, completion_length (model
+    tokens), grad_norm, learning_rate, step_seconds. Checkpoints go to
+    `output_dir/checkpoint-N` every `save_steps` steps (0: none), keeping the newest
+    `save_total_limit` (None: all); `resume` continues from the latest one (a fresh start when
+    there is none). `on_step_end(step, policy)` runs before the first step (with the starting
+    step) and after each step's checkpoint and log (held-out evaluation hooks in here).
     """
     p = parse_params(params)
-    if not prompts:
+    if num_tasks < 1:
         raise ValueError("no prompts to train on")
     if temperature <= 0:
         raise ValueError("PPO samples its rollouts: temperature must be > 0")
-    if num_generations < 1 or max_new_tokens < 1 or max_steps < 0:
-        raise ValueError("num_generations and max_new_tokens must be >= 1, max_steps >= 0")
+    if num_generations < 1 or max_steps < 0:
+        raise ValueError("num_generations must be >= 1, max_steps >= 0")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = latest_checkpoint(output_dir) if resume else None
@@ -679,14 +622,17 @@ def train_ppo(model_path: str, prompts: list[str | list[dict]],
 
     batch_size = p.prompts_per_step * num_generations
     micro = min(p.micro_batch_size or p.mini_batch_size or batch_size, batch_size)
+    if on_step_end is not None and step < max_steps:
+        on_step_end(step, policy)
     while step < max_steps:
         started = time.perf_counter()
-        indices = [(position + k) % len(prompts) for k in range(p.prompts_per_step)]
-        position = (position + p.prompts_per_step) % len(prompts)
-        prompt_ids = [encode_prompt(policy.tokenizer, prompts[i], p.max_prompt_length) for i in indices]
-        batch = rollout(policy, prompt_ids, indices, num_generations, max_new_tokens, temperature, micro)
+        tasks = [(position + k) % num_tasks for k in range(p.prompts_per_step)]
+        position = (position + p.prompts_per_step) % num_tasks
+        indices = [i for i in tasks for _ in range(num_generations)]
+        episodes = rollout_fn(policy, indices, step)
+        batch = score_rollout(policy, episodes, indices, temperature, micro)
 
-        rewards_list, correct = _unpack_rewards(reward_fn(batch.texts, batch.prompt_indices), len(batch.texts))
+        rewards_list, correct = _unpack_rewards(reward_fn(batch.episodes, batch.prompt_indices), len(indices))
         scores = torch.tensor(rewards_list, dtype=torch.float32, device=policy.device)
         rewards, kl = kl_rewards(batch.logprobs, batch.ref_logprobs, batch.mask, scores, p.kl_coef)
         if p.whiten_rewards:

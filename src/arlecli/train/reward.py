@@ -1,10 +1,9 @@
 """The one reward path: a TRL reward function over the card's `score(task, episode)`.
 
-The training dataset carries a `task_index` column; TRL hands every dataset column to
-reward functions, so the adapter looks the Task up by index, wraps the completion in the
-same Episode the eval builds, and returns the same `score.reward` the eval records. Text is
-cut at the card's stop strings first, as the eval's engines do, so a completion earns in
-training exactly what it would earn in `arle eval`.
+Every trainer's completions come from `train.rollout` as whole Episodes (the ones the eval
+would produce), so the adapter scores exactly what `arle eval` scores: TRL hands each
+rollout's `episode` (an extra field of the rollout) and the dataset's `task_index` column to
+reward functions; PPO calls `score` directly. Each verdict is one line of rewards.jsonl.
 """
 
 from __future__ import annotations
@@ -15,48 +14,30 @@ from pathlib import Path
 from typing import Any, Callable
 
 from arlecli.cards import Card
-from arlecli.envs import single_turn
+from arlecli.envs import env_kind
 from arlecli.rewards import get_reward
-from arlecli.types import Episode, Score, Task, Turn
+from arlecli.types import Episode, Score, Task
 
 REWARDS_FILE = "rewards.jsonl"
 
 
-def completion_text(completion: Any) -> str:
-    """The text of a TRL completion: a string, or (chat prompts) a list of messages."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):  # [{"role": "assistant", "content": ...}], possibly with tool turns
-        return "".join(str(m.get("content") or "") for m in completion if m.get("role") == "assistant")
-    return str(completion)
-
-
-def cut_at_stop(text: str, stop: list[str]) -> str:
-    """Cut `text` at the first stop string, as the eval's engines return it."""
-    cuts = [text.find(s) for s in stop if s and s in text]
-    return text[:min(cuts)] if cuts else text
-
-
 class CardReward:
-    """Scores completions with the card's reward; callable as a TRL reward function.
+    """Scores episodes with the card's reward; callable as a TRL reward function.
 
-    `rendered[i]` is task i's prompt as the eval renders it (kept in each Episode, as the
-    eval does). Per-sample verdicts are appended to `<run>/rewards.jsonl`.
+    Per-sample verdicts are appended to `<run>/rewards.jsonl`, with each episode's finish
+    reason (and, for multi-turn cards, its turns and end reason).
 
     Under several processes each rank scores its own completions; `gather` (every rank's
     lines, in rank order, on every rank) lets the one rank given a `run_dir` write them all, so
     the file keeps one line per completion. Every rank must then call the adapter equally often,
     as TRL's trainers do."""
 
-    def __init__(self, card: Card, tasks: list[Task], rendered: list[Any], run_dir: Path | None = None,
-                 gather: Callable[[list[str]], list[str]] | None = None,
-                 exemplars: list[Task] | None = None) -> None:
+    def __init__(self, card: Card, tasks: list[Task], run_dir: Path | None = None,
+                 gather: Callable[[list[str]], list[str]] | None = None) -> None:
         self.card = card
         self.tasks = tasks
-        self.exemplars = exemplars or []
-        self.rendered = rendered
         self.score_fn = get_reward(card.reward, card.reward_params)
-        self.stop = list(card.prompt.stop)
+        self.multi_turn = env_kind(card.env).multi_turn
         self.path = Path(run_dir) / REWARDS_FILE if run_dir is not None else None
         self.__name__ = card.reward  # TRL names the logged metric rewards/<__name__>/mean
         self._lock = threading.Lock()
@@ -64,27 +45,20 @@ class CardReward:
         self.step: int | None = None    # the step label for callers that pass none (ppo)
         self.gather = gather
 
-    def score(self, completions: list[Any], indices: list[int], step: int | None = None,
-              episodes: list[Episode] | None = None) -> list[Score]:
-        """Score each completion against the task at the same position in `indices`; with
-        `episodes` (multi-turn rollouts), score those whole episodes instead."""
+    def score(self, episodes: list[Episode], indices: list[int], step: int | None = None) -> list[Score]:
+        """Score each episode against the task at the same position in `indices`."""
         step = self.step if step is None else step
         scores: list[Score] = []
         lines: list[str] = []
-        for n, (completion, index) in enumerate(zip(completions, indices, strict=True)):
+        for episode, index in zip(episodes, indices, strict=True):
             task = self.tasks[int(index)]
-            if episodes is not None:
-                episode = episodes[n]
-                text = episode.completion
-            else:
-                text = cut_at_stop(completion_text(completion), self.stop)
-                episode = single_turn.step(task, self.rendered[int(index)], Turn(prompt="", completion=text))
             result = self.score_fn(task, episode)
             scores.append(result)
-            line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": text,
+            line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": episode.completion,
                     "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
-                    "correct": bool(result.correct), "details": result.details}
-            if episodes is not None:
+                    "correct": bool(result.correct), "details": result.details,
+                    "finish_reason": episode.turns[-1].finish_reason if episode.turns else None}
+            if self.multi_turn:
                 line.update(turns=len(episode.turns), end_reason=episode.end_reason, env_info=episode.info)
             lines.append(json.dumps(line, ensure_ascii=False, default=str) + "\n")
         if self.gather is not None:
@@ -96,21 +70,16 @@ class CardReward:
                     f.writelines(lines)
         return scores
 
-    def __call__(self, prompts: list[Any], completions: list[Any], task_index: list[int],
-                 trainer_state: Any = None, log_metric: Any = None, episode: list[Episode] | None = None,
-                 **_: Any) -> list[float]:
-        """TRL's reward-function signature: every dataset column (and each rollout's
-        `episode`, for multi-turn envs) arrives as a keyword."""
+    def __call__(self, prompts: list[Any], completions: list[Any], task_index: list[int], episode: list[Episode],
+                 trainer_state: Any = None, log_metric: Any = None, **_: Any) -> list[float]:
+        """TRL's reward-function signature: every dataset column and each rollout's `episode`
+        arrive as keywords (`completions` is TRL's decoding of the same ids, not scored)."""
         step = trainer_state.global_step + 1 if trainer_state is not None else None
-        scores = self.score(completions, task_index, step=step, episodes=episode)
+        scores = self.score(episode, task_index, step=step)
         if log_metric is not None and scores:
             log_metric("accuracy", sum(s.correct for s in scores) / len(scores))
             self.pop_accuracy()  # TRL averaged it already
         return [float(s.reward) for s in scores]
-
-    def rewards(self, completions: list[str], indices: list[int]) -> list[float]:
-        """`reward_fn(completions, prompt_indices)` as `train_ppo` calls it."""
-        return [float(s.reward) for s in self.score(completions, indices)]
 
     def pop_accuracy(self) -> float | None:
         """Mean `correct` over completions scored since the last call (None if none)."""

