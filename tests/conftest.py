@@ -45,3 +45,21 @@ def smollm2_path():
     from smollm2 import smollm2_dir
 
     return smollm2_dir()
+
+
+@pytest.fixture
+def vllm_environment():
+    """vLLM's environment defaults (set by arle when an engine starts) are undone afterwards.
+
+    vLLM's caches go where test_engine_vllm keeps them between sessions: with logprobs vLLM's
+    sampler compiles one kernel, ~10 s cold on these CPUs."""
+    import tempfile
+
+    saved_env, saved_tmp = dict(os.environ), tempfile.tempdir
+    root = Path(os.environ.get("ARLE_TEST_CACHE") or Path(tempfile.gettempdir()) / f"arle-test-cache-{os.getuid()}")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm" / "cache"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "vllm" / "inductor"))
+    yield
+    os.environ.clear()
+    os.environ.update(saved_env)
+    tempfile.tempdir = saved_tmp

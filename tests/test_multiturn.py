@@ -140,12 +140,13 @@ def test_later_turns_extend_the_engine_ids_exactly(tiny_model):
             [lp for lp, m in zip(logprobs, mask) if m])
 
 
-def first_turn_calls_a_tool(monkeypatch) -> None:
-    """Make the hf engine's first turn of every episode the fixed tool call CALL (with the
-    ids the model would have produced for it); later turns are the model's own."""
+def first_turn_calls_a_tool(monkeypatch, engine_class: Any = None) -> None:
+    """Make the engine's (default: hf's) first turn of every episode the fixed tool call CALL
+    (with the ids the model would have produced for it); later turns are the model's own."""
     from arlecli.engine import hf
 
-    original = hf.HFEngine.generate
+    engine_class = engine_class or hf.HFEngine
+    original = engine_class.generate
 
     def generate(self, requests):
         first = [i for i, r in enumerate(requests) if not any(m["role"] == "assistant" for m in r.messages)]
@@ -156,7 +157,7 @@ def first_turn_calls_a_tool(monkeypatch) -> None:
         for j, comp in original(self, [requests[i] for i in rest]):
             yield rest[j], comp
 
-    monkeypatch.setattr(hf.HFEngine, "generate", generate)
+    monkeypatch.setattr(engine_class, "generate", generate)
 
 
 def test_tool_call_episode_on_the_tiny_model_logs_every_turn(tmp_path, tiny_model, monkeypatch):
