@@ -216,3 +216,50 @@ def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_mod
         assert "<tool_response>\n6\n</tool_response>" in tok.decode(env_ids)
         assert "<tool_response>" not in tok.decode(model_ids) and CALL in tok.decode(model_ids)
     assert (run / "final").is_dir()
+
+
+def test_rloo_keeps_env_tokens_out_of_its_loss(tmp_path, tiny_model, monkeypatch):
+    """RLOO (no env_mask in TRL 1.16) on math_tool: the batch's loss mask is 0 on the env's
+    reply and 1 on the model's tokens; the losses stay finite (env tokens stay attended to)."""
+    import math
+
+    import yaml
+
+    import arlecli.train.grpo as grpo
+    from test_train import train_in_process
+
+    first_turn_calls_a_tool(monkeypatch)
+    batches: list[tuple[list[list[int]], list[list[float]]]] = []
+    wrap = grpo._rloo_with_rollouts
+
+    def recording(base):
+        cls = wrap(base)
+
+        class Recording(cls):
+            def _generate_and_score_completions(self, inputs):
+                out = super()._generate_and_score_completions(inputs)
+                batches.append((out["completion_ids"].tolist(), out["arle_loss_mask"].tolist()))
+                return out
+
+        return Recording
+
+    monkeypatch.setattr(grpo, "_rloo_with_rollouts", recording)
+    card = yaml.safe_load((ROOT / "benchmarks" / "math_tool.yaml").read_text())
+    card["source"] = {"kind": "files", "path": GSM8K_ROWS}
+    (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))
+    run = tmp_path / "run"
+    train_in_process(str(tmp_path / "math_tool.yaml"), "--algo", "rloo", "--model", str(tiny_model),
+                     "--num-generations", "2", "--max-steps", "2", "--eval-limit", "0", "--max-tokens", "8",
+                     "--set", "per_device_train_batch_size=2", "--output", str(run))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    assert len(batches) == 2
+    for ids_rows, mask_rows in batches:
+        for ids, mask in zip(ids_rows, mask_rows):
+            env_ids = [t for t, m in zip(ids, mask) if m == 0]
+            model_ids = [t for t, m in zip(ids, mask) if m == 1]
+            assert "<tool_response>" in tok.decode(env_ids) and CALL in tok.decode(model_ids)
+            assert "<tool_response>" not in tok.decode(model_ids)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in rows)

@@ -4,6 +4,7 @@ the reward adapter against the eval, and `--set` validation."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -93,6 +94,7 @@ def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, 
     assert steps_in(run / "metrics.jsonl") == [1, 2]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all("reward" in r and "accuracy" in r for r in rows)
+    assert all(math.isfinite(r.get("loss", r.get("policy_loss"))) for r in rows), rows
     assert len((run / "rewards.jsonl").read_text().splitlines()) == 4  # 2 steps x 1 prompt x 2 completions
     summary = json.loads((run / "summary.json").read_text())
     assert summary["global_step"] == 2 and summary["before"]["label"] == "step-0"
@@ -110,7 +112,7 @@ def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, 
     else:
         trained = load_file(str(final / "model.safetensors"))
         key = "model.layers.0.self_attn.q_proj.weight"
-        assert not trained[key].equal(base[key])
+        assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
 
     out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
                "--output", str(tmp_path / "eval"), "--json")

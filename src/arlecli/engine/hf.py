@@ -16,6 +16,7 @@ draws the same samples as an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -48,12 +49,13 @@ class HFEngine:
         self.batch_size = max(1, batch_size)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if model_obj is not None and tokenizer is not None:
-            # A live policy: its weights change between calls, so it is never prepacked.
+            # A live policy: its weights change between calls, so it is packed per call.
             self.model, self.tokenizer = model_obj, tokenizer
-            self.packed_linears = 0
+            self._packed: list[Any] | None = None
         else:
             self.model, self.tokenizer = _load(model, self.device, dtype)
-            self.packed_linears = pack_linears(self.model)
+            self._packed = pack_linears(self.model)
+            use_grouped_attention(self.model)
         self.model.eval()
         import inspect
 
@@ -84,7 +86,16 @@ class HFEngine:
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(_Row(i, encoded[i], requests[i].params, self._generator(requests[i].params), [], [])
                         for i in order)
-        yield from self._run(waiting)
+        if self._packed is not None:
+            yield from self._run(waiting)
+            return
+        # Same kernels as an engine that loaded these weights itself, so training rollouts
+        # sample what `arle eval` would; unpacked after, before the weights change again.
+        packed = pack_linears(self.model)
+        try:
+            yield from self._run(waiting)
+        finally:
+            unpack_linears(packed)
 
     def _generator(self, params: SamplingParams) -> object | None:
         if params.temperature <= 0:
@@ -252,59 +263,110 @@ def _merge(cache: Any, new: Any, mask: Any, new_mask: Any) -> Any:
     return torch.cat([pad(mask, 1), pad(new_mask, 1)])
 
 
-def pack_linears(model: Any) -> int:
-    """Run every fp32 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked once;
-    returns how many were packed (0 where oneDNN is missing or disagrees with `F.linear`).
+def pack_linears(model: Any) -> list[Any]:
+    """Run each fp32 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked now;
+    returns the modules changed (`unpack_linears` undoes it). Nothing where oneDNN is
+    missing or disagrees with `F.linear` here.
 
-    Why: on CPU, decode is matmuls at 1-16 rows, where MKL's `F.linear` reaches 35-90
-    GFLOP/s on one core and oneDNN on a prepacked weight 130-220 (2-3x on the 49k-row
-    lm_head). oneDNN's result for a row also does not depend on how many rows share the
-    matmul (MKL's does, by ~1e-5), so batching changes samples even less. The dense
-    weights are freed (the tied embedding keeps its own): only for a model this engine
-    owns, never for a policy that is being trained."""
+    Why: decode is matmuls of 1-16 rows, where MKL's `F.linear` reaches 35-90 GFLOP/s on
+    one core and oneDNN on a prepacked weight 130-220 (2-3x on a 49k-row lm_head). And
+    oneDNN's result for a row does not depend on how many rows share the matmul (MKL's
+    moves by ~1e-5), so batching changes samples even less. Costs one copy of the weights
+    in memory. The packed copy is a snapshot: weights changed later are not seen until
+    the modules are unpacked and packed again."""
     import torch
 
-    if not torch.backends.mkldnn.is_available():
-        return 0
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)
-               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
-    if not linears or not _packing_agrees(linears[0]):
-        return 0
-    linear_weights = {id(m.weight) for m in linears}
-    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear)
-              for p in m.parameters(recurse=False) if id(p) in linear_weights}
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)
+               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+               and m.weight.shape == (m.out_features, m.in_features)]  # a ZeRO-3 shard has another shape
+    if not linears or not _onednn_linear_works():
+        return []
     for m in linears:
-        packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach())
-        bias = m.bias.detach() if m.bias is not None else None
-        m.forward = _packed_forward(packed, bias)
-        if id(m.weight) not in shared:
-            m.weight = torch.nn.Parameter(m.weight.new_empty(0), requires_grad=False)
-    return len(linears)
+        m.forward = _packed_forward(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach()))
+    return linears
 
 
-def _packed_forward(packed: Any, bias: Any):
+def unpack_linears(modules: list[Any]) -> None:
+    """Give `modules` (from `pack_linears`) their own `nn.Linear.forward` back."""
+    for m in modules:
+        vars(m).pop("forward", None)
+
+
+def _packed_forward(linear: Any, packed: Any):
     import torch
+
+    bias = linear.bias.detach() if linear.bias is not None else None
 
     def forward(x: Any) -> Any:
+        if x.dtype != torch.float32:  # e.g. under autocast: the packed weight is fp32 only
+            return torch.nn.functional.linear(x, linear.weight, linear.bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     return forward
 
 
-def _packing_agrees(linear: Any) -> bool:
-    """Whether oneDNN's kernel runs here and matches `F.linear` on a probe (a guard for
-    builds and CPUs where the op is missing or wrong, which would fail far from here)."""
+@functools.cache
+def _onednn_linear_works() -> bool:
+    """Whether oneDNN's packed linear runs here and matches `F.linear` on a probe (a guard
+    for builds and CPUs without it, where it would fail far from here)."""
     import torch
 
+    if not torch.backends.mkldnn.is_available():
+        return False
+    probe = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 64)
     try:
         with torch.inference_mode():
-            x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0))
-            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-            got = _packed_forward(packed, linear.bias)(x)
-            want = torch.nn.functional.linear(x, linear.weight, linear.bias)
-    except RuntimeError:
+            got = _packed_forward(probe, torch.ops.mkldnn._reorder_linear_weight(probe.weight.detach()))(x)
+            want = probe(x)
+    except (RuntimeError, AttributeError):
         return False
-    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()) + 1e-6))
+    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-4))
+
+
+GROUPED_SDPA = "arle_grouped_sdpa"
+
+
+def use_grouped_attention(model: Any) -> bool:
+    """Switch a CPU model on transformers' "sdpa" attention to `_grouped_sdpa` (the same
+    results, bit for bit); returns whether it switched.
+
+    Why: with a padding mask, transformers copies each key/value head once per query head
+    it serves before calling SDPA (on CUDA the fused kernels refuse grouped heads with a
+    mask). The continuous batch always has a padding mask (rows merged at different
+    lengths), so every decode step copied the whole KV cache 3 times over for a model with
+    3 query heads per KV head (SmolLM2): 10% of the run. On CPU, SDPA takes the grouped
+    heads and the mask as they are."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
+        return False
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa)
+        AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+        model.set_attn_implementation(GROUPED_SDPA)
+    except (ImportError, ValueError, AttributeError):  # another transformers: keep its own sdpa
+        return False
+    return True
+
+
+def _grouped_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                  scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """transformers' `sdpa_attention_forward`, but with a mask on CPU the key/value heads go
+    to SDPA ungrouped (`enable_gqa`); every other case is handed to transformers as is."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1 or query.device.type != "cpu"
+            or kwargs.get("position_bias") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # With a mask transformers runs non-causal SDPA on the mask alone: the same call here.
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _load(model: str, device: str, dtype: str | None):

@@ -163,36 +163,63 @@ def _indexed(base: type) -> type:
 
 def _rloo_with_rollouts(base: type) -> type:
     """RLOOTrainer drawing arle rollouts: `_generate` returns them (TRL 1.16's RLOO has no
-    rollout hook), each row's episode joins its input for the reward, and environment tokens
-    leave the loss (RLOO has no env_mask: its completion mask is cut by ours)."""
+    rollout hook) and each row's episode joins its input for the reward. RLOO has no env_mask
+    either: environment tokens stay attended to, but their logprobs are zeroed wherever RLOO
+    sums a sequence's logprobs (the rollout's old logprobs, the reference's for the KL, the
+    loss's), so they carry no loss. The mask rides in the batch as `arle_loss_mask`, which
+    TRL shuffles and splits with the other tensors."""
+    import torch
 
     class RLOO(_indexed(base)):  # type: ignore[misc, valid-type]
+        arle_env_mask: list[list[int]] = []
+        _arle_mask: Any = None          # the loss mask of the rows being scored, when known
+        _arle_generating = False
+
         def _generate(self, prompts: list[Any]) -> tuple[list[list[int]], list[list[int]], list[Any]]:
             seqs = self.arle_rollout()
             self.arle_env_mask = seqs.env_mask
             for row, episode in zip(self.arle_inputs, seqs.episodes, strict=True):
                 row["episode"] = episode  # reward functions get every input column
             mode = "train" if self.model.training else "eval"
-            lengths = [sum(m) for m in seqs.env_mask]
             if mode == "train":
                 self.state.num_input_tokens_seen += sum(map(len, seqs.prompt_ids)) + sum(map(len, seqs.completion_ids))
             self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
+            lengths = [sum(m) for m in seqs.env_mask]
             self._metrics[mode]["completions/mean_length"].append(sum(lengths) / max(1, len(lengths)))
             texts = [episode.completion for episode in seqs.episodes]
             completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) \
                 else texts
             return seqs.prompt_ids, seqs.completion_ids, completions
 
-        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
-            out = super()._generate_and_score_completions(inputs)
-            import torch
-
-            mask = out["completion_mask"]
-            env = torch.zeros_like(mask)
+        def _mask_like(self, like: Any) -> Any:
+            mask = torch.zeros(like.shape[:2], dtype=torch.float32, device=like.device)
             for r, row in enumerate(self.arle_env_mask):
-                env[r, :len(row)] = torch.tensor(row[:mask.shape[1]], dtype=mask.dtype)
-            out["completion_mask"] = mask * env
+                row = row[:like.shape[1]]
+                mask[r, :len(row)] = torch.tensor(row, dtype=torch.float32)
+            return mask
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
+            self._arle_generating = True
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                self._arle_generating = False
+            out["arle_loss_mask"] = self._mask_like(out["completion_ids"])
             return out
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            self._arle_mask = inputs.get("arle_loss_mask")
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._arle_mask = None
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+            logps, *rest = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            mask = self._mask_like(logps) if self._arle_generating else self._arle_mask
+            if mask is not None and mask.shape == logps.shape:
+                logps = logps * mask.to(logps.dtype)
+            return (logps, *rest)
 
     RLOO.__name__ = base.__name__
     return RLOO
