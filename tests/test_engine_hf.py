@@ -92,3 +92,88 @@ def test_eos_token_ends_generation(engines):
         engine.eos_ids.discard(engine.tokenizer("\n")["input_ids"][0])
     assert eos in engine.eos_ids
     assert out.finish_reason == "stop" and len(out.token_ids) < 30
+
+
+def _greedy_ids(engine: HFEngine, prompts: list[str]) -> list[list[int]]:
+    reqs = [GenerationRequest(prompt=p, params=SamplingParams(max_tokens=10)) for p in prompts]
+    out = dict(engine.generate(reqs))
+    return [out[i].token_ids for i in range(len(prompts))]
+
+
+def test_live_policy_is_packed_per_call_and_follows_its_weights(tiny_model, tmp_path):
+    """A training policy's weights change between rollouts: the engine over the live model
+    must pack them afresh each call, hand the model its own forward back afterwards, and
+    sample exactly what an engine that loaded the same weights from disk samples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arlecli.engine.hf import pack_linears
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    tok = AutoTokenizer.from_pretrained(str(tiny_model), padding_side="left")
+    live = HFEngine("", model_obj=model, tokenizer=tok, batch_size=4)
+    prompts = ["def f(x):", "hello there", "count count count"]
+    before = _greedy_ids(live, prompts)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all("forward" not in vars(m) for m in linears)  # the policy trains on its own modules
+    with torch.no_grad():  # an optimizer step
+        for m in linears:
+            m.weight.mul_(-1.5)
+    after = _greedy_ids(live, prompts)
+    assert after != before
+    model.save_pretrained(tmp_path / "stepped")
+    tok.save_pretrained(tmp_path / "stepped")
+    owned = HFEngine(str(tmp_path / "stepped"), batch_size=1)
+    assert owned._packed, "oneDNN packing is expected on these CPUs"
+    assert _greedy_ids(owned, prompts) == after
+    assert pack_linears(owned.model) == []  # already packed modules are left alone
+
+
+def test_packed_linear_rows_do_not_depend_on_the_batch():
+    """oneDNN's packed matmul gives a row the same bits at any number of rows (why it is
+    used: batching must not change a sample), and agrees with F.linear."""
+    import torch
+
+    from arlecli.engine.hf import pack_linears, unpack_linears
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 500, bias=False))
+    x = torch.randn(16, 64)
+    with torch.inference_mode():
+        want = net(x)
+        packed = pack_linears(net)
+        assert len(packed) == 2
+        rows = [net(x[i:i + 1]) for i in range(16)]
+        full = net(x)
+        unpack_linears(packed)
+        assert torch.equal(net(x), want)
+    assert torch.equal(torch.cat(rows), full)
+    assert torch.allclose(full, want, atol=1e-4, rtol=1e-4)
+
+
+def test_grouped_attention_equals_transformers_sdpa_with_padding(engines):
+    """The grouped-head attention an owned CPU model runs is bit-identical to transformers'
+    own sdpa path, on a left-padded batch (the mask is what made transformers copy K/V)."""
+    import torch
+
+    from arlecli.engine.hf import GROUPED_SDPA
+
+    model = engines[0].model
+    assert model.config._attn_implementation == GROUPED_SDPA
+    assert model.config.num_attention_heads > model.config.num_key_value_heads
+    ids = torch.randint(3, 500, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[1, :1] = 0
+
+    def logits() -> torch.Tensor:
+        with torch.inference_mode():
+            return model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+
+    grouped = logits()
+    try:
+        model.set_attn_implementation("sdpa")
+        reference = logits()
+    finally:
+        model.set_attn_implementation(GROUPED_SDPA)
+    assert torch.equal(grouped, reference)

@@ -283,3 +283,38 @@ def test_settings_layers_and_values():
         resolve({}, {}, {"output_dir": "x"})
     with pytest.raises(UserError, match="must be a number"):
         resolve({}, {}, {"beta": "high"})
+
+
+def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
+    """`arle train frozenlake --algo ppo`: whole episodes from the env driver; the env's boards
+    are attended to but are no actions (PPO's mask is 0 on them)."""
+    import arlecli.train.ppo as ppo
+
+    batches = []
+    score = ppo.score_rollout
+
+    def recording(policy, episodes, indices, temperature, micro):
+        batch = score(policy, episodes, indices, temperature, micro)
+        batches.append(batch)
+        return batch
+
+    monkeypatch.setattr(ppo, "score_rollout", recording)
+    run = tmp_path / "run"
+    train_in_process("frozenlake", "--algo", "ppo", "--model", str(tiny_model), *TINY_PPO, "--max-tokens", "6",
+                     "--max-steps", "2", "--eval-limit", "1", "--set", "eval_max_tokens=4", "--output", str(run))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["policy_loss"]) for r in rows)
+    lines = [json.loads(line) for line in (run / "rewards.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(x["end_reason"] and x["turns"] >= 1 for x in lines)
+    assert len(batches) == 2
+    from arlecli.train.rollout import flatten_episode
+
+    for batch in batches:
+        for r, episode in enumerate(batch.episodes):
+            _, completion, env_mask, _ = flatten_episode(episode)  # up to a seam, if the template rewrote history
+            attended = int(batch.attention_mask[r, batch.prompt_len:].sum())
+            assert batch.mask[r, :len(env_mask)].tolist() == env_mask and int(batch.mask[r].sum()) == sum(env_mask)
+            assert attended == len(completion) and batch.sequences[r, batch.prompt_len:][:attended].tolist() == completion
+    # The boards between turns are in the sequences, attended to and masked out of the loss.
+    assert any(0 in flatten_episode(e)[2] for b in batches for e in b.episodes), "the test needs multi-turn episodes"
+    assert (run / "final" / "model.safetensors").exists()
