@@ -119,6 +119,9 @@ def train_command(
                                                 "temperature (default 1.0)."),
     quantization: Optional[str] = options.QUANTIZATION,
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
+    vllm_server: Optional[str] = typer.Option(None, "--vllm-server", help="URL of a `trl vllm-serve` server: "
+                                              "grpo/rloo rollouts run there, weights synced by TRL over NCCL "
+                                              "(multi-node; needs CUDA)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
                                           "(default: runs/train-BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint (the latest "
@@ -172,7 +175,8 @@ def train_command(
              "lora_rank": lora_rank, "eval_every": eval_every, "eval_split": eval_split, "eval_limit": eval_limit,
              "max_steps": max_steps, "num_generations": num_generations, "learning_rate": learning_rate,
              "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
-             "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype}
+             "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
+             "vllm_server": vllm_server}
     cfg = resolve(recipe_data, flags, parse_set(sets or []), recipe_name=recipe_name)
     if not cfg.options.benchmark:
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")

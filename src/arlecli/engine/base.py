@@ -50,6 +50,14 @@ class Completion:
     finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
 
 
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """`text` up to its first stop string, as OpenAI-compatible servers return it (every
+    engine cuts the same way, so a stop means the same thing on every backend)."""
+    positions = [text.find(s) for s in stop if s]
+    positions = [p for p in positions if p >= 0]
+    return text[:min(positions)] if positions else text
+
+
 class Engine(Protocol):
     """Every backend implements this."""
 

@@ -148,7 +148,7 @@ class HFEngine:
         with torch.inference_mode():
             while active or waiting:
                 free = self.batch_size - len(active)
-                if waiting and (not active or free >= max(1, self.batch_size // 4)):
+                if waiting and (not active or free >= getattr(self, "_refill_min", max(1, self.batch_size // 4))):
                     rows = [waiting.popleft() for _ in range(min(free, len(waiting)))]
                     logits, new_cache, new_mask, new_pos = self._prefill(rows)
                     tokens, keep, finished = self._step(rows, logits)

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.engine.base import Completion, GenerationRequest, SamplingParams, cut_at_stop
 from arlecli.errors import UserError
 
 # 408/409/425 are "try again" answers too; every 5xx is retried as well.
@@ -321,7 +321,7 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
         text = choice.get("text") or ""
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
     # Some servers ignore `stop` or accept only 4 of them, so cut here as well.
-    cut = _cut_at_stop(text, stop)
+    cut = cut_at_stop(text, stop)
     if cut != text:
         text, finish = cut, "stop"
     # vLLM puts prompt_token_ids on the choice for /completions and on the response for chat.
@@ -333,12 +333,6 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
         logprobs=_logprobs(choice.get("logprobs"), chat),
         finish_reason=finish,
     )
-
-
-def _cut_at_stop(text: str, stop: list[str]) -> str:
-    positions = [text.find(s) for s in stop if s]
-    positions = [p for p in positions if p >= 0]
-    return text[: min(positions)] if positions else text
 
 
 def _logprobs(raw: Any, chat: bool) -> list[float] | None:

@@ -75,6 +75,9 @@ class TrainOptions:
     vllm_max_model_len: int | None = None
     quantization: str | None = None
     kv_cache_dtype: str | None = None
+    # TRL's server mode (multi-node): rollouts on a `trl vllm-serve` at this URL, weights synced
+    # by TRL over NCCL (grpo and rloo).
+    vllm_server: str | None = None
 
 
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
@@ -226,6 +229,12 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
 def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
     if opts.backend not in TRAIN_BACKENDS:
         raise UserError(f"unknown rollout backend {opts.backend!r}: choose one of {', '.join(TRAIN_BACKENDS)}")
+    if opts.vllm_server:
+        if opts.algo == "ppo":
+            raise UserError("--vllm-server is TRL's server mode, for --algo grpo and rloo; PPO's rollouts run "
+                            "in-process: use --backend vllm")
+        if not opts.vllm_server.startswith(("http://", "https://")):
+            raise UserError(f"--vllm-server {opts.vllm_server!r}: give the server's URL, e.g. http://node1:8000")
     if opts.lora_rank < 0:
         raise UserError("lora_rank must be >= 0 (0 is a full fine-tune)")
     if opts.eval_limit < 0 or opts.eval_every < 0:

@@ -84,7 +84,8 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
     import torch
 
     opts = cfg.options
-    trl = import_trl(False)  # TRL never generates here (see the module docstring)
+    # TRL never generates here (see the module docstring); it needs vLLM only to reach a server.
+    trl = import_trl(bool(opts.vllm_server))
     fields = dict(cfg.trainer)
     fields["output_dir"] = str(run_dir)
     fields.setdefault("max_completion_length", default_max_tokens)  # the card's budget, as the eval uses
@@ -95,6 +96,10 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
         # TRL defaults bf16=True; CPUs here have no bf16 units (slower) and need use_cpu.
         fields.setdefault("use_cpu", True)
         fields.setdefault("bf16", False)
+    if opts.vllm_server:
+        # TRL's server mode: TRL connects to the server and syncs the weights before each
+        # rollout; arle's rollouts then generate there (engine.trl_server).
+        fields.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=opts.vllm_server.rstrip("/"))
     _check_report_to(fields.get("report_to"))
     cls = trl.GRPOConfig if opts.algo == "grpo" else trl.RLOOConfig
     try:
@@ -125,7 +130,7 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
 
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights"/"Writing model shards" bars are noise here
 
-    trl = import_trl(False)
+    trl = import_trl(bool(cfg.options.vllm_server))
     dataset = Dataset.from_list([{"prompt": p, "task_index": i, "task_id": reward.tasks[i].id}
                                  for i, p in enumerate(prompts)])
     extra: dict[str, Any] = {}
@@ -138,6 +143,8 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
     trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                   peft_config=lora_config(cfg), callbacks=callbacks, **extra)
     trainer.arle_rollouts = rollouts
+    if cfg.options.vllm_server:
+        rollouts.engine.client = trainer.vllm_generation.vllm_client
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
     return trainer
 
@@ -176,6 +183,9 @@ def _rloo_with_rollouts(base: type) -> type:
         _arle_generating = False
 
         def _generate(self, prompts: list[Any]) -> tuple[list[list[int]], list[list[int]], list[Any]]:
+            if self.use_vllm and self.state.global_step != self._last_loaded_step:  # --vllm-server
+                self.vllm_generation.sync_weights()  # what RLOO's own generation would do first
+                self._last_loaded_step = self.state.global_step
             seqs = self.arle_rollout()
             self.arle_env_mask = seqs.env_mask
             for row, episode in zip(self.arle_inputs, seqs.episodes, strict=True):

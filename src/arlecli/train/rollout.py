@@ -115,7 +115,9 @@ class PolicyEngine:
     policy module: no copy, always current. `vllm`: one in-process vLLM engine for the whole
     run (`VLLMEngine`, colocated), into which the policy's weights are loaded before a
     rollout whenever they changed (a LoRA adapter is merged for the copy, then unmerged).
-    `version` names the weights (the optimizer step): equal versions skip the sync."""
+    `version` names the weights (the optimizer step): equal versions skip the sync.
+    `vllm-server`: TRL's vLLM server (`--vllm-server URL`) through `client` (the trainer's
+    VLLMClient, set once the trainer exists), whose weights TRL's trainer syncs itself."""
 
     def __init__(self, backend: str, model_path: str, *, batch_size: int = 16,
                  vllm_options: dict[str, Any] | None = None) -> None:
@@ -125,6 +127,7 @@ class PolicyEngine:
         self.vllm_options = dict(vllm_options or {})
         self._vllm: Any = None
         self._version: int | None = None
+        self.client: Any = None  # vllm-server: TRL's VLLMClient
 
     @contextlib.contextmanager
     def over(self, model: Any, tokenizer: Any, version: int) -> Iterator[Any]:
@@ -135,6 +138,10 @@ class PolicyEngine:
         try:
             if self.backend == "vllm":
                 yield self._synced(model, version)
+            elif self.backend == "vllm-server":
+                from arlecli.engine.trl_server import TRLServerEngine
+
+                yield TRLServerEngine(self.client, tokenizer)
             else:
                 from arlecli.engine.hf import HFEngine
 

@@ -185,7 +185,9 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
                         gather=ranks.gather if ranks.world > 1 else None)
     engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
                           vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))))
-    rollouts = Rollouts(card, tasks, exemplars, rollout_sampling(cfg, card), engine)
+    # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
+    rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "") if opts.vllm_server else engine
+    rollouts = Rollouts(card, tasks, exemplars, rollout_sampling(cfg, card), rollout_engine)
     heldout = None
     if opts.eval_limit:
         eval_opts = EvalOptions(split=eval_split, limit=opts.eval_limit, temperature=0.0,
