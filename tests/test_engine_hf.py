@@ -177,3 +177,42 @@ def test_grouped_attention_equals_transformers_sdpa_with_padding(engines):
     finally:
         model.set_attn_implementation(GROUPED_SDPA)
     assert torch.equal(grouped, reference)
+
+
+def test_length_groups_bound_the_padding_of_each_prefill():
+    from arlecli.engine.hf import MAX_PREFILL_PADDING, length_groups
+
+    lengths = [181, 170, 150, 136, 135, 120, 101, 99, 40]
+    groups = length_groups(lengths)
+    assert groups == [(0, 4), (4, 6), (6, 8), (8, 9)]
+    for start, end in groups:
+        run = lengths[start:end]
+        assert min(run) >= (1 - MAX_PREFILL_PADDING) * max(run)
+    assert length_groups([7, 7, 6]) == [(0, 3)]
+
+
+def test_mixed_length_prompts_are_prefilled_in_groups(engines, monkeypatch):
+    """Prompts of very different lengths admitted together are prefilled in groups of
+    similar length (little padding) whose caches are merged; every sample still equals
+    its batch-of-one run."""
+    batched, single = engines
+    prefills: list[tuple[int, int]] = []
+    forward = batched.model.forward
+
+    def spy(*args, **kwargs):
+        mask = kwargs["attention_mask"]
+        if kwargs["input_ids"].shape[1] > 1:
+            prefills.append((int((mask == 0).sum()), mask.numel()))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(batched.model, "forward", spy)
+    reqs = [GenerationRequest(prompt="def f(x): return x" * n,
+                              params=SamplingParams(max_tokens=6, temperature=0.7 * (n % 2), seed=n))
+            for n in (12, 1, 7, 2, 12, 4, 1, 9)]
+    grouped = dict(batched.generate(reqs))
+    monkeypatch.undo()
+    assert len(prefills) >= 3  # one admission of 8 rows, prefilled as several groups
+    assert all(padding <= 0.25 * slots for padding, slots in prefills)
+    alone = dict(single.generate(reqs))
+    for i in range(len(reqs)):
+        assert grouped[i].token_ids == alone[i].token_ids, i

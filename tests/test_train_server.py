@@ -9,7 +9,6 @@ through it are the collector's, and the one-line refusals.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +66,6 @@ def test_the_server_engine_produces_the_collectors_episodes(tiny_model):
     assert len(episodes) == 3 and len(client.calls) == 3
     for j, (i, k) in enumerate([(0, 0), (1, 0), (1, 1)]):
         turn = episodes[j].turns[0]
-        params = sampling.params(card, tasks[i].id, k)
         assert turn.completion == " 42 #### 42\n\n" and turn.finish_reason == "stop"
         from arlecli.engine.base import GenerationRequest
 

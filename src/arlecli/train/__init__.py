@@ -9,7 +9,9 @@ Where things happen:
                  (hf over the live weights, or in-process vLLM synced to them), as token sequences
     reward.py    the one reward adapter: TRL reward function over the card's score(task, episode)
     grpo.py      GRPO and RLOO through TRL's trainers, fed arle's rollouts (LoRA config, CPU settings)
-    ppo.py       PPO with a value head, in plain PyTorch (TRL 1.16 has no PPO), on arle's rollouts
+    ppo.py       PPO with a value head, in plain PyTorch (TRL 1.16 has no PPO)
+    ppo_run.py   PPO on a card: arle's rollouts, the reward and held-out evals around ppo.train_ppo
+    ranks.py     this process among the ranks under accelerate (main process, barriers, gather)
     heldout.py   held-out evaluation of the weights being trained, through the eval runner
     metrics.py   metrics.jsonl: one line per logged step, with throughput
     launch.py    re-launching a run under accelerate (DDP, DeepSpeed ZeRO, FSDP; multi-node)

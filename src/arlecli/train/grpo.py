@@ -28,6 +28,7 @@ from arlecli.errors import UserError
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut
 from arlecli.train.metrics import MetricsLog
+from arlecli.train.ranks import Ranks, barrier_callback, sharded
 from arlecli.train.reward import CardReward
 from arlecli.train.rollout import Rollouts, Sequences
 
@@ -261,6 +262,52 @@ def make_callback(metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] 
                 metrics.exclude(time.monotonic() - started)
 
     return ArleCallback()
+
+
+def run_trl(cfg: TrainConfig, args: Any, spec: Any, prompts: list[Any], rollouts: Rollouts, reward: CardReward,
+            run_dir: Path, checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None, view: Any,
+            ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
+    """Train with GRPO/RLOO (`args` from trainer_args), held-out evals before and after; returns
+    (every evaluation's results by label, the last step). Every rank calls it (see train.ranks)."""
+    from arlecli.train.run import FINAL
+
+    ranks = ranks or Ranks()
+    # With the weights split over the ranks (ZeRO-3, FSDP) the main process cannot generate
+    # alone: it evaluates the saved weights instead (before: the start model, after: final/).
+    from_disk = ranks.world > 1 and sharded()
+    every = cfg.options.eval_every
+    if from_disk and every and heldout is not None:
+        view.message("warning: --eval-every is not supported with ZeRO-3/FSDP; evaluating before and after only")
+        every = 0
+    callbacks = [make_callback(metrics, view.log, heldout, every)]
+    if ranks.world > 1 and heldout is not None and every:
+        callbacks.append(barrier_callback(ranks, every))  # runs after the main process's evaluation
+    trainer = build_trainer(cfg, args, load_model(spec.path_or_id or "", spec.is_adapter), prompts, reward,
+                            rollouts, callbacks)
+    evals: dict[str, dict[str, Any]] = {}
+
+    def evaluate(label: str, path: str) -> None:
+        if from_disk:
+            evals[label] = heldout.evaluate_saved(label, path)
+        else:
+            evals[label] = heldout.evaluate(trainer.model, trainer.processing_class, label, trainer.state.global_step)
+
+    if heldout is not None:
+        if ranks.main:
+            evaluate("step-0", spec.path_or_id or "")
+        ranks.barrier()
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    step = trainer.state.global_step
+    # Every rank takes part (ZeRO-3/FSDP gather the weights); the trainer writes on the main one.
+    trainer.save_model(str(run_dir / FINAL))  # adapter only for LoRA; `arle eval` merges it on load
+    if heldout is not None:
+        if ranks.main:
+            evals = {**heldout.finished(), **evals}  # every-N evaluations, from before a resume too
+            if f"step-{step}" not in evals:
+                evaluate(f"step-{step}", str(run_dir / FINAL))
+        ranks.barrier()
+    return evals, step
+
 
 
 def load_model(path: str, is_adapter: bool) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from arlecli.cards import Card
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.results import META
+from arlecli.results import META, read_json
 from arlecli.train.rollout import PolicyEngine
 
 
@@ -34,6 +34,12 @@ class HeldOut:
     def dir_for(self, label: str) -> Path:
         """The eval run directory for `label` (step-0, step-20 ...)."""
         return self.run_dir / "eval" / label
+
+    def finished(self) -> dict[str, dict[str, Any]]:
+        """Results of the evaluations already finished in this run directory, by label."""
+        root = self.run_dir / "eval"
+        done = sorted(root.glob("step-*/results.json")) if root.exists() else []
+        return {path.parent.name: read_json(path) for path in done}
 
     def evaluate(self, model: Any, tokenizer: Any, label: str, version: int) -> dict[str, Any]:
         """Evaluate `model` (weights of optimizer step `version`) into eval/<label>/.
