@@ -2,7 +2,7 @@
 
 `collect` is what `arle eval`, GRPO, RLOO and PPO all call (eval.py, train/rollout.py), for
 single-turn, multi-turn and @rollout cards alike: it builds each episode's env, gives each
-sample its settings (`Sampling.params`: the card's stop strings, the per-token budget, a
+sample its settings (`Sampling.params`: the card's stop strings, the per-turn token budget, a
 per-sample seed that depends only on (seed, task id, sample number)), and runs the env
 kind's registered driver. So a training rollout and an eval sample of the same weights,
 seed and task are the same tokens, by construction.
