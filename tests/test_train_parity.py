@@ -43,20 +43,26 @@ def frequent_substring(texts: list[str]) -> str:
 
 def gsm8k_card(tmp_path: Path, tiny_model: Path) -> Path:
     """The gsm8k card on its fixture rows, plus a stop string the tiny model writes mid-text (it
-    never writes the card's own "Question:"), so stops really cut its completions."""
-    from arlecli.engine.base import GenerationRequest, SamplingParams
+    never writes the card's own "Question:"), so stops really cut its completions. The string
+    is read off the very samples step 0 draws (seed SEED, samples 0-3 of every task, card stops
+    only): a stop cuts text it occurs in, and the text before it is unchanged."""
+    from arlecli.cards import resolve_references
     from arlecli.engine.hf import HFEngine
+    from arlecli.envs.episodes import Sampling, collect
+    from arlecli.eval import EvalOptions, load_tasks
+    from arlecli.registry import load_card
 
     data = yaml.safe_load((ROOT / "benchmarks" / "gsm8k.yaml").read_text())
-    rows = [json.loads(line) for line in Path(GSM8K_ROWS).read_text().splitlines()]
-    engine = HFEngine(str(tiny_model))
-    requests = [GenerationRequest(prompt=f"Question: {r['question']}\nAnswer:",
-                                  params=SamplingParams(temperature=1.0, max_tokens=TOKENS, seed=s))
-                for r in rows for s in range(4)]
-    texts = [c.text for _, c in engine.generate(requests)]
-    data["prompt"]["stop"] = [*data["prompt"]["stop"], frequent_substring(texts)]
     data["source"] = {"kind": "files", "path": GSM8K_ROWS}
     path = tmp_path / "gsm8k_stops.yaml"
+    path.write_text(yaml.safe_dump(data))
+    card = load_card(str(path))
+    resolve_references(card)
+    tasks, _ = load_tasks(card, EvalOptions(num_fewshot=0))
+    draws = [(i, k) for i in range(len(tasks)) for k in range(4)]
+    sampling = Sampling(temperature=1.0, max_tokens=TOKENS, seed=SEED)
+    texts = [e.completion for _, e in collect(card, HFEngine(str(tiny_model)), tasks, [], draws, sampling)]
+    data["prompt"]["stop"] = [*data["prompt"]["stop"], frequent_substring(texts)]
     path.write_text(yaml.safe_dump(data))
     return path
 

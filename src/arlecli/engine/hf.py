@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.engine.base import Completion, GenerationRequest, SamplingParams, cut_at_stop
 from arlecli.engine.tokens import encode_request
 from arlecli.errors import UserError
 
@@ -247,12 +247,10 @@ class HFEngine:
 
     def _completion(self, r: _Row, why: str) -> Completion:
         ids = r.out[:-1] if why == "eos" else r.out
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if why == "stop" or r.params.stop:
-            cuts = [text.find(s) for s in r.params.stop if s in text]
-            if cuts:
-                text = text[:min(cuts)]
-                why = "stop"
+        full = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = cut_at_stop(full, r.params.stop)
+        if text != full:
+            why = "stop"
         return Completion(text=text, token_ids=list(r.out), prompt_token_ids=list(r.prompt_ids),
                           logprobs=list(r.logprobs) if r.params.logprobs else None,
                           finish_reason="length" if why == "length" else "stop")
