@@ -273,3 +273,30 @@ def test_no_token_after_a_stop_string_reaches_grpo(tmp_path, tiny_model, monkeyp
     lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert all(stop not in line["completion"] for line in lines)
     assert sum(line["finish_reason"] == "stop" for line in lines) >= stopped
+
+
+def test_tasks_travel_by_index_even_when_their_prompts_are_identical(tiny_model):
+    """Two tasks with the same prompt text and different answers stay two tasks: each rollout
+    belongs to the task whose index the trainer drew (the old multi-turn path keyed tasks by
+    prompt text, so identical prompts collided)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arlecli.envs.episodes import Sampling
+    from arlecli.registry import load_card
+    from arlecli.train.reward import CardReward
+    from arlecli.train.rollout import PolicyEngine, Rollouts
+    from arlecli.types import Task
+
+    card = load_card("gsm8k")
+    tasks = [Task("a", "What is 2 plus 2?", "#### 4"), Task("b", "What is 2 plus 2?", "#### 5")]
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model), padding_side="left")
+    rollouts = Rollouts(card, tasks, [], Sampling(temperature=1.0, max_tokens=4, seed=SEED), PolicyEngine("hf", ""))
+    episodes = rollouts.episodes([1, 0, 1], 0, policy, tokenizer)
+    assert [e.task_id for e in episodes] == ["b", "a", "b"]
+    assert rollouts.draws([1, 1], 0) == [(1, 2), (1, 3)]  # later draws of a task in one step: new samples
+    assert rollouts.draws([1], 1) == [(1, 0)]  # a new step starts its samples afresh
+    for episode in episodes:
+        episode.turns[0].completion = "#### 5"
+    scores = CardReward(card, tasks).score(episodes, [1, 0, 1])
+    assert [s.correct for s in scores] == [True, False, True]
