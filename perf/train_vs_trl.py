@@ -298,6 +298,33 @@ class Run:
         return self.wall_s - sum(s["seconds_per_step"] for s in self.steps)
 
 
+def snapshot_source(work: Path) -> tuple[Path, dict[str, Any]]:
+    """A copy of src/ under `work` for the children's PYTHONPATH, and what it was copied from.
+
+    Why: the checkout is shared with people editing it; a child that imports arle after an
+    edit would measure other code than its peer did. Every child of one invocation imports
+    this copy (ahead of the editable install), and the result records the commit and any
+    uncommitted changes under src/ it was taken with."""
+    import hashlib
+    import shutil
+
+    snap = work / "src"
+    shutil.copytree(ROOT / "src", snap, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    digest = hashlib.sha256()
+    for path in sorted(snap.rglob("*.py")):
+        digest.update(str(path.relative_to(snap)).encode() + path.read_bytes())
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return snap, {"commit": git("rev-parse", "--short", "HEAD"),
+                  "uncommitted_in_src": git("status", "--porcelain", "--", "src").splitlines(),
+                  "src_sha256": digest.hexdigest()[:16]}
+
+
 def run_measured(cmd: list[str], log: Path, env: dict[str, str]) -> tuple[float, float]:
     """Run `cmd`; return (wall seconds, peak RSS in MB) from wait4 (this child only)."""
     started = time.monotonic()
@@ -439,7 +466,7 @@ def profile_run(tool: str, run: Callable[[dict[str, str]], None], work: Path, st
         per_step[label] = {"seconds_per_step": round(seconds / steps, 5), "calls": calls}
     train_s, _ = cumulative("transformers/trainer.py", "training_step")
     out = {"hooks": per_step, "trainer_training_step_seconds_per_step": round(train_s / steps, 3),
-           "top": top_functions(prof, steps),
+           "top": top_functions(prof, steps), "top_own": top_functions(prof, steps, by="own"),
            "note": "cProfile inflates Python-heavy code; the hooks' shares are upper bounds"}
     if tool == "arle":
         out["arle_bookkeeping_seconds_per_step"] = round(
@@ -447,15 +474,17 @@ def profile_run(tool: str, run: Callable[[dict[str, str]], None], work: Path, st
     return out
 
 
-def top_functions(prof: Path, steps: int, n: int = 25) -> list[dict[str, Any]]:
-    """The `n` functions with the most cumulative time per step in a cProfile dump (the CLI's
-    and the profiler's own frames left out)."""
+def top_functions(prof: Path, steps: int, n: int = 25, by: str = "cumulative") -> list[dict[str, Any]]:
+    """The `n` functions with the most time per step in a cProfile dump, by cumulative time or
+    by their own time (`by="own"`: where torch's kernels show up, as the builtins that call
+    them); the CLI's and the profiler's own frames are left out."""
     import pstats
 
     stats = pstats.Stats(str(prof)).stats
     skip = ("<module>", "runcall", "<built-in method builtins.exec>")
+    column = 2 if by == "own" else 3
     out = []
-    for (file, line, func), (_, calls, tottime, cumtime, _) in sorted(stats.items(), key=lambda kv: -kv[1][3]):
+    for (file, line, func), (_, calls, tottime, cumtime, _) in sorted(stats.items(), key=lambda kv: -kv[1][column]):
         if func in skip or any(x in file for x in ("/click/", "/typer/", "arlecli/cli/")):
             continue
         short = "/".join(Path(file).parts[-3:]) if file.startswith("/") else file
@@ -518,6 +547,8 @@ def summarize(runs: list[Run]) -> dict[str, Any]:
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n{result['title']}\n{result['date']}  {result['machine']['cpu']} ({result['machine']['cores']} cores)")
     print("  ".join(f"{k} {v}" for k, v in result["versions"].items()))
+    src = result["source"]
+    print(f"arle source: commit {src['commit']}, uncommitted in src/: {src['uncommitted_in_src'] or 'none'}")
     print(f"model {result['model']}; {result['steps']} steps (first = warm-up, not timed) x {result['repeats']} "
           f"repeats per tool (seeds {result['seeds']}), interleaved; max_completion_length "
           f"{result['trainer_config']['max_completion_length']}; threads: {result['threads'] or 'torch default'}")
@@ -567,6 +598,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
     p.add_argument("--profile", action="store_true",
                    help="one more run per tool under cProfile: where a step goes (automatic when the target is missed)")
+    p.add_argument("--no-profile", action="store_true", help="no profile runs, even when the target is missed")
     p.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -600,12 +632,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = trainer_fields(recipe, steps, args.max_completion_length)
     lora = {"r": int(recipe["lora_rank"]), "alpha": int(recipe.get("lora_alpha") or 2 * recipe["lora_rank"])}
     batch = int(config["per_device_train_batch_size"])
+    work = Path(tempfile.mkdtemp(prefix="arle-perf-train-"))
+    src, source = snapshot_source(work)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        [str(src), *filter(None, [os.environ.get("PYTHONPATH")])])}
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
 
-    work = Path(tempfile.mkdtemp(prefix="arle-perf-train-"))
     model, model_name = model_path(args.quick, work)
     prompts = work / "prompts.json"
     n_rows, card_stop = render_prompts(prompts)
@@ -631,7 +664,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "card": str(CARD.relative_to(ROOT)),
         "recipe": str(RECIPE.relative_to(ROOT)), "train_rows": n_rows, "steps": steps, "repeats": repeats,
         "threads": args.threads, "trainer_config": config, "lora": lora,
-        "command": " ".join(["python", "perf/train_vs_trl.py", *argv]),
+        "command": " ".join(["python", "perf/train_vs_trl.py", *argv]), "source": source,
         "table": table, "target_ratio": TARGET_RATIO, "ceiling_ratio": CEILING_RATIO,
         "target_met": table["seconds_per_step"]["ratio"] <= TARGET_RATIO,
         "ceiling_met": table["seconds_per_step"]["ratio"] <= CEILING_RATIO,
@@ -655,7 +688,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  for r in runs],
         "load_avg_at_end": os.getloadavg(),
     }
-    if args.profile or (not args.quick and not result["target_met"]):
+    if args.profile or (not args.quick and not args.no_profile and not result["target_met"]):
         psteps = min(steps, 3)  # the hooks cost the same every step
         pconfig = {**config, "max_steps": psteps}
         result["profiles"] = {
