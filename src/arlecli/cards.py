@@ -124,7 +124,9 @@ def _take(d: dict[str, Any], key: str, typ: type | tuple[type, ...], path: Path 
             raise _fail(path, fld, "is missing; add it to the card")
         return None if default is ... else default
     val = d[key]
-    if not isinstance(val, typ):
+    # YAML's `true` is an int to Python; a count or a size given `true` is a mistake.
+    wants_bool = typ is bool or (isinstance(typ, tuple) and bool in typ)
+    if not isinstance(val, typ) or (isinstance(val, bool) and not wants_bool):
         names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
         raise _fail(path, fld, f"must be {names}, got {type(val).__name__} ({val!r})")
     return val
@@ -186,6 +188,15 @@ def parse_card(data: Any, path: Path | str) -> Card:
         stop=list(_take(pr, "stop", list, path, "prompt", default=[])),
         max_tokens=_take(pr, "max_tokens", int, path, "prompt", default=512),
     )
+    for i, stop in enumerate(prompt.stop):
+        if not isinstance(stop, str) or not stop:
+            raise _fail(path, f"prompt.stop[{i}]", f"must be a non-empty string, got {stop!r}; quote it in the card")
+    if prompt.max_tokens <= 0:
+        raise _fail(path, "prompt.max_tokens", f"must be at least 1, got {prompt.max_tokens}")
+    if prompt.fewshot.n < 0:
+        raise _fail(path, "prompt.fewshot.n", f"must be 0 or more, got {prompt.fewshot.n}")
+    if source.kind == "generator":
+        _check_generator_splits(source, path)
     if prompt.fewshot.n and not prompt.fewshot.split:
         raise _fail(path, "prompt.fewshot.split", "is missing; few-shot exemplars need a split to come from")
 
@@ -217,7 +228,38 @@ def parse_card(data: Any, path: Path | str) -> Card:
         fixture=_take(data, "fixture", str, path, ""),
         path=Path(path) if not isinstance(path, Path) else path,
     )
+    _check_reward_params(card, path)
     return card
+
+
+def _check_generator_splits(source: Source, path: Path | str) -> None:
+    """Each split of a generator source is {seed, size}: whole numbers, size at least 1."""
+    for split, spec in source.splits.items():
+        fld = f"source.splits.{split}"
+        if not isinstance(spec, dict) or "seed" not in spec or "size" not in spec:
+            raise _fail(path, fld, f"a generator split needs {{seed, size}}, got {spec!r}")
+        for key in ("seed", "size"):
+            val = spec[key]
+            if not isinstance(val, int) or isinstance(val, bool):
+                raise _fail(path, f"{fld}.{key}", f"must be a whole number, got {type(val).__name__} ({val!r})")
+        if spec["size"] < 1:
+            raise _fail(path, f"{fld}.size", f"must be at least 1, got {spec['size']}")
+        if spec["seed"] < 0:
+            raise _fail(path, f"{fld}.seed", f"must be 0 or more, got {spec['seed']}")
+
+
+def _check_reward_params(card: Card, path: Path | str) -> None:
+    """Hold the card's reward params to what the reward declares (its factory's signature).
+
+    An unknown reward name is left to `resolve_references`, which reports it with near names."""
+    from arlecli.rewards import ParamError, check_params
+
+    try:
+        check_params(card.reward, card.reward_params)
+    except ParamError as exc:
+        raise _fail(path, f"reward.params.{exc.param}", exc.reason) from None
+    except UserError:
+        return
 
 
 def load_card_file(path: Path) -> Card:

@@ -11,6 +11,7 @@ Search order for a name (first wins, so a user can shadow a packaged card):
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -67,12 +68,37 @@ def load_card(name_or_path: str) -> Card:
         near = difflib.get_close_matches(name_or_path, paths, n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(near)}?" if near else ""
         raise UserError(f"unknown benchmark '{name_or_path}'{hint} (see `arle bench list`)")
-    card = load_card_file(paths[name_or_path])
-    if card.name != name_or_path:
-        raise UserError(f"{card.path}: field 'name': '{card.name}' must match the file name '{name_or_path}'")
+    return _load_named(name_or_path, paths[name_or_path])
+
+
+def _load_named(name: str, path: Path) -> Card:
+    card = load_card_file(path)
+    if card.name != name:
+        raise UserError(f"{card.path}: field 'name': '{card.name}' must match the file name '{name}'")
     return card
 
 
 def list_cards() -> list[Card]:
-    """All known cards, parsed and validated, sorted by name."""
+    """All known cards, parsed and validated, sorted by name; the first broken one raises."""
     return sorted((load_card_file(p) for p in card_paths().values()), key=lambda c: c.name)
+
+
+@dataclass
+class BrokenCard:
+    """A card file that does not load: its name (the file's stem), file and the one-line reason."""
+
+    name: str
+    path: Path
+    reason: str
+
+
+def scan_cards() -> tuple[list[Card], list[BrokenCard]]:
+    """Every known card, sorted by name, and the broken ones apart, so that one bad file in
+    `$ARLE_HOME/benchmarks` hides nothing else from `arle bench list`."""
+    cards, broken = [], []
+    for name, path in card_paths().items():
+        try:
+            cards.append(_load_named(name, path))
+        except UserError as exc:
+            broken.append(BrokenCard(name, path, str(exc)))
+    return sorted(cards, key=lambda c: c.name), sorted(broken, key=lambda b: b.name)

@@ -26,23 +26,30 @@ def list_command(
 ) -> None:
     """List the benchmarks: name, category, source and reward."""
     from arlecli.cards import CATEGORIES
-    from arlecli.registry import list_cards
+    from arlecli.registry import scan_cards
 
     if category and category not in CATEGORIES:
         raise UserError(f"unknown category '{category}'; choose one of: {', '.join(CATEGORIES)}")
-    cards = [c for c in list_cards() if not category or c.category == category]
+    found, broken = scan_cards()
+    cards = [c for c in found if not category or c.category == category]
+    # A broken card is listed whatever the category filter: its category may be what is broken.
     if as_json:
         print_json([{"name": c.name, "category": c.category, "source": _source_text(c), "reward": c.reward,
-                     "version": c.version, "description": c.description, "path": str(c.path)} for c in cards])
+                     "version": c.version, "description": c.description, "path": str(c.path)} for c in cards]
+                   + [{"name": b.name, "broken": b.reason, "path": str(b.path)} for b in broken])
         return
     from rich.table import Table
 
-    table = Table(title=f"{len(cards)} benchmarks")
+    title = f"{len(cards)} benchmarks" + (f", {len(broken)} broken" if broken else "")
+    table = Table(title=title)
     for col in ("name", "category", "source", "reward"):
         table.add_column(col)
     for c in cards:
         table.add_row(c.name, c.category, _source_text(c), c.reward)
-    console().print(table)
+    out = console()
+    out.print(table)
+    for b in broken:  # one unwrapped line each, so the reason reads whole in a log or a grep
+        out.print(f"broken: {b.name}: {b.reason}", style="red", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("show")

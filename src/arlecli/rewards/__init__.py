@@ -3,14 +3,23 @@
 Each reward module registers factories by name with `@register("name")`. A card names
 a reward and its params; `get_reward(name, params)` builds the scoring function. The
 same function scores eval samples and training completions.
+
+A reward's params are declared by its factory's signature: each keyword argument, with its
+type hint and default, is a param a card may set. `check_params` holds a card's params to
+that declaration when the card is loaded, and `FIELDS_NEEDED` (below) names the task fields
+a reward cannot score without, so `check_task_fields` can refuse bad rows before any
+generation rather than in the middle of a run.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import pkgutil
-from typing import Any, Callable
+import types
+import typing
+from typing import Any, Callable, Sequence
 
 from arlecli.errors import UserError
 from arlecli.types import Episode, Score, Task
@@ -19,6 +28,16 @@ RewardFn = Callable[[Task, Episode], Score]
 RewardFactory = Callable[..., RewardFn]
 
 _REWARDS: dict[str, RewardFactory] = {}
+
+# The task fields each reward reads and cannot score without, named by the param that holds
+# the field's name (so a card that points the param at another column is checked against
+# that column). A param whose value is a list names alternatives: any one of them will do
+# (code_io reads whichever of public and private tests a row has).
+FIELDS_NEEDED: dict[str, tuple[str, ...]] = {
+    "code_tests": ("prompt_field", "test_field", "entry_point_field"),
+    "code_unittest": ("prompt_field", "test_field", "entry_point_field"),
+    "code_io": ("tests_fields",),
+}
 
 
 def register(name: str) -> Callable[[RewardFactory], RewardFactory]:
@@ -39,15 +58,117 @@ def reward_names() -> list[str]:
 
 def get_reward(name: str, params: dict[str, Any] | None = None) -> RewardFn:
     """Build the scoring function `name` with the card's `params`."""
+    factory = _factory(name)
+    try:
+        check_params(name, params or {})
+    except ParamError as exc:
+        raise UserError(f"reward '{name}': {exc}") from None
+    try:
+        return factory(**(params or {}))
+    except (TypeError, ValueError) as exc:  # a factory's own check of a value (gsm8k's primary)
+        raise UserError(f"bad params for reward '{name}': {exc}") from None
+
+
+def _factory(name: str) -> RewardFactory:
     _load_builtin()
     if name not in _REWARDS:
         near = difflib.get_close_matches(name, _REWARDS, n=3)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
         raise UserError(f"unknown reward '{name}'{hint}; known: {', '.join(sorted(_REWARDS))}")
-    try:
-        return _REWARDS[name](**(params or {}))
-    except TypeError as exc:
-        raise UserError(f"bad params for reward '{name}': {exc}") from None
+    return _REWARDS[name]
+
+
+class ParamError(UserError):
+    """A card's reward param that does not fit the reward's declaration; `param` names it."""
+
+    def __init__(self, param: str, reason: str) -> None:
+        super().__init__(f"param '{param}' {reason}")
+        self.param = param
+        self.reason = reason
+
+
+def check_params(name: str, params: dict[str, Any]) -> None:
+    """Check a card's `params` for reward `name` against the factory's signature.
+
+    Raises ParamError for a param the reward does not take (suggesting a near name), a value
+    of the wrong type (`timeout_s: ten`), a negative number (no reward takes one), or a time
+    or memory limit of 0 (every sample would fail). Raises UserError for an unknown reward."""
+    factory = _factory(name)
+    sig = inspect.signature(factory)
+    hints = typing.get_type_hints(factory)
+    declared = {n: p for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for key, value in params.items():
+        if key not in declared:
+            near = difflib.get_close_matches(key, declared, n=1)
+            known = f"did you mean '{near[0]}'?" if near else (
+                f"it takes: {', '.join(declared)}" if declared else "it takes no params")
+            raise ParamError(key, f"is not a param of reward '{name}'; {known}")
+        hint = hints.get(key, Any)
+        if not _fits(value, hint):
+            raise ParamError(key, f"must be {_type_text(hint)}, got {type(value).__name__} ({value!r})")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0:
+                raise ParamError(key, f"must not be negative, got {value!r}")
+            if value == 0 and (key.endswith("_s") or key == "memory_mb"):
+                raise ParamError(key, f"must be greater than 0 (a limit of 0 fails every sample), got {value!r}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether `value` (from YAML: None, bool, int, float, str, list, dict) fits the type hint."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin in (list, Sequence, tuple):
+        args = typing.get_args(hint)
+        return isinstance(value, (list, tuple)) and (not args or all(_fits(v, args[0]) for v in value))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if hint is bool:
+        return isinstance(value, bool)
+    # YAML's `true` is an int to Python; a number param given `true` is a mistake.
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_text(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_text(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    if hint is float:
+        return "a number"
+    origin = typing.get_origin(hint)
+    if origin in (list, Sequence, tuple) and typing.get_args(hint):
+        return f"a list of {getattr(typing.get_args(hint)[0], '__name__', 'values')}"
+    if origin is not None:
+        return f"a {origin.__name__}"
+    return f"a {getattr(hint, '__name__', str(hint))}"
+
+
+def check_task_fields(name: str, params: dict[str, Any], tasks: Sequence[Task], origin: str) -> None:
+    """Refuse tasks that lack a field reward `name` reads (see FIELDS_NEEDED), before generation.
+
+    The error names the first such task, the field, where the rows came from, and the fix."""
+    needed = FIELDS_NEEDED.get(name, ())
+    if not needed:
+        return
+    defaults = {n: p.default for n, p in inspect.signature(_factory(name)).parameters.items()}
+    for param in needed:
+        value = params.get(param, defaults.get(param))
+        names = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+        for task in tasks:
+            if not any(n in task.fields for n in names):
+                which = " or ".join(repr(n) for n in names)
+                raise UserError(
+                    f"task {task.id!r} of {origin} has no field {which}, which reward '{name}' needs; "
+                    f"give rows with that column, or point the card's reward param {param} at the right one")
 
 
 def _load_builtin() -> None:
