@@ -5,7 +5,8 @@ Profiles live in `<arle_home>/models.yaml`:
     default: local-qwen
     profiles:
       local-qwen: {hub_id: Qwen/Qwen2.5-0.5B-Instruct, backend: hf}
-      my-server:  {base_url: http://localhost:8000/v1, model: qwen, api_key_env: MY_KEY}
+      my-server:  {base_url: http://localhost:8000/v1, model: qwen, api_key_env: MY_KEY,
+                   request_timeout: 120, max_retries: 2}
 
 An API key is never written anywhere: a profile stores only the NAME of the environment
 variable that holds it, and the engine reads the variable when it connects.
@@ -14,11 +15,13 @@ variable that holds it, and the engine reads the variable when it connects.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from arlecli.errors import UserError
@@ -29,6 +32,15 @@ PROFILES_FILE = "models.yaml"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
+
+# An endpoint's limits when neither the command line nor the profile sets them. 600 s is
+# OpenAI's own client default: a long generation on a busy server can take minutes.
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_MAX_RETRIES = 5
+# A day: beyond it a "timeout" is no limit at all (and overflows some socket APIs).
+MAX_REQUEST_TIMEOUT_S = 86400.0
+# Backoff doubles per retry; more than this would only park a run for days.
+MAX_MAX_RETRIES = 100
 
 
 def arle_home() -> Path:
@@ -67,6 +79,8 @@ class ModelProfile:
     model: str | None = None         # served model name at base_url; None: ask the endpoint
     api_key_env: str | None = None   # NAME of the env var holding the key, never the key
     backend: str | None = None       # "hf" | "openai" | "vllm"; None: chosen automatically
+    request_timeout: float | None = None  # endpoint: seconds for one whole attempt; None: the default
+    max_retries: int | None = None   # endpoint: retries after a failed attempt; None: the default
 
     @property
     def kind(self) -> str:
@@ -80,7 +94,7 @@ class ModelProfile:
         """The folder, hub id or URL this profile points at."""
         return self.base_url or self.path or self.hub_id or ""
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         """The fields that are set, without the name (it is the YAML key)."""
         return {k: v for k, v in asdict(self).items() if v is not None and k != "name"}
 
@@ -118,12 +132,57 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
             raise UserError("--model (the served model name) only applies with --base-url")
         if profile.api_key_env:
             raise UserError("--api-key-env only applies with --base-url")
+        if profile.request_timeout is not None or profile.max_retries is not None:
+            raise UserError("--request-timeout and --max-retries only apply with --base-url")
+    profile.request_timeout = check_request_timeout(profile.request_timeout)
+    profile.max_retries = check_max_retries(profile.max_retries)
     if profile.api_key_env and not _ENV_NAME_RE.match(profile.api_key_env):
         # Also catches a pasted key ("sk-..."): we never want the value on disk.
         raise UserError(
             "--api-key-env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself"
         )
     return profile
+
+
+def check_request_timeout(value: Any, what: str = "--request-timeout") -> float | None:
+    """`value` as seconds for one whole request to an endpoint (None stays None).
+
+    Anything but a finite number above 0 and at most a day is a UserError naming `what`."""
+    if value is None:
+        return None
+    number = _number(value)
+    if number is None or not math.isfinite(number) or not 0 < number <= MAX_REQUEST_TIMEOUT_S:
+        raise UserError(f"{what} must be a number of seconds above 0 and at most {MAX_REQUEST_TIMEOUT_S:g} "
+                        f"(got {value!r}), e.g. --request-timeout 120")
+    return number
+
+
+def check_max_retries(value: Any, what: str = "--max-retries") -> int | None:
+    """`value` as a retry count for endpoint requests (None stays None); a UserError naming `what`
+    unless it is a whole number from 0 to MAX_MAX_RETRIES."""
+    if value is None:
+        return None
+    number = _number(value)
+    if number is None or number != int(number) or not 0 <= number <= MAX_MAX_RETRIES:
+        raise UserError(f"{what} must be a whole number from 0 to {MAX_MAX_RETRIES} (got {value!r}), "
+                        "e.g. --max-retries 2")
+    return int(number)
+
+
+def _number(value: Any) -> float | None:
+    # The CLI passes its text through: typer's own parse error would be a usage screen, not a line.
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    # bool is an int to Python, but `max_retries: true` in a YAML file is a mistake.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int too big for a float
+        return math.inf
 
 
 def _check_base_url(url: str) -> str:
@@ -134,6 +193,9 @@ def _check_base_url(url: str) -> str:
         # A key inside the URL would end up in models.yaml in clear text.
         raise UserError("--base-url must not carry credentials: put the key in an env var and pass --api-key-env NAME")
     return url.rstrip("/")
+
+
+_NUMERIC_FIELDS = ("request_timeout", "max_retries")
 
 
 def _read() -> tuple[dict[str, ModelProfile], str | None]:
@@ -157,7 +219,14 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
             unknown = sorted(set(entry) - fields) if isinstance(entry, dict) else []
             raise UserError(f"{path}: profile {name!r} is malformed{f' (unknown keys {unknown})' if unknown else ''}: "
                             f"fix it or run `arle model remove {name}`")
-        profiles[str(name)] = ModelProfile(name=str(name), **{k: (None if v is None else str(v)) for k, v in entry.items()})
+        values = {k: (None if v is None or k in _NUMERIC_FIELDS else str(v)) for k, v in entry.items()}
+        try:
+            # Numbers stay numbers; a hand-edited bad value is named with its file and profile.
+            values["request_timeout"] = check_request_timeout(entry.get("request_timeout"), "request_timeout")
+            values["max_retries"] = check_max_retries(entry.get("max_retries"), "max_retries")
+        except UserError as exc:
+            raise UserError(f"{path}: profile {name!r}: {exc}") from None
+        profiles[str(name)] = ModelProfile(name=str(name), **values)
     default = data.get("default")
     return profiles, (str(default) if default is not None else None)
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from arlecli import config
@@ -54,6 +54,8 @@ class ModelSpec:
     backend: str | None = None
     is_adapter: bool = False         # path_or_id is a LoRA adapter folder (adapter_config.json only)
     profile: str | None = None       # the profile it came from, if any
+    request_timeout: float | None = None  # openai: seconds for one whole attempt; None: the engine's default
+    max_retries: int | None = None   # openai: retries after a failed attempt; None: the engine's default
 
     @property
     def is_local(self) -> bool:
@@ -66,6 +68,8 @@ def resolve_model(
     base_url: str | None = None,
     backend: str | None = None,
     api_key_env: str | None = None,
+    request_timeout: float | str | None = None,
+    max_retries: int | str | None = None,
 ) -> ModelSpec:
     """Resolve --model/--base-url/--backend/--api-key-env into a ModelSpec.
 
@@ -73,31 +77,51 @@ def resolve_model(
     a profile name; an existing local folder; an `org/name` hub id; nothing at all: the
     default profile, else the embedded SmolLM2-135M-Instruct (converted on first use).
     Anything else is a UserError that names the accepted forms and suggests near profiles.
+    `request_timeout` and `max_retries` (endpoints only) override what an endpoint profile stores.
     """
     if backend is not None and backend not in config.BACKENDS:
         raise UserError(f"unknown backend {backend!r}: pass --backend {', '.join(config.BACKENDS)} (or leave it out)")
+    # Checked first: a bad value is the same one-line mistake whatever the model is.
+    request_timeout = config.check_request_timeout(request_timeout)
+    max_retries = config.check_max_retries(max_retries)
     if base_url:
         if backend not in (None, "openai"):
             raise UserError(f"--base-url is served through the openai backend, not {backend!r}: drop --backend")
         endpoint = config.validate_profile(
             config.ModelProfile(name="cli", base_url=base_url, model=model, api_key_env=api_key_env))
         return ModelSpec(kind="openai", name=model or endpoint.base_url, base_url=endpoint.base_url, model=model,
-                         api_key_env=api_key_env, backend="openai")
-    spec = _resolve_weights_or_profile(model, backend, api_key_env)
+                         api_key_env=api_key_env, backend="openai", request_timeout=request_timeout,
+                         max_retries=max_retries)
+    limits = request_timeout is not None or max_retries is not None
+    spec = _resolve_weights_or_profile(model, backend, api_key_env, limits)
     if spec.kind == "hf" and spec.backend == "openai":
         raise UserError("--backend openai needs --base-url (the endpoint to talk to)")
     if spec.kind == "hf" and api_key_env:
         raise UserError("--api-key-env only applies to endpoints: pass --base-url, or an endpoint profile as --model")
+    if spec.kind == "hf" and limits:
+        raise _limits_need_endpoint()
+    if spec.kind == "openai":
+        # Flags given on the command line override what the profile stored.
+        spec = replace(spec, request_timeout=request_timeout if request_timeout is not None else spec.request_timeout,
+                       max_retries=max_retries if max_retries is not None else spec.max_retries)
     return spec
 
 
-def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_env: str | None) -> ModelSpec:
+def _limits_need_endpoint() -> UserError:
+    return UserError("--request-timeout and --max-retries only apply to endpoints: pass --base-url, "
+                     "or an endpoint profile as --model")
+
+
+def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_env: str | None,
+                                limits: bool = False) -> ModelSpec:
     if model is None:
         default = config.default_profile()
         if default is not None:
             return _from_profile(default, backend, api_key_env)
         if backend == "openai":  # fail before the one-time conversion, not after
             raise UserError("--backend openai needs --base-url (the endpoint to talk to)")
+        if limits:
+            raise _limits_need_endpoint()
         return ModelSpec(kind="hf", name=EMBEDDED_NAME, path_or_id=str(embedded_default_model()), backend=backend)
 
     profiles = config.load_profiles()
@@ -147,7 +171,8 @@ def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env
         if backend not in (None, "openai"):
             raise UserError(f"profile {profile.name!r} is an endpoint: it runs on the openai backend, not {backend!r}")
         return ModelSpec(kind="openai", name=profile.name, base_url=profile.base_url, model=profile.model,
-                         api_key_env=api_key_env or profile.api_key_env, backend="openai", profile=profile.name)
+                         api_key_env=api_key_env or profile.api_key_env, backend="openai", profile=profile.name,
+                         request_timeout=profile.request_timeout, max_retries=profile.max_retries)
     if profile.path and not Path(profile.path).is_dir():
         raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
                         f"rerun `arle model setup --name {profile.name} --path DIR` or `arle model remove {profile.name}`")

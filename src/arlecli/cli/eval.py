@@ -63,6 +63,8 @@ def eval_command(
                                           "endpoint; vllm on a CUDA machine with vLLM installed; hf otherwise "
                                           "(on CPU, vLLM's ~20 s start-up only pays off when asked for)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Env var holding the endpoint's API key."),
+    request_timeout: Optional[str] = options.REQUEST_TIMEOUT,
+    max_retries: Optional[str] = options.MAX_RETRIES,
     split: Optional[str] = typer.Option(None, "--split", help="Split to evaluate (default: the card's)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Evaluate only the first N tasks."),
     num_samples: int = typer.Option(1, "--num-samples", "-n", min=1, help="Samples per task (pass@k)."),
@@ -104,7 +106,8 @@ def eval_command(
     opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
                        data=str(data) if data else None)
-    spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env)
+    spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env,
+                         request_timeout=request_timeout, max_retries=max_retries)
     run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
     vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

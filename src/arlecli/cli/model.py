@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from arlecli import config
+from arlecli.cli import options
 from arlecli.errors import UserError
 
 app = typer.Typer(help="Set up and manage named models (local folders, hub ids, endpoints).", no_args_is_help=True)
@@ -61,6 +62,10 @@ def _print_profile(profile: config.ModelProfile, default: str | None) -> None:
     if profile.kind == "endpoint":
         table.add_row("model", profile.model or "(asked from the endpoint)")
         table.add_row("api key", _api_key_status(profile.api_key_env) if profile.api_key_env else "none")
+        timeout, retries = profile.request_timeout, profile.max_retries
+        table.add_row("request timeout", f"{timeout:g} s" if timeout is not None
+                      else f"{config.DEFAULT_REQUEST_TIMEOUT_S:g} s (default)")
+        table.add_row("max retries", str(retries) if retries is not None else f"{config.DEFAULT_MAX_RETRIES} (default)")
     table.add_row("backend", profile.backend or "auto")
     _print_table(table)
 
@@ -102,14 +107,20 @@ def setup(
     model: str | None = typer.Option(None, "--model", help="Served model name at --base-url (default: ask the endpoint)."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="NAME of the env var holding the endpoint's API key (the key itself is never stored)."),
     backend: str | None = typer.Option(None, "--backend", help="hf, vllm or openai (default: automatic)."),
+    request_timeout: str | None = options.REQUEST_TIMEOUT,
+    max_retries: str | None = options.MAX_RETRIES,
     default: bool = typer.Option(False, "--default", help="Use this profile when --model is not given."),
 ) -> None:
     """Save a named model profile (asks for what is missing when run in a terminal)."""
+    # Checked before any prompt: a bad number should not cost the user an interactive session.
+    timeout_s = config.check_request_timeout(request_timeout)
+    retries = config.check_max_retries(max_retries)
     name, path, hub_id, base_url, model, api_key_env = _ask_missing(name, path, hub_id, base_url, model, api_key_env)
     replaced = name in config.load_profiles()
     profile = config.save_profile(
         config.ModelProfile(name=name, path=path, hub_id=hub_id, base_url=base_url, model=model,
-                            api_key_env=api_key_env, backend=backend),
+                            api_key_env=api_key_env, backend=backend, request_timeout=timeout_s,
+                            max_retries=retries),
         make_default=default,
     )
     typer.echo(f"{'replaced' if replaced else 'saved'} profile {profile.name} in {config.profiles_path()}")

@@ -14,3 +14,11 @@ MAX_MODEL_LEN = typer.Option(None, "--max-model-len", min=1, help="vllm backend:
 QUANTIZATION = typer.Option(None, "--quantization", help="vllm backend: vLLM's quantization method (fp8, awq, "
                             "gptq, ...); a method this machine cannot run is refused in one line.")
 KV_CACHE_DTYPE = typer.Option(None, "--kv-cache-dtype", help="vllm backend: KV cache dtype (auto, fp8, ...).")
+# Taken as text, without typer's min=: a bad value is arle's one-line error (config.check_*),
+# not typer's usage screen.
+REQUEST_TIMEOUT = typer.Option(None, "--request-timeout", metavar="SECONDS",
+                               help="Endpoints: deadline for one whole request attempt, however slowly the "
+                               "answer arrives (default: the profile's, else 600).")
+MAX_RETRIES = typer.Option(None, "--max-retries", metavar="N",
+                           help="Endpoints: retries after a timeout, 429, 5xx or broken connection "
+                           "(default: the profile's, else 5).")

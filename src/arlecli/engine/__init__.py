@@ -55,7 +55,9 @@ def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
     if backend == "openai":
         from arlecli.engine.openai import OpenAIEngine
 
-        return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency)
+        limits = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
+        return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency,
+                            **{k: v for k, v in limits.items() if v is not None})
     if backend == "vllm":
         from dataclasses import asdict
 

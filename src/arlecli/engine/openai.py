@@ -7,6 +7,12 @@ generator that yields `(index, Completion)` as each request finishes.
 
 The API key is read from the environment variable named by `api_key_env` at request time; it is
 never stored on the engine, logged, or put into an error message.
+
+A server can misbehave in every way: hang, trickle bytes, send garbage or a JSON reply of the
+wrong shape. Each attempt therefore has one total deadline (`timeout_s`, covering connect,
+headers and the whole body; httpx's own timeout is per read and never trips on a trickle), the
+body is capped in size, and a reply is checked field by field before it becomes a Completion.
+Whatever goes wrong ends as a UserError of one line that names the endpoint and what to do.
 """
 
 from __future__ import annotations
@@ -14,16 +20,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import json
+import math
 import os
 import queue
 import random
 import re
+import sys
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
 import httpx
 
+from arlecli import config
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams, cut_at_stop
 from arlecli.errors import UserError
 
@@ -34,6 +45,22 @@ _MAX_SERVER_STOPS = 4
 # A broken Retry-After (hours, a date far ahead) should not park a run silently.
 _MAX_RETRY_AFTER_S = 300.0
 _MAX_SERVER_MESSAGE = 300
+# A reply bigger than this is a broken server, not a completion (a long one with logprobs is a
+# few MB); without a cap a server streaming garbage fills the memory before the deadline.
+_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# GET /models answers at once on any real server; waiting the full request timeout is no use.
+_MAX_LIST_MODELS_S = 30.0
+# Retries are announced on stderr (a hung endpoint must not look like a slow run), but at most
+# once per this many seconds: with many requests in flight they all retry together.
+_WARN_EVERY_S = 30.0
+
+
+class _Malformed(ValueError):
+    """A 200 reply whose JSON does not have the shape of a completion (says what is wrong)."""
+
+
+class _TooLarge(Exception):
+    """The reply body went past _MAX_RESPONSE_BYTES."""
 
 
 class OpenAIEngine:
@@ -45,8 +72,10 @@ class OpenAIEngine:
         api_key_env: name of the environment variable holding the API key, or None to send
             no Authorization header (a local vLLM server needs none).
         concurrency: most requests in flight at once.
-        timeout_s: per-attempt read timeout; long generations need a generous value.
-        max_retries: retries after the first attempt on 429, 5xx, timeouts and connection errors.
+        timeout_s: deadline for one whole attempt (connect, wait, and the full reply however
+            slowly it arrives); long generations need a generous value.
+        max_retries: retries after the first attempt on 429, 5xx, timeouts, connection errors
+            and broken connections. A malformed reply is not retried.
         backoff_base_s, backoff_max_s: exponential backoff (with jitter) between retries when
             the server gives no Retry-After.
     """
@@ -59,21 +88,21 @@ class OpenAIEngine:
         model: str | None = None,
         api_key_env: str | None = None,
         concurrency: int = 8,
-        timeout_s: float = 600.0,
-        max_retries: int = 5,
+        timeout_s: float = config.DEFAULT_REQUEST_TIMEOUT_S,
+        max_retries: int = config.DEFAULT_MAX_RETRIES,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
     ) -> None:
         if concurrency < 1:
             raise UserError(f"openai engine: concurrency must be at least 1 (got {concurrency})")
-        if max_retries < 0:
-            raise UserError(f"openai engine: max_retries must be 0 or more (got {max_retries})")
+        timeout_s = config.check_request_timeout(timeout_s, "openai engine: timeout_s")  # type: ignore[assignment]
+        max_retries = config.check_max_retries(max_retries, "openai engine: max_retries")  # type: ignore[assignment]
         self.base_url = _normalise_base_url(base_url)
         self.model = model
         self.api_key_env = api_key_env
         self.concurrency = concurrency
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
+        self.timeout_s: float = timeout_s
+        self.max_retries: int = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         # vLLM-only field; flipped off once if the server rejects it (hosted APIs do).
@@ -84,6 +113,7 @@ class OpenAIEngine:
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
         self._closed = False
+        self._last_warning = -math.inf
 
     def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
         """Yield (index into requests, completion) as each request finishes, in any order.
@@ -147,7 +177,8 @@ class OpenAIEngine:
             if self._closed:
                 raise RuntimeError("OpenAIEngine is closed")
             if self.model is None:
-                self.model = _only_model(self.base_url, self.api_key_env)
+                self.model = _only_model(self.base_url, self.api_key_env,
+                                         min(self.timeout_s, _MAX_LIST_MODELS_S))
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="arle-openai", daemon=True)
@@ -186,17 +217,37 @@ class OpenAIEngine:
                 headers, key = _auth_headers(self.api_key_env)
                 body = _request_body(self.model, req, self._send_token_ids)
                 delay: float | None = None
+                timed_out = False
                 try:
-                    resp = await self._client.post(url, json=body, headers=headers)
-                except httpx.TimeoutException:
-                    problem = f"no answer within timeout_s={self.timeout_s:g}"
-                except httpx.TransportError as exc:
+                    # The one deadline that holds against a server trickling bytes.
+                    status, resp_headers, content = await asyncio.wait_for(
+                        self._post(url, body, headers), timeout=self.timeout_s
+                    )
+                except (asyncio.TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+                    problem = f"no complete answer within {self.timeout_s:g} s"
+                    timed_out = True
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     problem = f"cannot connect ({_one_line(str(exc)) or type(exc).__name__})"
+                except _TooLarge:
+                    raise UserError(
+                        f"openai engine: POST {url} answered with more than "
+                        f"{_MAX_RESPONSE_BYTES // 2**20} MB; is the base URL an OpenAI-compatible endpoint?"
+                    ) from None
+                except httpx.RequestError as exc:
+                    # Not HTTP, a connection cut mid-reply, a body that does not decode.
+                    detail = _one_line(str(exc))[:120] or type(exc).__name__
+                    problem = f"broken answer ({type(exc).__name__}: {detail})"
                 else:
-                    status = resp.status_code
-                    if resp.is_success:
-                        return _parse_completion(_json(resp, url), chat, req.params.stop)
-                    message = _redact(_server_message(resp), key)
+                    if 200 <= status < 300:
+                        try:
+                            return _parse_completion(_json(content, url), chat, req.params.stop)
+                        except _Malformed as exc:
+                            raise UserError(
+                                f"openai engine: POST {url} answered with a malformed completion ({exc}); "
+                                "is the base URL an OpenAI-compatible endpoint? "
+                                "The samples finished so far are kept: fix the server and rerun with --resume"
+                            ) from None
+                    message = _redact(_server_message(content), key)
                     if status == 400 and self._send_token_ids and "return_token_ids" in message:
                         # Not vLLM: ask again without the extra field (costs no retry).
                         self._send_token_ids = False
@@ -206,45 +257,123 @@ class OpenAIEngine:
                             status, url, message, self.base_url, self.model, self.api_key_env
                         )
                     problem = f"HTTP {status}" + (f" ({message})" if message else "")
-                    delay = _retry_after_s(resp.headers)
+                    delay = _retry_after_s(resp_headers)
                 if attempt >= self.max_retries:
-                    raise UserError(
-                        f"openai engine: POST {url} failed after {attempt + 1} attempts, last: "
-                        f"{problem}; check that the server is up and the base URL is right, "
-                        "or lower the concurrency / raise max_retries for a busy server"
-                    )
+                    raise self._gave_up(url, attempt + 1, problem, timed_out)
                 if delay is None:
                     delay = _backoff_s(attempt, self.backoff_base_s, self.backoff_max_s)
+                self._warn_retry(url, problem, attempt + 2)
                 await asyncio.sleep(delay)
                 attempt += 1
 
+    async def _post(
+        self, url: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[int, httpx.Headers, bytes]:
+        """POST and read the whole reply, refusing one past _MAX_RESPONSE_BYTES."""
+        assert self._client is not None
+        async with self._client.stream("POST", url, json=body, headers=headers) as resp:
+            return resp.status_code, resp.headers, await _read_capped(resp)
+
+    def _gave_up(self, url: str, attempts: int, problem: str, timed_out: bool) -> UserError:
+        """The one-line error after the last attempt, with the fix that fits the failure."""
+        if timed_out:
+            fix = (
+                f"the endpoint {self.base_url} looks hung or overloaded: check that it is up and "
+                f"answering, or raise --request-timeout (now {self.timeout_s:g} s) for long "
+                f"generations and --max-retries (now {self.max_retries})"
+            )
+        else:
+            fix = (
+                "check that the server is up and the base URL is right, or lower the concurrency "
+                f"/ raise --max-retries (now {self.max_retries}) for a busy server"
+            )
+        return UserError(
+            f"openai engine: POST {url} failed after {attempts} attempt{'s' if attempts > 1 else ''}, "
+            f"last: {problem}; {fix}"
+        )
+
+    def _warn_retry(self, url: str, problem: str, next_attempt: int) -> None:
+        # A line on stderr so that minutes of retrying a dead endpoint are never silent.
+        now = time.monotonic()
+        if now - self._last_warning < _WARN_EVERY_S:
+            return
+        self._last_warning = now
+        print(
+            f"warning: openai engine: POST {url}: {problem}; retrying (attempt {next_attempt} of "
+            f"{self.max_retries + 1}, each up to {self.timeout_s:g} s; see --request-timeout "
+            "and --max-retries)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+async def _read_capped(resp: httpx.Response) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > _MAX_RESPONSE_BYTES:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
 
 def list_models(
-    base_url: str, api_key_env: str | None = None, timeout_s: float = 30.0
+    base_url: str, api_key_env: str | None = None, timeout_s: float = _MAX_LIST_MODELS_S
 ) -> list[str]:
-    """Return the model names an OpenAI-compatible server serves (GET {base_url}/models)."""
+    """Return the model names an OpenAI-compatible server serves (GET {base_url}/models).
+
+    `timeout_s` bounds the whole request, a server trickling its answer included."""
     base = _normalise_base_url(base_url)
     url = base + "/models"
     headers, key = _auth_headers(api_key_env)
+
+    async def get() -> tuple[int, bytes]:
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, _MAX_LIST_MODELS_S))
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            async with client.stream("GET", url, headers=headers) as resp:
+                return resp.status_code, await _read_capped(resp)
+
     try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.TimeoutException:
-        raise UserError(f"openai engine: GET {url} timed out after {timeout_s:g} s") from None
-    except httpx.TransportError as exc:
+        status, content = _run_blocking(asyncio.wait_for(get(), timeout=timeout_s))
+    except (asyncio.TimeoutError, httpx.TimeoutException):
         raise UserError(
-            f"openai engine: cannot reach {url} ({_one_line(str(exc))}); "
+            f"openai engine: GET {url} gave no complete answer within {timeout_s:g} s; "
+            f"the endpoint {base} looks hung: check that it is up, or pass the model name"
+        ) from None
+    except _TooLarge:
+        raise UserError(
+            f"openai engine: GET {url} answered with more than {_MAX_RESPONSE_BYTES // 2**20} MB; "
+            "check the base URL (it usually ends in /v1)"
+        ) from None
+    except httpx.RequestError as exc:
+        raise UserError(
+            f"openai engine: cannot reach {url} ({_one_line(str(exc))[:120] or type(exc).__name__}); "
             "is the server running and the base URL right?"
         ) from None
-    if not resp.is_success:
-        message = _redact(_server_message(resp), key)
-        raise _status_error(resp.status_code, url, message, base, None, api_key_env)
-    data = _json(resp, url)
+    if not 200 <= status < 300:
+        message = _redact(_server_message(content), key)
+        raise _status_error(status, url, message, base, None, api_key_env)
+    data = _json(content, url)
     entries = data.get("data") if isinstance(data, dict) else None
-    return [m["id"] for m in entries or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if not isinstance(entries, list):
+        entries = []
+    return [m["id"] for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)
+            and not _has_surrogate(m["id"])]
 
 
-def _only_model(base_url: str, api_key_env: str | None) -> str:
-    models = list_models(base_url, api_key_env)
+def _run_blocking(coro: Any) -> Any:
+    """Run `coro` to completion from synchronous code, even when this thread runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _only_model(base_url: str, api_key_env: str | None, timeout_s: float) -> str:
+    models = list_models(base_url, api_key_env, timeout_s)
     if len(models) == 1:
         return models[0]
     if not models:
@@ -309,70 +438,154 @@ def _request_body(model: str, req: GenerationRequest, token_ids: bool) -> dict[s
 
 
 def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not choices or not isinstance(choices[0], dict):
-        raise UserError(
-            "openai engine: the server answered without any choices; is it OpenAI-compatible?"
-        )
+    """The Completion in a 200 reply; _Malformed (saying which field is wrong) for any other shape.
+
+    Checked field by field because whatever passes here is written to samples.jsonl and fed to
+    rewards and trainers: a number where text belongs must fail here, in one line, not there.
+    """
+    if not isinstance(data, dict):
+        raise _Malformed(f"the reply is {_kind(data)}, not a JSON object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        said = _error_text(data)
+        what = "no choices" if choices is None or choices == [] else f"choices is {_kind(choices)}"
+        raise _Malformed(what + (f"; the server said: {said}" if said else ""))
     choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _Malformed(f"choices[0] is {_kind(choice)}, not an object")
     if chat:
-        text = (choice.get("message") or {}).get("content") or ""
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise _Malformed(f"choices[0].message is {_kind(message)}, not an object")
+        text = _text(message.get("content"), "choices[0].message.content")
     else:
-        text = choice.get("text") or ""
+        text = _text(choice.get("text"), "choices[0].text")
+    usage = data.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise _Malformed(f"usage is {_kind(usage)}, not an object")
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
     # Some servers ignore `stop` or accept only 4 of them, so cut here as well.
     cut = cut_at_stop(text, stop)
     if cut != text:
         text, finish = cut, "stop"
     # vLLM puts prompt_token_ids on the choice for /completions and on the response for chat.
-    prompt_ids = choice.get("prompt_token_ids") or data.get("prompt_token_ids") or []
+    raw_prompt_ids, where = choice.get("prompt_token_ids"), "choices[0]"
+    if raw_prompt_ids is None:
+        raw_prompt_ids, where = data.get("prompt_token_ids"), "reply"
     return Completion(
         text=text,
-        token_ids=list(choice.get("token_ids") or []),
-        prompt_token_ids=list(prompt_ids),
+        token_ids=_token_ids(choice.get("token_ids"), "choices[0].token_ids"),
+        prompt_token_ids=_token_ids(raw_prompt_ids, f"{where}.prompt_token_ids"),
         logprobs=_logprobs(choice.get("logprobs"), chat),
         finish_reason=finish,
     )
 
 
+def _text(value: Any, where: str) -> str:
+    """Reply text: a string, null (no text), or a list of {"type": "text", "text"} parts."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        # Some servers answer with content parts, as requests may send them.
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in value):
+            raise _Malformed(f"{where} is a list that is not all {{\"type\": \"text\", \"text\": ...}} parts")
+        value = "".join(p["text"] for p in value)
+    if not isinstance(value, str):
+        raise _Malformed(f"{where} is {_kind(value)}, not a string")
+    if _has_surrogate(value):
+        # JSON can carry "\ud800"; Python accepts it, but such text cannot be written as UTF-8.
+        raise _Malformed(f"{where} holds a lone UTF-16 surrogate, which is not text")
+    return value
+
+
+def _token_ids(value: Any, where: str) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise _Malformed(f"{where} is not a list of token ids (whole numbers >= 0)")
+    return value
+
+
 def _logprobs(raw: Any, chat: bool) -> list[float] | None:
     """Per-token logprobs: chat gives {"content": [{"logprob"}]}, completions {"token_logprobs"}."""
-    if not isinstance(raw, dict):
+    if raw is None:
         return None
+    if not isinstance(raw, dict):
+        raise _Malformed(f"choices[0].logprobs is {_kind(raw)}, not an object")
     if chat:
-        values = [entry.get("logprob") for entry in raw.get("content") or []]
+        entries = raw.get("content")
+        if entries is None:
+            return []
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise _Malformed("choices[0].logprobs.content is not a list of objects")
+        values, where = [e.get("logprob") for e in entries], "choices[0].logprobs.content[].logprob"
     else:
-        values = list(raw.get("token_logprobs") or [])
-    # Only an echoed first prompt token has no logprob; 0.0 keeps positions aligned.
-    return [float(v) if v is not None else 0.0 for v in values]
+        values, where = raw.get("token_logprobs"), "choices[0].logprobs.token_logprobs"
+        if values is None:
+            return []
+        if not isinstance(values, list):
+            raise _Malformed(f"{where} is {_kind(values)}, not a list")
+    out = []
+    for v in values:
+        if v is None:  # only an echoed first prompt token has none; 0.0 keeps positions aligned
+            out.append(0.0)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v != math.inf:
+            out.append(float(v))  # -inf is a real (if rare) log-probability; NaN and +inf are not
+        else:
+            raise _Malformed(f"{where} holds {_kind(v)} ({_short(v)}), not a number")
+    return out
 
 
-def _json(resp: httpx.Response, url: str) -> Any:
+def _has_surrogate(text: str) -> bool:
     try:
-        return resp.json()
-    except ValueError:
-        snippet = _one_line(resp.text)[:120]
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value reads in an error: "a string", "a list", "null", ..."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", int: "a number",
+             float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    return _one_line(repr(value))[:40]
+
+
+def _error_text(data: dict[str, Any]) -> str:
+    """The server's error message inside a JSON object, if it sent one."""
+    error = data.get("error")
+    message: Any = error.get("message") if isinstance(error, dict) else error
+    message = message or data.get("message") or data.get("detail")
+    return _one_line(str(message))[:_MAX_SERVER_MESSAGE] if message else ""
+
+
+def _json(content: bytes, url: str) -> Any:
+    try:
+        return json.loads(content)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's stack
+        snippet = _one_line(content[:200].decode("utf-8", "replace"))[:120]
         raise UserError(
             f"openai engine: {url} did not answer with JSON ({snippet!r}); "
             "check the base URL (it usually ends in /v1)"
         ) from None
 
 
-def _server_message(resp: httpx.Response) -> str:
+def _server_message(content: bytes) -> str:
     """The error text in a body: OpenAI's {"error": {"message"}} or older vLLM's {"message"}."""
     try:
-        data = resp.json()
-    except ValueError:
-        return _one_line(resp.text)[:_MAX_SERVER_MESSAGE]
-    message: Any = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict):
-            message = error.get("message")
-        elif isinstance(error, str):
-            message = error
-        message = message or data.get("message") or data.get("detail")
-    return _one_line(str(message or data))[:_MAX_SERVER_MESSAGE]
+        data = json.loads(content)
+    except (ValueError, RecursionError):
+        return _one_line(content[:4096].decode("utf-8", "replace"))[:_MAX_SERVER_MESSAGE]
+    message = _error_text(data) if isinstance(data, dict) else ""
+    return message or _one_line(str(data))[:_MAX_SERVER_MESSAGE]
 
 
 def _status_error(
@@ -431,7 +644,8 @@ def _retry_after_s(headers: httpx.Headers) -> float | None:
 
 def _backoff_s(attempt: int, base_s: float, max_s: float) -> float:
     # Jitter spreads retries of many concurrent requests so they don't hit the server in lockstep.
-    return min(max_s, base_s * 2**attempt) * random.uniform(0.5, 1.0)
+    # The exponent is capped: 2**1100 would overflow the float multiplication.
+    return min(max_s, base_s * 2 ** min(attempt, 30)) * random.uniform(0.5, 1.0)
 
 
 def _redact(text: str, key: str | None) -> str:
