@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,6 +16,7 @@ from arlecli.errors import UserError
 SERVE_BACKENDS = ("hf", "vllm")
 # Batch size when --max-concurrency is not given: what a CPU handles vs what vLLM schedules.
 DEFAULT_CONCURRENCY = {"hf": 16, "vllm": 256}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def serve_command(
@@ -34,6 +36,15 @@ def serve_command(
     record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
                                           "ids, logprobs, text) to DIR/SESSION.jsonl; a session is the URL prefix "
                                           "/s/SESSION/v1 or the X-Arle-Session header."),
+    max_choices: int = typer.Option(256, "--max-choices", min=1, help="Most generations one request may ask for "
+                                    "(prompts x n); more is answered 400."),
+    max_connections: Optional[int] = typer.Option(None, "--max-connections", min=1, help="Most open connections; "
+                                                  "at the cap the longest-idle one is closed for a new one "
+                                                  "(default: what the open-file limit allows, at most 4096)."),
+    max_body_mb: float = typer.Option(32.0, "--max-body-mb", min=0.001, help="Largest request body in MB; larger "
+                                      "is answered 413."),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.1, help="Seconds a connection may take "
+                                         "to send a request's headers before it is closed."),
     tensor_parallel_size: int = options.TENSOR_PARALLEL,
     data_parallel_size: int = options.DATA_PARALLEL,
     gpu_memory_utilization: float = options.GPU_MEMORY,
@@ -47,6 +58,7 @@ def serve_command(
     from arlecli.models import resolve_model
     from arlecli.serve import server
     from arlecli.serve.app import create_app
+    from arlecli.serve.limits import ServeLimits
 
     if backend is not None and backend not in SERVE_BACKENDS:
         raise UserError(f"arle serve runs the hf or vllm backend, not {backend!r}: pass --backend hf or --backend vllm")
@@ -66,7 +78,10 @@ def serve_command(
     # After make_engine: the factory may pick the backend itself (vllm on a CUDA machine).
     concurrency = max_concurrency or DEFAULT_CONCURRENCY.get(engine.name, DEFAULT_CONCURRENCY["hf"])
     name = served_model_name or spec.name
-    app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency)
+    limits = ServeLimits(max_choices=max_choices, max_connections=max_connections,
+                         max_body_bytes=int(max_body_mb * 2**20), header_timeout_s=header_timeout)
+    app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency,
+                     limits=limits, max_model_len=max_model_len)
 
     def ready() -> None:
         typer.echo(f"serving {name} on {server.url(sock)}")
@@ -87,10 +102,29 @@ def serve_command(
 
 
 def _api_key(api_key_env: str | None) -> str | None:
+    """The key clients must send, read from the env var named `api_key_env`.
+
+    A value that cannot be a variable name, or an unset one shaped like a secret, is most
+    likely the key itself pasted in: refused without repeating it (it would land in the
+    terminal's scrollback and in logs)."""
     if api_key_env is None:
         return None
     key = os.environ.get(api_key_env, "").strip()
+    if not key and _looks_like_a_key(api_key_env):
+        raise UserError("--api-key-env takes the NAME of an environment variable, and the value given looks like "
+                        "a key itself (not repeated here): run `export ARLE_SERVE_KEY=<the key>` and pass "
+                        "--api-key-env ARLE_SERVE_KEY")
     if not key:
         raise UserError(f"--api-key-env {api_key_env}: the environment variable is empty or not set; "
                         f"export {api_key_env}=... with the key clients must send")
     return key
+
+
+def _looks_like_a_key(value: str) -> bool:
+    """Whether `value`, given as an env var name, is more likely a secret: not a valid name
+    (keys carry `-`, `.`, `/`, `+`, `=`), or long with upper and lower case and digits mixed
+    (env var names are conventionally UPPER_SNAKE_CASE; keys are random)."""
+    if value and not _ENV_NAME.fullmatch(value):
+        return True
+    mixed = any(c.islower() for c in value) and any(c.isupper() for c in value) and any(c.isdigit() for c in value)
+    return len(value) >= 20 and mixed

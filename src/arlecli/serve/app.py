@@ -12,6 +12,12 @@ a tokenizer, a chat request that continues an earlier reply of its session gets 
 exact ids as its prompt's start (see continuation.py), so a recorded agent trajectory is one
 unbroken id sequence.
 
+Limits (limits.py): a body too big, too slow or not valid Unicode JSON, more generations than
+--max-choices, a prompt beyond the model's context or a max_tokens beyond what is left of it
+are refused (4xx, OpenAI's error shape) before anything is queued. A client that goes away
+while its request waits or generates has the request cancelled (Batcher.cancel), so the engine
+does not generate for nobody.
+
 Streaming: the engine protocol yields whole completions, not tokens, so a stream sends the
 role delta at once, then each choice's whole text as one content delta when it finishes,
 then its finish delta (then usage, then [DONE]). Clients see valid OpenAI SSE; they just do
@@ -26,6 +32,7 @@ import hmac
 import json
 import time
 import traceback
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -35,11 +42,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from arlecli.engine.base import Engine
+from arlecli.engine.base import Engine, GenerationRequest
 from arlecli.errors import UserError
 from arlecli.serve import protocol
+from arlecli.serve import limits as lim
 from arlecli.serve.batcher import SHUTDOWN, Batcher, Finished
 from arlecli.serve.continuation import Continuations
+from arlecli.serve.limits import ServeLimits
 from arlecli.serve.protocol import ApiError, ApiRequest
 from arlecli.serve.record import DEFAULT_SESSION, Recorder, build_record
 
@@ -48,8 +57,10 @@ SESSION_HEADER = "x-arle-session"
 
 class _Api:
     def __init__(self, engine: Engine, batcher: Batcher, model_name: str, api_key: str | None,
-                 recorder: Recorder | None) -> None:
+                 recorder: Recorder | None, limits: ServeLimits, max_model_len: int | None) -> None:
+        self.engine = engine
         self.batcher = batcher
+        self.limits = limits
         self.model_name = model_name
         self.api_key = api_key
         self.recorder = recorder
@@ -59,6 +70,11 @@ class _Api:
         # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
         self.continuations = Continuations(tokenizer) if (
             recorder is not None and getattr(tokenizer, "chat_template", None)) else None
+        # Context checks need the context and the engine's own prompt encoding; an engine
+        # without them (a remote endpoint) leaves the checks to whoever serves the model.
+        self.encode = getattr(engine, "encode", None)
+        self.context = lim.context_length(engine, max_model_len) if self.encode is not None else None
+        self.longest_token = lim.longest_token_chars(tokenizer) if self.context is not None else None
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
@@ -74,38 +90,80 @@ class _Api:
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         received = time.time()
         self._authorize(request)
-        body = await _json_body(request)
+        body = await lim.read_json(request, self.limits)
         req = protocol.parse_chat(body) if chat else protocol.parse_completion(body)
         if req.model is not None and req.model != self.model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist (this server serves "
                            f"`{self.model_name}`).", "model_not_found", "model")
+        lim.check_choices(req, self.limits)
         session = request.path_params.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         rid = protocol.new_id(chat)
-        prompt_ids, continues = None, None
+        continued, continues = None, None
         if chat and self.continuations is not None:
-            prompt_ids, continues = self.continuations.prompt_ids(session, req.prompts[0])
+            continued, continues = self.continuations.prompt_ids(session, req.prompts[0])
+        prompt_ids, budgets = await self._fit_context(req, continued)
         try:
             futures = self.batcher.submit(req.engine_requests(force_logprobs=self.recorder is not None,
-                                                              prompt_token_ids=prompt_ids))
+                                                              prompt_ids=prompt_ids, max_tokens=budgets))
         except RuntimeError as exc:  # shutting down
             raise ApiError(503, str(exc), "unavailable") from None
         waiting = [asyncio.wrap_future(f) for f in futures]
         if req.stream:
-            events = self._stream(req, waiting, rid, int(received), session, endpoint, received, continues)
+            events = self._stream(req, futures, waiting, rid, int(received), session, endpoint, received, continues)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        gathered = asyncio.ensure_future(asyncio.gather(*waiting))
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            finished: list[Finished] = list(await asyncio.gather(*waiting))
-        except Exception as exc:
-            raise _engine_error(exc) from None
+            await asyncio.wait([gathered, gone], return_when=asyncio.FIRST_COMPLETED)
+            if not gathered.done():  # the client went away: nobody will read the answer
+                gathered.cancel()
+                return Response(status_code=499)  # nginx's "client closed request"; never sent
+            try:
+                finished: list[Finished] = list(gathered.result())
+            except Exception as exc:
+                raise _engine_error(exc) from None
         finally:
-            for fut in waiting:  # on error or a dropped client: don't generate for nobody
-                fut.cancel()
+            gone.cancel()
+            # On an error, a dropped client or a cancelled handler: don't generate for nobody.
+            self.batcher.cancel([f for f in futures if not f.done()])
         completions = [f.completion for f in finished]
         self._record(session, rid, endpoint, req, finished, received, continues)
         return JSONResponse(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
 
-    async def _stream(self, req: ApiRequest, waiting: list[asyncio.Future[Finished]], rid: str, created: int,
+    async def _fit_context(self, req: ApiRequest, continued: list[int] | None
+                           ) -> tuple[list[list[int] | None] | None, list[int] | None]:
+        """(prompt ids, max_tokens) per prompt, or (None, None) where the context is unknown;
+        ApiError(400) for a prompt the chat template or tokenizer refuses, a prompt longer
+        than the context, or a max_tokens beyond what it leaves.
+
+        Encoding here, once, is what the engine would do anyway (the ids go with the request);
+        it runs in a worker thread, so a long prompt does not stall other connections."""
+        if self.context is None or self.encode is None:
+            return ([continued] if continued is not None else None), None
+        if self.longest_token is not None:
+            lim.too_long_by_chars(req, self.context, self.longest_token)
+        encode = self.encode
+        ids: list[list[int] | None] = []
+        for prompt in req.prompts:
+            if continued is not None:  # chat: one prompt, continuing a recorded reply
+                ids.append(continued)
+                continue
+            gen = GenerationRequest(messages=prompt) if req.chat else GenerationRequest(prompt=prompt)
+            try:
+                ids.append(await asyncio.to_thread(encode, gen))
+            except UserError as exc:  # e.g. a chat request to a model without a chat template
+                raise ApiError(400, str(exc), "invalid_request_error") from None
+            except Exception as exc:  # the template raised on these messages (roles out of order ...)
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise ApiError(400, f"the {'chat template' if req.chat else 'tokenizer'} refused this "
+                               f"{'conversation' if req.chat else 'prompt'}: {type(exc).__name__}: {first}",
+                               "invalid_request_error", "messages" if req.chat else "prompt") from None
+        lengths = [len(x) for x in ids if x is not None]
+        return ids, lim.check_context(req, lengths, self.context)
+
+    async def _stream(self, req: ApiRequest, futures: list[Future[Finished]],
+                      waiting: list[asyncio.Future[Finished]], rid: str, created: int,
                       session: str, endpoint: str, received: float,
                       continues: dict[str, Any] | None) -> AsyncIterator[str]:
         def event(choices: list[dict[str, Any]], **extra: Any) -> str:
@@ -136,8 +194,8 @@ class _Api:
         except Exception as exc:  # headers are gone already: report in-band, as vLLM does
             yield _sse(_engine_error(exc).body())
         finally:
-            for fut in waiting:
-                fut.cancel()
+            # Also reached when starlette cancels the stream because the client disconnected.
+            self.batcher.cancel([f for f in futures if not f.done()])
         yield "data: [DONE]\n\n"
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
@@ -165,7 +223,8 @@ class _Api:
 
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, record_dir: Path | None = None,
-               max_concurrency: int = 16, batch_wait_s: float = 0.005) -> Starlette:
+               max_concurrency: int = 16, batch_wait_s: float = 0.005, limits: ServeLimits | None = None,
+               max_model_len: int | None = None) -> Starlette:
     """The server app for `engine`, served as `model_name`.
 
     Args:
@@ -173,13 +232,18 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
         record_dir: when set, every completed request is recorded under it (see record.py).
         max_concurrency: most requests in one engine.generate call.
         batch_wait_s: how long an idle server waits after a request for others to batch with.
+        limits: what one request may take (see limits.ServeLimits; its connection limits are
+            applied by server.py, which reads them from `app.state.limits`).
+        max_model_len: the context prompts and max_tokens are checked against (default: the
+            engine's, see limits.context_length).
 
     `app.state.batcher` holds the Batcher (its counters show how requests were batched). The
     app does not close the engine: whoever made it does, after the server stops.
     """
     batcher = Batcher(engine, max_batch=max_concurrency, wait_s=batch_wait_s)
     recorder = Recorder(record_dir) if record_dir is not None else None
-    api = _Api(engine, batcher, model_name, api_key, recorder)
+    limits = limits or ServeLimits()
+    api = _Api(engine, batcher, model_name, api_key, recorder, limits, max_model_len)
     routes = [Route("/health", _health, methods=["GET"])]
     for prefix in ("", "/s/{session}"):
         routes += [
@@ -197,6 +261,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
         ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     app.state.batcher = batcher
     app.state.recorder = recorder
+    app.state.limits = limits
     return app
 
 
@@ -204,12 +269,11 @@ async def _health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "the request body is not valid JSON", "invalid_request_error") from None
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (call after the body is read: the next ASGI message
+    is then the disconnect, which uvicorn sends when the connection drops)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _sse(data: dict[str, Any]) -> str:

@@ -55,6 +55,7 @@ class Batcher:
         self.wait_s = wait_s
         self.generate_calls = 0
         self.requests_done = 0
+        self.cancelled = 0  # requests given up on because their client went away
         self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=1024)
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._closed = False
@@ -73,6 +74,33 @@ class Batcher:
             for item in items:
                 self._queue.put(item)
         return [item.future for item in items]
+
+    def cancel(self, futures: list[Future[Finished]]) -> int:
+        """Give up on the requests of `futures` (their client went away); returns how many
+        were still queued or generating.
+
+        A queued request is dropped before its batch starts. One already generating is cut
+        short: its max_tokens drops to 1, and the hf engine, which reads its rows' params at
+        every decode step, ends the row (and frees its KV cache) at the next step, leaving
+        the rest of the batch running. (The engine protocol has no cancel call; an engine
+        that reads params only at the start, as vLLM's does, finishes the row as asked.)
+        """
+        stopped = 0
+        # Under the lock: a batch moves its items from queued to running under it too, so
+        # none slips between "could not cancel" and "is not running yet".
+        with self._lock:
+            running = {id(it.future): it for it in self._running}
+            for future in futures:
+                if future.cancel():
+                    stopped += 1
+                    continue
+                item = running.get(id(future))
+                if item is not None and not future.done():
+                    # An int store is atomic; the worker thread sees it at its next step.
+                    item.request.params.max_tokens = 1
+                    stopped += 1
+            self.cancelled += stopped
+        return stopped
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Stop: every request not answered yet, queued or in the running batch, fails at once

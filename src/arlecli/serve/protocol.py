@@ -18,6 +18,10 @@ from typing import Any, Callable
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
 
 MAX_N = 128
+# Stop strings are checked at every decode step, so their number and length cost every
+# request in the batch; OpenAI allows 4, these bounds leave room for eval cards.
+MAX_STOPS = 64
+MAX_STOP_CHARS = 1024
 # OpenAI's documented defaults: completions stop after 16 tokens; chat runs to the context
 # limit, which the engine protocol does not expose, so chat gets a generous fixed budget.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -68,22 +72,27 @@ class ApiRequest:
     include_usage: bool = False
     logprobs: bool = False           # the client wants logprobs in the response
     return_token_ids: bool = False
+    max_tokens_explicit: bool = False  # the client set max_tokens (a default may be cut to fit)
 
-    def engine_requests(self, force_logprobs: bool = False,
-                        prompt_token_ids: list[int] | None = None) -> list[GenerationRequest]:
-        """One engine request per choice. `force_logprobs` asks the engine for logprobs the
-        client did not request (the recorder keeps them; they do not change the sampled tokens).
-        `prompt_token_ids` (chat only) replaces encoding the messages: a continued session's
-        exact ids (see continuation.py)."""
+    def engine_requests(self, force_logprobs: bool = False, prompt_ids: list[list[int] | None] | None = None,
+                        max_tokens: list[int] | None = None) -> list[GenerationRequest]:
+        """One engine request per choice, each with its own SamplingParams object (the batcher
+        cuts a cancelled one short through it). `force_logprobs` asks the engine for logprobs
+        the client did not request (the recorder keeps them; they do not change the sampled
+        tokens). `prompt_ids`, per prompt, replaces encoding it: ids the server already
+        computed to check the context, or a continued session's exact ids (continuation.py).
+        `max_tokens`, per prompt, replaces the request's (a default cut to the context)."""
         out = []
-        for prompt in self.prompts:
+        for p, prompt in enumerate(self.prompts):
+            ids = prompt_ids[p] if prompt_ids is not None else None
+            budget = max_tokens[p] if max_tokens is not None else self.params.max_tokens
             for seed in self.seeds:
-                params = replace(self.params, seed=seed, stop=list(self.params.stop),
+                params = replace(self.params, seed=seed, stop=list(self.params.stop), max_tokens=budget,
                                  logprobs=self.logprobs or force_logprobs)
                 if self.chat:
-                    out.append(GenerationRequest(messages=prompt, params=params, prompt_token_ids=prompt_token_ids))
+                    out.append(GenerationRequest(messages=prompt, params=params, prompt_token_ids=ids))
                 else:
-                    out.append(GenerationRequest(prompt=prompt, params=params))
+                    out.append(GenerationRequest(prompt=prompt, params=params, prompt_token_ids=ids))
         return out
 
 
@@ -122,7 +131,8 @@ def parse_chat(body: Any) -> ApiRequest:
     if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
         raise _bad("only `response_format: {type: text}` is supported by arle serve", "response_format")
     max_tokens = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, "max_completion_tokens", "max_tokens")
-    return _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs)
+    return _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs,
+                   explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")))
 
 
 def parse_completion(body: Any) -> ApiRequest:
@@ -149,10 +159,12 @@ def parse_completion(body: Any) -> ApiRequest:
     if body.get("suffix"):
         raise _bad("`suffix` is not supported by arle serve", "suffix")
     max_tokens = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
-    return _common(body, chat=False, prompts=prompts, max_tokens=max_tokens, logprobs=logprobs_n is not None)
+    return _common(body, chat=False, prompts=prompts, max_tokens=max_tokens, logprobs=logprobs_n is not None,
+                   explicit=body.get("max_tokens") is not None)
 
 
-def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens: int, logprobs: bool) -> ApiRequest:
+def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens: int, logprobs: bool,
+            explicit: bool = False) -> ApiRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("`model` must be a string", "model")
@@ -178,7 +190,8 @@ def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens:
                             seed=seed, logprobs=logprobs)
     return ApiRequest(chat=chat, model=model, prompts=prompts, params=params, n=n,
                       seeds=choice_seeds(seed, n, temperature), stream=stream, include_usage=include_usage,
-                      logprobs=logprobs, return_token_ids=_bool(body, "return_token_ids"))
+                      logprobs=logprobs, return_token_ids=_bool(body, "return_token_ids"),
+                      max_tokens_explicit=explicit)
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -215,6 +228,8 @@ def _stop(body: dict[str, Any]) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise _bad("`stop` must be a string or a list of strings", "stop")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise _bad(f"`stop` may hold at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters", "stop")
     return [s for s in stop if s]
 
 
