@@ -138,6 +138,9 @@ def train_command(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Train on the first N rows only."),
     save_steps: Optional[int] = typer.Option(None, "--save-steps", min=1, help="Checkpoint every N steps (default 50)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
+    sandbox: str = typer.Option("require", "--sandbox", help="require (default) refuses to run model-written "
+                                "code where the code sandbox cannot isolate it; auto warns and runs it with "
+                                "rlimits only. RL training rewards whatever passes the tests: keep require."),
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Training processes per "
                                                 "machine (data parallel through accelerate; gloo on CPU, NCCL on "
                                                 "GPU). Per-device batch x processes must be a multiple of "
@@ -160,6 +163,7 @@ def train_command(
     from arlecli.cards import resolve_references
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
+    from arlecli.sandbox import card_runs_code, ensure_isolation, set_policy
     from arlecli.train.config import load_recipe, parse_set, resolve
     from arlecli.train import launch
     from arlecli.train.run import TrainView, run_train
@@ -182,6 +186,9 @@ def train_command(
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
+    set_policy(sandbox)
+    if card_runs_code(card):
+        ensure_isolation()  # refuse before loading a model, not at the first reward
     spec = resolve_model(cfg.options.model)
     run_dir = rundir.choose_dir(output, f"train-{card.name}", spec.name, resume)
     command = launch.original_command() or ["arle", *sys.argv[1:]]

