@@ -24,8 +24,9 @@ from arlecli.engine.base import Engine
 from arlecli.envs import env_kind
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
-from arlecli.results import RESULTS, SampleWriter, aggregate, read_samples, write_json
-from arlecli.rewards import get_reward
+from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_samples, write_json
+from arlecli.rewards import check_task_fields, get_reward
+from arlecli.sandbox import card_runs_code, ensure_isolation
 from arlecli.types import Episode, Task
 
 
@@ -57,6 +58,9 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
     tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit), origin)
     if opts.limit is not None:
         tasks = tasks[:opts.limit]
+    # Every task is checked for what the reward reads now, not when its sample is scored
+    # mid-run; exemplars are only shown, never scored.
+    check_task_fields(card.reward, card.reward_params, tasks, origin)
     n_shots = card.prompt.fewshot.n if opts.num_fewshot is None else opts.num_fewshot
     exemplars: list[Task] = []
     if n_shots > 0:
@@ -88,6 +92,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     if not tasks:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
     score = get_reward(card.reward, card.reward_params)
+    if card_runs_code(card):
+        ensure_isolation()  # refuse (or warn) before generating anything
     meta = {
         "command": command or sys.argv,
         "benchmark": card.name,
@@ -97,13 +103,18 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         "model": model,
         "engine": engine.name,
         "options": asdict(opts),
+        # --data's content, not only its path: a file rewritten in place is other tasks.
+        "data_hash": rundir.file_hash(opts.data) if opts.data else None,
         "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    # A run's samples are read (and so checked) before prepare() records the resume in
+    # meta.json: a damaged samples.jsonl stops the run with the directory exactly as it was.
+    rundir.check_fresh(run_dir, resume)
+    previous = read_samples(run_dir) if (run_dir / META).exists() else None
     # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
-    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options"))
-
-    done_ids = {s["id"] for s in read_samples(run_dir)}
+    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash"))
+    done_ids = {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
     sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
     pending = [(i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples)
                if sample_id(task.id, k) not in done_ids]

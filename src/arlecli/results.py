@@ -24,20 +24,37 @@ SAMPLES = "samples.jsonl"
 RESULTS = "results.json"
 
 
+# What aggregation reads from every sample; a line without them was not written by arle.
+_SAMPLE_KEYS = ("id", "task_id", "correct", "details")
+
+
 def read_samples(run_dir: Path) -> list[dict[str, Any]]:
-    """Every complete sample line; a torn last line (from a kill mid-write) is ignored."""
+    """Every complete sample line; a torn last line (from a kill mid-write) is ignored.
+
+    A write ends with its newline, so only the last line can be torn, and that one is
+    redone. Any other line that is not a sample means the file was damaged or edited:
+    that raises UserError naming the file and line, because skipping it (or everything
+    after it) would silently redo or lose samples and change the results."""
     path = Path(run_dir) / SAMPLES
     if not path.exists():
         return []
     samples = []
-    with open(path, "rb") as f:
-        for raw in f:
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with f:
+        for n, raw in enumerate(f, 1):
             if not raw.endswith(b"\n"):
                 break  # torn tail: the sample was not finished, it will be redone
             try:
-                samples.append(json.loads(raw))
-            except json.JSONDecodeError:
-                break
+                sample = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                sample = None
+            if not isinstance(sample, dict) or any(k not in sample for k in _SAMPLE_KEYS):
+                raise UserError(f"{path}: line {n} is not a sample (damaged or edited); nothing was changed: "
+                                f"repair that line or delete it (its sample is then redone), then rerun")
+            samples.append(sample)
     return samples
 
 

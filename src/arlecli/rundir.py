@@ -12,6 +12,7 @@ with the time of each resume under "resumed". What goes into the files themselve
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 import shutil
@@ -21,7 +22,7 @@ from typing import Any, Collection, Iterable
 
 from arlecli import __version__
 from arlecli.errors import UserError
-from arlecli.results import META, read_json, write_json
+from arlecli.results import META, write_json
 
 RUNS = Path("runs")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -98,16 +99,37 @@ def prepare(run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Itera
     exist yet, or is empty, starts the run."""
     run_dir = Path(run_dir)
     check_fresh(run_dir, resume)
-    if (run_dir / META).exists():
-        _resume(run_dir, meta, list(compare), set(may_change))
-        return
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir} is a file, not a run directory; choose another --output")
-    if resume and run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
-                        f"drop --resume or choose another --output")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / META, meta)
+    try:
+        if (run_dir / META).exists():
+            _resume(run_dir, meta, list(compare), set(may_change))
+            return
+        if run_dir.exists() and not run_dir.is_dir():
+            raise UserError(f"{run_dir} is a file, not a run directory; choose another --output")
+        if resume and run_dir.exists() and any(run_dir.iterdir()):
+            raise UserError(f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
+                            f"drop --resume or choose another --output")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / META, meta)
+    except OSError as exc:  # a parent that is a file, no permission, a full or read-only disk
+        reason = exc.strerror or type(exc).__name__
+        where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != run_dir else ""
+        raise UserError(f"cannot write the run directory {run_dir}: {reason}{where}; "
+                        f"choose another --output") from None
+
+
+def file_hash(path: Path | str) -> str:
+    """A short content hash of a file (sha256, 16 hex digits), so a resume notices when the
+    file given as `--data` changed even though its path did not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return digest.hexdigest()[:16]
 
 
 def _fields(value: Any) -> dict[str, Any]:
@@ -115,14 +137,25 @@ def _fields(value: Any) -> dict[str, Any]:
 
 
 def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change: set[str]) -> None:
-    old = read_json(run_dir / META)
+    try:
+        old = json.loads((run_dir / META).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot resume {run_dir}: its {META} is not valid JSON ({exc}); "
+                        f"choose a new --output") from None
+    except OSError as exc:  # a folder named meta.json, or no permission to read it
+        raise UserError(f"cannot resume {run_dir}: cannot read its {META} ({exc.strerror or exc}); "
+                        f"choose a new --output") from None
     if not isinstance(old, dict):
         raise UserError(f"cannot resume {run_dir}: its {META} is not a JSON object; choose a new --output")
     diffs = []
     updated = dict(old)
     for key in compare:
         now = meta.get(key)
-        if isinstance(now, dict):
+        if key not in old:
+            # Started by an arle that did not record this key yet (data_hash): nothing to
+            # compare against, so the resume records it and later resumes compare it.
+            updated[key] = now
+        elif isinstance(now, dict):
             before = _fields(old.get(key))
             for field in [*now, *(k for k in before if k not in now)]:
                 if field not in may_change and before.get(field) != now.get(field):

@@ -7,6 +7,7 @@ source with a local file in the same schema.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 from importlib import resources
@@ -31,7 +32,7 @@ def read_rows_file(path: Path) -> list[Row]:
         if name.endswith((".jsonl", ".jsonl.gz")):
             opener = gzip.open if name.endswith(".gz") else open
             with opener(path, "rt", encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
+                return _jsonl_rows(f, path)
         if name.endswith(".json"):
             data = json.loads(path.read_text(encoding="utf-8"))
             if isinstance(data, dict):
@@ -40,17 +41,40 @@ def read_rows_file(path: Path) -> list[Row]:
                 raise UserError(f"{path}: a .json data file must hold a list of rows")
             return data
         if name.endswith(".parquet"):
+            import pyarrow
             import pyarrow.parquet as pq
 
-            return pq.read_table(path).to_pylist()
+            try:
+                return pq.read_table(path).to_pylist()
+            except pyarrow.ArrowException as exc:  # not parquet, truncated, or a corrupt page
+                raise UserError(f"cannot read {path}: not a readable parquet file ({_first_line(exc)}); "
+                                f"write it again or pass rows as .jsonl") from None
         if name.endswith(".csv"):
-            import csv
-
             with open(path, newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError) as exc:  # EOFError: a cut-off .gz
+        raise UserError(f"cannot read {path}: {_first_line(exc)}") from None
+    except csv.Error as exc:
+        raise UserError(f"cannot read {path}: not valid CSV ({_first_line(exc)})") from None
     raise UserError(f"{path}: unsupported data file; use one of {', '.join(FILE_SUFFIXES)}")
+
+
+def _jsonl_rows(lines: Iterator[str], path: Path) -> list[Any]:
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: line {n} is not valid JSON ({exc.msg}); fix or remove that line") from None
+    return rows
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (arrow's run on for several)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def pulled_path(card: Card, split: str) -> Path:
@@ -177,16 +201,35 @@ def load_rows(card: Card, split: str | None = None, data: Path | None = None,
     return _generator_rows(card, spec, limit)
 
 
-def _transformed(rows: list[Row], transform: Any) -> Iterator[tuple[Row, str]]:
-    """(row, default id) after the transform; a transform that returns a list turns one
-    record into several tasks (default ids `i-j`)."""
+def _transformed(rows: list[Row], transform: Any, card: Card, origin: str) -> Iterator[tuple[Row, str, int]]:
+    """(row, default id, record number from 1) after the transform; a transform that returns
+    a list turns one record into several tasks (default ids `i-j`)."""
     for i, row in enumerate(rows):
-        out = transform(row) if transform else row
+        try:
+            out = transform(row) if transform else row
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            # A transform reads the dataset's own columns: failing on a row means the row
+            # is not in that schema (a column missing or of another type).
+            raise UserError(f"the transform '{card.transform}' of {card.name} failed on row {i + 1} of "
+                            f"{origin or card.name} ({type(exc).__name__}: {_first_line(exc)}); give rows in the "
+                            f"dataset's own schema") from None
         if isinstance(out, list):
             for j, sub in enumerate(out):
-                yield sub, f"{i}-{j}"
+                yield sub, f"{i}-{j}", i + 1
         else:
-            yield out, str(i)
+            yield out, str(i), i + 1
+
+
+def _not_a_row(value: Any, number: int, origin: str, card: Card) -> UserError:
+    if value is None:
+        shown = "null"
+    else:
+        kind = {bool: "a boolean", str: "a string", int: "a number", float: "a number", list: "a list"}
+        text = json.dumps(value, default=str)
+        shown = f"{kind.get(type(value), type(value).__name__)} ({text if len(text) <= 40 else text[:37] + '...'})"
+    after = f" after the card's transform '{card.transform}'" if card.transform else ""
+    return UserError(f"row {number} of {origin or card.name} is {shown}{after}, not an "
+                     f"object with columns; every row must be a JSON object in the dataset's own schema")
 
 
 def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]:
@@ -197,12 +240,20 @@ def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]
     fmap = {"input": "input", "target": "target", **card.fields}
     tasks: list[Task] = []
     seen: set[str] = set()
-    for row, default_id in _transformed(rows, transform):
-        for key in ("input", "target"):
-            if fmap[key] not in row:
+    # Checked before the transform too: a transform would fail on a null or scalar row with
+    # an error of its own, far from the row that caused it.
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise _not_a_row(row, i + 1, origin, card)
+    for row, default_id, number in _transformed(rows, transform, card, origin):
+        if not isinstance(row, dict):
+            raise _not_a_row(row, number, origin, card)
+        for key in ("input", "target", "id"):
+            if key in fmap and fmap[key] not in row:
                 raise UserError(
                     f"{card.path or card.name}: field 'fields.{key}': column '{fmap[key]}' is not in the rows"
-                    f"{' of ' + origin if origin else ''} (columns: {', '.join(sorted(row))}); "
+                    f"{' of ' + origin if origin else ''} (row {number}, columns: "
+                    f"{', '.join(sorted(map(str, row)))}); "
                     f"fix the card or give rows in the dataset's own schema")
         if "id" in card.fields:
             tid = str(row[card.fields["id"]])

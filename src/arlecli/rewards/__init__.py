@@ -138,18 +138,22 @@ def _fits(value: Any, hint: Any) -> bool:
 
 
 def _type_text(hint: Any) -> str:
+    """A type hint in the words a card's author uses ("a whole number", "a list of strings")."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_type_text(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    if hint is float:
-        return "a number"
     origin = typing.get_origin(hint)
-    if origin in (list, Sequence, tuple) and typing.get_args(hint):
-        return f"a list of {getattr(typing.get_args(hint)[0], '__name__', 'values')}"
-    if origin is not None:
-        return f"a {origin.__name__}"
-    return f"a {getattr(hint, '__name__', str(hint))}"
+    if origin in (list, Sequence, tuple):
+        args = typing.get_args(hint)
+        return f"a list of {_TYPE_WORDS.get(args[0], 'values')[1]}" if args else "a list"
+    return _TYPE_WORDS.get(origin or hint, (f"a {getattr(hint, '__name__', hint)}",))[0]
+
+
+# How each YAML-visible type is named in an error: (one value, several).
+_TYPE_WORDS: dict[Any, tuple[str, str]] = {
+    type(None): ("null", "nulls"), bool: ("true or false", "booleans"), int: ("a whole number", "whole numbers"),
+    float: ("a number", "numbers"), str: ("a string", "strings"), dict: ("a mapping", "mappings"),
+    list: ("a list", "lists"),
+}
 
 
 def check_task_fields(name: str, params: dict[str, Any], tasks: Sequence[Task], origin: str) -> None:

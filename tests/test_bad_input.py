@@ -1,0 +1,364 @@
+"""Bad input is one line, exit 2, nothing lost (issue 12, item 6).
+
+Every case drives the real CLI in a subprocess against a fake OpenAI-compatible server and
+asserts: exit code 2, exactly one line (on stderr, nothing on stdout) that names the problem
+and what to do, no traceback, and, for a run directory that already exists, every file in it
+byte-identical afterwards. Rows and cards are refused before any request reaches the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from fake_openai import FakeOpenAIServer
+
+ARLE = [sys.executable, "-m", "arlecli"]
+GSM_ROWS = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(4)]
+HUMANEVAL_ROW = {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
+                 "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
+
+
+def arle(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI as a user would."""
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy(),
+                          cwd=cwd)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit 2, one `error:` line on stderr holding every needle, no traceback, nothing on stdout."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by relative path, with its exact bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAIServer]:
+    """One fake endpoint for the module; every reply is a gsm8k-style answer."""
+    with FakeOpenAIServer(lambda body: " #### 2") as srv:
+        yield srv
+
+
+@pytest.fixture
+def gsm(server: FakeOpenAIServer, tmp_path: Path):
+    """`arle eval gsm8k` on the fake endpoint, with extra args; records how many requests it made."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        before = len(server.bodies())
+        proc = arle("eval", "gsm8k", "--base-url", server.base_url, "--num-fewshot", "0", *args, cwd=tmp_path)
+        proc.requests = len(server.bodies()) - before  # type: ignore[attr-defined]
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def finished_run(gsm, tmp_path: Path) -> tuple[Path, Path]:
+    """A finished 4-task gsm8k run: (its directory, its --data file)."""
+    data = write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    run = tmp_path / "run"
+    proc = gsm("--data", str(data), "--output", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert len((run / "samples.jsonl").read_text().splitlines()) == 4
+    return run, data
+
+
+# ---------------------------------------------------------------------------------------------
+# --data rows
+
+
+@pytest.mark.parametrize("name, content, shown", [
+    ("rows.jsonl", "null\n", "is null"),
+    ("rows.jsonl", json.dumps(GSM_ROWS[0]) + '\n"just text"\n', "row 2 of rows.jsonl is a string"),
+    ("rows.jsonl", "3\n", "is a number (3)"),
+    ("rows.json", "[[1, 2]]", "is a list ([1, 2])"),
+    ("rows.json", '{"rows": [null]}', "is null"),
+], ids=["null", "string", "number", "list", "json-rows-null"])
+def test_data_rows_that_are_scalars_or_null(gsm, tmp_path, name, content, shown):
+    (tmp_path / name).write_text(content)
+    proc = gsm("--data", name, "--output", "run")
+    assert_one_line_error(proc, shown, "every row must be a JSON object")
+    assert proc.requests == 0 and not (tmp_path / "run").exists()
+
+
+def test_data_jsonl_with_a_broken_line_names_the_line(gsm, tmp_path):
+    (tmp_path / "rows.jsonl").write_text(json.dumps(GSM_ROWS[0]) + "\n{not json\n")
+    proc = gsm("--data", "rows.jsonl", "--output", "run")
+    assert_one_line_error(proc, "rows.jsonl: line 2 is not valid JSON", "fix or remove that line")
+
+
+@pytest.mark.parametrize("how", ["not-parquet", "truncated"])
+def test_corrupt_parquet(gsm, tmp_path, how):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    if how == "not-parquet":
+        path.write_text("question,answer\n1,2\n")
+    else:
+        pq.write_table(pa.Table.from_pylist(GSM_ROWS), path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    proc = gsm("--data", str(path), "--output", "run")
+    assert_one_line_error(proc, f"cannot read {path}: not a readable parquet file", "pass rows as .jsonl")
+    assert proc.requests == 0
+
+
+def test_rows_missing_the_id(server, tmp_path):
+    # humaneval's card maps `id` to the dataset's task_id column; the third row lacks it.
+    rows = [{**HUMANEVAL_ROW, "task_id": f"HumanEval/{i}"} for i in range(2)]
+    rows.append({k: v for k, v in HUMANEVAL_ROW.items() if k != "task_id"})
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    proc = arle("eval", "humaneval", "--data", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
+                cwd=tmp_path)
+    assert_one_line_error(proc, "field 'fields.id': column 'task_id' is not in the rows of rows.jsonl",
+                          "row 3", "fix the card or give rows")
+    assert not (tmp_path / "run").exists()
+
+
+def test_rows_missing_a_field_the_reward_needs_are_refused_before_generation(server, tmp_path):
+    # Input and target are there, so the prompt renders; code_tests needs `test` to score.
+    rows = [{**HUMANEVAL_ROW, "task_id": f"HumanEval/{i}"} for i in range(3)]
+    del rows[2]["test"]
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    before = len(server.bodies())
+    proc = arle("eval", "humaneval", "--data", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
+                cwd=tmp_path)
+    assert_one_line_error(proc, "task 'HumanEval/2' of rows.jsonl has no field 'test'", "reward 'code_tests'",
+                          "param test_field")
+    assert len(server.bodies()) == before, "no sample may be generated before the rows are checked"
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Cards
+
+BASE_CARD: dict[str, Any] = {
+    "name": "mine", "category": "math", "source": {"kind": "files", "path": "rows.jsonl"},
+    "fields": {"input": "question", "target": "answer"},
+    "prompt": {"format": "completion", "template": "Question: {input}\nAnswer:", "stop": ["Question:"],
+               "max_tokens": 32},
+    "reward": {"name": "gsm8k"},
+}
+CODE_REWARD = {"name": "code_tests", "params": {"timeout_s": 10}}
+GENERATOR_CARD: dict[str, Any] = {
+    **BASE_CARD, "category": "procedural", "reward": {"name": "countdown"},
+    "source": {"kind": "generator", "path": "countdown", "splits": {"test": {"seed": 1, "size": 5}}},
+}
+
+
+def _card(changes: dict[str, Any], base: dict[str, Any] = BASE_CARD) -> dict[str, Any]:
+    """A copy of `base` with `changes` applied ("prompt.max_tokens": 0 sets that nested key)."""
+    card = json.loads(json.dumps(base))
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = card
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return card
+
+
+CARD_CASES = {
+    "stop-number": ({"prompt.stop": ["Question:", 7]}, "'prompt.stop[1]': must be a non-empty string"),
+    "stop-null": ({"prompt.stop": [None]}, "'prompt.stop[0]': must be a non-empty string"),
+    "stop-not-a-list": ({"prompt.stop": "Question:"}, "'prompt.stop': must be list"),
+    "max-tokens-zero": ({"prompt.max_tokens": 0}, "'prompt.max_tokens': must be at least 1, got 0"),
+    "max-tokens-negative": ({"prompt.max_tokens": -5}, "'prompt.max_tokens': must be at least 1, got -5"),
+    "max-tokens-text": ({"prompt.max_tokens": "many"}, "'prompt.max_tokens': must be int, got str"),
+    "max-tokens-bool": ({"prompt.max_tokens": True}, "'prompt.max_tokens': must be int, got bool"),
+    "fewshot-negative": ({"prompt.fewshot": {"split": "train", "n": -2}}, "'prompt.fewshot.n': must be 0 or more"),
+    "size-text": ({"source.splits.test.size": "ten"},
+                  "'source.splits.test.size': must be a whole number, got str ('ten')"),
+    "size-float": ({"source.splits.test.size": 2.5}, "'source.splits.test.size': must be a whole number, got float"),
+    "size-zero": ({"source.splits.test.size": 0}, "'source.splits.test.size': must be at least 1"),
+    "seed-missing": ({"source.splits.test": {"size": 5}}, "'source.splits.test': a generator split needs {seed, size}"),
+    "timeout-negative": ({"reward": {**CODE_REWARD, "params": {"timeout_s": -1}}},
+                         "'reward.params.timeout_s': must not be negative, got -1"),
+    "timeout-zero": ({"reward": {**CODE_REWARD, "params": {"timeout_s": 0}}},
+                     "'reward.params.timeout_s': must be greater than 0"),
+    "param-text": ({"reward": {**CODE_REWARD, "params": {"timeout_s": "ten"}}},
+                   "'reward.params.timeout_s': must be a number, got str ('ten')"),
+    "param-bool-not-number": ({"reward": {**CODE_REWARD, "params": {"memory_mb": True}}},
+                              "'reward.params.memory_mb': must be a whole number, got bool"),
+    "param-number-not-bool": ({"reward": {**CODE_REWARD, "params": {"call_check": 1}}},
+                              "'reward.params.call_check': must be true or false, got int (1)"),
+    "param-list-of-numbers": ({"reward": {"name": "code_io", "params": {"tests_fields": [1]}}},
+                              "'reward.params.tests_fields': must be a string or a list of strings"),
+    "param-unknown": ({"reward": {**CODE_REWARD, "params": {"timout_s": 10}}},
+                      "'reward.params.timout_s': is not a param of reward 'code_tests'; did you mean 'timeout_s'?"),
+    "param-number-not-str": ({"reward": {"name": "gsm8k", "params": {"primary": 3}}},
+                                  "'reward.params.primary': must be a string, got int (3)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CARD_CASES))
+def test_bad_card_values_name_the_file_and_field(gsm, tmp_path, case):
+    changes, message = CARD_CASES[case]
+    card = _card(changes, GENERATOR_CARD if any(k.startswith("source.") for k in changes) else BASE_CARD)
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(card))
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    proc = arle("eval", str(path), "--base-url", "http://127.0.0.1:9/v1", "--output", "run", cwd=tmp_path)
+    assert_one_line_error(proc, f"{path}: field {message}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_broken_card_breaks_only_itself_in_bench_list(isolated_home, tmp_path):
+    user = isolated_home / "benchmarks"
+    user.mkdir()
+    (user / "mine.yaml").write_text(yaml.safe_dump(_card({"name": "mine", "prompt.max_tokens": 0})))
+    (user / "notyaml.yaml").write_text("name: [unclosed\n")
+    (user / "good.yaml").write_text(yaml.safe_dump(_card({"name": "good"})))
+    out = arle("bench", "list", cwd=tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "gsm8k" in out.stdout and "good" in out.stdout  # packaged and user cards still listed
+    broken = [line for line in out.stdout.splitlines() if line.startswith("broken: ")]
+    assert len(broken) == 2, out.stdout
+    assert broken[0].startswith(f"broken: mine: {user / 'mine.yaml'}: field 'prompt.max_tokens': must be at least 1")
+    assert broken[1].startswith(f"broken: notyaml: {user / 'notyaml.yaml'}:") and "is not valid YAML" in broken[1]
+
+    as_json = arle("bench", "list", "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    entries = {e["name"]: e for e in json.loads(as_json.stdout)}
+    assert "must be at least 1" in entries["mine"]["broken"] and "broken" not in entries["good"]
+    assert entries["gsm8k"]["category"] == "math"
+    # Running the broken card itself is the usual one-line error.
+    assert_one_line_error(arle("eval", "mine", "--base-url", "http://127.0.0.1:9/v1", cwd=tmp_path),
+                          "field 'prompt.max_tokens'")
+
+
+# ---------------------------------------------------------------------------------------------
+# --output
+
+
+def test_output_that_is_a_file(gsm, tmp_path):
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    (tmp_path / "taken").write_text("mine")
+    proc = gsm("--data", "rows.jsonl", "--output", "taken")
+    assert_one_line_error(proc, "taken is a file, not a run directory; choose another --output")
+    assert (tmp_path / "taken").read_text() == "mine" and proc.requests == 0
+
+
+def test_output_that_cannot_be_created(gsm, tmp_path):
+    # Under a file, so even root cannot create it (a read-only folder stops only other users).
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    (tmp_path / "taken").write_text("mine")
+    proc = gsm("--data", "rows.jsonl", "--output", "taken/run")
+    assert_one_line_error(proc, "cannot write the run directory taken/run", "choose another --output")
+    assert (tmp_path / "taken").read_text() == "mine" and proc.requests == 0
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_output_in_a_read_only_folder(gsm, tmp_path):
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        proc = gsm("--data", "rows.jsonl", "--output", "locked/run")
+    finally:
+        locked.chmod(0o755)
+    assert_one_line_error(proc, "cannot write the run directory locked/run: Permission denied",
+                          "choose another --output")
+
+
+# ---------------------------------------------------------------------------------------------
+# --resume: the run directory is left byte for byte as it was
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{not json", ""], ids=["list", "string", "broken", "empty"])
+def test_resume_with_a_meta_json_that_is_not_an_object(gsm, finished_run, content):
+    run, data = finished_run
+    (run / "meta.json").write_text(content)
+    before = snapshot(run)
+    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    assert_one_line_error(proc, f"cannot resume {run}: its meta.json is not", "choose a new --output")
+    assert snapshot(run) == before and proc.requests == 0
+
+
+def test_resume_on_a_directory_that_never_held_a_run(gsm, tmp_path):
+    data = write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("mine")
+    (stray / "samples.jsonl").write_text("not a sample\n")
+    before = snapshot(stray)
+    proc = gsm("--data", str(data), "--output", str(stray), "--resume")
+    assert_one_line_error(proc, f"cannot resume {stray}: it has no meta.json", "drop --resume or choose another")
+    assert snapshot(stray) == before and proc.requests == 0
+
+
+@pytest.mark.parametrize("bad_line", ["{not json", "", "[1, 2]", '{"id": "x"}', "\udcff"],
+                         ids=["broken-json", "blank", "not-an-object", "not-a-sample", "bad-utf8"])
+def test_resume_with_a_corrupt_line_in_the_middle_of_samples(gsm, finished_run, bad_line):
+    run, data = finished_run
+    samples = run / "samples.jsonl"
+    lines = samples.read_bytes().split(b"\n")
+    lines[1] = bad_line.encode("utf-8", "surrogateescape")
+    samples.write_bytes(b"\n".join(lines))
+    before = snapshot(run)
+    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    assert_one_line_error(proc, f"{samples}: line 2 is not a sample", "repair that line or delete it")
+    assert snapshot(run) == before and proc.requests == 0
+
+
+def test_resume_redoes_a_torn_last_line(gsm, finished_run):
+    run, data = finished_run
+    samples = run / "samples.jsonl"
+    full = samples.read_bytes()
+    results = json.loads((run / "results.json").read_text())
+    samples.write_bytes(full[: len(full) - 20])  # a kill in the middle of writing the 4th sample
+    proc = gsm("--data", str(data), "--output", str(run), "--resume", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.requests == 1  # only the torn sample is generated again
+    ids = [json.loads(line)["id"] for line in samples.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"{i}#0" for i in range(4))
+    assert json.loads(proc.stdout)["metrics"] == results["metrics"]
+
+
+def test_resume_compares_the_content_of_data_not_only_its_path(gsm, finished_run):
+    run, data = finished_run
+    meta = json.loads((run / "meta.json").read_text())
+    assert len(meta["data_hash"]) == 16
+    write_jsonl(data, [*GSM_ROWS[:3], {"question": "What is 9 plus 9?", "answer": "#### 18"}])  # same path
+    before = snapshot(run)
+    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    assert_one_line_error(proc, f"cannot resume {run}: settings differ", "data_hash: ",
+                          "rerun with the original settings or use a new --output")
+    assert snapshot(run) == before and proc.requests == 0
+
+    write_jsonl(data, GSM_ROWS)  # the original content again: the resume goes ahead
+    again = gsm("--data", str(data), "--output", str(run), "--resume")
+    assert again.returncode == 0, again.stderr
+    assert again.requests == 0
+
+
+def test_resume_of_a_run_that_predates_data_hash_records_it(gsm, finished_run):
+    run, data = finished_run
+    meta = json.loads((run / "meta.json").read_text())
+    recorded = meta.pop("data_hash")
+    (run / "meta.json").write_text(json.dumps(meta))
+    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run / "meta.json").read_text())["data_hash"] == recorded
