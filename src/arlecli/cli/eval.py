@@ -10,6 +10,7 @@ import typer
 
 from arlecli.cli import options
 from arlecli.cli.output import console, err_console, print_json
+from arlecli.errors import UserError
 
 
 class _Progress:
@@ -89,9 +90,16 @@ def eval_command(
     data: Optional[Path] = typer.Option(None, "--data", help="Local rows in the dataset's own schema "
                                         "(jsonl, json, parquet, csv) instead of the card's source."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
+    sandbox: str = typer.Option("auto", "--sandbox", help="Where the code sandbox cannot isolate "
+                                "model-written code (no user namespaces, root without a pids cgroup): "
+                                "auto warns and runs it with rlimits only, require refuses."),
 ) -> None:
     """Score a model on a benchmark; writes meta.json, samples.jsonl and results.json."""
+    from arlecli.sandbox import set_policy
+
+    set_policy(sandbox)
     from arlecli.engine import make_engine
+    from arlecli.engine.base import EngineRequestError
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
@@ -117,6 +125,10 @@ def eval_command(
     try:
         results = run_eval(card, engine, opts, model=spec.name, run_dir=run_dir, resume=resume,
                            command=["arle", *sys.argv[1:]], on_start=progress.start, on_sample=progress.sample)
+    except EngineRequestError as exc:
+        # samples.jsonl is appended as samples finish: nothing done so far is lost.
+        raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
+                        "rerun with --resume to continue") from None
     finally:
         progress.stop()
         engine.close()

@@ -10,6 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
+from arlecli.errors import UserError
+
+
+class EngineRequestError(UserError):
+    """A generation request failed for good (after retries): the endpoint hung, broke off or
+    answered nonsense. What was generated before it is still valid, so a caller that saves as it
+    goes (arle eval) can tell the user to resume."""
+
 
 @dataclass
 class SamplingParams:

@@ -35,7 +35,13 @@ from typing import Any, Iterator
 import httpx
 
 from arlecli import config
-from arlecli.engine.base import Completion, GenerationRequest, SamplingParams, cut_at_stop
+from arlecli.engine.base import (
+    Completion,
+    EngineRequestError,
+    GenerationRequest,
+    SamplingParams,
+    cut_at_stop,
+)
 from arlecli.errors import UserError
 
 # 408/409/425 are "try again" answers too; every 5xx is retried as well.
@@ -229,7 +235,7 @@ class OpenAIEngine:
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     problem = f"cannot connect ({_one_line(str(exc)) or type(exc).__name__})"
                 except _TooLarge:
-                    raise UserError(
+                    raise EngineRequestError(
                         f"openai engine: POST {url} answered with more than "
                         f"{_MAX_RESPONSE_BYTES // 2**20} MB; is the base URL an OpenAI-compatible endpoint?"
                     ) from None
@@ -242,10 +248,9 @@ class OpenAIEngine:
                         try:
                             return _parse_completion(_json(content, url), chat, req.params.stop)
                         except _Malformed as exc:
-                            raise UserError(
+                            raise EngineRequestError(
                                 f"openai engine: POST {url} answered with a malformed completion ({exc}); "
-                                "is the base URL an OpenAI-compatible endpoint? "
-                                "The samples finished so far are kept: fix the server and rerun with --resume"
+                                "is the base URL an OpenAI-compatible endpoint?"
                             ) from None
                     message = _redact(_server_message(content), key)
                     if status == 400 and self._send_token_ids and "return_token_ids" in message:
@@ -274,7 +279,7 @@ class OpenAIEngine:
         async with self._client.stream("POST", url, json=body, headers=headers) as resp:
             return resp.status_code, resp.headers, await _read_capped(resp)
 
-    def _gave_up(self, url: str, attempts: int, problem: str, timed_out: bool) -> UserError:
+    def _gave_up(self, url: str, attempts: int, problem: str, timed_out: bool) -> EngineRequestError:
         """The one-line error after the last attempt, with the fix that fits the failure."""
         if timed_out:
             fix = (
@@ -287,7 +292,7 @@ class OpenAIEngine:
                 "check that the server is up and the base URL is right, or lower the concurrency "
                 f"/ raise --max-retries (now {self.max_retries}) for a busy server"
             )
-        return UserError(
+        return EngineRequestError(
             f"openai engine: POST {url} failed after {attempts} attempt{'s' if attempts > 1 else ''}, "
             f"last: {problem}; {fix}"
         )
@@ -337,17 +342,17 @@ def list_models(
     try:
         status, content = _run_blocking(asyncio.wait_for(get(), timeout=timeout_s))
     except (asyncio.TimeoutError, httpx.TimeoutException):
-        raise UserError(
+        raise EngineRequestError(
             f"openai engine: GET {url} gave no complete answer within {timeout_s:g} s; "
             f"the endpoint {base} looks hung: check that it is up, or pass the model name"
         ) from None
     except _TooLarge:
-        raise UserError(
+        raise EngineRequestError(
             f"openai engine: GET {url} answered with more than {_MAX_RESPONSE_BYTES // 2**20} MB; "
             "check the base URL (it usually ends in /v1)"
         ) from None
     except httpx.RequestError as exc:
-        raise UserError(
+        raise EngineRequestError(
             f"openai engine: cannot reach {url} ({_one_line(str(exc))[:120] or type(exc).__name__}); "
             "is the server running and the base URL right?"
         ) from None
@@ -572,7 +577,7 @@ def _json(content: bytes, url: str) -> Any:
         return json.loads(content)
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's stack
         snippet = _one_line(content[:200].decode("utf-8", "replace"))[:120]
-        raise UserError(
+        raise EngineRequestError(
             f"openai engine: {url} did not answer with JSON ({snippet!r}); "
             "check the base URL (it usually ends in /v1)"
         ) from None
@@ -590,7 +595,7 @@ def _server_message(content: bytes) -> str:
 
 def _status_error(
     status: int, url: str, message: str, base_url: str, model: str | None, api_key_env: str | None
-) -> UserError:
+) -> EngineRequestError:
     """One-line, fix-it message for a 4xx that retrying cannot cure."""
     said = f" (server said: {message})" if message else ""
     if status in (401, 403):
@@ -604,18 +609,18 @@ def _status_error(
                 "the server wants an API key: set api_key_env to the name of an environment "
                 "variable that holds it"
             )
-        return UserError(f"openai engine: HTTP {status} from {url}{said}; {fix}")
+        return EngineRequestError(f"openai engine: HTTP {status} from {url}{said}; {fix}")
     if status == 404:
         what = (
             f" and the model name {model!r} (GET {base_url}/models lists the served models)"
             if model
             else ""
         )
-        return UserError(
+        return EngineRequestError(
             f"openai engine: HTTP 404 from {url}{said}; check the base URL (it usually ends "
             f"in /v1){what}"
         )
-    return UserError(f"openai engine: HTTP {status} from {url}{said}")
+    return EngineRequestError(f"openai engine: HTTP {status} from {url}{said}")
 
 
 def _retry_after_s(headers: httpx.Headers) -> float | None:
