@@ -253,7 +253,7 @@ def isolation() -> Isolation:
         _remove_tree(root)
     if os.geteuid() != 0:
         return Isolation("namespaces", "rlimit")
-    if _pids_cgroup_base() is None:
+    if "pids" not in _cgroup_bases():
         return Isolation("namespaces", "none",
                          "running as root without a writable pids cgroup, so nothing caps the number "
                          "of processes a program forks; run arle as a non-root user")
@@ -298,20 +298,26 @@ def run_program(
             "nproc": 0,
             "enter_netns": False,
         }
-        cgroup: Path | None = None
+        cgroups: list[Path] = []
         if iso.kind == "namespaces":
+            # The tmpfs mounts hold what the program writes: bounded like a file, times a few.
+            tmpfs_bytes = max(64 << 20, 4 * file_bytes)
             if iso.pid_cap == "cgroup":
-                cgroup = _new_cgroup(max_procs + 4)  # + sh/bwrap, its init, the launcher
+                # + sh/bwrap, its init, the launcher. Memory: the address-space limit binds each
+                # process; the cgroup binds them all together, tmpfs pages included, so a fork
+                # bomb of big allocations hits the jail's limit, not the machine's OOM killer.
+                cgroups = _new_cgroups({"pids": max_procs + 4,
+                                        "memory": (memory_mb << 20) + 3 * tmpfs_bytes + (256 << 20)})
             else:
                 # Inside its own user namespace RLIMIT_NPROC counts only the jail's processes.
                 cfg["nproc"] = max_procs + 4 if iso.pid_cap == "rlimit" else 0
-            # The tmpfs mounts hold what the program writes: bounded like a file, times a few.
-            argv = _bwrap_argv(_bwrap_binary(), root / "main.py", max(64 << 20, 4 * file_bytes),
-                               share_net=not isolate_network)
+            argv = _bwrap_argv(_bwrap_binary(), root / "main.py", tmpfs_bytes, share_net=not isolate_network)
             argv += [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
-            if cgroup is not None:
-                # The shell joins the cgroup, then becomes bwrap: every descendant is counted.
-                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs")] + argv
+            if cgroups:
+                # The shell joins the cgroups, then becomes bwrap: every descendant is counted.
+                joins = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(cgroups)))
+                argv = (["/bin/sh", "-c", f'{joins} && shift {len(cgroups)} && exec "$@"', "sh"]
+                        + [str(c / "cgroup.procs") for c in cgroups] + argv)
             cwd, env = root, {}
         else:
             cwd = root / "work"
@@ -325,7 +331,7 @@ def run_program(
         try:
             return _supervise(argv, cwd, env, root, timeout_s)
         finally:
-            if cgroup is not None:
+            for cgroup in cgroups:
                 _remove_cgroup(cgroup)
     finally:
         _remove_tree(root)
@@ -411,50 +417,54 @@ def _bwrap_binary() -> str | None:
         return shutil.which("bwrap")
 
 
-# --- the process cap for root: one pids cgroup per program -------------------------------
+# --- caps for root: cgroups per program ----------------------------------------------------
+
+# The controller's limit file in cgroup v1 and v2, and its value for "this many".
+_LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max")}
+
 
 @functools.cache
-def _pids_cgroup_base() -> Path | None:
-    """A pids-controller cgroup directory we may create children in, or None."""
+def _cgroup_bases() -> dict[str, tuple[Path, int]]:
+    """{controller: (a cgroup directory we may create children in, cgroup version)} for
+    "pids" and "memory", where arle runs as root and the hierarchy is writable."""
     if os.geteuid() != 0:
-        return None
+        return {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        mounts = [m.split() for m in Path("/proc/self/mountinfo").read_text().splitlines()]
     except OSError:
-        return None
+        return {}
+    found: dict[str, tuple[Path, int]] = {}
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if "pids" not in controllers.split(","):
-            continue
-        for mount in mounts:
-            fields = mount.split()
-            if " - cgroup " in mount and "pids" in fields[-1].split(","):
-                base = Path(fields[4]) / path.lstrip("/")
-                if _can_make_cgroup(base):
-                    return base
-    # cgroup v2: usable only where pids is already delegated to our cgroup's children.
-    for line in lines:
-        if line.startswith("0::"):
-            for mount in mounts:
-                fields = mount.split()
-                if " - cgroup2 " in mount:
-                    base = Path(fields[4]) / line[3:].lstrip("/")
-                    try:
-                        delegated = "pids" in (base / "cgroup.subtree_control").read_text().split()
-                    except OSError:
-                        delegated = False
-                    if delegated and _can_make_cgroup(base):
-                        return base
-    return None
+        for ctl in _LIMIT_FILES:
+            if ctl in found:
+                continue
+            if ctl in controllers.split(","):  # v1: one hierarchy per controller
+                for m in mounts:
+                    if "cgroup" in m[m.index("-") + 1:m.index("-") + 2] and ctl in m[-1].split(","):
+                        base = Path(m[4]) / path.lstrip("/")
+                        if _can_make_cgroup(base, _LIMIT_FILES[ctl][0]):
+                            found[ctl] = (base, 1)
+            elif not controllers and line.startswith("0::"):  # v2: only where delegated
+                for m in mounts:
+                    if "cgroup2" in m[m.index("-") + 1:m.index("-") + 2]:
+                        base = Path(m[4]) / path.lstrip("/")
+                        try:
+                            delegated = ctl in (base / "cgroup.subtree_control").read_text().split()
+                        except OSError:
+                            delegated = False
+                        if delegated and _can_make_cgroup(base, _LIMIT_FILES[ctl][1]):
+                            found[ctl] = (base, 2)
+    return found
 
 
-def _can_make_cgroup(base: Path) -> bool:
+def _can_make_cgroup(base: Path, limit_file: str) -> bool:
     probe = base / f"arle-probe-{os.getpid()}"
     try:
         probe.mkdir()
         try:
-            (probe / "pids.max").write_text("8")
+            (probe / limit_file).write_text("64" if limit_file == "pids.max" else str(64 << 20))
             return True
         finally:
             probe.rmdir()
@@ -462,13 +472,19 @@ def _can_make_cgroup(base: Path) -> bool:
         return False
 
 
-def _new_cgroup(max_pids: int) -> Path:
-    base = _pids_cgroup_base()
-    assert base is not None
-    path = base / f"arle-sandbox-{os.getpid()}-{next(_serial)}"
-    path.mkdir()
-    (path / "pids.max").write_text(str(max_pids))
-    return path
+def _new_cgroups(limits: dict[str, int]) -> list[Path]:
+    """One fresh cgroup per available controller, with its limit set."""
+    made = []
+    name = f"arle-sandbox-{os.getpid()}-{next(_serial)}"
+    for ctl, (base, version) in _cgroup_bases().items():
+        path = base / name
+        try:
+            path.mkdir()
+            made.append(path)
+            (path / _LIMIT_FILES[ctl][version - 1]).write_text(str(limits[ctl]))
+        except OSError:
+            continue  # that controller stays unlimited for this program; the probe said it works
+    return made
 
 
 def _remove_cgroup(path: Path) -> None:
