@@ -108,6 +108,16 @@ def test_data_jsonl_with_a_broken_line_names_the_line(gsm, tmp_path):
     assert_one_line_error(proc, "rows.jsonl: line 2 is not valid JSON", "fix or remove that line")
 
 
+def test_data_gz_that_is_cut_off(gsm, tmp_path):
+    import gzip
+
+    packed = gzip.compress("".join(json.dumps(r) + "\n" for r in GSM_ROWS * 200).encode())
+    (tmp_path / "rows.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    proc = gsm("--data", "rows.jsonl.gz", "--output", "run")
+    assert_one_line_error(proc, "cannot read rows.jsonl.gz: ", "repair or replace the file")
+    assert proc.requests == 0
+
+
 @pytest.mark.parametrize("how", ["not-parquet", "truncated"])
 def test_corrupt_parquet(gsm, tmp_path, how):
     import pyarrow as pa

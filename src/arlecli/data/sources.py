@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
@@ -52,10 +53,11 @@ def read_rows_file(path: Path) -> list[Row]:
         if name.endswith(".csv"):
             with open(path, newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
-    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError) as exc:  # EOFError: a cut-off .gz
-        raise UserError(f"cannot read {path}: {_first_line(exc)}") from None
+    # EOFError and zlib.error: a .gz cut off or damaged (BadGzipFile is an OSError).
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, zlib.error, OSError) as exc:
+        raise UserError(f"cannot read {path}: {_first_line(exc)}; repair or replace the file") from None
     except csv.Error as exc:
-        raise UserError(f"cannot read {path}: not valid CSV ({_first_line(exc)})") from None
+        raise UserError(f"cannot read {path}: not valid CSV ({_first_line(exc)}); repair or replace the file") from None
     raise UserError(f"{path}: unsupported data file; use one of {', '.join(FILE_SUFFIXES)}")
 
 
