@@ -117,7 +117,6 @@ class _Api:
         try:
             await asyncio.wait([gathered, gone], return_when=asyncio.FIRST_COMPLETED)
             if not gathered.done():  # the client went away: nobody will read the answer
-                gathered.cancel()
                 return Response(status_code=499)  # nginx's "client closed request"; never sent
             try:
                 finished: list[Finished] = list(gathered.result())
@@ -127,6 +126,7 @@ class _Api:
             gone.cancel()
             # On an error, a dropped client or a cancelled handler: don't generate for nobody.
             self.batcher.cancel([f for f in futures if not f.done()])
+            gathered.cancel()  # after: its results (or errors) are nobody's to read
         completions = [f.completion for f in finished]
         self._record(session, rid, endpoint, req, finished, received, continues)
         return JSONResponse(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
@@ -196,6 +196,8 @@ class _Api:
         finally:
             # Also reached when starlette cancels the stream because the client disconnected.
             self.batcher.cancel([f for f in futures if not f.done()])
+            for fut in waiting:  # after: their results (or errors) are nobody's to read
+                fut.cancel()
         yield "data: [DONE]\n\n"
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
