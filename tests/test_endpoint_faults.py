@@ -181,7 +181,7 @@ def fails(engine: OpenAIEngine, request: GenerationRequest) -> tuple[str, float]
 # ------------------------------------------------------------------ deadlines
 
 
-def test_hanging_endpoint_is_reported_within_the_deadline_times_the_attempts():
+def test_hanging_endpoint_is_reported_within_the_deadline_times_the_attempts(capsys):
     with FaultyServer(hang) as srv, OpenAIEngine(srv.base_url, "m", timeout_s=1.0, max_retries=1, **FAST) as engine:
         message, elapsed = fails(engine, chat())
         posts = srv.posts
@@ -189,6 +189,9 @@ def test_hanging_endpoint_is_reported_within_the_deadline_times_the_attempts():
     assert posts == 2
     assert "failed after 2 attempts" in message and "no complete answer within 1 s" in message
     assert srv.base_url in message and "--request-timeout" in message and "hung" in message
+    # The first deadline already says what is happening: a retry is never silent.
+    warning = capsys.readouterr().err
+    assert "warning:" in warning and "retrying (attempt 2 of 2, each up to 1 s" in warning
 
 
 @pytest.mark.parametrize("behaviour", [trickle_body, TRICKLE_HEADERS], ids=["body", "headers"])
@@ -247,6 +250,14 @@ def test_invalid_utf8_and_deeply_nested_json_are_one_line():
         with FaultyServer(reply_raw(body)) as srv, OpenAIEngine(srv.base_url, "m", **FAST) as engine:
             message, _ = fails(engine, chat())
         assert "did not answer with JSON" in message
+
+
+def test_an_error_message_with_a_lone_surrogate_prints(tmp_path):
+    body = b'{"error": {"message": "bad \\ud800 request"}}'
+    with FaultyServer(reply_raw(body, status=400)) as srv, OpenAIEngine(srv.base_url, "m", **FAST) as engine:
+        message, _ = fails(engine, chat())
+    assert "HTTP 400" in message and "bad ? request" in message
+    message.encode("utf-8")  # printable as it is
 
 
 def test_a_reply_past_the_size_cap_is_refused(monkeypatch):

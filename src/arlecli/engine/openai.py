@@ -212,7 +212,7 @@ class OpenAIEngine:
             await self._client.aclose()
 
     async def _generate_one(self, req: GenerationRequest) -> Completion:
-        """One request with retries; raises UserError when it cannot succeed."""
+        """One request with retries; raises EngineRequestError (a UserError) when it cannot succeed."""
         assert self._client is not None and self._slots is not None and self.model is not None
         chat = req.messages is not None
         url = self.base_url + ("/chat/completions" if chat else "/completions")
@@ -659,4 +659,6 @@ def _redact(text: str, key: str | None) -> str:
 
 
 def _one_line(text: str) -> str:
+    # Server text goes into error messages: a lone surrogate in it would break printing them.
+    text = text.encode("utf-8", "replace").decode("utf-8")
     return re.sub(r"\s+", " ", text).strip()
