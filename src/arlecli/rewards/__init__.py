@@ -13,6 +13,7 @@ generation rather than in the middle of a run.
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import importlib
 import inspect
@@ -95,7 +96,10 @@ def check_params(name: str, params: dict[str, Any]) -> None:
     or memory limit of 0 (every sample would fail). Raises UserError for an unknown reward."""
     factory = _factory(name)
     sig = inspect.signature(factory)
-    hints = typing.get_type_hints(factory)
+    try:
+        hints = typing.get_type_hints(factory)
+    except Exception:  # a hint that does not resolve (a name imported only for type checkers): names only
+        hints = {}
     declared = {n: p for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     for key, value in params.items():
         if key not in declared:
@@ -122,7 +126,7 @@ def _fits(value: Any, hint: Any) -> bool:
         return any(_fits(value, arg) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None
-    if origin in (list, Sequence, tuple):
+    if origin in (list, tuple, collections.abc.Sequence):
         args = typing.get_args(hint)
         return isinstance(value, (list, tuple)) and (not args or all(_fits(v, args[0]) for v in value))
     if origin is dict or hint is dict:
@@ -142,7 +146,7 @@ def _type_text(hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_type_text(a) for a in typing.get_args(hint))
     origin = typing.get_origin(hint)
-    if origin in (list, Sequence, tuple):
+    if origin in (list, tuple, collections.abc.Sequence):
         args = typing.get_args(hint)
         return f"a list of {_TYPE_WORDS.get(args[0], 'values')[1]}" if args else "a list"
     return _TYPE_WORDS.get(origin or hint, (f"a {getattr(hint, '__name__', hint)}",))[0]
