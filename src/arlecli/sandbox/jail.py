@@ -281,7 +281,7 @@ def run_program(
         memory_mb: address-space limit per process (RLIMIT_AS).
         max_file_mb: largest file the program may write, stdout and stderr included; the
             private tmpfs mounts are sized from it.
-        max_procs: processes/threads the program may run at once.
+        max_procs: processes/threads the program may add to itself (children, threads).
         stdin: text fed to the program's stdin; None means an empty stdin.
         isolate_network: cut the network (tests turn it off for a control run).
     """
@@ -303,14 +303,15 @@ def run_program(
             # The tmpfs mounts hold what the program writes: bounded like a file, times a few.
             tmpfs_bytes = max(64 << 20, 4 * file_bytes)
             if iso.pid_cap == "cgroup":
-                # + sh/bwrap, its init, the launcher. Memory: the address-space limit binds each
+                # + bwrap, its init in the namespace, the program. Memory: the address-space limit binds each
                 # process; the cgroup binds them all together, tmpfs pages included, so a fork
                 # bomb of big allocations hits the jail's limit, not the machine's OOM killer.
-                cgroups = _new_cgroups({"pids": max_procs + 4,
+                cgroups = _new_cgroups({"pids": max_procs + 3,
                                         "memory": (memory_mb << 20) + 3 * tmpfs_bytes + (256 << 20)})
             else:
-                # Inside its own user namespace RLIMIT_NPROC counts only the jail's processes.
-                cfg["nproc"] = max_procs + 4 if iso.pid_cap == "rlimit" else 0
+                # Inside its own user namespace RLIMIT_NPROC counts only the jail's processes
+                # (bwrap's init and the program, + max_procs).
+                cfg["nproc"] = max_procs + 2 if iso.pid_cap == "rlimit" else 0
             argv = _bwrap_argv(_bwrap_binary(), root / "main.py", tmpfs_bytes, share_net=not isolate_network)
             argv += [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
             if cgroups:
