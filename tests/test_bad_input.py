@@ -160,6 +160,16 @@ def test_rows_missing_a_field_the_reward_needs_are_refused_before_generation(ser
     assert not (tmp_path / "run").exists()
 
 
+def test_fields_needed_names_real_params_of_each_reward():
+    import inspect
+
+    from arlecli.rewards import FIELDS_NEEDED, _factory
+
+    for name, params in FIELDS_NEEDED.items():
+        declared = inspect.signature(_factory(name)).parameters
+        assert set(params) <= set(declared), f"FIELDS_NEEDED[{name!r}] names a param {name} does not take"
+
+
 # ---------------------------------------------------------------------------------------------
 # Cards
 

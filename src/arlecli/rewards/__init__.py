@@ -169,7 +169,9 @@ def check_task_fields(name: str, params: dict[str, Any], tasks: Sequence[Task], 
         return
     defaults = {n: p.default for n, p in inspect.signature(_factory(name)).parameters.items()}
     for param in needed:
-        value = params.get(param, defaults.get(param))
+        if param not in defaults:  # renamed in the reward; test_bad_input holds the table to the signatures
+            continue
+        value = params.get(param, defaults[param])
         names = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
         for task in tasks:
             if not any(n in task.fields for n in names):
