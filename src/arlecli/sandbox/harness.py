@@ -1,7 +1,63 @@
-"""The test harness: verdicts on model-written programs run in the jail (see `jail`)."""
+"""The test harness: verdicts on model-written programs that the programs cannot forge.
+
+Threat model. Under RL training the model is rewarded for whatever makes its tests say
+"pass", so its code is assumed to be written to cheat: to read the expected answers, to
+monkeypatch whatever reports the verdict (json.dumps, os.write, builtins), to walk stack
+frames or the heap for secrets, to return objects whose __eq__ always says True, to print
+a fake verdict, or to exit or kill its way out. The jail (`jail`) keeps the program away
+from the host; this module keeps it away from the verdict. One program runs per jail:
+`_HARNESS`, stdlib only, which reads its job on stdin in two parts: a public part (what
+the model's code may see: its own source, test inputs) and, after the model's code has
+been forked off, a secret part (test source, prompt, the verdict's random marker). It
+prints the verdict, tagged with the marker, on a copy of stdout no model process holds.
+
+Modes:
+
+- "io" (code_io cards: LiveCodeBench, APPS, ...): expected outputs never enter the jail.
+  The job holds the inputs only (stdin text, or call arguments with `fn_name` and a
+  prelude). Each test runs in a forked child; back come, per test, a status (ran, timed
+  out, raised, returned something that is not plain data), a digest of its output and,
+  while they fit in the jail's captured stdout, the outputs themselves: stdout text, or
+  the return value as tagged plain data (see `to_plain`). `run_tests` compares them here,
+  outside the jail, as LiveCodeBench does (`same_output`, `same_value`). An output too
+  long to come back is compared by digest, which is exact up to numbers equal as
+  decimals: `float_tol` then does not apply to it. The harness cannot tell right from
+  wrong, so it stops early only at a crash or timeout; `stop_on_failure` is applied to
+  the counts here. Jobs of more than `IO_TESTS_PER_JOB` tests run as several jails, each
+  with the whole `timeout_s`.
+- "script" (HumanEval's `check(candidate)`, MBPP's asserts): the verdict is decided in
+  a process the model's code never runs in. Inside the jail the harness (T) forks the
+  solution's process (M) before it reads the secret part, and makes itself undumpable
+  (M, same uid, no capabilities, cannot ptrace it or read its /proc memory, fds or
+  environment). M closes every fd but its pipes and stderr, points its stdout at stderr,
+  drops what privileges remain, runs the solution as __main__ and reports its top-level
+  names; T runs the prompt (trusted dataset text, for helpers such as HumanEval/38's
+  `encode_cyclic`), binds the names the test uses (functions as proxies that call into
+  M; modules and functions a module defines by importing them itself; plain values by
+  value; never over a builtin, nor over one of the prompt's helpers other than the entry
+  point), runs the test source and `check(entry_point)`. Calls cross as plain data; an
+  exception in M comes back as the builtin exception of that name (else RuntimeError).
+  Costs: arguments and return values must be plain data, so a solution that returns an
+  instance of a class it defines (or numpy values) fails; a test that passes such objects
+  to the solution fails; in-place changes the solution makes to its arguments are not
+  seen by the test; a test that reaches the solution's names by other means than their
+  names in its source (globals(), eval) does not find them.
+- "unittest" (BigCodeBench): the tests patch the solution's module, so they must run in
+  the model's interpreter: M runs them and reports the counts, which T only checks for
+  shape. THIS VERDICT CAN BE FORGED by code written to cheat (it can report passes it
+  did not earn); every other mode's cannot. `run_tests` marks these verdicts
+  `forgeable=True`.
+
+In every mode an early exit (`sys.exit(0)`, `os._exit(0)`), killing the harness or
+ending M fails the program: no verdict, or a failure, never a pass.
+"""
 
 from __future__ import annotations
 
+import base64
+import decimal
+import hashlib
+import inspect
 import json
 import math
 import secrets
@@ -10,14 +66,187 @@ from typing import Any, Sequence
 
 from arlecli.sandbox.jail import SandboxResult, run_programs
 
+DIGEST_HEX = 12  # hex digits of an output digest: 48 bits; the program never sees the target
+IO_TESTS_PER_JOB = 250  # a status letter and a digest each must fit the jail's 4 KB of stdout
+_LINE_BUDGET = 3900  # characters of the io result, under the jail's OUTPUT_LIMIT_BYTES
+FORGEABLE_MODES = frozenset({"unittest"})
 
-# The test harness: the sandboxed program of `run_tests`. It reads its job from stdin
-# (JSON: mode, program, tests, limits, marker) and prints one verdict line. Stdlib only.
-_HARNESS = r'''
-import decimal, json, linecache, math, os, sys, tempfile, threading, time, traceback, types
 
-FILENAME = "solution.py"
-MSG = 300  # characters of any message in the verdict, which must fit the captured tail
+# ---------------------------------------------------------------------------------------
+# Plain data: the only values that cross a process boundary. Shared, source and all, by the
+# host and the sandboxed harness (`_HARNESS` embeds these functions with inspect.getsource),
+# so both sides encode, decode and digest the same way.
+# ---------------------------------------------------------------------------------------
+
+
+class NotPlainData(TypeError):
+    """A value that is not plain data (see `to_plain`)."""
+
+
+def to_plain(value, depth=0):
+    """`value` as JSON-ready tagged plain data, or NotPlainData.
+
+    Plain data is None, bool, int, float (nan and inf included), str, bytes, and list,
+    tuple, set, frozenset and dict of plain data, nested at most 100 deep, of exactly
+    those types: a subclass (an int whose __eq__ always says True) is not plain data.
+    Lists are JSON arrays; the other containers, and ints too big for a JSON number
+    reader, are one-key objects: {"t": tuple items}, {"s": set}, {"f": frozenset},
+    {"d": [[key, value], ...]}, {"b": base64 bytes}, {"x": hex int}.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is str or kind is float:
+        return value
+    if kind is int:
+        return value if -(1 << 63) <= value < (1 << 63) else {"x": format(value, "x")}
+    if depth >= 100:
+        raise NotPlainData("nested more than 100 deep")
+    if kind is list:
+        return [to_plain(v, depth + 1) for v in value]
+    if kind is tuple or kind is set or kind is frozenset:
+        tag = "t" if kind is tuple else "s" if kind is set else "f"
+        return {tag: [to_plain(v, depth + 1) for v in value]}
+    if kind is dict:
+        return {"d": [[to_plain(k, depth + 1), to_plain(v, depth + 1)] for k, v in value.items()]}
+    if kind is bytes:
+        return {"b": base64.b64encode(value).decode("ascii")}
+    raise NotPlainData(f"a {getattr(kind, '__qualname__', '?')!s:.60} is not plain data")
+
+
+def from_plain(data, depth=0):
+    """The value `to_plain` encoded, from JSON-parsed `data`; ValueError for anything else."""
+    kind = type(data)
+    if data is None or kind is bool or kind is int or kind is float or kind is str:
+        return data
+    if depth >= 100:
+        raise ValueError("nested more than 100 deep")
+    if kind is list:
+        return [from_plain(v, depth + 1) for v in data]
+    if kind is not dict or len(data) != 1:
+        raise ValueError("not tagged plain data")
+    (tag, inner), = data.items()
+    if tag == "x" and type(inner) is str and 0 < len(inner) <= 100_000:
+        return int(inner, 16)
+    if tag == "b" and type(inner) is str:
+        return base64.b64decode(inner, validate=True)
+    if type(inner) is not list:
+        raise ValueError("not tagged plain data")
+    if tag == "d":
+        if not all(type(p) is list and len(p) == 2 for p in inner):
+            raise ValueError("a dict's items must be pairs")
+        items = [(from_plain(k, depth + 1), from_plain(v, depth + 1)) for k, v in inner]
+    else:
+        items = [from_plain(v, depth + 1) for v in inner]
+    try:
+        if tag == "t":
+            return tuple(items)
+        if tag == "s":
+            return set(items)
+        if tag == "f":
+            return frozenset(items)
+        if tag == "d":
+            return dict(items)
+    except TypeError as exc:  # an unhashable key or member
+        raise ValueError(str(exc)) from None
+    raise ValueError(f"unknown tag {tag!r:.20}")
+
+
+def dumps_plain(value):
+    """`value` as tagged plain-data JSON text (ASCII), or NotPlainData."""
+    return json.dumps(to_plain(value), separators=(",", ":"))
+
+
+def loads_plain(text, limit=64 << 20):
+    """The value in tagged plain-data JSON `text`; ValueError for anything odd (too long,
+    too deep, not JSON, an unknown tag, an unhashable set member)."""
+    if len(text) > limit:
+        raise ValueError(f"more than {limit} bytes")
+    try:
+        return from_plain(json.loads(text))
+    except (ValueError, TypeError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"not plain data: {exc}"[:200]) from None
+
+
+def as_json(value):
+    """A plain value as JSON would carry it (tuples as lists, sets as lists sorted by repr,
+    dict keys as strings, bytes as their repr): what a return value looked like when the
+    harness passed it through json, which `same_value` compares against."""
+    def default(v):
+        if isinstance(v, (set, frozenset)):
+            return sorted(v, key=repr)
+        return repr(v)
+
+    return json.loads(json.dumps(value, default=default))
+
+
+def canonical_output(text):
+    """Program output as the comparison sees it: stripped lines, whitespace runs as one
+    space. `same_output` gives the same answer on this as on the raw text."""
+    return "\n".join(" ".join(line.split()) for line in text.strip().splitlines())
+
+
+def _number_token(token):
+    # A finite decimal as sign, digits without trailing zeros and exponent, so tokens
+    # that are equal as decimals ("2.50", "2.5", "25e-1") read the same.
+    try:
+        number = decimal.Decimal(token)
+    except (decimal.InvalidOperation, ValueError):
+        return token
+    if not number.is_finite():
+        return token
+    if number.is_zero():
+        return "0"
+    sign, digits, exponent = number.as_tuple()
+    text = "".join(map(str, digits))
+    stripped = text.rstrip("0")
+    return f"{'-' if sign else ''}{stripped}e{exponent + len(text) - len(stripped)}"
+
+
+def output_digest(text):
+    """A short digest of output `text` that two outputs share exactly when `same_output`
+    with no tolerance says they are the same (up to hash collisions)."""
+    strict = "\n".join(" ".join(_number_token(t) for t in line.split()) for line in text.strip().splitlines())
+    return hashlib.blake2b(strict.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()[:DIGEST_HEX]
+
+
+def _canonical_value(value):
+    # Equal texts exactly when `same_value` with no tolerance says equal: bools and
+    # integral floats read as ints (True == 1 == 1.0), dicts in key order, nan as a token
+    # the host never accepts (nan equals nothing; json escapes a real NUL in a string).
+    kind = type(value)
+    if value is None:
+        return "n"
+    if kind is bool or kind is int:
+        return f"i{int(value)}"
+    if kind is float:
+        if value != value:
+            return "\x00nan"
+        if value in (math.inf, -math.inf) or not value.is_integer():
+            return f"f{value!r}"
+        return f"i{int(value)}"
+    if kind is str:
+        return "s" + json.dumps(value)
+    if kind is list:
+        return "[" + ",".join(_canonical_value(v) for v in value) + "]"
+    if kind is dict:
+        return "{" + ",".join(sorted(json.dumps(k) + ":" + _canonical_value(v) for k, v in value.items())) + "}"
+    return "?" + repr(value)
+
+
+def value_digest(value):
+    """A short digest of a JSON-shaped value (see `as_json`) that two values share exactly
+    when `same_value` with no tolerance says they are equal (up to hash collisions)."""
+    text = _canonical_value(value)
+    if "\x00" in text:
+        return "nan"  # never equal, not even to itself
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()[:DIGEST_HEX]
+_PROGRAM = r'''
+import ast, base64, builtins, ctypes, decimal, hashlib, importlib, json, linecache, math, os, re
+import select, signal, sys, tempfile, threading, time, traceback, types
+
+MSG = 300  # characters of any message in a verdict
+MAX_MESSAGE = 64 << 20  # bytes of one message between the two processes
+SOLUTION, PROMPT, TEST = "solution.py", "prompt.py", "test.py"
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def clip(text, n=MSG):
@@ -25,60 +254,246 @@ def clip(text, n=MSG):
     return text if len(text) <= n else text[: n // 2] + " ... " + text[-n // 2 :]
 
 
-def compile_program(source):
-    # Registered in linecache so tracebacks show the program's lines, not the harness's.
-    linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
-    return compile(source, FILENAME, "exec")
+def compile_source(source, filename):
+    # Registered in linecache so tracebacks show the source's lines, not the harness's.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
 
 
 def fresh_main():
     # A real __main__ module, so pickling functions the program defines works.
     module = types.ModuleType("__main__")
-    module.__file__ = FILENAME
+    module.__file__ = SOLUTION
     sys.modules["__main__"] = module
     return module.__dict__
 
 
-def print_error(exc):
-    # Only the program's frames: the harness's are noise in an error report.
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
-        tb = tb.tb_next
-    if tb is None and not isinstance(exc, SyntaxError):
-        tb = exc.__traceback__  # raised outside the program's own lines
-    traceback.print_exception(type(exc), exc, tb)
-    sys.stderr.flush()
+def print_error(exc, files=(SOLUTION,)):
+    """Print the traceback's frames in `files` only (the harness's are noise) to stderr;
+    return the one-line summary."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in files]
+    text = "".join(traceback.format_exception_only(type(exc), exc))
+    if frames:
+        text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + text
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except BaseException:
+        pass
     return clip("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 def exec_program(source, namespace):
     """None when the program compiled and ran to its end, else a failure dict."""
     try:
-        compiled = compile_program(source)
+        compiled = compile_source(source, SOLUTION)
     except (SyntaxError, ValueError) as exc:
         return {"kind": "compile_error", "message": print_error(exc)}
     try:
         exec(compiled, namespace)
     except SystemExit as exc:
-        return {"kind": "exit", "message": f"the program called exit({exc.code!r}) before the tests ran"}
+        return {"kind": "exit", "message": f"the program called exit({clip(repr(exc.code), 60)}) before the tests ran"}
     except BaseException as exc:
         return {"kind": "runtime_error", "message": print_error(exc)}
     return None
 
 
-def run_script(job):
-    failure = exec_program(job["program"], fresh_main())
-    return {"passed": int(failure is None), "total": 1, "failure": failure}
+# --- the process boundary ------------------------------------------------------------
+
+def make_undumpable():
+    # PR_SET_DUMPABLE 0: the model's processes (same uid, no capabilities) can then neither
+    # ptrace this one nor open its /proc/<pid>/mem, fd or environ.
+    LIBC.prctl(4, 0, 0, 0, 0)
 
 
-def run_unittest(job):
+def drop_privileges():
+    """Before model code runs in a process: no capabilities, none regained by exec (the
+    jail already drops them; this holds where it could not, e.g. run as root)."""
+    LIBC.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    for cap in range(64):
+        LIBC.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (fails harmlessly without CAP_SETPCAP)
+    LIBC.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    LIBC.capset(ctypes.byref(Header(0x20080522, 0)), ctypes.byref((Data * 2)()))
+
+
+def close_fds(keep):
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = range(3, 1024)
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class Stop(BaseException):
+    """Ends a verdict from inside the test code. A BaseException, so that a test's
+    `except Exception` cannot swallow it."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind, self.message = kind, clip(message)
+
+
+class Channel:
+    """Length-prefixed JSON messages over a pipe pair. The harness's side waits at most
+    until `deadline`; the solution's side blocks."""
+
+    def __init__(self, rfd, wfd, deadline=None):
+        self.r, self.w, self.deadline, self.buf = rfd, wfd, deadline, bytearray()
+        if deadline is not None:
+            os.set_blocking(wfd, False)
+
+    def _wait(self, fd, write):
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        ready = select.select([], [fd], [], max(left, 0))[1] if write else select.select([fd], [], [], max(left, 0))[0]
+        if not ready:
+            raise Stop("timeout", "the solution did not answer within the time budget")
+
+    def send(self, obj):
+        data = json.dumps(obj, separators=(",", ":")).encode("ascii")
+        view = memoryview(b"%d\n" % len(data) + data)
+        while view:
+            self._wait(self.w, True)
+            try:
+                n = os.write(self.w, view)
+            except BlockingIOError:
+                continue
+            except OSError:
+                raise Stop("solution_died", "the solution's process is gone") from None
+            view = view[n:]
+
+    def _fill(self):
+        self._wait(self.r, False)
+        chunk = os.read(self.r, 1 << 16)
+        if not chunk:
+            raise Stop("solution_died", "the solution's process ended before the tests finished")
+        self.buf += chunk
+
+    def recv(self):
+        while b"\n" not in self.buf:
+            if len(self.buf) > 12:
+                raise Stop("protocol_error", "the solution's process sent something odd")
+            self._fill()
+        head = bytes(self.buf[: self.buf.index(b"\n")])
+        if not head.isdigit() or int(head) > MAX_MESSAGE:
+            raise Stop("protocol_error", "the solution's process sent something odd")
+        start, size = len(head) + 1, int(head)
+        while len(self.buf) < start + size:
+            self._fill()
+        data = bytes(self.buf[start : start + size])
+        del self.buf[: start + size]
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):
+            raise Stop("protocol_error", "the solution's process sent something odd") from None
+
+
+# --- the solution's process (M): runs the model's code, answers calls ----------------
+
+def solution_process(job, rfd, wfd):
+    """The forked child that runs the model's program; never returns."""
+    code = 0
+    try:
+        os.dup2(2, 1)  # its prints go to stderr: it never holds the verdict's stdout
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # stdin held the job; the secret part must stay out of reach
+        close_fds({0, 1, 2, rfd, wfd})
+        drop_privileges()
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+        chan = Channel(rfd, wfd)
+        namespace = fresh_main()
+        failure = exec_program(job["program"], namespace)
+        if failure is not None:
+            chan.send({"failure": failure})
+        elif job["mode"] == "unittest":
+            chan.send({"unittest": run_unittest(namespace, job.get("test_class") or "TestCases")})
+        else:
+            chan.send({"names": describe(namespace)})
+            serve(chan, namespace)
+    except BaseException:
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        os._exit(code)
+
+
+def describe(namespace):
+    """{name: how the harness may bind it}: ["module", name] (it imports the module
+    itself), ["import", module, qualname] (an object a module defines: it takes the
+    module's own), ["value", plain data], or ["call"] (a proxy that calls in here)."""
+    out = {}
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            out[name] = ["module", getattr(value, "__name__", "")]
+        elif callable(value):
+            module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+            found = None
+            if type(module) is str and type(qualname) is str and module != "__main__" and module in sys.modules:
+                found = sys.modules[module]
+                for part in qualname.split("."):
+                    found = getattr(found, part, None)
+            out[name] = ["import", module, qualname] if found is value else ["call"]
+        else:
+            try:
+                out[name] = ["value", to_plain(value)]
+            except NotPlainData:
+                pass
+    return out
+
+
+def serve(chan, namespace):
+    while True:
+        try:
+            request = chan.recv()
+        except Stop:
+            return  # the harness is done with us
+        try:
+            name, args, kwargs = request["c"], from_plain(request["a"]), from_plain(request["k"])
+            fn = namespace[name]
+        except (KeyError, TypeError, ValueError) as exc:
+            chan.send({"e": ["NameError", f"no function {clip(exc, 80)}"]})
+            continue
+        try:
+            value = fn(*args, **kwargs)
+        except SystemExit as exc:
+            chan.send({"x": clip(repr(exc.code), 60)})
+            continue
+        except BaseException as exc:
+            print_error(exc)
+            chan.send({"e": [type(exc).__name__, clip(str(exc))]})
+            continue
+        try:
+            reply = {"r": to_plain(value)}
+        except NotPlainData as exc:
+            reply = {"p": f"{name}() returned {clip(exc, 120)}"}
+        chan.send(reply)
+
+
+def run_unittest(namespace, class_name):
     import unittest
 
-    namespace = fresh_main()
-    failure = exec_program(job["program"], namespace)
-    if failure:
-        return {"passed": 0, "total": 1, "failure": failure}
-    case = namespace.get(job.get("test_class") or "TestCases")
+    case = namespace.get(class_name)
     if not (isinstance(case, type) and issubclass(case, unittest.TestCase)):
         return {"passed": 0, "total": 1, "failure": {"kind": "no_tests", "message": "no TestCase class"}}
     result = unittest.TestResult()
@@ -86,66 +501,221 @@ def run_unittest(job):
     bad = result.failures + result.errors
     for test, text in bad:
         print(f"FAIL: {test.id()}\n{text}", file=sys.stderr)
-    total = max(result.testsRun, 1)
     failure = None
     if bad or not result.testsRun:
         test, text = bad[0] if bad else (None, "no tests ran")
         failure = {"kind": "test_failed", "test": test.id() if test else None,
                    "message": clip(text.strip().splitlines()[-1] if text.strip() else text)}
-    return {"passed": result.testsRun - len(bad), "total": total, "failure": failure}
+    return {"passed": result.testsRun - len(bad), "total": max(result.testsRun, 1), "failure": failure}
 
 
-def same_number(a, b, tol):
+# --- the harness's process (T): runs the tests, decides the verdict ------------------
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+EXIT_KINDS = {"compile_error", "runtime_error", "exit"}
+
+
+class Proxy:
+    """Stands in, in the harness, for a function of the solution: arguments go to the
+    solution's process as plain data, the return value comes back as plain data."""
+
+    def __init__(self, chan, name):
+        self._chan, self.__name__ = chan, name
+
+    def __repr__(self):
+        return f"<solution function {self.__name__}>"
+
+    def __call__(self, *args, **kwargs):
+        name = self.__name__
+        try:
+            request = {"c": name, "a": to_plain(list(args)), "k": to_plain(dict(kwargs))}
+        except NotPlainData as exc:
+            raise TypeError(f"arle passes only plain data to the solution's {name}(): {exc}") from None
+        self._chan.send(request)
+        reply = self._chan.recv()
+        if type(reply) is not dict or len(reply) != 1:
+            raise Stop("protocol_error", f"the solution's process answered {name}() with something odd")
+        (tag, body), = reply.items()
+        if tag == "r":
+            try:
+                return from_plain(body)
+            except ValueError as exc:
+                raise Stop("not_plain_data", f"{name}() returned something that is not plain data: {exc}") from None
+        if tag == "p" and type(body) is str:
+            raise Stop("not_plain_data", body)
+        if tag == "x" and type(body) is str:
+            raise Stop("exit", f"the solution called exit({body}) in {name}()")
+        if tag == "e" and type(body) is list and len(body) == 2 and all(type(b) is str for b in body):
+            raise rebuilt_exception(*body)
+        raise Stop("protocol_error", f"the solution's process answered {name}() with something odd")
+
+
+def rebuilt_exception(kind, message):
+    """The solution's exception, as the builtin exception of that name (so a test that
+    expects ValueError sees one), else RuntimeError."""
+    cls = getattr(builtins, kind, None) if kind.isidentifier() else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(clip(message))
+        except BaseException:
+            pass
+    return RuntimeError(f"{clip(kind, 60)}: {clip(message)}")
+
+
+def trusted_import(name):
+    """The module of that name as this process imports it (the jail's read-only system
+    path), or None; never the solution's object."""
+    if type(name) is not str or not MODULE_NAME.fullmatch(name):
+        return None
     try:
-        x, y = decimal.Decimal(a), decimal.Decimal(b)
-    except (decimal.InvalidOperation, ValueError):
-        return False
-    if not (x.is_finite() and y.is_finite()):
-        return False
-    if x == y:
-        return True
-    return tol > 0 and abs(float(x) - float(y)) <= tol * max(1.0, abs(float(y)))
+        return importlib.import_module(name)
+    except BaseException:
+        return None
 
 
-def same_output(got, want, tol):
-    # Line by line after stripping, as LiveCodeBench compares; then token by token, with
-    # numbers equal as decimals (or within tol).
-    got_lines = [line.strip() for line in got.strip().splitlines()]
-    want_lines = [line.strip() for line in want.strip().splitlines()]
-    if got_lines == want_lines:
-        return True
-    if len(got_lines) != len(want_lines):
-        return False
-    for g, w in zip(got_lines, want_lines):
-        if g == w:
+def resolve(module, qualname):
+    found = trusted_import(module)
+    if found is None or type(qualname) is not str:
+        return None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
+def names_in(source):
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+def bind(namespace, names, chan, wanted, entry_point, prompt_names):
+    """Bind the solution's top-level names the test uses into the test's namespace.
+    Builtins are never rebound (a solution's `abs = lambda x: 0` must not judge), nor are
+    the prompt's own helpers other than the entry point (the test calls the trusted ones)."""
+    builtin_names = set(dir(builtins))
+    for name in wanted:
+        entry = names.get(name)
+        if type(entry) is not list or not entry or name in builtin_names:
             continue
-        gt, wt = g.split(), w.split()
-        if len(gt) != len(wt) or not all(x == y or same_number(x, y, tol) for x, y in zip(gt, wt)):
-            return False
-    return True
+        if name != entry_point and name in prompt_names:
+            continue
+        kind = entry[0]
+        value = None
+        if kind == "module" and len(entry) == 2:
+            value = trusted_import(entry[1])
+        elif kind == "import" and len(entry) == 3:
+            value = resolve(entry[1], entry[2]) or Proxy(chan, name)
+        elif kind == "call":
+            value = Proxy(chan, name)
+        elif kind == "value" and len(entry) == 2:
+            try:
+                value = from_plain(entry[1])
+            except ValueError:
+                continue
+        else:
+            continue
+        if value is not None or kind == "value":
+            namespace[name] = value
 
 
-def same_value(got, want, tol):
-    if isinstance(got, bool) or isinstance(want, bool):
-        return got == want
-    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
-        if got == want:
-            return True
-        return tol > 0 and isinstance(got, float) and math.isclose(got, want, rel_tol=tol, abs_tol=tol)
-    if isinstance(got, list) and isinstance(want, list):
-        return len(got) == len(want) and all(same_value(g, w, tol) for g, w in zip(got, want))
-    if isinstance(got, dict) and isinstance(want, dict):
-        return got.keys() == want.keys() and all(same_value(got[k], want[k], tol) for k in want)
-    return got == want
+def reported_failure(failure):
+    if type(failure) is not dict or failure.get("kind") not in EXIT_KINDS or type(failure.get("message")) is not str:
+        raise Stop("protocol_error", "the solution's process sent something odd")
+    return {"passed": 0, "total": 1, "failure": {"kind": failure["kind"], "message": clip(failure["message"])}}
 
 
-def jsonable(value):
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    return repr(value)
+def run_script(secret, chan):
+    """The test source runs here, against proxies of the solution's functions."""
+    try:
+        report = chan.recv()
+        if type(report) is not dict or len(report) != 1:
+            raise Stop("protocol_error", "the solution's process sent something odd")
+        if "failure" in report:
+            return reported_failure(report["failure"])
+        names = report.get("names")
+        if type(names) is not dict:
+            raise Stop("protocol_error", "the solution's process sent something odd")
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
+        try:
+            exec(compile_source(secret["prompt"] or "", PROMPT), namespace)
+        except BaseException as exc:
+            return {"passed": 0, "total": 1, "failure": {"kind": "prompt_error", "message": print_error(exc, (PROMPT,))}}
+        entry_point = secret.get("entry_point")
+        wanted = names_in(secret["test"]) | ({entry_point} if entry_point else set())
+        bind(namespace, names, chan, wanted, entry_point, set(namespace))
+        exec(compile_source(secret["test"], TEST), namespace)
+        if entry_point:
+            exec(compile_source(f"check({entry_point})\n", "check.py"), namespace)
+    except Stop as stop:
+        return {"passed": 0, "total": 1, "failure": {"kind": stop.kind, "message": stop.message}}
+    except SystemExit as exc:
+        return {"passed": 0, "total": 1,
+                "failure": {"kind": "exit", "message": f"the test called exit({clip(repr(exc.code), 60)})"}}
+    except BaseException as exc:
+        return {"passed": 0, "total": 1,
+                "failure": {"kind": "runtime_error", "message": print_error(exc, (TEST, PROMPT, "check.py"))}}
+    return {"passed": 1, "total": 1, "failure": None}
 
 
-def resolve(namespace, name):
+def check_unittest(chan):
+    """The solution's process ran the tests (they patch its module, so they must run
+    there) and reports the counts: checked for shape only, so this verdict is forgeable."""
+    try:
+        report = chan.recv()
+        if type(report) is not dict or len(report) != 1:
+            raise Stop("protocol_error", "the solution's process sent something odd")
+        if "failure" in report:
+            return reported_failure(report["failure"])
+        counts = report.get("unittest")
+        if type(counts) is not dict:
+            raise Stop("protocol_error", "the solution's process sent something odd")
+        passed, total, failure = counts.get("passed"), counts.get("total"), counts.get("failure")
+        if type(passed) is not int or type(total) is not int or not 0 <= passed <= total <= 1_000_000 or total < 1:
+            raise Stop("protocol_error", "the solution's process sent odd test counts")
+        if failure is not None:
+            if type(failure) is not dict or failure.get("kind") not in ("test_failed", "no_tests"):
+                raise Stop("protocol_error", "the solution's process sent an odd failure")
+            test = failure.get("test")
+            failure = {"kind": failure["kind"], "test": clip(test, 200) if type(test) is str else None,
+                       "message": clip(failure.get("message") if type(failure.get("message")) is str else "")}
+        elif passed != total:
+            raise Stop("protocol_error", "the solution's process sent odd test counts")
+        return {"passed": passed, "total": total, "failure": failure}
+    except Stop as stop:
+        return {"passed": 0, "total": 1, "failure": {"kind": stop.kind, "message": stop.message}}
+
+
+def run_solution(job, secret_reader):
+    """script and unittest modes: fork the solution's process M, then read the secret
+    part of the job (which M therefore never had in memory), then judge."""
+    deadline = time.monotonic() + float(job["budget_s"])
+    m_reads, t_writes = os.pipe()
+    t_reads, m_writes = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(t_writes)
+        os.close(t_reads)
+        solution_process(job, m_reads, m_writes)
+    os.close(m_reads)
+    os.close(m_writes)
+    secret = secret_reader()
+    chan = Channel(t_reads, t_writes, deadline)
+    try:
+        verdict = check_unittest(chan) if job["mode"] == "unittest" else run_script(secret, chan)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    return verdict, secret
+
+
+# --- io mode: each test in a forked child; outputs go back as data -------------------
+
+def resolve_function(namespace, name):
     # LeetCode style (a method of `Solution`) first, then a top-level function.
     cls = namespace.get("Solution")
     if isinstance(cls, type) and hasattr(cls, name):
@@ -162,10 +732,13 @@ def redirect(path, fd, flags):
 
 
 def child(compiled, prelude, test, files, fn_name):
-    """Runs in the forked child: one test, verdict by exit status and files."""
+    """Runs in the forked child: one test; exit status 0 (ran), 1 (error), 3 (the return
+    value is not plain data)."""
     redirect(files["in"], 0, os.O_RDONLY)
     redirect(files["out"], 1, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     redirect(files["err"], 2, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    close_fds({0, 1, 2})
+    drop_privileges()
     sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
@@ -176,9 +749,15 @@ def child(compiled, prelude, test, files, fn_name):
             exec(prelude, namespace)
         exec(compiled, namespace)
         if test["kind"] == "call":
-            result = resolve(namespace, fn_name)(*test["args"])
-            with open(files["result"], "w", encoding="utf-8") as f:
-                json.dump(result, f, default=jsonable)
+            result = resolve_function(namespace, fn_name)(*test["args"])
+            try:
+                text = dumps_plain(result)
+            except NotPlainData as exc:
+                print(f"the return value is not plain data: {exc}", file=sys.stderr)
+                status = 3
+            else:
+                with open(files["result"], "w", encoding="ascii") as f:
+                    f.write(text)
         for thread in threading.enumerate():  # programs that run main() in a big-stack thread
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join()
@@ -198,73 +777,79 @@ def child(compiled, prelude, test, files, fn_name):
 
 
 def run_child(fn, timeout_s):
-    """Fork, run fn in the child, wait up to timeout_s; the exit code, or None on timeout."""
+    """Fork, run fn in the child (its own process group), wait up to timeout_s; the exit
+    code, or None on timeout. Whatever the child started is killed with it."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            os.close(VERDICT_FD)  # the child must not be able to write a verdict
+            os.setpgid(0, 0)
             code = fn()
         finally:
             os._exit(code)
     deadline = time.monotonic() + timeout_s
     delay = 0.0005
+    code = None
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(status)
+            break
         if time.monotonic() >= deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            return None
+            break
         time.sleep(delay)
         delay = min(delay * 2, 0.01)
+    try:
+        os.killpg(pid, 9)
+    except OSError:
+        pass
+    return code
 
 
-def read_text(path):
+def read_file(path, limit=None):
     try:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
+            data = f.read() if limit is None else f.read(limit + 1)
     except OSError:
-        return ""
+        return None
+    return None if limit is not None and len(data) > limit else data.decode("utf-8", errors="replace")
 
 
-def run_case(compiled, prelude, test, files, job, timeout_s):
+def run_case(compiled, prelude, test, files, fn_name, timeout_s):
+    """(status, payload): ("o", canonical output text or the return value), or
+    ("t" | "e" | "p", message) for a timeout, an error, a value that is not plain data."""
+    for name in ("in", "out", "err", "result"):
+        if os.path.exists(files[name]):
+            os.remove(files[name])
     with open(files["in"], "w", encoding="utf-8") as f:
         f.write(test.get("input", "") if test["kind"] == "stdin" else "")
-    if os.path.exists(files["result"]):
-        os.remove(files["result"])
-    code = run_child(lambda: child(compiled, prelude, test, files, job.get("fn_name")), timeout_s)
+    code = run_child(lambda: child(compiled, prelude, test, files, fn_name), timeout_s)
     if code is None:
-        return {"kind": "timeout", "message": f"no answer within {timeout_s:.1f}s"}
+        return "t", f"no answer within {timeout_s:.1f}s"
     if code != 0:
-        err = read_text(files["err"]).strip()
-        return {"kind": "runtime_error", "message": clip(err.splitlines()[-1] if err else f"exit status {code}")}
-    tol = float(job.get("float_tol") or 0.0)
+        err = (read_file(files["err"]) or "").strip()
+        return ("p" if code == 3 else "e"), clip(err.splitlines()[-1] if err else f"exit status {code}")
     if test["kind"] == "stdin":
-        got = read_text(files["out"])
-        if same_output(got, test["output"], tol):
-            return None
-        return {"kind": "wrong_answer", "message": f"expected {clip(test['output'], 120)!r}, got {clip(got, 120)!r}"}
+        return "o", canonical_output(read_file(files["out"]) or "")
+    text = read_file(files["result"], MAX_MESSAGE)
+    if text is None:
+        return "e", "the function returned no result"
     try:
-        with open(files["result"], encoding="utf-8") as f:
-            got = json.load(f)
-    except (OSError, ValueError):
-        return {"kind": "runtime_error", "message": "the function returned no result"}
-    want = test["expected"]
-    if same_value(got, want, tol) or (test.get("unwrap") and isinstance(want, list) and len(want) == 1
-                                      and same_value(got, want[0], tol)):
-        return None
-    shown = f"expected {clip(json.dumps(want), 120)}, got {clip(json.dumps(got), 120)}"
-    return {"kind": "wrong_answer", "message": shown}
+        return "o", loads_plain(text)
+    except ValueError as exc:
+        return "p", clip(exc)
 
 
 def run_io(job):
+    """Per-test results, compact enough for the jail's captured stdout: a status letter
+    per test, a digest of each output, the outputs themselves while they fit."""
     tests = job["tests"]
     try:
-        compiled = compile_program(job["program"])
+        compiled = compile_source(job["program"], SOLUTION)
     except (SyntaxError, ValueError) as exc:
-        return {"passed": 0, "total": len(tests), "failure": {"kind": "compile_error", "message": print_error(exc)}}
+        return {"failure": {"kind": "compile_error", "message": print_error(exc)}}
     prelude = None
     if job.get("prelude") and any(t["kind"] == "call" for t in tests):
         prelude = compile(job["prelude"], "<prelude>", "exec")
@@ -272,30 +857,89 @@ def run_io(job):
     work = tempfile.mkdtemp()
     files = {k: os.path.join(work, k) for k in ("in", "out", "err", "result")}
     deadline = time.monotonic() + float(job["budget_s"])
-    passed, failure = 0, None
+    statuses, digests, texts, messages, out_of_time = [], [], {}, {}, False
     for i, test in enumerate(tests):
         left = deadline - time.monotonic()
         if left <= 0:
-            failure = failure or {"kind": "timeout", "test": i, "message": "the time budget ran out"}
+            out_of_time = True
             break
-        why = run_case(compiled, prelude, test, files, job, min(float(job["test_timeout_s"]), left))
-        if why is None:
-            passed += 1
-            continue
-        failure = failure or {**why, "test": i}
-        if job.get("stop_on_failure", True):
+        status, payload = run_case(compiled, prelude, test, files, job.get("fn_name"),
+                                   min(float(job["test_timeout_s"]), left))
+        digest = "-" * DIGEST_HEX
+        if status == "o" and test["kind"] == "stdin":
+            digest = output_digest(payload)
+            text = payload
+        elif status == "o":
+            try:
+                digest, text = value_digest(as_json(payload)), dumps_plain(payload)
+            except (ValueError, TypeError, RecursionError) as exc:
+                status, payload = "e", clip(f"the return value cannot be compared: {exc}")
+        statuses.append(status)
+        digests.append(digest)
+        if status == "o":
+            if len(text) < job["line_budget"]:
+                texts[i] = text
+        elif not messages:  # ASCII, so the escaped message stays as short as it looks
+            messages[i] = clip(payload.encode("ascii", "replace").decode("ascii"), 200)
+        if status != "o" and job.get("stop_on_failure", True):
             break
-    return {"passed": passed, "total": len(tests), "failure": failure}
+    result = {"s": "".join(statuses), "d": "".join(digests), "m": messages, "late": out_of_time, "o": {}}
+    size = len(json.dumps(result))
+    for i, text in texts.items():  # the outputs themselves, in test order, while they fit
+        cost = len(json.dumps(text)) + len(str(i)) + 4
+        if size + cost > job["line_budget"]:
+            break
+        result["o"][i] = text
+        size += cost
+    return result
 
 
-MODES = {"script": run_script, "unittest": run_unittest, "io": run_io}
-VERDICT_FD = os.dup(1)
+# --- main ----------------------------------------------------------------------------
+
+def read_exact(n):
+    parts, left = [], n
+    while left:
+        chunk = os.read(0, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the job ended early")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def read_public():
+    # Byte by byte up to the newline, then exactly the length: nothing of the secret part
+    # that follows may be read (and so sit in memory) before the solution's process forks.
+    head = b""
+    while not head.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte or len(head) > 20:
+            raise EOFError("no job")
+        head += byte
+    return json.loads(read_exact(int(head)))
+
+
+def read_secret():
+    parts = []
+    while True:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            return json.loads(b"".join(parts))
+        parts.append(chunk)
 
 
 def main():
-    job = json.loads(sys.stdin.read())
+    verdict_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints (the test's, the prompt's) must not crowd the verdict
+    make_undumpable()
+    sys.dont_write_bytecode = True
+    secret = None
     try:
-        verdict = MODES[job["mode"]](job)
+        job = read_public()
+        if job["mode"] == "io":
+            verdict = run_io(job)
+        else:
+            verdict, secret = run_solution(job, read_secret)
     except BaseException as exc:  # a verdict even when the harness itself breaks
         verdict = {"passed": 0, "total": 1, "failure": {"kind": "harness_error", "message": clip(repr(exc))}}
     for stream in (sys.stdout, sys.stderr):
@@ -303,13 +947,23 @@ def main():
             stream.flush()
         except BaseException:
             pass
-    line = "\n" + job["marker"] + json.dumps(verdict, ensure_ascii=False) + "\n"
-    os.write(VERDICT_FD, line.encode("utf-8", errors="replace"))
-    os._exit(0)  # no atexit handlers or lingering threads of the program
+    try:
+        secret = secret or read_secret()  # io mode: only now, after every child is gone
+        line = "\n" + secret["marker"] + json.dumps(verdict) + "\n"
+        os.write(verdict_fd, line.encode("ascii"))
+    finally:
+        os._exit(0)  # no atexit handlers or lingering threads
 
 
 main()
 '''
+
+
+# The sandboxed program: the shared helpers above, then `_PROGRAM`.
+_SHARED = (NotPlainData, to_plain, from_plain, dumps_plain, loads_plain, as_json, canonical_output,
+           _number_token, output_digest, _canonical_value, value_digest)
+_HARNESS = (f"DIGEST_HEX = {DIGEST_HEX}\n" + _PROGRAM.split("\n\n\n", 1)[0] + "\n\n\n"
+            + "\n\n".join(inspect.getsource(obj) for obj in _SHARED) + "\n\n" + _PROGRAM.split("\n\n\n", 1)[1])
 
 
 @dataclass
@@ -319,7 +973,10 @@ class HarnessVerdict:
     status is "passed" (every test passed, and there was at least one), "timeout" (the
     sandbox or a test ran out of time) or "failed". `failure` describes the first failed
     test: kind (compile_error, runtime_error, wrong_answer, timeout, exit, test_failed,
-    no_tests, no_verdict), its index or id as "test", and a short "message".
+    no_tests, not_plain_data, solution_died, protocol_error, prompt_error, no_verdict,
+    harness_error), its index or id as "test", and a short "message". `forgeable` is True
+    for verdicts the program itself reported (unittest mode): code written to cheat can
+    forge those.
     """
 
     status: str
@@ -327,6 +984,7 @@ class HarnessVerdict:
     total: int
     failure: dict[str, Any] | None
     result: SandboxResult
+    forgeable: bool = False
 
 
 def run_tests(
@@ -338,53 +996,243 @@ def run_tests(
     max_file_mb: int = 16,
     max_procs: int = 256,
 ) -> list[HarnessVerdict]:
-    """Run each job under the test harness in its own sandbox (see the module docstring).
+    """Run each job under the test harness in its own jail (see the module docstring).
 
-    A job is {"mode": "script" | "unittest" | "io", "program": source, ...}; "io" jobs add
-    "tests" (dicts: {"kind": "stdin", "input", "output"} or {"kind": "call", "args",
-    "expected", "unwrap"?}), "fn_name", "test_timeout_s", "stop_on_failure", "float_tol"
-    and "prelude" (source run before the program for "call" tests). `timeout_s` bounds a
-    whole job; the harness stops starting tests a second before it.
+    Jobs:
+      - {"mode": "script", "solution", "test", "prompt"?, "entry_point"?}: the solution
+        runs in its own process; the test source (and, with an entry point, `check(entry
+        point)`) runs in the harness's after the prompt.
+      - {"mode": "unittest", "program", "test_class"?}: solution + unittest source.
+      - {"mode": "io", "program", "tests", "fn_name"?, "prelude"?, "test_timeout_s",
+        "stop_on_failure"?, "float_tol"?}: tests are {"kind": "stdin", "input", "output"}
+        or {"kind": "call", "args", "expected", "unwrap"?}; only inputs enter the jail.
+    `timeout_s` bounds one jail; the harness stops starting tests a second before it.
     """
-    markers = [f"ARLE-VERDICT-{secrets.token_hex(8)}:" for _ in jobs]
-    stdins = [
-        json.dumps({**job, "marker": marker, "budget_s": max(0.5, timeout_s - 1.0)})
-        for job, marker in zip(jobs, markers)
-    ]
+    budget = max(0.5, timeout_s - 1.0)
+    stdins: list[str] = []
+    owners: list[tuple[int, int]] = []  # (job index, first test) of each jail run
+    markers: list[str] = []
+    for index, job in enumerate(jobs):
+        for first, public, secret in _split(job, budget):
+            marker = f"ARLE-VERDICT-{secrets.token_hex(16)}:"
+            # The public part is length-prefixed, so the harness can read exactly it and
+            # not one byte of the secret part before the model's process forks off.
+            head = json.dumps(public)
+            stdins.append(f"{len(head)}\n{head}{json.dumps({**secret, 'marker': marker})}")
+            owners.append((index, first))
+            markers.append(marker)
     # The harness writes each test's input to a file, so the file limit must admit the
     # largest one on top of what the program itself may write.
     largest = max((len(t.get("input", "")) for job in jobs for t in job.get("tests", [])), default=0)
     file_mb = max_file_mb + math.ceil(largest * 4 / (1024 * 1024))
     results = run_programs(
-        [_HARNESS] * len(jobs), workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
+        [_HARNESS] * len(stdins), workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
         max_file_mb=file_mb, max_procs=max_procs, stdins=stdins,
     )
-    return [_verdict(result, marker, job) for result, marker, job in zip(results, markers, jobs)]
+    runs: list[list[tuple[int, SandboxResult, dict[str, Any] | None]]] = [[] for _ in jobs]
+    for (index, first), result, marker in zip(owners, results, markers):
+        runs[index].append((first, result, _read_verdict(result, marker)))
+    return [_io_verdict(job, parts) if job.get("mode") == "io" else _verdict(job, *parts[0])
+            for job, parts in zip(jobs, runs)]
 
 
-def _verdict(result: SandboxResult, marker: str, job: dict[str, Any]) -> HarnessVerdict:
-    total = len(job["tests"]) if job.get("mode") == "io" else 1
-    at = result.stdout.rfind(marker)
-    data: dict[str, Any] | None = None
-    if at >= 0:
-        try:
-            data = json.loads(result.stdout[at + len(marker):].splitlines()[0])
-        except (ValueError, IndexError):
-            data = None
+def _split(job: dict[str, Any], budget: float) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(first test, public part, secret part) of each jail run a job needs."""
+    mode = job.get("mode")
+    if mode == "script":
+        public = {"mode": "script", "program": job["solution"], "budget_s": budget}
+        secret = {"test": job["test"], "prompt": job.get("prompt") or "", "entry_point": job.get("entry_point")}
+        return [(0, public, secret)]
+    if mode == "unittest":
+        return [(0, {"mode": "unittest", "program": job["program"], "test_class": job.get("test_class"),
+                     "budget_s": budget}, {})]
+    if mode != "io":
+        raise ValueError(f"unknown harness mode {mode!r}")
+    tests = job["tests"]
+    inputs = [{"kind": "stdin", "input": t.get("input", "")} if t["kind"] == "stdin"
+              else {"kind": "call", "args": t["args"]} for t in tests]
+    parts = []
+    for first in range(0, max(len(inputs), 1), IO_TESTS_PER_JOB):
+        public = {"mode": "io", "program": job["program"], "tests": inputs[first:first + IO_TESTS_PER_JOB],
+                  "fn_name": job.get("fn_name"), "prelude": job.get("prelude"),
+                  "test_timeout_s": job["test_timeout_s"], "stop_on_failure": job.get("stop_on_failure", True),
+                  "budget_s": budget, "line_budget": _LINE_BUDGET}
+        parts.append((first, public, {}))
+    return parts
+
+
+def _read_verdict(result: SandboxResult, marker: str) -> dict[str, Any] | None:
+    # Exactly one marked line: the harness writes one; a second can only be a forgery.
+    if result.stdout.count(marker) != 1:
+        return None
+    try:
+        data = json.loads(result.stdout[result.stdout.index(marker) + len(marker):].splitlines()[0])
+    except (ValueError, IndexError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _no_verdict(result: SandboxResult, total: int, forgeable: bool = False) -> HarnessVerdict:
+    if result.status == "timeout":
+        return HarnessVerdict("timeout", 0, total, {"kind": "timeout", "message":
+                              f"timed out after {result.duration_s:.1f}s"}, result, forgeable)
+    return HarnessVerdict("failed", 0, total, {"kind": "no_verdict", "message":
+                          "the program ended the harness before the tests finished"}, result, forgeable)
+
+
+def _verdict(job: dict[str, Any], _first: int, result: SandboxResult, data: dict[str, Any] | None) -> HarnessVerdict:
+    forgeable = job.get("mode") in FORGEABLE_MODES
     if data is None:
-        kind = "timeout" if result.status == "timeout" else "no_verdict"
-        message = (f"timed out after {result.duration_s:.1f}s" if kind == "timeout"
-                   else "the program ended the process before the tests finished")
-        return HarnessVerdict("timeout" if kind == "timeout" else "failed", 0, total,
-                           {"kind": kind, "message": message}, result)
-    passed, total = int(data.get("passed", 0)), int(data.get("total", total))
-    failure = data.get("failure")
+        return _no_verdict(result, 1, forgeable)
+    passed, total, failure = data.get("passed"), data.get("total"), data.get("failure")
+    if type(passed) is not int or type(total) is not int or not isinstance(failure, (dict, type(None))):
+        return _no_verdict(result, 1, forgeable)
     if failure is None and passed == total and total > 0:
         status = "passed"
     elif (failure or {}).get("kind") == "timeout":
         status = "timeout"
     else:
         status = "failed"
-    return HarnessVerdict(status, passed, total, failure, result)
+    return HarnessVerdict(status, passed, total, failure, result, forgeable)
 
 
+def _io_verdict(job: dict[str, Any], parts: list[tuple[int, SandboxResult, dict[str, Any] | None]]) -> HarnessVerdict:
+    """Compare each test's output with the expected one, here, outside the jail."""
+    tests = job["tests"]
+    tol = float(job.get("float_tol") or 0.0)
+    stop = job.get("stop_on_failure", True)
+    passed, failure, result = 0, None, parts[0][1]
+    for first, run, data in parts:
+        chunk = tests[first:first + IO_TESTS_PER_JOB]
+        outcomes = _io_outcomes(chunk, run, data, tol)
+        for i, why in enumerate(outcomes):
+            if why is None:
+                if failure is None or not stop:
+                    passed += 1
+                continue
+            if failure is None:
+                failure, result = {**why, "test": first + i}, run
+        if failure is not None and stop:
+            break
+    if not tests:
+        return HarnessVerdict("failed", 0, 0, {"kind": "no_tests", "message": "no tests"}, result)
+    status = "passed" if failure is None and passed == len(tests) else (
+        "timeout" if (failure or {}).get("kind") == "timeout" else "failed")
+    return HarnessVerdict(status, passed, len(tests), failure, result)
+
+
+def _io_outcomes(tests: list[dict[str, Any]], run: SandboxResult, data: dict[str, Any] | None,
+                 tol: float) -> list[dict[str, Any] | None]:
+    """None (passed) or a failure dict for each test of one jail run."""
+    if data is None:
+        nothing = _no_verdict(run, len(tests)).failure
+        return [nothing] * len(tests)
+    if isinstance(data.get("failure"), dict):  # the program did not compile, or the harness broke
+        whole = data["failure"]
+        return [{"kind": str(whole.get("kind")), "message": str(whole.get("message"))}] * len(tests)
+    statuses, digests = data.get("s"), data.get("d")
+    texts, messages = data.get("o"), data.get("m")
+    if not (isinstance(statuses, str) and isinstance(digests, str) and isinstance(texts, dict)
+            and isinstance(messages, dict) and len(digests) == DIGEST_HEX * len(statuses) <= DIGEST_HEX * len(tests)):
+        return [{"kind": "no_verdict", "message": "the harness's results were malformed"}] * len(tests)
+    out: list[dict[str, Any] | None] = []
+    for i, test in enumerate(tests):
+        if i >= len(statuses):
+            why = ("the time budget ran out" if data.get("late") else "not run after an earlier test failed")
+            out.append({"kind": "timeout" if data.get("late") else "not_run", "message": why})
+            continue
+        status, message = statuses[i], str(messages.get(str(i), ""))
+        if status == "t":
+            out.append({"kind": "timeout", "message": message or "timed out"})
+        elif status == "e":
+            out.append({"kind": "runtime_error", "message": message or "the program failed"})
+        elif status == "p":
+            out.append({"kind": "not_plain_data", "message": message or "the return value is not plain data"})
+        elif status == "o":
+            text = texts.get(str(i))
+            out.append(_compare(test, text if isinstance(text, str) else None,
+                                digests[i * DIGEST_HEX:(i + 1) * DIGEST_HEX], tol))
+        else:
+            out.append({"kind": "no_verdict", "message": "the harness's results were malformed"})
+    return out
+
+
+def _compare(test: dict[str, Any], text: str | None, digest: str, tol: float) -> dict[str, Any] | None:
+    """None when the output (its text, or else its digest) matches the expected one."""
+    if test["kind"] == "stdin":
+        want = test["output"]
+        if text is not None:
+            if same_output(text, want, tol):
+                return None
+            shown = f"expected {_clip(want)!r}, got {_clip(text)!r}"
+        else:
+            if output_digest(want) == digest:
+                return None
+            shown = f"expected {_clip(want)!r}, got a different (long) output"
+        return {"kind": "wrong_answer", "message": shown}
+    want = test["expected"]
+    wants = [want] + ([want[0]] if test.get("unwrap") and isinstance(want, list) and len(want) == 1 else [])
+    if text is not None:
+        try:
+            got = as_json(loads_plain(text))
+        except (ValueError, TypeError, RecursionError):
+            return {"kind": "not_plain_data", "message": "the return value is not plain data"}
+        if any(same_value(got, w, tol) for w in wants):
+            return None
+        shown = f"expected {_clip(json.dumps(want))}, got {_clip(json.dumps(got))}"
+    else:
+        if any(value_digest(w) == digest != "nan" for w in wants):
+            return None
+        shown = f"expected {_clip(json.dumps(want))}, got a different (long) value"
+    return {"kind": "wrong_answer", "message": shown}
+
+
+def _clip(text: str, n: int = 120) -> str:
+    return text if len(text) <= n else text[: n // 2] + " ... " + text[-n // 2:]
+
+
+def same_number(a: str, b: str, tol: float) -> bool:
+    """Two tokens equal as finite decimals, or within `tol` (relative beyond 1)."""
+    try:
+        x, y = decimal.Decimal(a), decimal.Decimal(b)
+    except (decimal.InvalidOperation, ValueError):
+        return False
+    if not (x.is_finite() and y.is_finite()):
+        return False
+    if x == y:
+        return True
+    return tol > 0 and abs(float(x) - float(y)) <= tol * max(1.0, abs(float(y)))
+
+
+def same_output(got: str, want: str, tol: float) -> bool:
+    """LiveCodeBench's comparison: line by line after stripping, then token by token, with
+    numbers equal as decimals (or within tol)."""
+    got_lines = [line.strip() for line in got.strip().splitlines()]
+    want_lines = [line.strip() for line in want.strip().splitlines()]
+    if got_lines == want_lines:
+        return True
+    if len(got_lines) != len(want_lines):
+        return False
+    for g, w in zip(got_lines, want_lines):
+        if g == w:
+            continue
+        gt, wt = g.split(), w.split()
+        if len(gt) != len(wt) or not all(x == y or same_number(x, y, tol) for x, y in zip(gt, wt)):
+            return False
+    return True
+
+
+def same_value(got: Any, want: Any, tol: float) -> bool:
+    """A return value (as JSON carries it, see `as_json`) against the expected one: numbers
+    by value (floats within tol), lists and dicts element by element."""
+    if isinstance(got, bool) or isinstance(want, bool):
+        return got == want
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
+        if got == want:
+            return True
+        return tol > 0 and isinstance(got, float) and math.isclose(got, want, rel_tol=tol, abs_tol=tol)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(same_value(g, w, tol) for g, w in zip(got, want))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(same_value(got[k], want[k], tol) for k in want)
+    return got == want
