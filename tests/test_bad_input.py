@@ -289,18 +289,22 @@ def test_output_that_cannot_be_created(gsm, tmp_path):
     assert (tmp_path / "taken").read_text() == "mine" and proc.requests == 0
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_output_in_a_read_only_folder(gsm, tmp_path):
+    # Root writes into a chmod-555 folder, but not into sysfs: each user gets a folder it cannot write.
     write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
+    if os.geteuid() == 0:
+        target, why = "/sys/arle-run/run", "Operation not permitted"
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        target, why = "locked/run", "Permission denied"
     try:
-        proc = gsm("--data", "rows.jsonl", "--output", "locked/run")
+        proc = gsm("--data", "rows.jsonl", "--output", target)
     finally:
-        locked.chmod(0o755)
-    assert_one_line_error(proc, "cannot write the run directory locked/run: Permission denied",
-                          "choose another --output")
+        if os.geteuid() != 0:
+            (tmp_path / "locked").chmod(0o755)
+    assert_one_line_error(proc, f"cannot write the run directory {target}: {why}", "choose another --output")
 
 
 # ---------------------------------------------------------------------------------------------
