@@ -176,22 +176,68 @@ def test_run_programs_is_parallel_and_keeps_order():
 
 
 def test_run_tests_verdicts_come_from_the_harness_not_the_exit_status():
+    test = "assert f() == 1\n"
     jobs = [
-        {"mode": "script", "program": "def f():\n    return 1\nassert f() == 1\n"},
-        {"mode": "script", "program": "import sys\nsys.exit(0)\nassert False\n"},
-        {"mode": "script", "program": "import os\nos._exit(0)\n"},
-        {"mode": "script", "program": "def f(:\n"},
-        # a forged verdict line lacks the run's random marker
-        {"mode": "script",
-         "program": "print('ARLE-VERDICT-0000000000000000:{\"passed\": 1, \"total\": 1}')\nraise SystemExit(0)\n"},
+        {"mode": "script", "solution": "def f():\n    return 1\n", "test": test},
+        {"mode": "script", "solution": "import sys\nsys.exit(0)\n", "test": test},
+        {"mode": "script", "solution": "import os\nos._exit(0)\n", "test": test},
+        {"mode": "script", "solution": "def f(:\n", "test": test},
+        # a forged verdict line lacks the run's random marker, and goes to stderr anyway
+        {"mode": "script", "test": test,
+         "solution": "print('ARLE-VERDICT-0000000000000000:{\"passed\": 1, \"total\": 1}')\nraise SystemExit(0)\n"},
+        {"mode": "script", "solution": "def f():\n    raise SystemExit(0)\n", "test": test},
     ]
-    ok, exited, killed, syntax, forged = run_tests(jobs, timeout_s=10)
-    assert (ok.status, ok.passed, ok.total, ok.failure) == ("passed", 1, 1, None)
+    ok, exited, killed, syntax, forged, exits_in_call = run_tests(jobs, timeout_s=10)
+    assert (ok.status, ok.passed, ok.total, ok.failure, ok.forgeable) == ("passed", 1, 1, None, False)
     assert exited.status == "failed" and exited.failure["kind"] == "exit"
-    assert killed.status == "failed" and killed.failure["kind"] == "no_verdict"
+    assert killed.status == "failed" and killed.failure["kind"] == "solution_died"
     assert syntax.status == "failed" and syntax.failure["kind"] == "compile_error"
     assert "SyntaxError" in syntax.result.stderr
-    assert forged.status == "failed"
+    assert forged.status == "failed" and "0000000000000000" not in forged.result.stdout
+    assert exits_in_call.status == "failed" and exits_in_call.failure["kind"] == "exit"
+
+
+def test_run_tests_script_mode_runs_the_test_against_the_solution_across_processes():
+    prompt = "import math\n\ndef helper(x):\n    return x * 2\n\ndef f(x):\n    \"\"\"Doc.\"\"\"\n"
+    check = ("def check(candidate):\n    assert candidate(2) == helper(2) + 1\n"
+             "    assert candidate(0.5) == 2.0 and math.isclose(candidate(1), 3)\n")
+    jobs = [
+        # the entry point from the solution, the prompt's helper from the prompt
+        {"mode": "script", "prompt": prompt, "test": check, "entry_point": "f",
+         "solution": prompt + "    return helper(x) + 1\n"},
+        # a solution that redefines the prompt's helper cannot change what the test sees
+        {"mode": "script", "prompt": prompt, "test": check, "entry_point": "f",
+         "solution": "def helper(x):\n    return 0\ndef f(x):\n    return 1\n"},
+        # MBPP style: no prompt; the test uses the solution's imports and functions
+        {"mode": "script", "test": "assert math.floor(area(2)) == 12 and AREA_UNIT == 'm2'\n",
+         "solution": "import math\nAREA_UNIT = 'm2'\ndef area(r):\n    return math.pi * r * r\n"},
+        # exceptions cross as the builtin of that name
+        {"mode": "script", "test": "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    assert False\n",
+         "solution": "def div(a, b):\n    return a / b\n"},
+        # plain data both ways, containers and big ints included
+        {"mode": "script", "test": "assert echo([1, (2, 3), {4}, frozenset({5}), {6: b'7'}, 2 ** 100, None, 1.5]) == "
+                                   "[1, (2, 3), {4}, frozenset({5}), {6: b'7'}, 2 ** 100, None, 1.5]\n",
+         "solution": "def echo(x):\n    return x\n"},
+        # an instance of the solution's own class cannot cross: the known cost
+        {"mode": "script", "test": "assert make().x == 1\n",
+         "solution": "class P:\n    x = 1\ndef make():\n    return P()\n"},
+    ]
+    good, helper, mbpp, raised, plain, instance = run_tests(jobs, timeout_s=10)
+    assert good.status == "passed", good.failure
+    assert helper.status == "failed"
+    assert mbpp.status == "passed", mbpp.failure
+    assert raised.status == "passed", raised.failure
+    assert plain.status == "passed", plain.failure
+    assert instance.status == "failed" and instance.failure["kind"] == "not_plain_data"
+
+
+def test_run_tests_unittest_verdicts_are_marked_forgeable():
+    program = ("def f():\n    return 1\nimport unittest\nclass TestCases(unittest.TestCase):\n"
+               "    def test_one(self):\n        self.assertEqual(f(), 1)\n"
+               "    def test_two(self):\n        self.assertEqual(f(), 2)\n")
+    (verdict,) = run_tests([{"mode": "unittest", "program": program}], timeout_s=10)
+    assert (verdict.status, verdict.passed, verdict.total, verdict.forgeable) == ("failed", 1, 2, True)
+    assert verdict.failure["kind"] == "test_failed" and "test_two" in verdict.failure["test"]
 
 
 def test_run_tests_io_mode_forks_each_test_with_its_own_limits():
