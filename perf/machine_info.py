@@ -27,3 +27,15 @@ def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
+
+
+def write_result(result: dict, out: Path, work: Path, keep: bool) -> None:
+    """Write a script's result JSON to `out`, then remove its scratch dir `work` unless `keep`."""
+    import json
+    import shutil
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nwrote {out}" + (f"; run directories in {work}" if keep else ""))
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)

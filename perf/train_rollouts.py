@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from machine_info import cpu_model, package_versions
+from machine_info import cpu_model, package_versions, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
@@ -610,13 +610,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print_report(result)
     out = args.out or RESULTS / ("train_rollouts_quick.json" if args.quick else "train_rollouts.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nwrote {out}" + (f"; run directories in {work}" if args.keep else ""))
-    if not args.keep:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
+    write_result(result, out, work, args.keep)
     return result
 
 

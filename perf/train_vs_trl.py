@@ -68,7 +68,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
-from machine_info import cpu_model
+from machine_info import cpu_model, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "examples" / "cpu_grpo_demo" / "sums.yaml"
@@ -698,13 +698,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                work, psteps, env)}
     print_table(result)
     out = args.out or RESULTS / ("train_vs_trl_quick.json" if args.quick else "train_vs_trl.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nwrote {out}" + (f"; run directories in {work}" if args.keep else ""))
-    if not args.keep:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
+    write_result(result, out, work, args.keep)
     return result
 
 
