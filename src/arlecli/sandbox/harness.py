@@ -416,6 +416,7 @@ def solution_process(job, rfd, wfd):
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
         chan = Channel(rfd, wfd)
+        chan.recv()  # the go-ahead: the harness has read, and erased, the secret part
         namespace = fresh_main()
         failure = exec_program(job["program"], namespace)
         if failure is not None:
@@ -688,8 +689,9 @@ def check_unittest(chan):
 
 
 def run_solution(job, secret_reader):
-    """script and unittest modes: fork the solution's process M, then read the secret
-    part of the job (which M therefore never had in memory), then judge."""
+    """script and unittest modes: fork the solution's process M, then read (and erase)
+    the secret part of the job, which M therefore never had in memory nor can reread,
+    then let M run the solution, then judge."""
     deadline = time.monotonic() + float(job["budget_s"])
     m_reads, t_writes = os.pipe()
     t_reads, m_writes = os.pipe()
@@ -700,10 +702,15 @@ def run_solution(job, secret_reader):
         solution_process(job, m_reads, m_writes)
     os.close(m_reads)
     os.close(m_writes)
-    secret = secret_reader()
     chan = Channel(t_reads, t_writes, deadline)
     try:
-        verdict = check_unittest(chan) if job["mode"] == "unittest" else run_script(secret, chan)
+        secret = secret_reader()
+        try:
+            chan.send({"go": 1})
+        except Stop as stop:
+            verdict = {"passed": 0, "total": 1, "failure": {"kind": stop.kind, "message": stop.message}}
+        else:
+            verdict = check_unittest(chan) if job["mode"] == "unittest" else run_script(secret, chan)
     finally:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -924,8 +931,37 @@ def read_secret():
     while True:
         chunk = os.read(0, 1 << 20)
         if not chunk:
-            return json.loads(b"".join(parts))
+            break
         parts.append(chunk)
+    erase_stdin()
+    return json.loads(b"".join(parts))
+
+
+def erase_stdin():
+    """Empty the file behind stdin. The jail's init process holds it open too, and any
+    process in the jail can reopen it from the start through /proc/1/fd/0: the secret
+    part must be gone before the model's code runs."""
+    try:
+        fd = os.open("/proc/self/fd/0", os.O_WRONLY)
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a pipe, or not ours to truncate: nothing left to read there either way
+
+
+def kill_the_rest():
+    """Kill every other process in the jail before the verdict is written, so none (a
+    daemon the solution left, reading /proc/1/fd/1) can tamper with it. Only where this
+    process is the jail's first under its init (bubblewrap: pid 2, parent 1), that is,
+    in a PID namespace of its own: elsewhere kill(-1) would reach the host's processes."""
+    if os.getpid() != 2 or os.getppid() != 1:
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)  # in a PID namespace: all but init and ourselves
+    except OSError:
+        pass
 
 
 def main():
@@ -947,6 +983,7 @@ def main():
             stream.flush()
         except BaseException:
             pass
+    kill_the_rest()
     try:
         secret = secret or read_secret()  # io mode: only now, after every child is gone
         line = "\n" + secret["marker"] + json.dumps(verdict) + "\n"
