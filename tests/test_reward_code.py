@@ -352,3 +352,61 @@ def test_code_transforms_build_prompts_and_test_sources():
     assert "stdin" in stdin["format_instructions"] and stdin["fn_name"] == ""
     apps = get_transform("apps")({"question": "Q?", "solutions": "", "starter_code": "def f(x):\n"})
     assert "Use Call-Based format" in apps["apps_prompt"] and apps["reference"] == ""
+
+
+# --- outputs compared outside the sandbox -------------------------------------------
+
+
+def test_code_io_expected_outputs_never_enter_the_sandbox():
+    from arlecli.sandbox import harness
+
+    job = {"mode": "io", "program": "print(1)", "fn_name": "f", "test_timeout_s": 1,
+           "tests": [{"kind": "stdin", "input": "in-1", "output": "SECRET-OUT-1"},
+                     {"kind": "call", "args": [1], "expected": "SECRET-OUT-2", "unwrap": False}]}
+    parts = harness._split(job, 5.0)
+    text = json.dumps([[public, secret] for _, public, secret in parts])
+    assert "in-1" in text and "SECRET" not in text and "expected" not in text
+
+
+def test_output_and_value_digests_agree_with_the_comparisons():
+    from arlecli.sandbox import harness as h
+
+    outputs = [("1 2\n3", "1  2 \n 3\n\n"), ("2.50", "2.5"), ("-0", "0.0"), ("25e-1", "2.5"), ("a b", "a  c"),
+               ("1\n\n2", "1\n2"), ("nan", "nan"), ("1.0000000000000000000000000001", "1"), ("x", "X")]
+    for got, want in outputs:
+        assert (h.output_digest(got) == h.output_digest(want)) == h.same_output(got, want, 0.0), (got, want)
+        assert h.same_output(h.canonical_output(got), want, 0.0) == h.same_output(got, want, 0.0)
+    values = [(1, 1.0), (True, 1), ([1, 2], [1, 2]), ({"a": 1}, {"a": 1.0}), ([1], [2]), ("1", 1),
+              (0.1, 0.1), (None, None), ({"a": [1]}, {"a": [1, 2]}), (float("inf"), float("inf"))]
+    for got, want in values:
+        assert (h.value_digest(got) == h.value_digest(want)) == h.same_value(got, want, 0.0), (got, want)
+    assert h.value_digest(float("nan")) == "nan"  # equal to nothing, not even itself
+    # plain data round-trips exactly; anything else is refused
+    value = [1, 2 ** 200, -2 ** 70, 1.5, float("inf"), "\udcff", b"\x00", (1, [2]), {3, 4}, frozenset({5}),
+             {(1, 2): None}, True, None]
+    assert h.loads_plain(h.dumps_plain(value)) == value
+    for bad in (type("I", (int,), {})(1), object(), [[]] * 0 + [{"k": type("S", (str,), {})("x")}]):
+        with pytest.raises(h.NotPlainData):
+            h.dumps_plain(bad)
+    for odd in ('{"z": []}', '{"s": [[1]]}', '{"t": 1}', '{"d": [[1]]}', "[" * 200 + "]" * 200, "nope"):
+        with pytest.raises(ValueError):
+            h.loads_plain(odd)
+
+
+def test_code_io_long_outputs_and_many_tests():
+    # An output too long to come back whole is compared by digest (exact up to numbers
+    # equal as decimals); more tests than one jail reports run in several.
+    n = 5000
+    long_want = " ".join(f"{i}.50" for i in range(n)) + "\n"
+    task = _io_task({"tests": json.dumps({"inputs": [str(n)], "outputs": [long_want]})})
+    right = "n = int(input())\nprint(' '.join(f'{i}.5' for i in range(n)))\n"
+    wrong = "n = int(input())\nprint(' '.join(f'{i}.5' for i in range(n - 1)), n)\n"
+    good, bad = _io_scores(task, [right, wrong])
+    assert good.correct, good.details
+    assert not bad.correct and "long" in bad.details["error"]
+    many = _io_task({"tests": json.dumps({"inputs": [str(i) for i in range(300)],
+                                          "outputs": [str(2 * i) for i in range(300)]})})
+    ok, off = _io_scores(many, ["print(2 * int(input()))\n", "n = int(input())\nprint(2 * n + (n == 270))\n"],
+                         stop_on_failure=False, test_timeout_s=5, timeout_s=120)
+    assert ok.correct and ok.details["tests_passed"] == 300, ok.details
+    assert not off.correct and off.details["tests_passed"] == 299 and "test 270" in off.details["error"]
