@@ -247,10 +247,12 @@ ATTACKS: dict[str, tuple[str, str]] = {
     "forge-harness-pipes": (FORGE_PIPES, FORGE_PIPES + "return a - b\n"),
     "monkeypatch-json-os-builtins": (MONKEYPATCH, "return a - b\n"),
     "shadow-builtins-and-math": (SHADOW, "return a - b\n"),
-    "kill-parent": ("", KILL_PARENT + "return a + b\n"),
-    "kill-parent-at-import": (KILL_PARENT, "return a + b\n"),
-    "stop-parent": ("", STOP_PARENT + "return a + b\n"),
-    "kill-every-process": ("", KILL_ALL + "return a + b\n"),
+    # The harness is the jail's pid 1: signals from inside do not reach it, so these bodies are
+    # wrong too; a kill that did land would leave no verdict, a fail either way.
+    "kill-parent": ("", KILL_PARENT + "return a - b\n"),
+    "kill-parent-at-import": (KILL_PARENT, "return a - b\n"),
+    "stop-parent": ("", STOP_PARENT + "return a - b\n"),
+    "kill-every-process": ("", KILL_ALL + "return a - b\n"),
     "os-exit-at-import": ("import os\nos._exit(0)\n", "return a + b\n"),
     "sys-exit-in-call": ("", "import sys\nsys.exit(0)\n"),
     "deeply-nested-value": ("", "x = []\nfor _ in range(10000):\n    x = [x]\nreturn x\n"),

@@ -938,9 +938,9 @@ def read_secret():
 
 
 def erase_stdin():
-    """Empty the file behind stdin. The jail's init process holds it open too, and any
-    process in the jail can reopen it from the start through /proc/1/fd/0: the secret
-    part must be gone before the model's code runs."""
+    """Empty the file behind stdin before the model's code runs. The harness is undumpable,
+    so no other process can reopen it through /proc/<harness>/fd/0; this is the second lock
+    (a jail whose init held fds 0-2, as bubblewrap's does without --as-pid-1, would leak it)."""
     try:
         fd = os.open("/proc/self/fd/0", os.O_WRONLY)
         try:
@@ -953,10 +953,10 @@ def erase_stdin():
 
 def kill_the_rest():
     """Kill every other process in the jail before the verdict is written, so none (a
-    daemon the solution left, reading /proc/1/fd/1) can tamper with it. Only where this
-    process is the jail's first under its init (bubblewrap: pid 2, parent 1), that is,
-    in a PID namespace of its own: elsewhere kill(-1) would reach the host's processes."""
-    if os.getpid() != 2 or os.getppid() != 1:
+    daemon the solution left) can tamper with it. Only where this process is the first of
+    a PID namespace of its own (bubblewrap --as-pid-1: pid 1; under a bwrap init: pid 2,
+    parent 1): elsewhere kill(-1) would reach the host's processes."""
+    if os.getpid() != 1 and (os.getpid() != 2 or os.getppid() != 1):
         return
     try:
         os.kill(-1, signal.SIGKILL)  # in a PID namespace: all but init and ourselves

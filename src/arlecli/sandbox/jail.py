@@ -303,15 +303,15 @@ def run_program(
             # The tmpfs mounts hold what the program writes: bounded like a file, times a few.
             tmpfs_bytes = max(64 << 20, 4 * file_bytes)
             if iso.pid_cap == "cgroup":
-                # + bwrap, its init in the namespace, the program. Memory: the address-space limit binds each
+                # + bwrap outside the namespace, the program. Memory: the address-space limit binds each
                 # process; the cgroup binds them all together, tmpfs pages included, so a fork
                 # bomb of big allocations hits the jail's limit, not the machine's OOM killer.
-                cgroups = _new_cgroups({"pids": max_procs + 3,
+                cgroups = _new_cgroups({"pids": max_procs + 2,
                                         "memory": (memory_mb << 20) + 3 * tmpfs_bytes + (256 << 20)})
             else:
                 # Inside its own user namespace RLIMIT_NPROC counts only the jail's processes
-                # (bwrap's init and the program, + max_procs).
-                cfg["nproc"] = max_procs + 2 if iso.pid_cap == "rlimit" else 0
+                # (the program, + max_procs).
+                cfg["nproc"] = max_procs + 1 if iso.pid_cap == "rlimit" else 0
             argv = _bwrap_argv(_bwrap_binary(), root / "main.py", tmpfs_bytes, share_net=not isolate_network)
             argv += [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
             if cgroups:
@@ -367,8 +367,11 @@ def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net
     """bubblewrap's command line for one program (the interpreter and its args follow)."""
     assert bwrap is not None
     size = str(tmpfs_bytes)
+    # --as-pid-1: the program is the namespace's first process. bwrap's own init would otherwise
+    # sit there as pid 1, same uid, dumpable, holding fds 0-2: any process of the program could
+    # reread stdin through /proc/1/fd/0 or write to stdout through /proc/1/fd/1.
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
+            "--as-pid-1", "--new-session", "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
             "--hostname", "sandbox", "--clearenv"]
     if share_net:
         argv.append("--share-net")
