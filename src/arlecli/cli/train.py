@@ -163,7 +163,7 @@ def train_command(
     from arlecli.cards import resolve_references
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
-    from arlecli.sandbox import card_runs_code, ensure_isolation, set_policy
+    from arlecli.sandbox import FORGEABLE_REWARDS, card_runs_code, ensure_isolation, set_policy
     from arlecli.train.config import load_recipe, parse_set, resolve
     from arlecli.train import launch
     from arlecli.train.run import TrainView, run_train
@@ -189,6 +189,10 @@ def train_command(
     set_policy(sandbox)
     if card_runs_code(card):
         ensure_isolation()  # refuse before loading a model, not at the first reward
+    if card.reward in FORGEABLE_REWARDS:
+        err_console().print(f"warning: {card.name}'s reward ({card.reward}) decides its verdict inside the model's "
+                            "own interpreter: code written to cheat can forge a pass there, and RL rewards it for "
+                            "that. Read the high-reward completions in rewards.jsonl.", highlight=False)
     spec = resolve_model(cfg.options.model)
     run_dir = rundir.choose_dir(output, f"train-{card.name}", spec.name, resume)
     command = launch.original_command() or ["arle", *sys.argv[1:]]

@@ -11,8 +11,11 @@ from arlecli.sandbox.jail import (Isolation, SandboxResult, ensure_isolation, is
 
 # Rewards that run programs in the jail: the model's code, or (reasoning_gym) checkers.
 JAILED_REWARDS = frozenset({"code_tests", "code_unittest", "code_io", "reasoning_gym"})
+# Rewards whose verdict is reached inside the model's own interpreter (unittest tests patch the
+# solution's module), so code written to cheat can forge it (harness.FORGEABLE_MODES).
+FORGEABLE_REWARDS = frozenset({"code_unittest"})
 
-__all__ = ["HarnessVerdict", "Isolation", "JAILED_REWARDS", "SandboxResult", "card_runs_code",
+__all__ = ["FORGEABLE_REWARDS", "HarnessVerdict", "Isolation", "JAILED_REWARDS", "SandboxResult", "card_runs_code",
            "ensure_isolation", "isolation", "network_isolation", "policy", "run_program", "run_programs",
            "run_tests", "set_policy"]
 
