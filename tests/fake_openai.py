@@ -58,6 +58,7 @@ class FakeOpenAIServer:
         retry_after: when set, injected failures carry this `Retry-After` header (seconds).
         delay_s: sleep this long before answering each successful completion request.
         strict: reject vLLM-only fields (return_token_ids) with 400, like hosted APIs.
+        usage: send the `usage` token counts (as OpenAI and vLLM do); False leaves them out.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class FakeOpenAIServer:
         retry_after: float | None = None,
         delay_s: float = 0.0,
         strict: bool = False,
+        usage: bool = True,
     ) -> None:
         self.responder: Responder = responder or (lambda request_json: "ok")
         self.model = model
@@ -82,6 +84,7 @@ class FakeOpenAIServer:
         self.retry_after = retry_after
         self.delay_s = delay_s
         self.strict = strict
+        self.usage = usage
         self.in_flight = 0
         self.max_in_flight = 0
         self._failed = 0
@@ -204,7 +207,10 @@ class FakeOpenAIServer:
             except Exception as exc:  # surface test bugs as a server error, visibly
                 traceback.print_exc()
                 return _error(500, f"responder raised {type(exc).__name__}: {exc}", "server_error")
-            return 200, _completion(body, chat, str(text), number), {}
+            reply = _completion(body, chat, str(text), number)
+            if not self.usage:
+                del reply["usage"]
+            return 200, reply, {}
         finally:
             with self._lock:
                 self.in_flight -= 1

@@ -6,7 +6,7 @@ Profiles live in `<arle_home>/models.yaml`:
     profiles:
       local-qwen: {hub_id: Qwen/Qwen2.5-0.5B-Instruct, backend: hf}
       my-server:  {base_url: http://localhost:8000/v1, model: qwen, api_key_env: MY_KEY,
-                   request_timeout: 120, max_retries: 2}
+                   request_timeout: 120, max_retries: 2, price_input: 0.15, price_output: 0.6}
 
 An API key is never written anywhere: a profile stores only the NAME of the environment
 variable that holds it, and the engine reads the variable when it connects.
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from arlecli.efficiency import check_price, make_prices
 from arlecli.errors import UserError
 
 BACKENDS = ("hf", "openai", "vllm")
@@ -81,6 +82,8 @@ class ModelProfile:
     backend: str | None = None       # "hf" | "openai" | "vllm"; None: chosen automatically
     request_timeout: float | None = None  # endpoint: seconds for one whole attempt; None: the default
     max_retries: int | None = None   # endpoint: retries after a failed attempt; None: the default
+    price_input: float | None = None   # USD per 1M prompt tokens (results.json's cost block); None: no cost
+    price_output: float | None = None  # USD per 1M completion tokens; set with price_input or not at all
 
     @property
     def kind(self) -> str:
@@ -136,6 +139,9 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
             raise UserError("--request-timeout and --max-retries only apply with --base-url")
     profile.request_timeout = check_request_timeout(profile.request_timeout)
     profile.max_retries = check_max_retries(profile.max_retries)
+    profile.price_input = check_price(profile.price_input, "--price-input")
+    profile.price_output = check_price(profile.price_output, "--price-output")
+    make_prices(profile.price_input, profile.price_output, f"profile {profile.name!r}")
     if profile.api_key_env and not _ENV_NAME_RE.match(profile.api_key_env):
         # Also catches a pasted key ("sk-..."): we never want the value on disk.
         raise UserError(
@@ -195,7 +201,7 @@ def _check_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
-_NUMERIC_FIELDS = ("request_timeout", "max_retries")
+_NUMERIC_FIELDS = ("request_timeout", "max_retries", "price_input", "price_output")
 
 
 def _read() -> tuple[dict[str, ModelProfile], str | None]:
@@ -224,6 +230,9 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
             # Numbers stay numbers; a hand-edited bad value is named with its file and profile.
             values["request_timeout"] = check_request_timeout(entry.get("request_timeout"), "request_timeout")
             values["max_retries"] = check_max_retries(entry.get("max_retries"), "max_retries")
+            values["price_input"] = check_price(entry.get("price_input"), "price_input")
+            values["price_output"] = check_price(entry.get("price_output"), "price_output")
+            make_prices(values["price_input"], values["price_output"], "it")
         except UserError as exc:
             raise UserError(f"{path}: profile {name!r}: {exc}") from None
         profiles[str(name)] = ModelProfile(name=str(name), **values)

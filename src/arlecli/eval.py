@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from arlecli import rundir
 from arlecli.cards import Card
+from arlecli.efficiency import Prices, sample_counts
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.engine.base import Engine
 from arlecli.envs import env_kind
@@ -81,10 +82,13 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
 def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool = False,
              command: list[str] | None = None,
              on_start: Callable[[int, int], None] | None = None,
-             on_sample: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             on_sample: Callable[[dict[str, Any]], None] | None = None,
+             prices: Prices | None = None) -> dict[str, Any]:
     """Evaluate, appending to `run_dir/samples.jsonl`; return (and write) results.json's content.
 
     `on_start(total, already_done)` and `on_sample(sample)` feed a progress display.
+    `prices` adds results.json's `cost` block; they are not part of the run's settings (a
+    resume may change them: results are recomputed from the samples either way).
     """
     if opts.num_samples < 1:
         raise UserError("--num-samples must be at least 1")
@@ -132,6 +136,9 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             failures.append(f.exception())  # type: ignore[arg-type]
 
     multi_turn = env_kind(card.env).multi_turn
+    # Every sample of this process carries the same start, so results can add up the wall
+    # time of each session of a resumed run from samples.jsonl alone (efficiency.time_stats).
+    session_started_at = time.time()
 
     def finish(task: Task, k: int, episode: Episode) -> None:
         result = score(task, episode)
@@ -142,15 +149,24 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             "target": task.target, "reward": float(result.reward), "correct": bool(result.correct),
             "details": result.details, "finish_reason": last.finish_reason,
             "num_tokens": sum(len(t.token_ids or []) for t in episode.turns),
+            **sample_counts(episode.turns),
         }
         if multi_turn:  # every turn, with what the environment answered
             sample["turns"] = [{"completion": t.completion, "observation": t.observation,
-                                "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids or [])}
+                                "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids or []),
+                                "prompt_tokens": t.prompt_count(), "completion_tokens": t.completion_count(),
+                                "latency_s": t.latency_s}
                                for t in episode.turns]
+            sample["num_turns"] = len(episode.turns)
+            for key in ("tool_calls", "tool_errors"):  # where the env counts them (envs/tools.py)
+                if isinstance(episode.info.get(key), int):
+                    sample[key] = episode.info[key]
             sample["end_reason"] = episode.end_reason
             sample["env_info"] = episode.info
         if card.group_by:
             sample["group"] = task.fields.get(card.group_by, "")
+        sample["session_started_at"] = session_started_at
+        sample["finished_at"] = time.time()
         writer.write(sample)
         if on_sample:
             on_sample(sample)
@@ -179,7 +195,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         "benchmark": card.name, "card_version": card.version, "model": model,
         "split": opts.data or (opts.split or card.source.default_split),
         "num_samples": opts.num_samples,
-        **aggregate(samples, card.metrics, opts.num_samples, card.group_by),
+        **aggregate(samples, card.metrics, opts.num_samples, card.group_by, prices),
     }
     write_json(run_dir / RESULTS, results)
     return results

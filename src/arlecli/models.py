@@ -56,6 +56,8 @@ class ModelSpec:
     profile: str | None = None       # the profile it came from, if any
     request_timeout: float | None = None  # openai: seconds for one whole attempt; None: the engine's default
     max_retries: int | None = None   # openai: retries after a failed attempt; None: the engine's default
+    price_input: float | None = None   # the profile's USD per 1M prompt tokens (arle eval may override)
+    price_output: float | None = None  # the profile's USD per 1M completion tokens
 
     @property
     def is_local(self) -> bool:
@@ -172,12 +174,14 @@ def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env
             raise UserError(f"profile {profile.name!r} is an endpoint: it runs on the openai backend, not {backend!r}")
         return ModelSpec(kind="openai", name=profile.name, base_url=profile.base_url, model=profile.model,
                          api_key_env=api_key_env or profile.api_key_env, backend="openai", profile=profile.name,
-                         request_timeout=profile.request_timeout, max_retries=profile.max_retries)
+                         request_timeout=profile.request_timeout, max_retries=profile.max_retries,
+                         price_input=profile.price_input, price_output=profile.price_output)
     if profile.path and not Path(profile.path).is_dir():
         raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
                         f"rerun `arle model setup --name {profile.name} --path DIR` or `arle model remove {profile.name}`")
     return ModelSpec(kind="hf", name=profile.name, path_or_id=profile.path or profile.hub_id, backend=backend,
-                     is_adapter=bool(profile.path) and is_adapter_folder(Path(profile.path)), profile=profile.name)
+                     is_adapter=bool(profile.path) and is_adapter_folder(Path(profile.path)), profile=profile.name,
+                     price_input=profile.price_input, price_output=profile.price_output)
 
 
 # ---------------------------------------------------------------- the embedded default model

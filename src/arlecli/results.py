@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arlecli import efficiency
+from arlecli.efficiency import Prices
 from arlecli.errors import UserError
 
 META = "meta.json"
@@ -142,6 +144,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k (tau-bench, Yao et al., 2024): the chance that k samples drawn without replacement
+    from a task's n (c of them correct) are all correct, C(c, k) / C(n, k). Needs k <= n."""
+    if k > n:
+        raise ValueError(f"pass^{k} needs at least {k} samples, got {n}")
+    prod = 1.0
+    for i in range(k):  # C(c,k)/C(n,k) = prod (c-i)/(n-i), without huge binomials
+        prod *= max(c - i, 0) / (n - i)
+    return prod
+
+
 def pass_ks(n: int) -> list[int]:
     """The k values reported for n samples per task: 1, powers of two below n, and n."""
     ks = {1, n}
@@ -153,12 +166,15 @@ def pass_ks(n: int) -> list[int]:
 
 
 def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: int,
-              group_by: str | None = None) -> dict[str, Any]:
+              group_by: str | None = None, prices: Prices | None = None) -> dict[str, Any]:
     """Per-task means (over a task's samples), then mean and stderr over tasks.
 
     Always reports `accuracy` (the reward's `correct`); each name in `metrics` is read
-    from the samples' `details`; with several samples per task, pass@k for the k values
-    of `pass_ks`. `group_by` adds the same breakdown per group.
+    from the samples' `details`; with several samples per task, pass@k and pass^k for the k
+    values of `pass_ks` (pass^k over the tasks with at least k samples). `group_by` adds the
+    same breakdown per group. Then the efficiency blocks (arlecli.efficiency): `tokens`,
+    `time`, `agents` (multi-turn runs), `consistency` (several samples per task) and `cost`
+    (only with `prices`); a block with nothing to report is left out.
     """
     by_task: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
@@ -180,6 +196,11 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
                 per_task = [pass_at_k(len(by_task[t]), sum(bool(s["correct"]) for s in by_task[t]), k)
                             for t in task_ids]
                 out[f"pass@{k}"] = mean_stderr(per_task).as_dict()
+        if num_samples > 1:
+            for k in ks:
+                per_task = [pass_hat_k(len(by_task[t]), sum(bool(s["correct"]) for s in by_task[t]), k)
+                            for t in task_ids if len(by_task[t]) >= k]
+                out[f"pass^{k}"] = mean_stderr(per_task).as_dict()
         return out
 
     task_ids = sorted(by_task)
@@ -189,4 +210,13 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
         for tid in task_ids:
             groups.setdefault(str(by_task[tid][0].get("group", "")), []).append(tid)
         result["groups"] = {g: summarize(ids) for g, ids in sorted(groups.items())}
+    blocks = {
+        "tokens": efficiency.token_stats(samples),
+        "time": efficiency.time_stats(samples),
+        "agents": efficiency.agent_stats(samples),
+        "consistency": ({"samples_per_task": num_samples, **efficiency.all_agree(by_task, task_ids)}
+                        if num_samples > 1 else None),
+        "cost": efficiency.cost_stats(samples, len(task_ids), prices),
+    }
+    result.update({name: block for name, block in blocks.items() if block is not None})
     return result

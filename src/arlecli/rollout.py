@@ -319,9 +319,13 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
     seams: list[int] = []
     for k, record in enumerate(records):
         choice = record["choices"][continued.get(record["id"], 0)]
+        # The gateway stamps each request's arrival and each choice's end: the turn's latency.
+        start, end = record.get("received_at"), choice.get("finished_at")
+        latency = end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
         turns.append(Turn(prompt=record.get("messages", record.get("prompt")), completion=choice["text"],
                           prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
-                          logprobs=choice["logprobs"], finish_reason=choice["finish_reason"]))
+                          logprobs=choice["logprobs"], finish_reason=choice["finish_reason"],
+                          latency_s=latency))
         link = record.get("continues")
         if k and not (link and link["seamless"] and link["id"] == records[k - 1]["id"]):
             seams.append(k)

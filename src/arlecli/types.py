@@ -39,6 +39,26 @@ class Turn:
     logprobs: list[float] | None = None
     finish_reason: str = "stop"
     observation: list[dict[str, Any]] = field(default_factory=list)
+    # The engine's counts when they are not the ids' lengths (an endpoint's `usage`), and the
+    # turn's generation wall time; None: unknown (see `prompt_count` / `completion_count`).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+
+    def prompt_count(self) -> int | None:
+        """Prompt tokens this turn sent: the engine's count, else the prompt ids' length, else None."""
+        if self.prompt_tokens is not None:
+            return self.prompt_tokens
+        return len(self.prompt_token_ids) if self.prompt_token_ids else None
+
+    def completion_count(self) -> int | None:
+        """Tokens this turn generated: the engine's count, else the ids' length; None when the
+        engine gave neither for a non-empty completion (an endpoint without ids or usage)."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        if self.token_ids:
+            return len(self.token_ids)
+        return 0 if not self.completion else None
 
 
 @dataclass

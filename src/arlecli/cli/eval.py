@@ -66,6 +66,8 @@ def eval_command(
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Env var holding the endpoint's API key."),
     request_timeout: Optional[str] = options.REQUEST_TIMEOUT,
     max_retries: Optional[str] = options.MAX_RETRIES,
+    price_input: Optional[str] = options.PRICE_INPUT,
+    price_output: Optional[str] = options.PRICE_OUTPUT,
     split: Optional[str] = typer.Option(None, "--split", help="Split to evaluate (default: the card's)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Evaluate only the first N tasks."),
     num_samples: int = typer.Option(1, "--num-samples", "-n", min=1, help="Samples per task (pass@k)."),
@@ -106,6 +108,7 @@ def eval_command(
     from arlecli.registry import load_card
     from arlecli.cards import resolve_references
     from arlecli import rundir
+    from arlecli.efficiency import check_price, make_prices
 
     card = load_card(bench)
     resolve_references(card)
@@ -114,8 +117,14 @@ def eval_command(
     opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
                        data=str(data) if data else None)
+    # A bad price is refused before the model is resolved or loaded.
+    cli_prices = (check_price(price_input, "--price-input"), check_price(price_output, "--price-output"))
     spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env,
                          request_timeout=request_timeout, max_retries=max_retries)
+    # Each price given on the command line overrides the profile's.
+    prices = make_prices(cli_prices[0] if cli_prices[0] is not None else spec.price_input,
+                         cli_prices[1] if cli_prices[1] is not None else spec.price_output,
+                         "arle eval" if spec.profile is None else f"arle eval with profile {spec.profile!r}")
     run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
     vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
@@ -124,7 +133,8 @@ def eval_command(
     progress = _Progress(f"{card.name}")
     try:
         results = run_eval(card, engine, opts, model=spec.name, run_dir=run_dir, resume=resume,
-                           command=["arle", *sys.argv[1:]], on_start=progress.start, on_sample=progress.sample)
+                           command=["arle", *sys.argv[1:]], on_start=progress.start, on_sample=progress.sample,
+                           prices=prices)
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
         raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
@@ -155,4 +165,58 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
         for name, stat in metrics.items():
             table.add_row(group, name, f"{stat['value']:.4f}", f"{stat['stderr']:.4f}")
     out.print(table)
+    for line in efficiency_lines(results):
+        out.print(line, highlight=False)
     out.print(f"run directory: {run_dir}", highlight=False)
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:,.{digits}f}"
+
+
+def _usd(x: float | None) -> str:
+    # Small runs cost fractions of a cent: show enough digits to tell runs apart.
+    return "n/a" if x is None else f"${x:.4f}" if x >= 0.01 else f"${x:.6f}"
+
+
+def efficiency_lines(results: dict[str, Any]) -> list[str]:
+    """results.json's tokens/time/agents/consistency/cost blocks as a few compact lines (the
+    blocks a run lacks are skipped)."""
+    lines = []
+    tokens = results.get("tokens") or {}
+    if tokens:
+        parts = [f"{side} {_num(t['mean'])}/sample ({t['total']:,} total)" for side, t in tokens.items()]
+        lines.append("tokens: " + " · ".join(parts))
+    t = results.get("time") or {}
+    if t:
+        parts = []
+        if "wall_s" in t:
+            parts.append(f"{_num(t['wall_s'])} s" + (f" in {t['sessions']} sessions" if t["sessions"] > 1 else ""))
+            parts.append(f"{_num(t.get('samples_per_s'), 2)} samples/s")
+        if t.get("completion_tokens_per_s") is not None:
+            parts.append(f"{_num(t['completion_tokens_per_s'])} completion tokens/s")
+        if "latency_s" in t:
+            parts.append(f"latency p50 {_num(t['latency_s']['p50'], 2)} s, p95 {_num(t['latency_s']['p95'], 2)} s")
+        lines.append("time: " + " · ".join(parts))
+    a = results.get("agents")
+    if a:
+        parts = [f"{_num(a['turns_per_episode'], 2)} turns/episode"]
+        if "tool_calls_per_episode" in a:
+            parts.append(f"{_num(a['tool_calls_per_episode'], 2)} tool calls"
+                         + (f" ({_num(a['tool_errors_per_episode'], 2)} errors)" if "tool_errors_per_episode" in a
+                            else ""))
+        parts.append(f"steps-to-success {_num(a['steps_to_success'], 2)}")
+        parts.append(f"{_num(a['tokens_per_success'], 0)} tokens/success")
+        parts.append("ended: " + ", ".join(f"{r} {n}" for r, n in a["end_reasons"].items()))
+        lines.append("agents: " + " · ".join(parts))
+    c = results.get("consistency")
+    if c and c.get("all_agree") is not None:
+        lines.append(f"consistency: all {c['samples_per_task']} samples agree on the outcome in "
+                     f"{c['all_agree']:.1%} of tasks, on the answer in {c['same_answer']:.1%}")
+    cost = results.get("cost")
+    if cost:
+        lines.append(f"cost: {_usd(cost['total'])} total · {_usd(cost['per_task'])}/task · "
+                     f"cost-of-pass {_usd(cost['cost_of_pass'])}"
+                     + (f" (token counts unknown for {cost['samples_without_counts']} samples)"
+                        if cost.get("samples_without_counts") else ""))
+    return lines

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from arlecli import config
+from arlecli import config, efficiency
 from arlecli.cli import options
 from arlecli.errors import UserError
 
@@ -67,6 +67,8 @@ def _print_profile(profile: config.ModelProfile, default: str | None) -> None:
                       else f"{config.DEFAULT_REQUEST_TIMEOUT_S:g} s (default)")
         table.add_row("max retries", str(retries) if retries is not None else f"{config.DEFAULT_MAX_RETRIES} (default)")
     table.add_row("backend", profile.backend or "auto")
+    if profile.price_input is not None and profile.price_output is not None:
+        table.add_row("prices", f"${profile.price_input:g} in / ${profile.price_output:g} out per 1M tokens")
     _print_table(table)
 
 
@@ -109,18 +111,23 @@ def setup(
     backend: str | None = typer.Option(None, "--backend", help="hf, vllm or openai (default: automatic)."),
     request_timeout: str | None = options.REQUEST_TIMEOUT,
     max_retries: str | None = options.MAX_RETRIES,
+    price_input: str | None = options.PRICE_INPUT,
+    price_output: str | None = options.PRICE_OUTPUT,
     default: bool = typer.Option(False, "--default", help="Use this profile when --model is not given."),
 ) -> None:
     """Save a named model profile (asks for what is missing when run in a terminal)."""
     # Checked before any prompt: a bad number should not cost the user an interactive session.
     timeout_s = config.check_request_timeout(request_timeout)
     retries = config.check_max_retries(max_retries)
+    prices = (efficiency.check_price(price_input, "--price-input"),
+              efficiency.check_price(price_output, "--price-output"))
+    efficiency.make_prices(*prices, "arle model setup")
     name, path, hub_id, base_url, model, api_key_env = _ask_missing(name, path, hub_id, base_url, model, api_key_env)
     replaced = name in config.load_profiles()
     profile = config.save_profile(
         config.ModelProfile(name=name, path=path, hub_id=hub_id, base_url=base_url, model=model,
                             api_key_env=api_key_env, backend=backend, request_timeout=timeout_s,
-                            max_retries=retries),
+                            max_retries=retries, price_input=prices[0], price_output=prices[1]),
         make_default=default,
     )
     typer.echo(f"{'replaced' if replaced else 'saved'} profile {profile.name} in {config.profiles_path()}")

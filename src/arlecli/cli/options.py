@@ -22,3 +22,8 @@ REQUEST_TIMEOUT = typer.Option(None, "--request-timeout", metavar="SECONDS",
 MAX_RETRIES = typer.Option(None, "--max-retries", metavar="N",
                            help="Endpoints: retries after a timeout, 429, 5xx or broken connection "
                            "(default: the profile's, else 5).")
+PRICE_INPUT = typer.Option(None, "--price-input", metavar="USD_PER_1M",
+                           help="USD per 1M prompt tokens: results.json then holds the run's cost and "
+                           "cost-of-pass (with --price-output).")
+PRICE_OUTPUT = typer.Option(None, "--price-output", metavar="USD_PER_1M",
+                            help="USD per 1M completion tokens (with --price-input).")

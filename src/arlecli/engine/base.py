@@ -56,6 +56,11 @@ class Completion:
     prompt_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
+    # The server's own counts (an endpoint's `usage`), which may differ from the ids' lengths
+    # (hosted APIs send no ids at all); None: count the ids.
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None  # wall seconds this request took to generate, where the backend knows
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:

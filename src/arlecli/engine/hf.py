@@ -22,6 +22,7 @@ draws the same samples as an uninterrupted one.
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -39,6 +40,7 @@ class _Row:
     generator: object | None
     out: list[int]
     logprobs: list[float]
+    started: float = 0.0  # perf_counter when its prefill began: its latency runs from there
 
 
 class HFEngine:
@@ -170,6 +172,9 @@ class HFEngine:
                 free = self.batch_size - len(active)
                 if waiting and (not active or free >= max(1, self.batch_size // 4)):
                     rows = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+                    now = time.perf_counter()
+                    for r in rows:
+                        r.started = now
                     logits, new_cache, new_mask, new_pos = self._prefill(rows)
                     tokens, keep, finished = self._step(rows, logits)
                     yield from finished
@@ -253,7 +258,8 @@ class HFEngine:
             why = "stop"
         return Completion(text=text, token_ids=list(r.out), prompt_token_ids=list(r.prompt_ids),
                           logprobs=list(r.logprobs) if r.params.logprobs else None,
-                          finish_reason="length" if why == "length" else "stop")
+                          finish_reason="length" if why == "length" else "stop",
+                          latency_s=time.perf_counter() - r.started)
 
     def close(self) -> None:
         """Drop the model so its memory can be freed."""

@@ -219,6 +219,9 @@ class OpenAIEngine:
         attempt = 0
         # The slot is held through backoff sleeps so a rate-limited server sees less load.
         async with self._slots:
+            # Latency starts once the request holds a slot: waiting behind our own concurrency
+            # limit is not the server's time; retries and backoff are part of what it cost.
+            started = time.perf_counter()
             while True:
                 headers, key = _auth_headers(self.api_key_env)
                 body = _request_body(self.model, req, self._send_token_ids)
@@ -246,7 +249,9 @@ class OpenAIEngine:
                 else:
                     if 200 <= status < 300:
                         try:
-                            return _parse_completion(_json(content, url), chat, req.params.stop)
+                            completion = _parse_completion(_json(content, url), chat, req.params.stop)
+                            completion.latency_s = time.perf_counter() - started
+                            return completion
                         except _Malformed as exc:
                             raise EngineRequestError(
                                 f"openai engine: POST {url} answered with a malformed completion ({exc}); "
@@ -477,13 +482,26 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
     raw_prompt_ids, where = choice.get("prompt_token_ids"), "choices[0]"
     if raw_prompt_ids is None:
         raw_prompt_ids, where = data.get("prompt_token_ids"), "reply"
+    usage = usage or {}
     return Completion(
         text=text,
         token_ids=_token_ids(choice.get("token_ids"), "choices[0].token_ids"),
         prompt_token_ids=_token_ids(raw_prompt_ids, f"{where}.prompt_token_ids"),
         logprobs=_logprobs(choice.get("logprobs"), chat),
         finish_reason=finish,
+        # What the server bills and counts, which is what token and cost metrics report.
+        prompt_tokens=_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+        completion_tokens=_count(usage.get("completion_tokens"), "usage.completion_tokens"),
     )
+
+
+def _count(value: Any, where: str) -> int | None:
+    """A token count from `usage`: a whole number >= 0, or None when the server left it out."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _Malformed(f"{where} is {_kind(value)} ({_short(value)}), not a token count")
+    return value
 
 
 def _text(value: Any, where: str) -> str:

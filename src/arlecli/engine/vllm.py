@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass, fields
 from importlib import metadata, util
@@ -358,6 +359,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=self.encode(r)) for r in requests]
+        started = time.perf_counter()  # latency: from enqueue to finished, as a server measures it
         try:
             with self._lock:
                 ids = self.llm.enqueue(prompts, [self.sampling_params(r.params) for r in requests],
@@ -371,7 +373,7 @@ class VLLMEngine:
             while mine:
                 ready = self._collect(mine)
                 for i, out in ready:  # yielded outside the lock: other callers keep stepping meanwhile
-                    yield i, _completion(out, requests[i].params.logprobs)
+                    yield i, _completion(out, requests[i].params.logprobs, time.perf_counter() - started)
         finally:
             if mine:  # the caller stopped early (or an error): free the requests still queued
                 with self._lock:
@@ -412,7 +414,7 @@ class VLLMEngine:
             gc.collect()
 
 
-def _completion(out: Any, want_logprobs: bool) -> Completion:
+def _completion(out: Any, want_logprobs: bool, latency_s: float | None = None) -> Completion:
     """Our Completion from a finished vLLM RequestOutput (text already cut before any stop string)."""
     c = out.outputs[0]
     ids = list(c.token_ids)
@@ -420,7 +422,8 @@ def _completion(out: Any, want_logprobs: bool) -> Completion:
     if want_logprobs:
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs or [])]
     return Completion(text=c.text, token_ids=ids, prompt_token_ids=list(out.prompt_token_ids or []),
-                      logprobs=logprobs, finish_reason="length" if c.finish_reason == "length" else "stop")
+                      logprobs=logprobs, finish_reason="length" if c.finish_reason == "length" else "stop",
+                      latency_s=latency_s)
 
 
 # ---------------------------------------------------------------- data parallel: one process per replica

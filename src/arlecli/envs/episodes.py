@@ -113,7 +113,9 @@ def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode
             i = active[r]
             state, env = states[i], jobs[i].env
             turn = Turn(prompt=state.prompt, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
-                        token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason)
+                        token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason,
+                        prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
+                        latency_s=comp.latency_s)
             state.episode.turns.append(turn)
             step = env.step(comp.text)
             limit = getattr(env, "max_turns", 1)
