@@ -7,22 +7,25 @@ meta.json is written once, when the run starts. A `--resume` compares the settin
 shape the results with the ones stored there and refuses to continue under different ones;
 the few a resume may change (a longer max_steps, another save cadence) are written back,
 with the time of each resume under "resumed". What goes into the files themselves
-(samples.jsonl, results.json) lives in results.py.
+(samples.jsonl, results.json) lives in results.py. Reading runs back (finding them, their
+status, a finished eval run checked whole) is the last section here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterable
 
 from arlecli import __version__
 from arlecli.errors import UserError
-from arlecli.results import META, write_json
+from arlecli.results import META, RESULTS, SAMPLES, read_json, read_samples, write_json
 
 RUNS = Path("runs")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -209,3 +212,244 @@ def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
         return
     for folder in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs back (`arle runs`, `arle compare`, `arle report`)
+
+# The training run's closing file (train/run.py writes it last; imported from there it would
+# pull the trainer's modules into `arle runs list`).
+SUMMARY = "summary.json"
+HELD_OUT = "eval"  # <train run>/eval/step-N/: the held-out evaluations, ordinary eval runs
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+def find_runs(base: Path) -> list[Path]:
+    """Every run directory (one holding meta.json) under `base`, `base` itself included, sorted.
+
+    A run's own subfolders are not searched: a training run's held-out evals
+    (RUN/eval/step-N) belong to it and are listed with it, not as runs of their own."""
+    base = Path(base)
+    found = []
+    for root, dirs, files in os.walk(base):
+        if META in files:
+            found.append(Path(root))
+            dirs.clear()
+        else:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return sorted(found)
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """A run's meta.json; UserError (one line) when `run_dir` is no run directory or the file is damaged."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a run directory: no such folder; `arle runs list` shows the runs "
+                        f"under ./runs")
+    if not (run_dir / META).is_file():
+        raise UserError(f"{run_dir} is not a run directory: it has no {META} (arle eval and arle train write one "
+                        f"first); `arle runs list {run_dir}` shows the runs under it")
+    meta = read_json(run_dir / META)
+    if not isinstance(meta, dict):
+        raise UserError(f"{run_dir / META} is not a JSON object, so {run_dir} is not a readable run; "
+                        f"it was not written by arle or was edited")
+    return meta
+
+
+def is_training(meta: dict[str, Any]) -> bool:
+    """Whether meta.json belongs to a training run (`arle train` records kind: train)."""
+    return meta.get("kind") == "train"
+
+
+def held_out_dirs(run_dir: Path) -> list[Path]:
+    """A training run's held-out eval directories (eval/step-N), lowest step first."""
+    root = Path(run_dir) / HELD_OUT
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def count_lines(path: Path) -> tuple[int, bool]:
+    """(complete lines, torn tail) of a JSONL file, without parsing it: cheap for `runs list`.
+
+    A missing file is (0, False). A torn tail is a last line without its newline, left by a
+    kill mid-write."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return 0, False
+    lines, last = 0, b"\n"
+    with f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines, last != b"\n"
+
+
+@dataclass
+class RunInfo:
+    """One row of `arle runs list`: what a run is and how far it got. `done`/`expected` count
+    samples for an eval run and optimizer steps for a training run."""
+
+    path: str
+    kind: str                       # eval | train
+    benchmark: str | None
+    model: str | None
+    split: str | None
+    metric: str | None              # the headline metric's name (accuracy)
+    value: float | None
+    stderr: float | None
+    done: int | None
+    expected: int | None
+    unit: str                       # samples | steps
+    status: str                     # complete | interrupted | damaged
+    resumable: bool
+    started: str | None
+    note: str = ""                  # why damaged, or where a resume continues from
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+
+def _stat(results: dict[str, Any], name: str) -> tuple[float | None, float | None]:
+    stat = (results.get("metrics") or {}).get(name) or {}
+    return stat.get("value"), stat.get("stderr")
+
+
+def _expected_samples(meta: dict[str, Any], results: dict[str, Any] | None) -> int | None:
+    if results and isinstance(results.get("n_tasks"), int):
+        return results["n_tasks"] * int(results.get("num_samples") or 1)
+    if isinstance(meta.get("expected_samples"), int):
+        return meta["expected_samples"]
+    # Runs started before meta.json recorded expected_samples: known only under --limit.
+    opts = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    if isinstance(opts.get("limit"), int):
+        return opts["limit"] * int(opts.get("num_samples") or 1)
+    return None
+
+
+def describe(run_dir: Path) -> RunInfo:
+    """Summarize one run for `arle runs list`. Never raises for a damaged run: it is listed
+    with status "damaged" and the reason in `note`, so one bad folder does not hide the rest."""
+    run_dir = Path(run_dir)
+    try:
+        meta = read_meta(run_dir)
+    except UserError as exc:
+        return RunInfo(str(run_dir), "?", None, None, None, None, None, None, None, None, "samples", "damaged",
+                       False, None, str(exc))
+    if is_training(meta):
+        return _describe_train(run_dir, meta)
+    return _describe_eval(run_dir, meta)
+
+
+def _describe_eval(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
+    done, torn = count_lines(run_dir / SAMPLES)
+    opts = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    info = RunInfo(str(run_dir), "eval", meta.get("benchmark"), meta.get("model"),
+                   opts.get("data") or opts.get("split"), "accuracy", None, None, done, None, "samples",
+                   "interrupted", True, meta.get("created"))
+    results = None
+    if (run_dir / RESULTS).exists():
+        try:
+            results = read_json(run_dir / RESULTS)
+        except UserError as exc:
+            info.status, info.resumable, info.note = "damaged", False, str(exc)
+            return info
+    info.expected = _expected_samples(meta, results if isinstance(results, dict) else None)
+    if isinstance(results, dict):
+        info.split = results.get("split", info.split)
+        info.value, info.stderr = _stat(results, "accuracy")
+        if torn or done != results.get("n_samples"):
+            info.status, info.resumable = "damaged", False
+            info.note = (f"{SAMPLES} ends in a torn line" if torn else
+                         f"{SAMPLES} holds {done} samples, {RESULTS} counts {results.get('n_samples')}")
+        else:
+            info.status, info.resumable = "complete", False
+    else:
+        info.note = "rerun its command with --resume to finish it"
+    return info
+
+
+def _describe_train(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
+    from arlecli.train.metrics import read_metrics  # light (no torch), but train/ is not rundir's to import eagerly
+
+    trainer = meta.get("trainer") if isinstance(meta.get("trainer"), dict) else {}
+    steps = [int(r["step"]) for r in read_metrics(run_dir) if isinstance(r.get("step"), (int, float))]
+    info = RunInfo(str(run_dir), "train", meta.get("benchmark"), meta.get("model"), meta.get("eval_split"),
+                   None, None, None, max(steps, default=0), trainer.get("max_steps"), "steps", "interrupted",
+                   True, meta.get("created"))
+    # Headline: held-out accuracy of the latest finished evaluation (the "after" of summary.json).
+    for folder in reversed(held_out_dirs(run_dir)):
+        if (folder / RESULTS).exists():
+            try:
+                results = read_json(folder / RESULTS)
+            except UserError:
+                continue
+            info.value, info.stderr = _stat(results, "accuracy")
+            info.metric = f"accuracy@{folder.name}"
+            break
+    if (run_dir / SUMMARY).exists():
+        info.status, info.resumable = "complete", False
+        try:
+            summary = read_json(run_dir / SUMMARY)
+            if isinstance(summary, dict) and isinstance(summary.get("global_step"), int):
+                info.done = summary["global_step"]
+        except UserError as exc:
+            info.status, info.note = "damaged", str(exc)
+    else:
+        ckpt = latest_checkpoint(run_dir)
+        info.note = (f"resumes from {ckpt.name}" if ckpt else "no checkpoint yet: a resume starts at step 0")
+    return info
+
+
+def _finish_hint(run_dir: Path, meta: dict[str, Any]) -> str:
+    # A training run's held-out eval is continued by resuming the training run, not by arle eval.
+    command = meta.get("command") if isinstance(meta.get("command"), list) else []
+    if "(held-out eval)" in command:
+        return f"resume the training run ({run_dir.parent.parent}) with arle train ... --resume"
+    return f"rerun its arle eval command with --resume --output {run_dir}"
+
+
+@dataclass
+class EvalRun:
+    """A finished eval run read back whole, checked for `arle runs show`, `arle compare` and reports."""
+
+    path: Path
+    meta: dict[str, Any]
+    results: dict[str, Any]
+    samples: list[dict[str, Any]]
+
+
+def load_eval(run_dir: Path) -> EvalRun:
+    """Read a finished eval run (or a training run's RUN/eval/step-N), refusing in one line
+    (UserError) a folder that is not a run, a training run, an unfinished run (no results.json),
+    and samples.jsonl that is torn or disagrees with results.json. Reads only: nothing is
+    written, so a damaged run stays exactly as it was for a resume or a repair."""
+    run_dir = Path(run_dir)
+    meta = read_meta(run_dir)
+    if is_training(meta):
+        evals = [str(p) for p in held_out_dirs(run_dir) if (p / RESULTS).exists()]
+        hint = (f"use its held-out evals, e.g. {evals[0]} and {evals[-1]}" if len(evals) > 1 else
+                f"its held-out evals are {run_dir / HELD_OUT}/step-N (none finished yet)" if not evals else
+                f"its one finished held-out eval is {evals[0]}")
+        raise UserError(f"{run_dir} is a training run, not an eval run; {hint}")
+    if not (run_dir / RESULTS).exists():
+        done, _ = count_lines(run_dir / SAMPLES)
+        expected = _expected_samples(meta, None)
+        raise UserError(f"{run_dir} has no {RESULTS}: the run was interrupted or is still running "
+                        f"({done}/{expected if expected is not None else '?'} samples done); {_finish_hint(run_dir, meta)}")
+    results = read_json(run_dir / RESULTS)
+    if not isinstance(results, dict) or not isinstance(results.get("metrics"), dict):
+        raise UserError(f"{run_dir / RESULTS} is not an arle results file (no metrics); it was edited or "
+                        f"damaged: {_finish_hint(run_dir, meta)} to recompute it")
+    _, torn = count_lines(run_dir / SAMPLES)
+    if torn:
+        raise UserError(f"{run_dir / SAMPLES} ends in a torn line (a write cut off by a kill), so it does not "
+                        f"match {RESULTS}; nothing was changed: {_finish_hint(run_dir, meta)} to redo that sample")
+    samples = read_samples(run_dir)  # raises in one line for a damaged line in the middle
+    if len(samples) != results.get("n_samples"):
+        raise UserError(f"{run_dir}: {SAMPLES} holds {len(samples)} samples but {RESULTS} counts "
+                        f"{results.get('n_samples')}; the run is still being written or its files were mixed up")
+    return EvalRun(run_dir, meta, results, samples)

@@ -38,14 +38,16 @@ def _root(
 def _register() -> None:
     if app.registered_groups:  # mounted already (tests call this once per use)
         return
-    from arlecli.cli import bench, data, eval as eval_cmd, model, serve, train
+    from arlecli.cli import bench, data, eval as eval_cmd, model, runs, serve, train
 
     app.add_typer(model.app, name="model")
     app.add_typer(bench.app, name="bench")
     app.add_typer(data.app, name="data")
+    app.add_typer(runs.app, name="runs")
     app.command("eval")(eval_cmd.eval_command)
     app.command("serve")(serve.serve_command)
     app.command("train")(train.train_command)
+    app.command("compare")(runs.compare_command)
 
 
 def main() -> None:

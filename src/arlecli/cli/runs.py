@@ -1,0 +1,264 @@
+"""`arle runs list|show` and `arle compare`: look at run directories and pair two of them.
+
+Reading is rundir's (find_runs, describe, load_eval) and the statistics are compare.py's;
+this module only prints. Nothing here writes to a run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from arlecli.cli.output import console, err_console, print_json
+from arlecli.errors import UserError
+
+app = typer.Typer(help="List and inspect run directories.", no_args_is_help=True)
+
+# results.json keys printed as the metrics table and header; any other key (the efficiency,
+# cost and consistency blocks, and whatever later versions add) is printed as it stands.
+_RESULTS_CORE = {"benchmark", "card_version", "model", "split", "num_samples", "metrics", "n_tasks", "n_samples",
+                 "groups"}
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
+
+
+def _stat_text(value: float | None, stderr: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{_num(value, 3)} ± {_num(stderr, 3)}" if stderr is not None else _num(value, 3)
+
+
+def _status_text(info: Any) -> str:
+    if info.status == "interrupted":
+        return "interrupted: resumable" if info.resumable else "interrupted"
+    if info.status == "damaged":
+        return f"damaged: {info.note}"
+    return info.status
+
+
+def _done_text(info: Any) -> str:
+    if info.done is None:
+        return "-"
+    expected = "?" if info.expected is None else str(info.expected)
+    return f"{info.done}/{expected}" + (" steps" if info.unit == "steps" else "")
+
+
+@app.command("list")
+def list_command(
+    directory: Optional[Path] = typer.Argument(None, help="Where to look (default: ./runs), searched recursively."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """List the runs under DIR: kind, benchmark, model, accuracy ± stderr, progress, status, start, path."""
+    from arlecli import rundir
+
+    base = directory if directory is not None else rundir.RUNS
+    if not base.is_dir():
+        if directory is not None:
+            raise UserError(f"{base} is not a folder; pass the folder that holds your runs (default: ./runs)")
+        infos = []  # a fresh project has no ./runs yet: that is no error
+    else:
+        infos = [rundir.describe(p) for p in rundir.find_runs(base)]
+    if as_json:
+        print_json([i.as_dict() for i in infos])
+        return
+    out = console()
+    if not infos:
+        out.print(f"no runs under {base} (arle eval and arle train write them there)", highlight=False)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{len(infos)} runs under {base}")
+    for col in ("kind", "benchmark", "model", "accuracy ± stderr", "done", "status", "started", "path"):
+        table.add_column(col, overflow="fold")
+    for i in infos:
+        metric = _stat_text(i.value, i.stderr) + (f" ({i.metric.split('@', 1)[1]})" if i.metric and "@" in i.metric
+                                                  else "")
+        table.add_row(i.kind, i.benchmark or "-", i.model or "-", metric, _done_text(i), _status_text(i),
+                      i.started or "-", i.path)
+    out.print(table)
+
+
+def _flat(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    """Nested dicts as dotted keys, so any block results.json holds prints as key: value lines."""
+    if isinstance(value, dict):
+        rows: list[tuple[str, Any]] = []
+        for key, sub in value.items():
+            rows += _flat(f"{prefix}.{key}" if prefix else str(key), sub)
+        return rows
+    return [(prefix, value)]
+
+
+def _print_blocks(out: Any, data: dict[str, Any], skip: set[str]) -> None:
+    for name, block in data.items():
+        if name in skip:
+            continue
+        if isinstance(block, dict):
+            out.print(f"{name}:", markup=False, highlight=False)
+            for key, value in _flat("", block):
+                text = _num(value) if isinstance(value, (int, float)) else json.dumps(value, default=str)
+                out.print(f"  {key}: {text}", markup=False, highlight=False)
+        else:
+            out.print(f"{name}: {json.dumps(block, default=str)}", markup=False, highlight=False)
+
+
+def _one_line(text: Any, width: int = 160) -> str:
+    text = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False, default=str)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[:width] + "…"
+
+
+def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
+    from arlecli import rundir
+
+    run = rundir.load_eval(run_dir)
+    info = rundir.describe(run_dir)
+    res = run.results
+    wrong = [s for s in run.samples if not s.get("correct")]
+    if as_json:
+        print_json({"info": info.as_dict(), "meta": run.meta, "results": res, "failed": wrong[:failed]})
+        return
+    from rich.table import Table
+
+    out = console()
+    out.print(f"{res.get('benchmark')} · {res.get('model')} · split {res.get('split')} · {res.get('n_tasks')} tasks · "
+              f"{res.get('n_samples')} samples", markup=False, highlight=False)
+    out.print(f"status: {_status_text(info)} · started {info.started or '-'} · {run_dir}", markup=False,
+              highlight=False)
+    if isinstance(run.meta.get("command"), list):
+        out.print("command: " + " ".join(map(str, run.meta["command"])), markup=False, highlight=False)
+    table = Table()
+    for col, justify in (("group", "left"), ("metric", "left"), ("value", "right"), ("± stderr", "right"),
+                         ("n", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for group, metrics in [("all", res["metrics"]), *(res.get("groups") or {}).items()]:
+        for name, stat in metrics.items():
+            table.add_row(group, name, _num(stat.get("value")), _num(stat.get("stderr")), _num(stat.get("n")))
+    out.print(table)
+    _print_blocks(out, res, _RESULTS_CORE)
+    if wrong and failed:
+        out.print(f"failed samples (first {min(failed, len(wrong))} of {len(wrong)}):", highlight=False)
+        for s in wrong[:failed]:
+            out.print(f"  {s['id']}  target {_one_line(s.get('target'), 60)}  extracted "
+                      f"{_one_line(s.get('extracted'), 60)}  finish {s.get('finish_reason')}", markup=False,
+                      highlight=False)
+            out.print(f"    completion: {_one_line(s.get('completion'))}", markup=False, highlight=False)
+    elif not wrong:
+        out.print("failed samples: none", highlight=False)
+
+
+def _show_train(run_dir: Path, as_json: bool) -> None:
+    from arlecli import rundir
+    from arlecli.results import RESULTS, read_json
+    from arlecli.train.metrics import read_metrics
+
+    info = rundir.describe(run_dir)
+    meta = rundir.read_meta(run_dir)
+    summary = read_json(run_dir / rundir.SUMMARY) if (run_dir / rundir.SUMMARY).exists() else None
+    evals = {p.name: read_json(p / RESULTS) for p in rundir.held_out_dirs(run_dir) if (p / RESULTS).exists()}
+    steps = read_metrics(run_dir)
+    if as_json:
+        print_json({"info": info.as_dict(), "meta": meta, "summary": summary, "evals": evals,
+                    "last_step": steps[-1] if steps else None})
+        return
+    from rich.table import Table
+
+    out = console()
+    out.print(f"train · {meta.get('benchmark')} · {meta.get('model')} · {meta.get('algo')} · "
+              f"{_done_text(info)}", markup=False, highlight=False)
+    note = f" ({info.note})" if info.note and info.status != "damaged" else ""
+    out.print(f"status: {_status_text(info)}{note} · started {info.started or '-'} · {run_dir}", markup=False,
+              highlight=False)
+    if evals:
+        table = Table(title="held-out evaluations")
+        for col in ("eval", "accuracy", "± stderr", "tasks", "path"):
+            table.add_column(col)
+        for label, res in evals.items():
+            stat = (res.get("metrics") or {}).get("accuracy") or {}
+            table.add_row(label, _num(stat.get("value")), _num(stat.get("stderr")), _num(res.get("n_tasks")),
+                          str(rundir.held_out_dirs(run_dir)[0].parent / label))
+        out.print(table)
+    if steps:
+        last = steps[-1]
+        keys = [k for k in ("step", "reward", "accuracy", "kl", "loss", "tokens_per_second") if k in last]
+        out.print("last logged step: " + "  ".join(f"{k} {_num(last[k])}" for k in keys), markup=False,
+                  highlight=False)
+    if isinstance(summary, dict):
+        _print_blocks(out, {"summary": {k: v for k, v in summary.items() if k != "evals"}}, set())
+    if len(evals) > 1:
+        labels = list(evals)
+        root = run_dir / rundir.HELD_OUT
+        out.print(f"before/after: arle compare {root / labels[0]} {root / labels[-1]}", markup=False,
+                  highlight=False)
+
+
+@app.command("show")
+def show_command(
+    run: Path = typer.Argument(..., help="A run directory (an eval run, a training run, or RUN/eval/step-N)."),
+    failed: int = typer.Option(5, "--failed", min=0, help="How many failed samples to print."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Show one run: metrics with stderr, groups, efficiency/cost blocks and the first failed samples
+    (a training run: its held-out evals, last logged step and summary)."""
+    from arlecli import rundir
+
+    meta = rundir.read_meta(run)
+    if rundir.is_training(meta):
+        _show_train(run, as_json)
+    else:
+        _show_eval(run, failed, as_json)
+
+
+def _print_comparison(cmp: Any, flips: int) -> None:
+    from rich.table import Table
+
+    out = console()
+    extra = "".join(f" · {n} only in {side}" for n, side in ((cmp.only_a, "A"), (cmp.only_b, "B")) if n)
+    out.print(f"{cmp.benchmark} · split {cmp.split} · {cmp.shared} shared tasks{extra}", markup=False,
+              highlight=False)
+    out.print(f"A: {cmp.run_a} ({cmp.model_a})", markup=False, highlight=False)
+    out.print(f"B: {cmp.run_b} ({cmp.model_b})", markup=False, highlight=False)
+    table = Table(caption="B - A, paired over shared tasks; won/lost/tied: tasks where B scored higher/lower/same")
+    for col, justify in (("group", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
+                         ("B - A", "right"), ("± stderr", "right"), ("95% CI", "right"),
+                         ("won/lost/tied", "right"), ("McNemar p", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for group, rows in [("all", cmp.metrics), *cmp.groups.items()]:
+        for m in rows:
+            ci = "-" if not math.isfinite(m.stderr) else f"[{m.ci_low:+.4f}, {m.ci_high:+.4f}]"
+            table.add_row(group, m.metric, _num(m.a), _num(m.b), f"{m.diff:+.4f}", _num(m.stderr), ci,
+                          f"{m.won}/{m.lost}/{m.tied}", _num(m.mcnemar_p))
+    out.print(table)
+    for label, ids in (("B right, A wrong", cmp.gained), ("A right, B wrong", cmp.lost)):
+        shown = ", ".join(ids[:flips]) + (f", ... ({len(ids) - flips} more)" if len(ids) > flips else "")
+        out.print(f"{label} ({len(ids)}): {shown or '-'}", markup=False, highlight=False)
+    for warning in cmp.warnings:
+        err_console().print(f"warning: {warning}", markup=False, highlight=False)
+
+
+def compare_command(
+    run_a: Path = typer.Argument(..., help="Eval run A (the baseline), e.g. RUN/eval/step-0."),
+    run_b: Path = typer.Argument(..., help="Eval run B, compared with A."),
+    force: bool = typer.Option(False, "--force", help="Compare runs of different benchmarks, splits or --data "
+                               "files anyway (on the task ids they share)."),
+    flips: int = typer.Option(20, "--flips", min=0, help="How many flipped task ids to print per direction."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Compare two eval runs task by task: per-metric difference B - A with paired stderr and 95%
+    interval, exact McNemar p-value, tasks won/lost/tied and the ones that flipped, per group."""
+    from arlecli.compare import compare_runs
+
+    cmp = compare_runs(run_a, run_b, force=force)
+    if as_json:
+        print_json(cmp.as_dict())
+    else:
+        _print_comparison(cmp, flips)

@@ -1,0 +1,241 @@
+"""Paired comparison of two eval runs on the tasks they share (`arle compare`, reports).
+
+Two runs of one benchmark answer the same tasks, so their difference is measured task by
+task: for each metric, d_i = B_i - A_i over the shared tasks (a task's value is the mean over
+its samples, as in results.json), reported as mean(d) with the paired standard error
+sd(d) / sqrt(n) and a normal 95% interval. Pairing removes the spread between easy and hard
+tasks that two independent stderrs would count twice (Miller, "Adding Error Bars to Evals",
+2024). Where both runs score every task 0 or 1 (one sample per task), McNemar's exact test
+gives the p-value: under "no difference" each task that flipped is equally likely to have
+flipped either way, so the count that went B's way is Binomial(flips, 1/2).
+
+    from arlecli.compare import compare_runs
+    cmp = compare_runs("runs/a", "runs/b")       # a Comparison; cmp.as_dict() for JSON
+
+Direction: everything is "B versus A": a positive difference and a "won" task mean B scored
+higher there.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arlecli import rundir
+from arlecli.errors import UserError
+from arlecli.results import mean_stderr, pass_at_k
+
+Z95 = 1.959963984540054  # two-sided 95% quantile of the normal distribution
+_PASS_RE = re.compile(r"^pass([@^])(\d+)$")
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs: tasks only A got right
+    (`a_only`) and tasks only B got right (`b_only`).
+
+    It is the exact binomial test of min(a_only, b_only) successes in a_only + b_only trials
+    at p = 1/2: 2 * P(X <= min), capped at 1 (no flips at all: 1)."""
+    if a_only < 0 or b_only < 0:
+        raise ValueError("discordant counts must be >= 0")
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    k = min(a_only, b_only)
+    # Integer arithmetic until the one division: exact for any n (a float 0.5**n underflows past ~1074).
+    tail = sum(math.comb(n, i) for i in range(k + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+@dataclass
+class PairedStat:
+    """The mean paired difference B - A, its standard error and normal 95% interval."""
+
+    diff: float
+    stderr: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+def paired_difference(a: list[float], b: list[float]) -> PairedStat:
+    """Mean of b_i - a_i with the paired standard error sd(d, ddof=1) / sqrt(n) (the same
+    estimator as results.json's stderr, applied to the differences). n < 2: stderr is NaN."""
+    if len(a) != len(b):
+        raise ValueError(f"paired values differ in length: {len(a)} vs {len(b)}")
+    stat = mean_stderr([y - x for x, y in zip(a, b)])
+    return PairedStat(stat.value, stat.stderr, stat.value - Z95 * stat.stderr, stat.value + Z95 * stat.stderr,
+                      stat.n)
+
+
+@dataclass
+class MetricComparison:
+    """One metric compared over shared tasks: means, paired difference, task counts, McNemar."""
+
+    metric: str
+    a: float
+    b: float
+    diff: float
+    stderr: float
+    ci_low: float
+    ci_high: float
+    n: int
+    won: int                    # tasks where B scored higher
+    lost: int                   # tasks where A scored higher
+    tied: int
+    mcnemar_p: float | None     # None unless every task scored 0 or 1 in both runs
+
+
+@dataclass
+class Comparison:
+    """Run B compared with run A on the tasks both hold (see the module docstring)."""
+
+    run_a: str
+    run_b: str
+    benchmark: str | None
+    split: str | None
+    model_a: str | None
+    model_b: str | None
+    shared: int
+    only_a: int                 # tasks only A holds (left out of every number)
+    only_b: int
+    metrics: list[MetricComparison]
+    groups: dict[str, list[MetricComparison]] = field(default_factory=dict)
+    gained: list[str] = field(default_factory=list)   # accuracy flipped in B's favour: task ids
+    lost: list[str] = field(default_factory=list)     # ... and against it
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form; NaN (a stderr over fewer than two tasks) becomes null, which strict JSON readers accept."""
+        return _no_nan(asdict(self))
+
+
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _natural(text: str) -> list[Any]:
+    # Task ids like "2" < "10", "HumanEval/9" < "HumanEval/10".
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _by_task(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        by_task.setdefault(str(s["task_id"]), []).append(s)
+    return by_task
+
+
+def task_values(by_task: dict[str, list[dict[str, Any]]], metric: str) -> dict[str, float] | None:
+    """Each task's value of `metric`, computed as results.json aggregates it (mean over the task's
+    samples; pass@k and pass^k from its n samples and c correct). None when this run cannot give
+    it for every task (pass@k with fewer than k samples)."""
+    m = _PASS_RE.match(metric)
+    out = {}
+    for tid, samples in by_task.items():
+        n, c = len(samples), sum(bool(s["correct"]) for s in samples)
+        if m:
+            k = int(m.group(2))
+            if n < k:
+                return None
+            if m.group(1) == "@":
+                out[tid] = pass_at_k(n, c, k)
+            else:
+                from arlecli.results import pass_hat_k  # only runs that report pass^k reach here
+
+                out[tid] = pass_hat_k(n, c, k)
+        elif metric == "accuracy":
+            out[tid] = c / n
+        else:
+            out[tid] = sum(float(s["details"].get(metric, 0.0)) for s in samples) / n
+    return out
+
+
+def _compare_metric(metric: str, a: dict[str, float], b: dict[str, float], tasks: list[str]) -> MetricComparison:
+    xs, ys = [a[t] for t in tasks], [b[t] for t in tasks]
+    paired = paired_difference(xs, ys)
+    won = sum(y > x for x, y in zip(xs, ys))
+    lost = sum(y < x for x, y in zip(xs, ys))
+    binary = all(v in (0.0, 1.0) for v in xs + ys)
+    n = len(tasks)
+    return MetricComparison(metric, sum(xs) / n, sum(ys) / n, paired.diff, paired.stderr, paired.ci_low,
+                            paired.ci_high, n, won, lost, n - won - lost,
+                            mcnemar_exact(lost, won) if binary else None)
+
+
+def compare_samples(samples_a: list[dict[str, Any]], samples_b: list[dict[str, Any]],
+                    metrics: list[str]) -> Comparison:
+    """Compare two runs' samples on the task ids both hold, for each of `metrics` either run can
+    compute per task; groups come from the samples' `group` field (cards with group_by). The
+    run fields (paths, benchmark, models) are left empty for the caller."""
+    ta, tb = _by_task(samples_a), _by_task(samples_b)
+    shared = sorted(set(ta) & set(tb), key=_natural)
+    if not shared:
+        raise UserError("the two runs share no task ids, so there is nothing to pair; compare runs of the same "
+                        "benchmark and split")
+    a_values = {m: task_values(ta, m) for m in metrics}
+    b_values = {m: task_values(tb, m) for m in metrics}
+    usable = [m for m in metrics if a_values[m] is not None and b_values[m] is not None]
+
+    def over(tasks: list[str]) -> list[MetricComparison]:
+        return [_compare_metric(m, a_values[m], b_values[m], tasks) for m in usable]  # type: ignore[arg-type]
+
+    groups: dict[str, list[str]] = {}
+    if any("group" in s for s in samples_a):
+        for tid in shared:
+            groups.setdefault(str(ta[tid][0].get("group", "")), []).append(tid)
+    # Flips are read on accuracy (the reward's `correct`), whichever metrics were asked for.
+    acc_a: dict[str, float] = task_values(ta, "accuracy") or {}
+    acc_b: dict[str, float] = task_values(tb, "accuracy") or {}
+    return Comparison(
+        run_a="", run_b="", benchmark=None, split=None, model_a=None, model_b=None, shared=len(shared),
+        only_a=len(set(ta) - set(tb)), only_b=len(set(tb) - set(ta)), metrics=over(shared),
+        groups={g: over(ids) for g, ids in sorted(groups.items())},
+        gained=[t for t in shared if acc_b[t] > acc_a[t]], lost=[t for t in shared if acc_b[t] < acc_a[t]])
+
+
+def _refusal(a: rundir.EvalRun, b: rundir.EvalRun) -> str | None:
+    """Why two runs do not measure the same thing (None: they do)."""
+    ra, rb = a.results, b.results
+    if ra.get("benchmark") != rb.get("benchmark"):
+        return f"different benchmarks ({ra.get('benchmark')} vs {rb.get('benchmark')})"
+    if ra.get("split") != rb.get("split"):
+        return f"different splits ({ra.get('split')} vs {rb.get('split')})"
+    # --data runs name their split by the file; the same path may hold other rows by now.
+    ha, hb = a.meta.get("data_hash"), b.meta.get("data_hash")
+    if ha and hb and ha != hb:
+        return f"different --data contents (hash {ha} vs {hb})"
+    return None
+
+
+def compare_runs(run_a: Path | str, run_b: Path | str, *, force: bool = False) -> Comparison:
+    """Compare finished eval runs A and B (either may be a training run's RUN/eval/step-N).
+
+    Raises UserError (one line) for a folder that is not a finished eval run (rundir.load_eval),
+    and for runs of different benchmarks, splits or --data files unless `force`. Metrics are
+    those both results.json report; with `force` the mismatch is kept in `warnings`."""
+    a, b = rundir.load_eval(Path(run_a)), rundir.load_eval(Path(run_b))
+    why = _refusal(a, b)
+    if why and not force:
+        raise UserError(f"{run_a} and {run_b} are not comparable: {why}; pass --force to pair the task ids "
+                        f"they share anyway")
+    names_b = set(b.results["metrics"])
+    metrics = [m for m in a.results["metrics"] if m in names_b]
+    cmp = compare_samples(a.samples, b.samples, metrics)
+    cmp.run_a, cmp.run_b = str(run_a), str(run_b)
+    cmp.benchmark, cmp.split = a.results.get("benchmark"), a.results.get("split")
+    cmp.model_a, cmp.model_b = a.results.get("model"), b.results.get("model")
+    if why:
+        cmp.warnings.append(f"compared despite {why} (--force)")
+    if a.results.get("card_version") != b.results.get("card_version"):
+        cmp.warnings.append(f"card versions differ ({a.results.get('card_version')} vs "
+                            f"{b.results.get('card_version')}): the tasks may be scored differently")
+    return cmp
