@@ -38,7 +38,7 @@ def _root(
 def _register() -> None:
     if app.registered_groups:  # mounted already (tests call this once per use)
         return
-    from arlecli.cli import bench, data, eval as eval_cmd, model, runs, serve, train
+    from arlecli.cli import bench, data, eval as eval_cmd, model, report, runs, serve, train
 
     app.add_typer(model.app, name="model")
     app.add_typer(bench.app, name="bench")
@@ -47,6 +47,7 @@ def _register() -> None:
     app.command("eval")(eval_cmd.eval_command)
     app.command("serve")(serve.serve_command)
     app.command("train")(train.train_command)
+    app.command("report")(report.report_command)
     app.command("compare")(runs.compare_command)
 
 

@@ -32,3 +32,12 @@ def arc_agi(row: Row) -> Row:
                      f"Output ({_shape(pair['output'])}):\n{grid_text(pair['output'])}")
     parts.append(f"Test input ({_shape(test['input'])}):\n{grid_text(test['input'])}")
     return {**row, "question": "\n\n".join(parts), "answer": grid_text(test["output"])}
+
+
+@transform("sum_operation")
+def sum_operation(row: Row) -> Row:
+    """A reasoning-gym chain_sum row -> the same row plus `operation`: "addition" when every
+    operator is +, else "subtraction" (so a card can report where a model fails: small models
+    add one-digit numbers far better than they subtract them)."""
+    expression = str(row.get("metadata", {}).get("expression") or row["question"].rsplit(":", 1)[-1])
+    return {**row, "operation": "subtraction" if " - " in expression else "addition"}

@@ -1,0 +1,682 @@
+"""`arle report RUN...`: one self-contained HTML file that shows a run (or several side by side).
+
+The file opens from disk with no network and no server: plotly's JavaScript is embedded once,
+every chart is a plotly figure built here, and the data the page needs (figures, samples) sits
+in one `<script type="application/json">` block that the page's small plain-JS part reads.
+
+Samples are model output and must be treated as hostile. Nothing from a run becomes markup:
+static tables go through `html.escape`, the JSON block has `<`, `>` and `&` written as \\u
+escapes (so a completion holding `</script><script>...` cannot end the block), the sample
+browser puts text into the page with `textContent` only, and a Content-Security-Policy allows
+inline code but no request of any kind (no fetch, image or frame from anywhere).
+
+What a report shows:
+    eval run       metrics with stderr, a chart of them and one per group, the efficiency /
+                   cost / consistency blocks of results.json (or counts from samples.jsonl for
+                   runs written before those blocks), and a sample browser (filter, search).
+    training run   curves of reward, accuracy, KL, loss and tokens/s from metrics.jsonl,
+                   held-out accuracy at each eval under eval/step-N/, the before/after
+                   comparison, a few completions per logged step from rewards.jsonl, and the
+                   last held-out eval's sample browser.
+    several runs   a comparison table and a per-group chart with one bar per run, then each
+                   run's own section.
+At most `SAMPLE_CAP` samples per run are embedded; the rest are counted, and the page says so.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arlecli import rundir
+from arlecli.errors import UserError
+from arlecli.results import RESULTS, SAMPLES, read_json
+from arlecli.rundir import EvalRun
+
+SAMPLE_CAP = 2000          # samples embedded per run; more make the page slow to open
+TEXT_CAP = 20_000          # characters kept of one text field (a runaway completion)
+STEP_SAMPLES = 4           # completions shown per logged training step
+STEP_ROWS_CAP = 400        # training steps whose completions are shown
+TRAIN_CURVES = [           # (metrics.jsonl key, title); the ones a trainer did not log are named as missing
+    ("reward", "Reward"), ("accuracy", "Accuracy"), ("kl", "KL"), ("loss", "Loss"),
+    ("tokens_per_second", "Tokens/s"),
+]
+_BLOCKS_SKIP = {"metrics", "groups", "benchmark", "card_version", "model", "split", "num_samples",
+                "n_tasks", "n_samples"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs (read only: a report never writes into a run directory's files)
+
+
+@dataclass
+class TrainRun:
+    """A training run directory (`arle train`), read back for a report."""
+
+    path: Path
+    meta: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    rewards: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    evals: dict[int, EvalRun]              # finished held-out evals by step
+    notes: list[str] = field(default_factory=list)
+
+
+Run = EvalRun | TrainRun
+
+
+def _read_lines(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """A training log's JSON lines. A torn last line (the run is still writing, or was killed)
+    is left out with a note; a damaged line before it is an error."""
+    if not path.exists():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    rows = []
+    for n, raw in enumerate(lines, 1):
+        try:
+            row = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            row = None
+        if not isinstance(row, dict):
+            if n == len(lines) and not data.endswith(b"\n"):
+                notes.append(f"{path.name}: its last line is incomplete (the run is still writing or was killed) "
+                             f"and is left out")
+                break
+            raise UserError(f"{path}: line {n} is not a JSON object (damaged or edited); nothing was changed: "
+                            f"repair or delete that line")
+        rows.append(row)
+    return rows
+
+
+def load_train(path: Path, meta: dict[str, Any]) -> TrainRun:
+    """A training run directory: metrics.jsonl, rewards.jsonl, summary.json and eval/step-N/.
+
+    A training run is shown while it runs too: what it has not written yet is named in notes."""
+    notes: list[str] = []
+    metrics = _read_lines(path / "metrics.jsonl", notes)
+    rewards = _read_lines(path / "rewards.jsonl", notes)
+    summary = None
+    if (path / "summary.json").is_file():
+        summary = read_json(path / "summary.json")
+    else:
+        notes.append("no summary.json yet: the run has not finished (or was interrupted)")
+    evals: dict[int, EvalRun] = {}
+    for sub in rundir.held_out_dirs(path):
+        if not (sub / RESULTS).is_file():
+            notes.append(f"eval/{sub.name} has no {RESULTS} (interrupted or running) and is left out")
+            continue
+        evals[int(sub.name.split("-", 1)[1])] = rundir.load_eval(sub)
+    return TrainRun(path, meta, metrics, rewards, summary, evals, notes)
+
+
+def load_run(path: Path | str) -> Run:
+    """An eval or training run directory, read and checked (rundir.load_eval for an eval run),
+    or a one-line UserError saying why it is not one. Reads only."""
+    path = Path(path)
+    meta = rundir.read_meta(path)
+    if rundir.is_training(meta):
+        return load_train(path, meta)
+    return rundir.load_eval(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become null (JSON.parse rejects them), unknown objects become text."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+def _cap_text(value: Any) -> Any:
+    """Strings longer than TEXT_CAP are cut, saying how much was left out."""
+    if isinstance(value, str) and len(value) > TEXT_CAP:
+        return value[:TEXT_CAP] + f"\n... ({len(value) - TEXT_CAP:,} more characters in the run's files)"
+    if isinstance(value, dict):
+        return {k: _cap_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cap_text(v) for v in value]
+    return value
+
+
+def _script_json(data: Any) -> str:
+    """JSON that is safe inside <script>: no '<', '>' or '&' can close the element or open a comment."""
+    text = json.dumps(_clean(data), ensure_ascii=False, separators=(",", ":"))
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _plot_text(value: Any) -> str:
+    # plotly renders a few HTML-like tags (<b>, <a href>) in labels; names from a run are shown literally.
+    return html.escape(str(value), quote=False)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a"
+        return f"{value:.{digits}f}" if abs(value) < 1e6 else f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _metric_rows(metrics: dict[str, Any]) -> list[tuple[str, Any, Any, Any]]:
+    rows = []
+    for name, stat in metrics.items():
+        if isinstance(stat, dict):
+            rows.append((name, stat.get("value"), stat.get("stderr"), stat.get("n")))
+    return rows
+
+
+def _headline(results: dict[str, Any]) -> str | None:
+    metrics = results.get("metrics") or {}
+    if "accuracy" in metrics:
+        return "accuracy"
+    return next(iter(metrics), None)
+
+
+def _label(run: Run, index: int, labels: list[str]) -> str:
+    name = run.path.name or str(run.path)
+    return name if labels.count(name) == 1 else f"{index + 1}: {name}"
+
+
+def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
+    """An HTML table from already-escaped cells."""
+    th = "".join(f"<th>{h}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures (plotly figure dicts; the page draws them with the embedded plotly.js)
+
+
+class _Figures:
+    """Collects plotly figures; each gets a div the page fills in."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, fig: Any, name: str) -> str:
+        """Register a plotly figure; return the (escaped) div that shows it."""
+        import plotly.io as pio
+
+        fig.update_layout(template="plotly_white", margin=dict(l=50, r=20, t=50, b=50), height=340)
+        index = len(self.items)
+        self.items.append(json.loads(pio.to_json(fig, validate=True)))
+        return f'<div class="chart" id="chart-{index}" data-fig="{index}" data-name="{_esc(name)}"></div>'
+
+
+def _step_axis(fig: Any, steps: list[Any]) -> None:
+    """Whole-number ticks on a step axis (plotly would label 2 steps 1, 1.2, 1.4 ...)."""
+    top = max([s for s in steps if isinstance(s, (int, float))], default=1)
+    fig.update_xaxes(tickformat="d", dtick=max(1, round(top / 10)))
+
+
+def _bar_chart(figs: _Figures, title: str, name: str, series: list[tuple[str, list[str], list[Any], list[Any]]],
+               y_title: str) -> str:
+    """Bars with stderr error bars; one trace per (label, x, values, stderrs)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for label, xs, ys, errs in series:
+        fig.add_trace(go.Bar(name=_plot_text(label), x=[_plot_text(x) for x in xs], y=ys,
+                             error_y=dict(type="data", array=[e if e is not None else 0 for e in errs], visible=True)))
+    fig.update_layout(title=_plot_text(title), barmode="group", yaxis_title=y_title, showlegend=len(series) > 1)
+    return figs.add(fig, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+def _metrics_table(results: dict[str, Any]) -> str:
+    rows = [[_esc(n), _fmt(v), "± " + _fmt(s), _fmt(k)] for n, v, s, k in _metric_rows(results.get("metrics") or {})]
+    for group, metrics in (results.get("groups") or {}).items():
+        rows += [[f"{_esc(group)} · {_esc(n)}", _fmt(v), "± " + _fmt(s), _fmt(k)]
+                 for n, v, s, k in _metric_rows(metrics)]
+    return _table(["metric", "value", "stderr", "n (tasks)"], rows, "metrics")
+
+
+def _group_chart(figs: _Figures, runs: list[tuple[str, dict[str, Any]]], title: str) -> str:
+    """Per-group bars of the headline metric (one trace per run); without groups, the metrics themselves."""
+    with_groups = [(label, res) for label, res in runs if res.get("groups")]
+    if with_groups:
+        metric = _headline(with_groups[0][1]) or "accuracy"
+        series = []
+        for label, res in with_groups:
+            groups = res["groups"]
+            xs = list(groups)
+            series.append((label, xs, [groups[g].get(metric, {}).get("value") for g in xs],
+                           [groups[g].get(metric, {}).get("stderr") for g in xs]))
+        return _bar_chart(figs, f"{title}: {metric} per group", "groups", series, metric)
+    series = []
+    for label, res in runs:
+        rows = _metric_rows(res.get("metrics") or {})
+        series.append((label, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
+    return _bar_chart(figs, f"{title}: metrics", "metrics", series, "value")
+
+
+def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
+    if isinstance(value, dict):
+        if set(value) >= {"value", "stderr"}:  # a Stat: one row
+            out.append((prefix, f"{_fmt(value.get('value'))} ± {_fmt(value.get('stderr'))}"))
+            return
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out.append((prefix, value))
+
+
+def _efficiency(run: EvalRun) -> str:
+    """results.json's efficiency, cost and consistency blocks; else what samples.jsonl tells."""
+    blocks = {k: v for k, v in run.results.items() if k not in _BLOCKS_SKIP and isinstance(v, dict)}
+    rows: list[tuple[str, Any]] = []
+    source = "results.json"
+    if blocks:
+        for name, block in blocks.items():
+            _flatten(name, block, rows)
+    else:
+        # Runs written before results.json had these blocks: count what every sample line holds.
+        source = "counted from samples.jsonl (this run's results.json has no efficiency block)"
+        samples = run.samples
+        tokens = [s.get("num_tokens") for s in samples if isinstance(s.get("num_tokens"), int)]
+        if tokens:
+            rows += [("completion tokens, total", sum(tokens)), ("completion tokens per sample, mean",
+                                                                 sum(tokens) / len(tokens))]
+        reasons: dict[str, int] = {}
+        for s in samples:
+            reasons[str(s.get("finish_reason"))] = reasons.get(str(s.get("finish_reason")), 0) + 1
+        rows += [(f"finish reason: {k}", v) for k, v in sorted(reasons.items())]
+        turns = [len(s["turns"]) for s in samples if isinstance(s.get("turns"), list)]
+        if turns:
+            rows.append(("turns per episode, mean", sum(turns) / len(turns)))
+    if not rows:
+        return ""
+    table = _table(["", "value"], [[_esc(k), _esc(_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v))]
+                                   for k, v in rows], "efficiency")
+    return f'<h3>Efficiency, cost and consistency</h3><p class="note">{_esc(source)}</p>{table}'
+
+
+def _browser_payload(run: EvalRun, cap: int) -> tuple[dict[str, Any], str]:
+    """The samples the sample browser embeds, and a note about the ones left out."""
+    shown = run.samples[:cap]
+    left = run.samples[cap:]
+    note = ""
+    if left:
+        right = sum(bool(s.get("correct")) for s in left)
+        note = (f"This file embeds the first {len(shown):,} of {len(run.samples):,} samples (in samples.jsonl "
+                f"order); the {len(left):,} left out ({right:,} correct, {len(left) - right:,} wrong) are counted "
+                f"in the metrics above and are in {run.path / SAMPLES}.")
+    samples = []
+    for s in shown:
+        samples.append(_cap_text({k: v for k, v in s.items() if k not in ("session_started_at", "finished_at")}))
+    return {"samples": samples, "total": len(run.samples), "omitted": len(left)}, note
+
+
+def _sample_browser(run: EvalRun, browsers: list[dict[str, Any]], cap: int, title: str = "Samples") -> str:
+    payload, note = _browser_payload(run, cap)
+    index = len(browsers)
+    browsers.append(payload)
+    n = payload["total"]
+    right = sum(bool(s.get("correct")) for s in run.samples)
+    omitted = f'<p class="omitted">{_esc(note)}</p>' if note else ""
+    return (f'<h3>{_esc(title)}</h3>'
+            f'<p class="sample-count" data-total="{n}">{n:,} samples: {right:,} correct, {n - right:,} wrong</p>'
+            f'{omitted}<div class="browser" data-browser="{index}"></div>')
+
+
+def _eval_section(run: EvalRun, label: str, figs: _Figures, browsers: list[dict[str, Any]], cap: int) -> str:
+    res = run.results
+    head = (f'<p class="meta">{_esc(res.get("benchmark"))} · {_esc(res.get("model"))} · split '
+            f'{_esc(res.get("split"))} · {_fmt(res.get("n_tasks"))} tasks · {_fmt(res.get("n_samples"))} samples'
+            f'{" · " + _fmt(res.get("num_samples")) + " per task" if (res.get("num_samples") or 1) > 1 else ""}'
+            f' · {_esc(run.meta.get("created", ""))}</p>')
+    command = run.meta.get("command")
+    if isinstance(command, list):
+        head += f'<p class="meta"><code>{_esc(" ".join(map(str, command)))}</code></p>'
+    parts = [head, "<h3>Metrics</h3>", _metrics_table(res), _group_chart(figs, [(label, res)], label),
+             _efficiency(run), _sample_browser(run, browsers, cap)]
+    return "".join(parts)
+
+
+def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dict[str, Any]], cap: int) -> str:
+    import plotly.graph_objects as go
+
+    meta = run.meta
+    trainer = meta.get("trainer") if isinstance(meta.get("trainer"), dict) else {}
+    parts = [f'<p class="meta">{_esc(meta.get("benchmark"))} · {_esc(meta.get("model"))} · '
+             f'{_esc(meta.get("algo"))}{" + LoRA r=" + _esc(meta["options"]["lora_rank"]) if (meta.get("options") or {}).get("lora_rank") else ""}'
+             f' · {_fmt(len(run.metrics))} logged steps of {_esc(trainer.get("max_steps", "?"))} · '
+             f'{_esc(meta.get("created", ""))}</p>']
+    parts += [f'<p class="note">{_esc(n)}</p>' for n in run.notes]
+
+    # Curves over steps: one chart per quantity the trainer logged.
+    parts.append("<h3>Training curves</h3>")
+    missing, curves = [], []
+    steps = [r.get("step") for r in run.metrics]
+    for key, title in TRAIN_CURVES:
+        ys = [r.get(key) for r in run.metrics]
+        if not any(isinstance(y, (int, float)) for y in ys):
+            missing.append(key)
+            continue
+        fig = go.Figure(go.Scatter(x=steps, y=ys, mode="lines+markers", name=key))
+        if key == "reward" and any(isinstance(r.get("reward_std"), (int, float)) for r in run.metrics):
+            fig.data[0].error_y = dict(type="data", array=[r.get("reward_std") or 0 for r in run.metrics],
+                                       visible=True, thickness=1)
+        fig.update_layout(title=f"{title} per step", xaxis_title="step", yaxis_title=key)
+        if key == "accuracy":
+            fig.update_yaxes(range=[-0.02, 1.02])
+        _step_axis(fig, steps)
+        curves.append(figs.add(fig, f"train-{key}"))
+    parts.append(f'<div class="charts">{"".join(curves)}</div>')
+    if missing:
+        parts.append(f'<p class="note">Not logged by this run\'s trainer: {_esc(", ".join(missing))}.</p>')
+
+    # Held-out evals: accuracy at each, and the first against the last.
+    if run.evals:
+        parts.append("<h3>Held-out evaluations</h3>")
+        xs = list(run.evals)
+        head = _headline(run.evals[xs[-1]].results) or "accuracy"
+        stats = [run.evals[s].results.get("metrics", {}).get(head, {}) for s in xs]
+        fig = go.Figure(go.Scatter(x=xs, y=[st.get("value") for st in stats], mode="lines+markers", name=head,
+                                   error_y=dict(type="data", array=[st.get("stderr") or 0 for st in stats],
+                                                visible=True)))
+        fig.update_layout(title=f"Held-out {head} at each evaluation", xaxis_title="step", yaxis_title=head)
+        fig.update_yaxes(range=[-0.02, 1.02])
+        _step_axis(fig, xs)
+        parts.append(figs.add(fig, "heldout"))
+        first, last = run.evals[xs[0]], run.evals[xs[-1]]
+        parts.append(_before_after(first, last, f"step {xs[0]}", f"step {xs[-1]}"))
+    else:
+        parts.append('<p class="note">No held-out evaluation in this run (eval/step-N/ is empty).</p>')
+
+    parts.append(_step_completions(run))
+    if run.evals:
+        last_step = list(run.evals)[-1]
+        parts.append(_sample_browser(run.evals[last_step], browsers, cap,
+                                     f"Samples of the last held-out evaluation (step {last_step})"))
+    return "".join(parts)
+
+
+def _before_after(first: EvalRun, last: EvalRun, a: str, b: str) -> str:
+    """First vs last held-out eval: each metric, its difference, and paired statistics where
+    `arlecli.compare` provides them."""
+    rows = []
+    ma, mb = first.results.get("metrics") or {}, last.results.get("metrics") or {}
+    for name in [n for n in ma if n in mb]:
+        va, vb = ma[name].get("value"), mb[name].get("value")
+        delta = vb - va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None
+        rows.append([_esc(name), f"{_fmt(va)} ± {_fmt(ma[name].get('stderr'))}",
+                     f"{_fmt(vb)} ± {_fmt(mb[name].get('stderr'))}", _esc(f"{delta:+.4f}" if delta is not None else "")])
+    table = _table(["metric", _esc(a), _esc(b), "difference"], rows, "before-after")
+    return f"<h4>Before and after training</h4>{table}{_paired(first, last)}"
+
+
+def _paired(a: EvalRun, b: EvalRun) -> str:
+    """B against A on the tasks both hold (arlecli.compare): paired difference, its 95% interval,
+    tasks won/lost/tied, McNemar's exact p, and the tasks that flipped."""
+    from arlecli.compare import compare_runs
+
+    try:
+        cmp = compare_runs(a.path, b.path)
+    except UserError as exc:  # different benchmarks or splits: the report still shows both
+        return f'<p class="note">No paired comparison: {_esc(exc)}</p>'
+    rows = []
+    for m in cmp.metrics:
+        rows.append([_esc(m.metric), _fmt(m.a), _fmt(m.b), _esc(f"{m.diff:+.4f}") + " ± " + _fmt(m.stderr),
+                     f"[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]", f"{m.won} / {m.lost} / {m.tied}",
+                     _fmt(m.mcnemar_p) if m.mcnemar_p is not None else ""])
+    table = _table(["metric", "A", "B", "B - A ± paired stderr", "95% interval", "tasks won / lost / tied by B",
+                    "McNemar p"], rows, "paired")
+    flips = []
+    for what, ids in (("gained by B", cmp.gained), ("lost by B", cmp.lost)):
+        if ids:
+            shown = ", ".join(ids[:30]) + (f" ... ({len(ids) - 30} more)" if len(ids) > 30 else "")
+            flips.append(f"<p class=\"note\">{len(ids)} tasks {what}: {_esc(shown)}</p>")
+    warn = "".join(f'<p class="note">{_esc(w)}</p>' for w in cmp.warnings)
+    return (f"<h4>Paired comparison: B = {_esc(b.path.name)} against A = {_esc(a.path.name)}, "
+            f"on the {cmp.shared:,} tasks both hold</h4>{warn}{table}{''.join(flips)}")
+
+
+def _step_completions(run: TrainRun) -> str:
+    """A few completions per logged step (rewards.jsonl), as static escaped text."""
+    if not run.rewards:
+        return ""
+    by_step: dict[Any, list[dict[str, Any]]] = {}
+    for r in run.rewards:
+        by_step.setdefault(r.get("step"), []).append(r)
+    steps = list(by_step)[-STEP_ROWS_CAP:]
+    rows = []
+    for step in steps:
+        for r in by_step[step][:STEP_SAMPLES]:
+            text = r.get("completion")
+            text = text if isinstance(text, str) else json.dumps(text)
+            rows.append([_esc(step), _esc(r.get("task_id")), _fmt(r.get("reward")),
+                         "✓" if r.get("correct") else "✗", _esc(r.get("extracted")), _esc(r.get("target")),
+                         f"<pre>{_esc(_cap_text(text))}</pre>"])
+    left = len(by_step) - len(steps)
+    note = (f'<p class="omitted">Completions of the first {left:,} logged steps are left out (the last '
+            f'{len(steps):,} are shown); all are in {_esc(run.path / "rewards.jsonl")}.</p>') if left else ""
+    return (f"<h3>Sampled completions per step</h3><p class=\"note\">Up to {STEP_SAMPLES} per logged step, "
+            f"from rewards.jsonl.</p>{note}"
+            + _table(["step", "task", "reward", "", "extracted", "target", "completion"], rows, "step-samples"))
+
+
+def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
+    """Several runs: one row per run, and the per-group chart with one bar per run."""
+    results = []
+    for run, label in zip(runs, labels):
+        if isinstance(run, EvalRun):
+            results.append((label, run, run.results))
+        elif run.evals:
+            last = list(run.evals)[-1]
+            results.append((label, run, run.evals[last].results))
+        else:
+            results.append((label, run, {}))
+    names: list[str] = []
+    for _, _, res in results:
+        names += [n for n in (res.get("metrics") or {}) if n not in names]
+    rows = []
+    for label, run, res in results:
+        metrics = res.get("metrics") or {}
+        kind = "train (last held-out eval)" if isinstance(run, TrainRun) else "eval"
+        rows.append([_esc(label), kind, _esc(res.get("benchmark") or run.meta.get("benchmark")),
+                     _esc(res.get("model") or run.meta.get("model")), _fmt(res.get("n_samples"))]
+                    + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else ""
+                       for n in names])
+    table = _table(["run", "kind", "benchmark", "model", "samples", *map(_esc, names)], rows, "comparison")
+    chart = _group_chart(figs, [(label, res) for label, _, res in results if res], "Runs side by side")
+    benchmarks = {res.get("benchmark") for _, _, res in results if res}
+    note = ('<p class="note">These runs are of different benchmarks: their numbers are not comparable.</p>'
+            if len(benchmarks) > 1 else "")
+    paired = ""
+    evals = [run for run in runs if isinstance(run, EvalRun)]
+    if len(runs) == 2 and len(evals) == 2:
+        paired = _paired(evals[0], evals[1])
+    if not paired:
+        paired = ('<p class="note">Side by side only; `arle compare RUN_A RUN_B` gives the paired difference, its '
+                  'interval and the tasks that flipped.</p>')
+    return f"<h2>Comparison</h2>{note}{table}{paired}{chart}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232a;background:#f6f7f9}
+header{background:#1d232a;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
+header p{margin:4px 0 0;color:#b8c0c8;font-size:12px}
+main{padding:8px 24px 40px;max-width:1400px}
+section.run{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:4px 18px 18px;margin:16px 0}
+h2{font-size:18px;margin:18px 0 6px}h3{font-size:15px;margin:18px 0 6px}h4{font-size:14px;margin:14px 0 4px}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border-bottom:1px solid #e4e7eb;padding:3px 10px;
+text-align:left;vertical-align:top}th{background:#f0f2f5}td pre{margin:0;max-width:700px}
+.meta{color:#4a5561;margin:6px 0}.note{color:#5e6873;font-size:12px}.omitted{background:#fff6db;
+border:1px solid #f0d98c;padding:6px 10px;border-radius:4px}
+.chart{min-height:340px;border:1px solid #eef0f3;border-radius:4px;margin:8px 0}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));gap:8px}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px 8px;border-radius:4px;margin:4px 0}
+.controls{display:flex;gap:10px;align-items:center;margin:6px 0}.controls input{flex:0 1 320px;padding:4px 6px}
+details.sample{border-bottom:1px solid #e9ecef}details.sample>summary{cursor:pointer;padding:4px 2px;
+white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.ok{color:#1a7f37;font-weight:600}.bad{color:#cf222e;font-weight:600}.sid{font-family:monospace;margin:0 8px}
+.preview{color:#6a737d}.body{padding:4px 12px 12px}.label{font-weight:600;font-size:12px;color:#4a5561;margin-top:6px}
+.turn{border-left:3px solid #d0d7de;padding-left:8px;margin:6px 0}.shown{color:#4a5561;font-size:12px}
+"""
+
+# Plain JS. Every piece of run data reaches the page through textContent (never innerHTML),
+# so a completion is shown as the text it is, whatever it holds.
+_JS = r"""
+(function(){
+"use strict";
+var data = JSON.parse(document.getElementById("report-data").textContent);
+function el(tag, cls, text){var e=document.createElement(tag); if(cls){e.className=cls;}
+  if(text!==undefined&&text!==null){e.textContent=String(text);} return e;}
+function str(v){ if(v===null||v===undefined){return "";} return typeof v==="string"?v:JSON.stringify(v,null,1); }
+function block(parent, label, value){ if(value===undefined){return;} parent.appendChild(el("div","label",label));
+  parent.appendChild(el("pre","",str(value))); }
+function promptText(p){ if(typeof p==="string"){return p;} if(Array.isArray(p)){return p.map(function(m){
+  return "["+(m&&m.role)+"] "+str(m&&m.content);}).join("\n\n");} return str(p); }
+var KNOWN = {id:1,task_id:1,sample:1,prompt:1,completion:1,extracted:1,target:1,reward:1,correct:1,details:1,turns:1,
+  env_info:1,group:1};
+function sampleBody(s){
+  var b = el("div","body");
+  block(b, "prompt", promptText(s.prompt));
+  if(Array.isArray(s.turns)){
+    s.turns.forEach(function(t,i){ var d=el("div","turn"); d.appendChild(el("div","label","turn "+(i+1)+
+      (t.finish_reason?" ("+t.finish_reason+")":""))); block(d,"completion",t.completion);
+      if(t.tool_calls!==undefined){block(d,"tool calls",t.tool_calls);}
+      if(t.observation!==undefined&&t.observation!==null){block(d,"observation",t.observation);}
+      var extra={}; Object.keys(t).forEach(function(k){ if(["completion","observation","finish_reason","tool_calls"].indexOf(k)<0){extra[k]=t[k];}});
+      if(Object.keys(extra).length){block(d,"turn fields",extra);} b.appendChild(d); });
+  } else { block(b, "completion", s.completion); }
+  var ext = el("div","label","extracted vs target"); b.appendChild(ext);
+  b.appendChild(el("pre","", "extracted: "+str(s.extracted)+"\ntarget:    "+str(s.target)));
+  block(b, "reward details", s.details);
+  if(s.env_info!==undefined){block(b,"environment info",s.env_info);}
+  var other={}; Object.keys(s).forEach(function(k){ if(!KNOWN[k]){other[k]=s[k];}});
+  block(b, "other fields", other);
+  return b;
+}
+function buildBrowser(host, payload){
+  var controls = el("div","controls");
+  var sel = el("select","filter"); [["all","all"],["correct","correct"],["wrong","wrong"]].forEach(function(o){
+    var op=el("option","",o[1]); op.value=o[0]; sel.appendChild(op); });
+  var search = el("input","search"); search.type="search"; search.placeholder="search prompt, completion, id, target";
+  var shown = el("span","shown");
+  controls.appendChild(sel); controls.appendChild(search); controls.appendChild(shown); host.appendChild(controls);
+  var list = el("div","sample-list"); host.appendChild(list);
+  var rows = payload.samples.map(function(s){
+    var d = el("details","sample"); d.dataset.correct = s.correct ? "1" : "0";
+    var sm = el("summary"); sm.appendChild(el("span", s.correct?"ok":"bad", s.correct?"\u2713":"\u2717"));
+    sm.appendChild(el("span","sid", s.id));
+    sm.appendChild(el("span","", "reward "+(typeof s.reward==="number"?s.reward.toFixed(3):str(s.reward))+
+      (s.group!==undefined&&s.group!==""?" \u00b7 "+str(s.group):"")+" \u00b7 "));
+    var last = Array.isArray(s.turns)&&s.turns.length ? s.turns[s.turns.length-1].completion : s.completion;
+    sm.appendChild(el("span","preview", str(last).slice(0,160)));
+    d.appendChild(sm); d.appendChild(sampleBody(s)); list.appendChild(d);
+    var hay = [s.id, promptText(s.prompt), str(s.completion), str(s.extracted), str(s.target), str(s.group)];
+    if(Array.isArray(s.turns)){ s.turns.forEach(function(t){ hay.push(str(t.completion)); hay.push(str(t.observation)); }); }
+    return {node:d, correct:!!s.correct, hay:hay.join("\n").toLowerCase()};
+  });
+  function apply(){ var f=sel.value, q=search.value.toLowerCase(), n=0;
+    rows.forEach(function(r){ var ok=(f==="all"||(f==="correct")===r.correct)&&(!q||r.hay.indexOf(q)>=0);
+      r.node.style.display = ok ? "" : "none"; if(ok){n++;} });
+    shown.textContent = "showing "+n+" of "+rows.length+(payload.omitted?" embedded ("+payload.omitted+" more left out)":""); }
+  sel.addEventListener("change", apply); search.addEventListener("input", apply); apply();
+}
+document.querySelectorAll("div.browser").forEach(function(host){ buildBrowser(host, data.browsers[+host.dataset.browser]); });
+document.querySelectorAll("div.chart").forEach(function(div){ var fig = data.figures[+div.dataset.fig];
+  Plotly.newPlot(div, fig.data, fig.layout, {displaylogo:false, responsive:true}); });
+document.body.dataset.ready = "1";
+})();
+"""
+
+
+def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP) -> str:
+    """The HTML text of the report of one or more run directories (each checked first)."""
+    import plotly.offline
+
+    runs = [load_run(p) for p in paths]
+    if not runs:
+        raise UserError("pass at least one run directory")
+    names = [r.path.name or str(r.path) for r in runs]
+    labels = [_label(r, i, names) for i, r in enumerate(runs)]
+    figs = _Figures()
+    browsers: list[dict[str, Any]] = []
+    body = []
+    if len(runs) > 1:
+        body.append(_comparison(runs, labels, figs))
+    for run, label in zip(runs, labels):
+        kind = "training run" if isinstance(run, TrainRun) else "eval run"
+        inner = (_train_section(run, label, figs, browsers, sample_cap) if isinstance(run, TrainRun)
+                 else _eval_section(run, label, figs, browsers, sample_cap))
+        body.append(f'<section class="run" data-kind="{"train" if isinstance(run, TrainRun) else "eval"}">'
+                    f'<h2>{_esc(label)} <span class="note">({kind}: {_esc(run.path)})</span></h2>{inner}</section>')
+    title = "arle report: " + ", ".join(labels)
+    # The library's JavaScript, once per file; a `</script` inside it would end the element early.
+    plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
+    data = _script_json({"figures": figs.items, "browsers": browsers})
+    generated = time.strftime("%Y-%m-%d %H:%M:%S")
+    # The policy lets the inline code run and forbids every request: no hostile sample (nor
+    # the library) can load an image, a script, a font or a frame from anywhere.
+    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+           "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{_esc(title)}</title><style>{_CSS}</style></head><body>'
+            f'<header><h1>{_esc(title)}</h1><p>generated {generated} by arle · one file, works offline</p></header>'
+            f'<main>{"".join(body)}</main>'
+            f'<script type="application/json" id="report-data">{data}</script>'
+            f'<script>{plotly_js}</script><script>{_JS}</script></body></html>\n')
+
+
+def default_output(paths: list[Path]) -> Path:
+    """report.html inside the run directory for one run; ./report.html for several."""
+    return Path(paths[0]) / "report.html" if len(paths) == 1 else Path("report.html")
+
+
+def write_report(paths: list[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP) -> Path:
+    """Check the runs, build the report and write it (atomically); return where it went.
+
+    Every run is read and checked before anything is written, so bad input leaves no file."""
+    paths = [Path(p) for p in paths]
+    text = build_report(paths, sample_cap=sample_cap)
+    out = Path(output) if output is not None else default_output(paths)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}; choose another place with -o") from None
+    return out
