@@ -258,7 +258,9 @@ class OpenAIEngine:
                                 "is the base URL an OpenAI-compatible endpoint?"
                             ) from None
                     message = _redact(_server_message(content), key)
-                    if status == 400 and self._send_token_ids and "return_token_ids" in message:
+                    # Checked on the body this request sent, not the flag: concurrent requests sent
+                    # the field before the first refusal flipped it, and each must ask again.
+                    if status == 400 and "return_token_ids" in body and "return_token_ids" in message:
                         # Not vLLM: ask again without the extra field (costs no retry).
                         self._send_token_ids = False
                         continue
