@@ -10,6 +10,7 @@ import typer
 
 from arlecli.cli import options
 from arlecli.cli.output import console, err_console, print_json
+from arlecli.cli.report import report_hint
 from arlecli.errors import UserError
 
 
@@ -146,6 +147,8 @@ def eval_command(
         print_json(results)
     else:
         print_results(results, run_dir)
+    # What to do next with the run; on stderr under --json, so stdout stays one JSON document.
+    (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
 
 
 def print_results(results: dict[str, Any], run_dir: Path) -> None:

@@ -26,4 +26,6 @@ def report_command(
 
 def report_hint(run_dir: Path) -> str:
     """The line `arle eval` and `arle train` end with: the command that shows this run."""
-    return f"see it: arle report {run_dir}"
+    import shlex
+
+    return f"see it: arle report {shlex.quote(str(run_dir))}"

@@ -10,6 +10,7 @@ import typer
 
 from arlecli.cli import options
 from arlecli.cli.output import console, err_console, print_json
+from arlecli.cli.report import report_hint
 from arlecli.errors import UserError
 
 
@@ -226,6 +227,8 @@ def train_command(
         print_json(summary)
     else:
         print_summary(summary, run_dir)
+    # What to do next with the run; on stderr under --json, so stdout stays one JSON document.
+    (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
 
 
 _LAUNCH_PARAMS = {"num_processes", "deepspeed", "fsdp", "accelerate_config", "num_machines", "machine_rank",
