@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -300,6 +301,15 @@ def test_compare_two_real_tiny_model_runs_with_different_seeds(tiny_model, tmp_p
     assert text.returncode == 0 and "McNemar p" in text.stdout and "astronomy" in text.stdout
     shown = arle("runs", "show", str(runs[0]))
     assert shown.returncode == 0 and "college_mathematics" in shown.stdout
+
+    # The same run as if killed after 25 samples: meta.json alone says 40 were expected.
+    cut = tmp_path / "cut" / "seed1"
+    shutil.copytree(runs[0], cut)
+    (cut / "results.json").unlink()
+    lines = (cut / "samples.jsonl").read_text().splitlines(keepends=True)
+    (cut / "samples.jsonl").write_text("".join(lines[:25]))
+    row = json.loads(arle("runs", "list", str(tmp_path / "cut"), "--json").stdout)[0]
+    assert (row["status"], row["resumable"], row["done"], row["expected"]) == ("interrupted", True, 25, 40)
 
 
 # ---------------------------------------------------------------------------------------------

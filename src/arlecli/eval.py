@@ -109,6 +109,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         "options": asdict(opts),
         # --data's content, not only its path: a file rewritten in place is other tasks.
         "data_hash": rundir.file_hash(opts.data) if opts.data else None,
+        # So `arle runs list` can tell how far an interrupted run got (it has no results.json yet).
+        "expected_samples": len(tasks) * opts.num_samples,
         "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
