@@ -180,6 +180,9 @@ def test_runs_list_marks_interrupted_resumable_and_lists_training(tmp_path):
     cut = write_eval_run(runs / "gsm8k-tiny-cut", [True, False], finished=False, expected=5)
     with open(cut / "samples.jsonl", "a") as f:
         f.write('{"id": "2#0", "task_')
+    # Finished, then its last line torn: a resume drops that line and redoes the sample.
+    torn = write_eval_run(runs / "gsm8k-tiny-torn", [True, True, False])
+    (torn / "samples.jsonl").write_bytes((torn / "samples.jsonl").read_bytes()[:-5])
     write_train_run(runs / "train-gsm8k-tiny")
     (runs / "notes").mkdir()  # not a run: skipped
     before = snapshot(runs)
@@ -187,7 +190,8 @@ def test_runs_list_marks_interrupted_resumable_and_lists_training(tmp_path):
     out = arle("runs", "list", "--json", cwd=tmp_path)  # ./runs by default
     assert out.returncode == 0, out.stderr
     rows = {Path(r["path"]).name: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"gsm8k-tiny-done", "gsm8k-tiny-cut", "train-gsm8k-tiny"}  # eval/step-N stay inside
+    assert set(rows) == {"gsm8k-tiny-done", "gsm8k-tiny-cut", "gsm8k-tiny-torn", "train-gsm8k-tiny"}  # not eval/step-N
+    assert (rows["gsm8k-tiny-torn"]["status"], rows["gsm8k-tiny-torn"]["resumable"]) == ("interrupted", True)
     done, cut_row, train = rows["gsm8k-tiny-done"], rows["gsm8k-tiny-cut"], rows["train-gsm8k-tiny"]
     assert (done["kind"], done["status"], done["resumable"], done["done"], done["expected"]) == \
         ("eval", "complete", False, 4, 4)

@@ -361,10 +361,11 @@ def _describe_eval(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
     if isinstance(results, dict):
         info.split = results.get("split", info.split)
         info.value, info.stderr = _stat(results, "accuracy")
-        if torn or done != results.get("n_samples"):
+        if torn:  # a resume drops the torn line and redoes its sample, as for any interrupted run
+            info.note = f"{SAMPLES} ends in a torn line: rerun its command with --resume to redo that sample"
+        elif done != results.get("n_samples"):
             info.status, info.resumable = "damaged", False
-            info.note = (f"{SAMPLES} ends in a torn line" if torn else
-                         f"{SAMPLES} holds {done} samples, {RESULTS} counts {results.get('n_samples')}")
+            info.note = f"{SAMPLES} holds {done} samples, {RESULTS} counts {results.get('n_samples')}"
         else:
             info.status, info.resumable = "complete", False
     else:
