@@ -339,9 +339,12 @@ def describe(run_dir: Path) -> RunInfo:
     except UserError as exc:
         return RunInfo(str(run_dir), "?", None, None, None, None, None, None, None, None, "samples", "damaged",
                        False, None, str(exc))
-    if is_training(meta):
-        return _describe_train(run_dir, meta)
-    return _describe_eval(run_dir, meta)
+    try:
+        return _describe_train(run_dir, meta) if is_training(meta) else _describe_eval(run_dir, meta)
+    except OSError as exc:  # an unreadable samples.jsonl or metrics.jsonl (permissions, a folder in its place)
+        return RunInfo(str(run_dir), "train" if is_training(meta) else "eval", meta.get("benchmark"),
+                       meta.get("model"), None, None, None, None, None, None, "samples", "damaged", False,
+                       meta.get("created"), f"cannot read it: {exc.strerror or exc}")
 
 
 def _describe_eval(run_dir: Path, meta: dict[str, Any]) -> RunInfo:

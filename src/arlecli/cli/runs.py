@@ -185,7 +185,7 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
         for label, res in evals.items():
             stat = (res.get("metrics") or {}).get("accuracy") or {}
             table.add_row(label, _num(stat.get("value")), _num(stat.get("stderr")), _num(res.get("n_tasks")),
-                          str(rundir.held_out_dirs(run_dir)[0].parent / label))
+                          str(run_dir / rundir.HELD_OUT / label))
         out.print(table)
     if steps:
         last = steps[-1]
