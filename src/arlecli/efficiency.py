@@ -15,8 +15,24 @@ so a resumed run and a recomputation give the same numbers. What each sample lin
     num_turns, tool_calls, tool_errors multi-turn envs only (tool counts where the env keeps them)
     end_reason                         multi-turn envs only: why the episode ended
 
-A value that cannot be known is left out or null, never estimated: a run without prices has
-no `cost` block, and cost-of-pass is null when nothing passed.
+What results.json gains (each block is left out when it has nothing to report; a value that
+cannot be known is null, never estimated: a run without prices has no `cost` block at all):
+
+    metrics."pass^k"      with -n > 1, for k in 1, 2, 4, ..., n: {value, stderr, n}, tau-bench's
+                          pass^k (mean over tasks of C(c,k)/C(n,k)), next to pass@k
+    tokens                {prompt, completion}: {mean, total, n} per sample
+    time                  wall_s (sum over sessions), sessions, samples_per_s,
+                          completion_tokens_per_s, latency_s: {p50, p95, mean, n}
+    agents                multi-turn runs: episodes, turns_per_episode, tool_calls_per_episode,
+                          tool_errors_per_episode, end_reasons: {reason: count}, successes,
+                          steps_to_success (mean turns of correct episodes), tokens_per_success
+    consistency           with -n > 1: samples_per_task, tasks (those with 2+ samples),
+                          all_agree (share whose samples are all correct or all wrong),
+                          same_answer (share whose extracted answers are all equal)
+    cost                  with prices: currency ("USD"), price_input_per_1m, price_output_per_1m,
+                          total, per_task, per_sample, cost_of_pass (total / correct samples;
+                          null if none), samples_without_counts (only when some are unknown:
+                          then every amount is null)
 """
 
 from __future__ import annotations
