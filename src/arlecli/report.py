@@ -250,6 +250,9 @@ def _bar_chart(figs: _Figures, title: str, name: str, series: list[tuple[str, li
         fig.add_trace(go.Bar(name=_plot_text(label), x=[_plot_text(x) for x in xs], y=ys,
                              error_y=dict(type="data", array=[e if e is not None else 0 for e in errs], visible=True)))
     fig.update_layout(title=_plot_text(title), barmode="group", yaxis_title=y_title, showlegend=len(series) > 1)
+    values = [y for _, _, ys, _ in series for y in ys if isinstance(y, (int, float))]
+    if values and all(0 <= y <= 1 for y in values):  # rates: keep the whole 0-1 scale in view
+        fig.update_yaxes(range=[0, 1.05])
     return figs.add(fig, name)
 
 
@@ -265,7 +268,7 @@ def _metrics_table(results: dict[str, Any]) -> str:
     return _table(["metric", "value", "stderr", "n (tasks)"], rows, "metrics")
 
 
-def _group_chart(figs: _Figures, runs: list[tuple[str, dict[str, Any]]], title: str) -> str:
+def _group_chart(figs: _Figures, runs: list[tuple[str, dict[str, Any]]], title: str, prefix: str = "") -> str:
     """Per-group bars of the headline metric (one trace per run); without groups, the metrics themselves."""
     with_groups = [(label, res) for label, res in runs if res.get("groups")]
     if with_groups:
@@ -276,12 +279,12 @@ def _group_chart(figs: _Figures, runs: list[tuple[str, dict[str, Any]]], title: 
             xs = list(groups)
             series.append((label, xs, [groups[g].get(metric, {}).get("value") for g in xs],
                            [groups[g].get(metric, {}).get("stderr") for g in xs]))
-        return _bar_chart(figs, f"{title}: {metric} per group", "groups", series, metric)
+        return _bar_chart(figs, f"{title}: {metric} per group", prefix + "groups", series, metric)
     series = []
     for label, res in runs:
         rows = _metric_rows(res.get("metrics") or {})
         series.append((label, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
-    return _bar_chart(figs, f"{title}: metrics", "metrics", series, "value")
+    return _bar_chart(figs, f"{title}: metrics", prefix + "metrics", series, "value")
 
 
 def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
@@ -296,33 +299,35 @@ def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
 
 
 def _efficiency(run: EvalRun) -> str:
-    """results.json's efficiency, cost and consistency blocks; else what samples.jsonl tells."""
+    """results.json's efficiency, cost and consistency blocks, one small table each; for runs
+    written before those blocks, what samples.jsonl tells (tokens, finish reasons, turns)."""
     blocks = {k: v for k, v in run.results.items() if k not in _BLOCKS_SKIP and isinstance(v, dict)}
-    rows: list[tuple[str, Any]] = []
-    source = "results.json"
-    if blocks:
-        for name, block in blocks.items():
-            _flatten(name, block, rows)
-    else:
-        # Runs written before results.json had these blocks: count what every sample line holds.
+    source = "from results.json"
+    if not blocks:
         source = "counted from samples.jsonl (this run's results.json has no efficiency block)"
         samples = run.samples
+        counted: dict[str, Any] = {}
         tokens = [s.get("num_tokens") for s in samples if isinstance(s.get("num_tokens"), int)]
         if tokens:
-            rows += [("completion tokens, total", sum(tokens)), ("completion tokens per sample, mean",
-                                                                 sum(tokens) / len(tokens))]
-        reasons: dict[str, int] = {}
+            counted["completion tokens, total"] = sum(tokens)
+            counted["completion tokens, mean"] = sum(tokens) / len(tokens)
         for s in samples:
-            reasons[str(s.get("finish_reason"))] = reasons.get(str(s.get("finish_reason")), 0) + 1
-        rows += [(f"finish reason: {k}", v) for k, v in sorted(reasons.items())]
+            key = f"finish reason: {s.get('finish_reason')}"
+            counted[key] = counted.get(key, 0) + 1
         turns = [len(s["turns"]) for s in samples if isinstance(s.get("turns"), list)]
         if turns:
-            rows.append(("turns per episode, mean", sum(turns) / len(turns)))
-    if not rows:
+            counted["turns per episode, mean"] = sum(turns) / len(turns)
+        blocks = {"samples": counted} if counted else {}
+    if not blocks:
         return ""
-    table = _table(["", "value"], [[_esc(k), _esc(_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v))]
-                                   for k, v in rows], "efficiency")
-    return f'<h3>Efficiency, cost and consistency</h3><p class="note">{_esc(source)}</p>{table}'
+    tables = []
+    for name, block in blocks.items():
+        rows: list[tuple[str, Any]] = []
+        _flatten("", block, rows)
+        cells = [[_esc(k), _esc(_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v))] for k, v in rows]
+        tables.append(_table([_esc(name), ""], cells, "efficiency"))
+    return (f'<h3>Efficiency, cost and consistency</h3><p class="note">{_esc(source)}</p>'
+            f'<div class="blocks">{"".join(tables)}</div>')
 
 
 def _browser_payload(run: EvalRun, cap: int) -> tuple[dict[str, Any], str]:
@@ -362,8 +367,8 @@ def _eval_section(run: EvalRun, label: str, figs: _Figures, browsers: list[dict[
     command = run.meta.get("command")
     if isinstance(command, list):
         head += f'<p class="meta"><code>{_esc(" ".join(map(str, command)))}</code></p>'
-    parts = [head, "<h3>Metrics</h3>", _metrics_table(res), _group_chart(figs, [(label, res)], label),
-             _efficiency(run), _sample_browser(run, browsers, cap)]
+    parts = [head, '<div class="overview"><div>', "<h3>Metrics</h3>", _metrics_table(res), "</div>",
+             _group_chart(figs, [(label, res)], label), "</div>", _efficiency(run), _sample_browser(run, browsers, cap)]
     return "".join(parts)
 
 
@@ -513,7 +518,7 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
                     + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else ""
                        for n in names])
     table = _table(["run", "kind", "benchmark", "model", "samples", *map(_esc, names)], rows, "comparison")
-    chart = _group_chart(figs, [(label, res) for label, _, res in results if res], "Runs side by side")
+    chart = _group_chart(figs, [(label, res) for label, _, res in results if res], "Runs side by side", "compare-")
     benchmarks = {res.get("benchmark") for _, _, res in results if res}
     note = ('<p class="note">These runs are of different benchmarks: their numbers are not comparable.</p>'
             if len(benchmarks) > 1 else "")
@@ -542,6 +547,8 @@ text-align:left;vertical-align:top}th{background:#f0f2f5}td pre{margin:0;max-wid
 .meta{color:#4a5561;margin:6px 0}.note{color:#5e6873;font-size:12px}.omitted{background:#fff6db;
 border:1px solid #f0d98c;padding:6px 10px;border-radius:4px}
 .chart{min-height:340px;border:1px solid #eef0f3;border-radius:4px;margin:8px 0}
+.overview{display:grid;grid-template-columns:minmax(280px,auto) 1fr;gap:16px;align-items:start}
+.blocks{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));gap:8px}
 pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px 8px;border-radius:4px;margin:4px 0}
 .controls{display:flex;gap:10px;align-items:center;margin:6px 0}.controls input{flex:0 1 320px;padding:4px 6px}
@@ -623,11 +630,10 @@ document.body.dataset.ready = "1";
 
 def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP) -> str:
     """The HTML text of the report of one or more run directories (each checked first)."""
-    import plotly.offline
-
-    runs = [load_run(p) for p in paths]
+    runs = [load_run(p) for p in paths]  # every run checked before anything is built
     if not runs:
         raise UserError("pass at least one run directory")
+    import plotly.offline
     names = [r.path.name or str(r.path) for r in runs]
     labels = [_label(r, i, names) for i, r in enumerate(runs)]
     figs = _Figures()

@@ -11,17 +11,33 @@ from arlecli.cli.output import console
 
 
 def report_command(
-    runs: List[Path] = typer.Argument(..., help="Run directories (from `arle eval` or `arle train`); "
-                                      "several are compared side by side."),
+    runs: Optional[List[Path]] = typer.Argument(None, help="Run directories (from `arle eval` or `arle train`); "
+                                                "several are compared side by side. Default: the newest run "
+                                                "under ./runs."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The HTML file to write (default: "
                                           "RUN/report.html for one run, ./report.html for several)."),
 ) -> None:
     """Write an HTML report that opens offline: metrics, charts, efficiency and every sample."""
     from arlecli.report import write_report
 
-    out = write_report(runs, output)
+    out = write_report(runs or [newest_run()], output)
     console().print(f"report: {out}  (open file://{out.resolve()} in a browser; it needs no network)",
                     highlight=False, soft_wrap=True)
+
+
+def newest_run(base: Path = Path("runs")) -> Path:
+    """The run under `base` whose files were written last (the run that just finished)."""
+    from arlecli import rundir
+    from arlecli.errors import UserError
+    from arlecli.results import META
+
+    found = rundir.find_runs(base) if base.is_dir() else []
+    if not found:
+        raise UserError(f"no run under {base}/; pass a run directory: arle report RUN")
+    def written(run: Path) -> float:
+        return max((run / f).stat().st_mtime for f in (META, "results.json", "summary.json") if (run / f).exists())
+
+    return max(found, key=written)
 
 
 def report_hint(run_dir: Path) -> str:

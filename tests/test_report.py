@@ -1,0 +1,271 @@
+"""`arle report`: real runs (a tiny-model eval, a 2-step GRPO run, a fake endpoint that answers
+with script injections) rendered in a real headless Chromium (tests/chromium.py): no JavaScript
+error, no request beyond the file itself, every chart drawn, every sample row there, filters
+that work, hostile completions shown as text; and bad input refused in one line, untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chromium import Chromium, chromium_binary, png_colours
+from fake_openai import FakeOpenAIServer
+
+ARLE = [sys.executable, "-m", "arlecli"]
+LIMIT = 6
+# A completion that tries every way out of the page's text: ending the data block, a new
+# script, an HTML comment, an image whose error handler runs code, and a request (src=x).
+HOSTILE = ('</script><script>window.__pwned = 1</script><!-- <img src=x onerror="window.__pwned = 2"> '
+           '<iframe src="https://example.com/"></iframe> \u2028 &amp; = 99')
+
+
+def arle(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, as a user runs it."""
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
+                          cwd=cwd)
+
+
+def _reply(body: dict) -> str:
+    """Right answers to additions; the hostile text for subtractions."""
+    text = json.dumps(body.get("messages") or body.get("prompt"))
+    a, op, b = re.search(r"(\d) ([+-]) (\d) =", text).groups()
+    return f"{a} + {b} = {int(a) + int(b)}" if op == "+" else HOSTILE
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Module-wide runs: a tiny-model eval (printing its report hint) and a fake-endpoint eval
+    of the same tasks with hostile completions."""
+    from tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("runs")
+    model = build_tiny_model(root / "model")
+    tiny = arle("eval", "one_digit_sums", "--model", str(model), "--limit", str(LIMIT), "--max-tokens", "8",
+                "--output", str(root / "tiny"))
+    assert tiny.returncode == 0, tiny.stderr
+    assert f"arle report {root / 'tiny'}" in tiny.stdout  # eval ends with the command that shows it
+    with FakeOpenAIServer(_reply) as srv:
+        hostile = arle("eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", str(LIMIT),
+                       "--output", str(root / "hostile"), "--json")
+    assert hostile.returncode == 0, hostile.stderr
+    assert f"arle report {root / 'hostile'}" in hostile.stderr  # stdout stays JSON under --json
+    json.loads(hostile.stdout)
+    return {"model": model, "tiny": root / "tiny", "hostile": root / "hostile", "root": root}
+
+
+@pytest.fixture(scope="module")
+def train_run(runs, tmp_path_factory):
+    """A 2-step GRPO run of the tiny model with held-out evals at steps 0 and 2 (test_train's shape)."""
+    from test_train import TINY, train_in_process, varied_card
+
+    root = tmp_path_factory.mktemp("train")
+    run = root / "run"
+    train_in_process(str(varied_card(root)), "--algo", "grpo", "--model", str(runs["model"]), *TINY,
+                     "--max-steps", "2", "--eval-limit", "3", "--set", "eval_max_tokens=8", "--output", str(run))
+    return run
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if chromium_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have chromium (.ci/run installs it with apt)")
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)")
+    with Chromium() as b:
+        yield b
+
+
+def report(*args: str) -> Path:
+    out = arle("report", *args)
+    assert out.returncode == 0, out.stderr
+    path = Path(re.search(r"report: (\S+)", out.stdout).group(1))
+    assert path.is_file()
+    return path
+
+
+def clean_page(browser: Chromium, path: Path):
+    """Open a report; it must render with no JS error and ask for nothing but itself."""
+    page = browser.open_page(path)
+    assert page.evaluate("document.body.dataset.ready") == "1", "the page's script did not finish"
+    assert page.errors == []
+    assert page.requests == [page.url], f"requests beyond the file: {page.requests}"
+    return page
+
+
+def charts(page) -> dict[str, int]:
+    """Each chart div by name -> how many plotly traces were drawn into it (svg present)."""
+    return page.evaluate("""Object.fromEntries([...document.querySelectorAll('div.chart')].map(d =>
+        [d.dataset.name, d.classList.contains('js-plotly-plot') && d.querySelector('svg.main-svg') ? d.data.length : -1]))""")
+
+
+def visible_rows(page, browser_index: int = 0) -> int:
+    return page.evaluate(f"""[...document.querySelectorAll('div.browser')[{browser_index}]
+        .querySelectorAll('details.sample')].filter(d => d.style.display !== 'none').length""")
+
+
+def set_filter(page, value: str = "all", search: str = "") -> None:
+    page.evaluate(f"""(() => {{ const b = document.querySelector('div.browser');
+        const s = b.querySelector('select.filter'); s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change'));
+        const q = b.querySelector('input.search'); q.value = {json.dumps(search)}; q.dispatchEvent(new Event('input'));
+        return true; }})()""")
+
+
+def test_eval_report_renders_in_chromium(runs, browser, tmp_path):
+    start = time.monotonic()
+    path = report(str(runs["tiny"]))
+    assert path == runs["tiny"] / "report.html"
+    text = path.read_text()
+    assert "cdn" not in re.sub(r"<script>.*?</script>", "", text, flags=re.S).lower()  # no CDN link outside the library
+    assert text.count("Plotly.newPlot") == 1 and len(text) > 3_000_000  # plotly.js embedded, once
+
+    page = clean_page(browser, path)
+    assert page.evaluate("document.querySelector('.sample-count').dataset.total") == str(LIMIT)
+    assert f"{LIMIT} samples" in page.evaluate("document.querySelector('.sample-count').textContent")
+    drawn = charts(page)
+    assert drawn == {"groups": 1}  # the per-group bars (addition / subtraction), drawn
+    groups = page.evaluate("document.querySelector('[data-name=groups]').data[0].x")
+    assert set(groups) <= {"addition", "subtraction"} and groups
+    assert "Efficiency, cost and consistency" in page.evaluate("document.body.textContent")
+    # The sample browser: one row per sample; the filters and the search narrow it.
+    assert visible_rows(page) == LIMIT
+    samples = [json.loads(line) for line in (runs["tiny"] / "samples.jsonl").read_text().split("\n") if line]
+    right = sum(s["correct"] for s in samples)
+    set_filter(page, "correct")
+    assert visible_rows(page) == right
+    set_filter(page, "wrong")
+    assert visible_rows(page) == LIMIT - right
+    set_filter(page, "all", samples[0]["id"])
+    assert visible_rows(page) == 1
+    body = page.evaluate("document.querySelector('details.sample .body').textContent")
+    assert "extracted vs target" in body and "prompt" in body and str(samples[0]["target"]) in body
+    set_filter(page)
+
+    shot = page.screenshot(tmp_path / "eval.png", 1280, 1200)
+    assert png_colours(shot) > 50  # a rendered page, not a blank one
+    print(f"eval report in chromium: {time.monotonic() - start:.1f} s")
+
+
+def test_training_report_renders_in_chromium(train_run, browser, tmp_path, capsys):
+    path = report(str(train_run))
+    page = clean_page(browser, path)
+    drawn = charts(page)
+    metrics = [json.loads(line) for line in (train_run / "metrics.jsonl").read_text().split("\n") if line]
+    logged = {k for row in metrics for k, v in row.items() if isinstance(v, (int, float))}
+    # A curve for each of reward, accuracy, KL, loss and tokens/s that the trainer logged (GRPO
+    # with beta=0 logs no KL, and the page says so), and the held-out accuracy at each eval.
+    expected = {f"train-{k}" for k in ("reward", "accuracy", "kl", "loss", "tokens_per_second") if k in logged}
+    assert {"train-reward", "train-loss", "train-tokens_per_second"} <= expected
+    assert drawn == {**{name: 1 for name in expected}, "heldout": 1}
+    assert page.evaluate("document.querySelector('[data-name=heldout]').data[0].x") == [0, 2]
+    text = page.evaluate("document.body.textContent")
+    if "kl" not in logged:
+        assert "Not logged by this run's trainer: kl" in text
+    assert "Before and after training" in text and "Paired comparison" in text
+    rewards = (train_run / "rewards.jsonl").read_text().splitlines()
+    assert page.evaluate("document.querySelectorAll('table.step-samples tbody tr').length") == len(rewards)
+    # The last held-out eval's samples, in the browser.
+    assert visible_rows(page) == 3
+    shot = page.screenshot(tmp_path / "train.png", 1280, 1400)
+    assert png_colours(shot) > 50
+
+
+def test_train_ends_with_the_report_command(train_run, runs, tmp_path, capsys):
+    from test_train import TINY, train_in_process, varied_card
+
+    capsys.readouterr()
+    train_in_process(str(varied_card(tmp_path)), "--algo", "grpo", "--model", str(runs["model"]), *TINY,
+                     "--max-steps", "1", "--eval-limit", "1", "--set", "eval_max_tokens=4",
+                     "--output", str(tmp_path / "run"))
+    assert f"arle report {tmp_path / 'run'}" in capsys.readouterr().out
+
+
+def test_hostile_completions_render_as_text(runs, browser):
+    path = report(str(runs["hostile"]))
+    text = path.read_text()
+    assert "window.__pwned" in text  # the sample is in the file ...
+    assert "<script>window.__pwned" not in text and "<img src=x" not in text  # ... but never as markup
+    page = clean_page(browser, path)  # src=x and the iframe would show up as requests
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.evaluate("document.querySelectorAll('img, iframe').length") == 0
+    shown = page.evaluate("""[...document.querySelectorAll('details.sample .body pre')]
+        .map(p => p.textContent).filter(t => t.includes('__pwned'))""")
+    assert HOSTILE in shown  # exactly the model's text, character for character
+    samples = [json.loads(line) for line in (runs["hostile"] / "samples.jsonl").read_text().split("\n") if line]
+    set_filter(page, "correct")
+    assert visible_rows(page) == sum(s["correct"] for s in samples) > 0
+
+
+def test_several_runs_side_by_side(runs, browser, tmp_path):
+    out = tmp_path / "both.html"
+    path = report(str(runs["tiny"]), str(runs["hostile"]), "-o", str(out))
+    assert path == out
+    page = clean_page(browser, path)
+    assert page.evaluate("document.querySelectorAll('table.comparison tbody tr').length") == 2
+    assert page.evaluate("document.querySelectorAll('table.paired tbody tr').length") >= 1
+    drawn = charts(page)
+    assert drawn["compare-groups"] == 2  # one bar trace per run in the comparison chart
+    assert page.evaluate("document.querySelectorAll('section.run').length") == 2
+    assert page.evaluate("document.querySelectorAll('div.browser').length") == 2
+
+
+def test_report_without_arguments_shows_the_newest_run(runs, tmp_path):
+    import shutil
+
+    for name in ("tiny", "hostile"):
+        shutil.copytree(runs[name], tmp_path / "runs" / name)
+    os.utime(tmp_path / "runs" / "hostile" / "results.json")  # the one finished last
+    out = arle("report", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "runs" / "hostile" / "report.html").is_file()
+    empty = arle("report", cwd=tmp_path / "runs" / "tiny")  # no runs/ there
+    assert empty.returncode == 2 and "no run under runs/" in empty.stderr
+
+
+def test_samples_beyond_the_cap_are_counted_not_embedded(runs):
+    from arlecli.report import build_report
+
+    text = build_report([runs["tiny"]], sample_cap=2)
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S).group(1))
+    assert len(data["browsers"][0]["samples"]) == 2 and data["browsers"][0]["omitted"] == LIMIT - 2
+    assert f"embeds the first 2 of {LIMIT} samples" in text and f"the {LIMIT - 2} left out" in text
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() + str(p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["not_a_run", "missing", "torn_samples", "no_results", "damaged_line"])
+def test_bad_input_is_one_line_exit_2_and_untouched(runs, tmp_path, damage):
+    import shutil
+
+    run = tmp_path / "run"
+    if damage == "not_a_run":
+        run.mkdir()
+        (run / "notes.txt").write_text("hello\n")
+    elif damage != "missing":
+        shutil.copytree(runs["tiny"], run)
+        (run / "report.html").unlink(missing_ok=True)
+        samples = run / "samples.jsonl"
+        if damage == "torn_samples":
+            with open(samples, "a") as f:
+                f.write('{"id": "half')
+        elif damage == "no_results":
+            (run / "results.json").unlink()
+        elif damage == "damaged_line":
+            lines = samples.read_text().splitlines(keepends=True)
+            samples.write_text(lines[0] + "not json\n" + "".join(lines[1:]))
+    before = _snapshot(run) if run.exists() else None
+    out = arle("report", str(run))
+    assert out.returncode == 2, out
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: "), out.stderr
+    assert str(run) in out.stderr
+    assert (_snapshot(run) if run.exists() else None) == before  # nothing written, nothing changed
