@@ -203,6 +203,27 @@ def test_hostile_completions_render_as_text(runs, browser):
     assert visible_rows(page) == sum(s["correct"] for s in samples) > 0
 
 
+def test_agent_turns_render(runs, browser, tmp_path):
+    """A multi-turn run (FrozenLake, tiny model): every turn's completion and observation is shown."""
+    run = tmp_path / "lake"
+    out = arle("eval", "frozenlake", "--model", str(runs["model"]), "--limit", "2", "--max-tokens", "6",
+               "--output", str(run))
+    assert out.returncode == 0, out.stderr
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().split("\n") if line]
+    page = clean_page(browser, report(str(run)))
+    assert page.evaluate("document.querySelectorAll('details.sample').length") == 2
+    assert page.evaluate("document.querySelectorAll('details.sample')[0].querySelectorAll('.turn').length") \
+        == len(samples[0]["turns"])
+    first = samples[0]["turns"][0]
+    shown = page.evaluate("[...document.querySelectorAll('details.sample')[0].querySelectorAll('.turn pre')]"
+                          ".map(p => p.textContent)")
+    assert first["completion"] in shown
+    observation = first.get("observation")
+    if observation:  # text, or the chat messages the environment answered with
+        texts = [observation] if isinstance(observation, str) else [m["content"] for m in observation]
+        assert all(any(t in pre for pre in shown) for t in texts)
+
+
 def test_several_runs_side_by_side(runs, browser, tmp_path):
     out = tmp_path / "both.html"
     path = report(str(runs["tiny"]), str(runs["hostile"]), "-o", str(out))

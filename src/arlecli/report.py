@@ -28,7 +28,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,12 +278,12 @@ def _group_chart(figs: _Figures, runs: list[tuple[str, dict[str, Any]]], title: 
             xs = list(groups)
             series.append((label, xs, [groups[g].get(metric, {}).get("value") for g in xs],
                            [groups[g].get(metric, {}).get("stderr") for g in xs]))
-        return _bar_chart(figs, f"{title}: {metric} per group", prefix + "groups", series, metric)
+        return _bar_chart(figs, f"{title}{metric} per group", prefix + "groups", series, metric)
     series = []
     for label, res in runs:
         rows = _metric_rows(res.get("metrics") or {})
         series.append((label, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
-    return _bar_chart(figs, f"{title}: metrics", prefix + "metrics", series, "value")
+    return _bar_chart(figs, f"{title}metrics", prefix + "metrics", series, "value")
 
 
 def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
@@ -368,7 +367,7 @@ def _eval_section(run: EvalRun, label: str, figs: _Figures, browsers: list[dict[
     if isinstance(command, list):
         head += f'<p class="meta"><code>{_esc(" ".join(map(str, command)))}</code></p>'
     parts = [head, '<div class="overview"><div>', "<h3>Metrics</h3>", _metrics_table(res), "</div>",
-             _group_chart(figs, [(label, res)], label), "</div>", _efficiency(run), _sample_browser(run, browsers, cap)]
+             _group_chart(figs, [(label, res)], ""), "</div>", _efficiency(run), _sample_browser(run, browsers, cap)]
     return "".join(parts)
 
 
@@ -518,7 +517,7 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
                     + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else ""
                        for n in names])
     table = _table(["run", "kind", "benchmark", "model", "samples", *map(_esc, names)], rows, "comparison")
-    chart = _group_chart(figs, [(label, res) for label, _, res in results if res], "Runs side by side", "compare-")
+    chart = _group_chart(figs, [(label, res) for label, _, res in results if res], "Runs side by side: ", "compare-")
     benchmarks = {res.get("benchmark") for _, _, res in results if res}
     note = ('<p class="note">These runs are of different benchmarks: their numbers are not comparable.</p>'
             if len(benchmarks) > 1 else "")
@@ -581,7 +580,7 @@ function sampleBody(s){
     s.turns.forEach(function(t,i){ var d=el("div","turn"); d.appendChild(el("div","label","turn "+(i+1)+
       (t.finish_reason?" ("+t.finish_reason+")":""))); block(d,"completion",t.completion);
       if(t.tool_calls!==undefined){block(d,"tool calls",t.tool_calls);}
-      if(t.observation!==undefined&&t.observation!==null){block(d,"observation",t.observation);}
+      if(t.observation!==undefined&&t.observation!==null){block(d,"observation",promptText(t.observation));}
       var extra={}; Object.keys(t).forEach(function(k){ if(["completion","observation","finish_reason","tool_calls"].indexOf(k)<0){extra[k]=t[k];}});
       if(Object.keys(extra).length){block(d,"turn fields",extra);} b.appendChild(d); });
   } else { block(b, "completion", s.completion); }
