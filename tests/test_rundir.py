@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -190,11 +191,16 @@ def test_eval_cli_resume_errors_are_one_line_exit_2(tmp_path):
 # Checkpoints
 
 
-def _checkpoint(run: Path, step: int, state: str | None) -> Path:
+def _checkpoint(run: Path, step: int, state: str | None, content: bytes | None = None) -> Path:
     folder = run / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    if state:
-        (folder / state).write_text("{}")
+    if state and content is not None:
+        (folder / state).write_bytes(content)
+    elif state == "trainer_state.pt":
+        with zipfile.ZipFile(folder / state, "w") as z:  # what torch.save writes
+            z.writestr("archive/data.pkl", b"state")
+    elif state:
+        (folder / state).write_text('{"global_step": %d}' % step)
     return folder
 
 
@@ -204,6 +210,10 @@ def test_checkpoints_are_complete_ones_in_step_order(tmp_path):
     _checkpoint(run, 9, "trainer_state.pt")    # arle's PPO
     _checkpoint(run, 10, "trainer_state.json")
     _checkpoint(run, 12, None)                 # cut short mid-save: ignored
+    # Killed while the state file itself was being written: it exists, but not whole.
+    _checkpoint(run, 13, "trainer_state.json", b"")
+    _checkpoint(run, 14, "trainer_state.json", b'{"global_step": 1')
+    _checkpoint(run, 15, "trainer_state.pt", b"PK\x03\x04 a zip cut short")
     (run / "checkpoint-20").write_text("a file, not a folder")
     (run / "checkpoint-x").mkdir()
     assert [p.name for p in rundir.checkpoints(run)] == ["checkpoint-2", "checkpoint-9", "checkpoint-10"]

@@ -19,6 +19,7 @@ import platform
 import re
 import shutil
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterable
@@ -29,8 +30,8 @@ from arlecli.results import META, RESULTS, SAMPLES, read_json, read_samples, wri
 
 RUNS = Path("runs")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-# Each trainer writes its state file last (TRL: .json, arle's PPO: .pt): without it the save was cut short.
-_STATE_FILES = ("trainer_state.json", "trainer_state.pt")
+# Each trainer writes its state file last (TRL: trainer_state.json, arle's PPO: trainer_state.pt):
+# without it whole, the save was cut short (`_state_complete`).
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,8 +189,23 @@ def checkpoints(run_dir: Path) -> list[Path]:
     if not run_dir.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in run_dir.iterdir()
-             if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir() and any((p / f).exists() for f in _STATE_FILES)]
+             if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir() and _state_complete(p)]
     return [p for _, p in sorted(found)]
+
+
+def _state_complete(folder: Path) -> bool:
+    # The state file is written last, but a kill can land while it is being written: it then
+    # exists, empty or cut short, and resuming from it would crash. Read it whole.
+    state = folder / "trainer_state.json"
+    if state.exists():
+        try:
+            return isinstance(json.loads(state.read_text()), dict)
+        except (OSError, ValueError):
+            return False
+    # torch.save writes a zip whose central directory comes last (and PPO renames a finished
+    # folder into place anyway).
+    state = folder / "trainer_state.pt"
+    return state.exists() and zipfile.is_zipfile(state)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
