@@ -26,9 +26,9 @@ HUMANEVAL_ROW = {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_so
                  "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
 
 
-def arle(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI as a user would."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy(),
+def arle(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
                           cwd=cwd)
 
 

@@ -10,43 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scipy import stats
 
+from test_bad_input import arle, assert_one_line_error, snapshot
+
 from arlecli.compare import compare_samples, mcnemar_exact, paired_difference
 from arlecli.results import aggregate
-
-ARLE = [sys.executable, "-m", "arlecli"]
-
-
-def arle(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
-                          cwd=cwd)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """Exit 2, one `error:` line on stderr holding every needle, no traceback, nothing on stdout."""
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder`, by relative path, with its exact bytes."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def sample(tid: str, correct: bool, k: int = 0, group: str | None = None) -> dict[str, Any]:
