@@ -627,17 +627,26 @@ def reported_failure(failure):
     return {"passed": 0, "total": 1, "failure": {"kind": failure["kind"], "message": clip(failure["message"])}}
 
 
+def receive_report(chan, key):
+    """The solution's process's one report, {key: dict} or {"failure": ...}: (the dict,
+    None), or (None, the failure verdict). Anything else is a protocol error."""
+    report = chan.recv()
+    if type(report) is not dict or len(report) != 1:
+        raise Stop("protocol_error", "the solution's process sent something odd")
+    if "failure" in report:
+        return None, reported_failure(report["failure"])
+    payload = report.get(key)
+    if type(payload) is not dict:
+        raise Stop("protocol_error", "the solution's process sent something odd")
+    return payload, None
+
+
 def run_script(secret, chan):
     """The test source runs here, against proxies of the solution's functions."""
     try:
-        report = chan.recv()
-        if type(report) is not dict or len(report) != 1:
-            raise Stop("protocol_error", "the solution's process sent something odd")
-        if "failure" in report:
-            return reported_failure(report["failure"])
-        names = report.get("names")
-        if type(names) is not dict:
-            raise Stop("protocol_error", "the solution's process sent something odd")
+        names, failed = receive_report(chan, "names")
+        if failed:
+            return failed
         namespace = {"__name__": "__main__", "__builtins__": builtins}
         try:
             exec(compile_source(secret["prompt"] or "", PROMPT), namespace)
@@ -664,14 +673,9 @@ def check_unittest(chan):
     """The solution's process ran the tests (they patch its module, so they must run
     there) and reports the counts: checked for shape only, so this verdict is forgeable."""
     try:
-        report = chan.recv()
-        if type(report) is not dict or len(report) != 1:
-            raise Stop("protocol_error", "the solution's process sent something odd")
-        if "failure" in report:
-            return reported_failure(report["failure"])
-        counts = report.get("unittest")
-        if type(counts) is not dict:
-            raise Stop("protocol_error", "the solution's process sent something odd")
+        counts, failed = receive_report(chan, "unittest")
+        if failed:
+            return failed
         passed, total, failure = counts.get("passed"), counts.get("total"), counts.get("failure")
         if type(passed) is not int or type(total) is not int or not 0 <= passed <= total <= 1_000_000 or total < 1:
             raise Stop("protocol_error", "the solution's process sent odd test counts")
