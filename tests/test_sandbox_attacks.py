@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -1151,8 +1151,10 @@ def diff(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
     return lines
 
 
-def walk_files(root: str, max_depth: int = 12) -> list[str]:
-    out, stack = [], [(root, 0)]
+def tree(root: str, max_depth: int, descend: Any = None) -> Iterator[tuple[str, str, os.stat_result | None]]:
+    """(path, name, lstat or None) of every entry below `root`, never through a symlink; a
+    directory is entered while shallower than `max_depth` and `descend(name)` allows it."""
+    stack = [(root, 0)]
     while stack:
         d, depth = stack.pop()
         try:
@@ -1162,14 +1164,16 @@ def walk_files(root: str, max_depth: int = 12) -> list[str]:
         for n in names:
             p = os.path.join(d, n)
             try:
-                st = os.lstat(p)
+                st: os.stat_result | None = os.lstat(p)
             except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                out.append(p)
-            elif stat.S_ISDIR(st.st_mode) and depth < max_depth:
+                st = None
+            yield p, n, st
+            if st is not None and stat.S_ISDIR(st.st_mode) and depth < max_depth and (descend is None or descend(n)):
                 stack.append((p, depth + 1))
-    return out
+
+
+def walk_files(root: str, max_depth: int = 12) -> list[str]:
+    return [p for p, _, st in tree(root, max_depth) if st is not None and stat.S_ISREG(st.st_mode)]
 
 
 def named_entries(token: str, dirs: list[str], deep: list[str]) -> list[str]:
@@ -1180,20 +1184,8 @@ def named_entries(token: str, dirs: list[str], deep: list[str]) -> list[str]:
             found += [os.path.join(d, n) for n in os.listdir(d) if token in n]
         except OSError:
             pass
-    for top in deep:
-        stack = [(top, 0)]
-        while stack:
-            d, depth = stack.pop()
-            try:
-                names = os.listdir(d)
-            except OSError:
-                continue
-            for n in names:
-                p = os.path.join(d, n)
-                if token in n:
-                    found.append(p)
-                elif depth < 8 and os.path.isdir(p) and not os.path.islink(p):
-                    stack.append((p, depth + 1))
+    for top in deep:  # a matching directory is reported, not entered
+        found += [p for p, n, _ in tree(top, 8, lambda n: token not in n) if token in n]
     return found
 
 
