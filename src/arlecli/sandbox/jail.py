@@ -410,6 +410,7 @@ def _system_paths() -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
+@functools.cache
 def _bwrap_binary() -> str | None:
     if sys.platform != "linux":
         return None
