@@ -436,7 +436,9 @@ def _cgroup_bases() -> dict[str, tuple[Path, int]]:
         return {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = [m.split() for m in Path("/proc/self/mountinfo").read_text().splitlines()]
+        # (filesystem type, mount point, super options) of each mount: fields after " - ".
+        mounts = [(f[f.index("-") + 1], f[4], f[-1]) for f in map(str.split, Path("/proc/self/mountinfo")
+                                                                    .read_text().splitlines())]
     except OSError:
         return {}
     found: dict[str, tuple[Path, int]] = {}
@@ -446,15 +448,15 @@ def _cgroup_bases() -> dict[str, tuple[Path, int]]:
             if ctl in found:
                 continue
             if ctl in controllers.split(","):  # v1: one hierarchy per controller
-                for m in mounts:
-                    if "cgroup" in m[m.index("-") + 1:m.index("-") + 2] and ctl in m[-1].split(","):
-                        base = Path(m[4]) / path.lstrip("/")
+                for fstype, point, options in mounts:
+                    if fstype == "cgroup" and ctl in options.split(","):
+                        base = Path(point) / path.lstrip("/")
                         if _can_make_cgroup(base, _LIMIT_FILES[ctl][0]):
                             found[ctl] = (base, 1)
             elif not controllers and line.startswith("0::"):  # v2: only where delegated
-                for m in mounts:
-                    if "cgroup2" in m[m.index("-") + 1:m.index("-") + 2]:
-                        base = Path(m[4]) / path.lstrip("/")
+                for fstype, point, _ in mounts:
+                    if fstype == "cgroup2":
+                        base = Path(point) / path.lstrip("/")
                         try:
                             delegated = ctl in (base / "cgroup.subtree_control").read_text().split()
                         except OSError:
