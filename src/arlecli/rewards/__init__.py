@@ -1,8 +1,14 @@
 """Rewards: pure, deterministic functions `score(task, episode) -> Score`.
 
-Each reward module registers factories by name with `@register("name")`. A card names
-a reward and its params; `get_reward(name, params)` builds the scoring function. The
-same function scores eval samples and training completions.
+A reward is a factory: its keyword arguments are the params a card may set, and it returns the
+scoring function. arle's own register by name with `@register("name", metrics=[...])`; a card
+names a reward by that name, by "module:attr" or by "file.py:attr" next to the card, or an
+installed package adds one through an `arle.rewards` entry point (arlecli/plugins.py). The same
+function scores eval samples and training completions.
+
+`metrics` declares the names the Score's `details` carry (inspect_ai's `@scorer(metrics=...)`);
+a card's `metrics:` are held to them when it loads (`card_metrics`), so a typo fails there
+rather than reading as 0.0. `accuracy` (the Score's `correct`) and `pass@k` are always there.
 
 A reward's params are declared by its factory's signature: each keyword argument, with its
 type hint and default, is a param a card may set. `check_params` holds a card's params to
@@ -15,20 +21,28 @@ from __future__ import annotations
 
 import collections.abc
 import difflib
-import importlib
 import inspect
-import pkgutil
+import re
 import types
 import typing
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from arlecli.errors import UserError
+from arlecli.plugins import Registry
 from arlecli.types import Episode, Score, Task
 
 RewardFn = Callable[[Task, Episode], Score]
 RewardFactory = Callable[..., RewardFn]
+# What a reward declares its details carry: names, or a function of the card's params (a
+# reward that wraps another reports the inner one's too).
+Metrics = Sequence[str] | Callable[[dict[str, Any]], Iterable[str]]
 
-_REWARDS: dict[str, RewardFactory] = {}
+# Every module of this package registers its rewards on import (on the first lookup).
+REWARDS: Registry[RewardFactory] = Registry("rewards", "reward", builtin=["arlecli.rewards.*"])
+_REWARDS = REWARDS  # indexable by name, as tests and older callers do
+# Always reported, whatever the reward: `accuracy` is the Score's `correct`, pass@k comes from it.
+ALWAYS_METRICS = ("accuracy",)
+_PASS_AT_K = re.compile(r"pass@[1-9][0-9]*")
 
 # The task fields each reward reads and cannot score without, named by the param that holds
 # the field's name (so a card that points the param at another column is checked against
@@ -41,20 +55,44 @@ FIELDS_NEEDED: dict[str, tuple[str, ...]] = {
 }
 
 
-def register(name: str) -> Callable[[RewardFactory], RewardFactory]:
-    """Register a reward factory under `name` (its keyword args are the card's params)."""
+def register(name: str | None = None, *, metrics: Metrics | None = None) -> Callable[[RewardFactory], RewardFactory]:
+    """Register a reward factory under `name` (default: the function's name); its keyword args
+    are the card's params, and `metrics` the names its Scores' `details` carry (a list, or a
+    function of the card's params; [] for none beyond accuracy)."""
 
     def deco(factory: RewardFactory) -> RewardFactory:
-        _REWARDS[name] = factory
+        if metrics is not None:
+            factory.__arle_metrics__ = metrics  # type: ignore[attr-defined]
+        REWARDS.add(name or factory.__name__, factory)
         return factory
 
     return deco
 
 
 def reward_names() -> list[str]:
-    """All registered reward names."""
-    _load_builtin()
-    return sorted(_REWARDS)
+    """All registered reward names (arle's, decorated in imported modules, entry points)."""
+    return REWARDS.names()
+
+
+def reward_metrics(name: str, params: dict[str, Any] | None = None) -> list[str]:
+    """The metrics reward `name` reports with `params`: what it declares plus `accuracy`
+    (pass@k, for any k, is always available too; see `unknown_metrics`)."""
+    declared = declared_metrics(_factory(name))
+    names = declared(params or {}) if callable(declared) else declared or ()
+    return list(dict.fromkeys([*ALWAYS_METRICS, *names]))
+
+
+def declared_metrics(factory: RewardFactory) -> Metrics | None:
+    """What `factory` declares its details carry; None if it declares nothing (a plain
+    function named by "module:attr" or "file.py:attr" without `@register(..., metrics=...)`)."""
+    return getattr(factory, "__arle_metrics__", None)
+
+
+def unknown_metrics(name: str, params: dict[str, Any], metrics: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """Each of `metrics` that reward `name` does not report, with its near names."""
+    known = reward_metrics(name, params)
+    return [(m, difflib.get_close_matches(m, [*known, "pass@1"], n=1)) for m in metrics
+            if m not in known and not _PASS_AT_K.fullmatch(m)]
 
 
 def get_reward(name: str, params: dict[str, Any] | None = None) -> RewardFn:
@@ -71,12 +109,7 @@ def get_reward(name: str, params: dict[str, Any] | None = None) -> RewardFn:
 
 
 def _factory(name: str) -> RewardFactory:
-    _load_builtin()
-    if name not in _REWARDS:
-        near = difflib.get_close_matches(name, _REWARDS, n=3)
-        hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        raise UserError(f"unknown reward '{name}'{hint}; known: {', '.join(sorted(_REWARDS))}")
-    return _REWARDS[name]
+    return REWARDS.get(name)
 
 
 class ParamError(UserError):
@@ -179,10 +212,3 @@ def check_task_fields(name: str, params: dict[str, Any], tasks: Sequence[Task], 
                 raise UserError(
                     f"task {task.id!r} of {origin} has no field {which}, which reward '{name}' needs; "
                     f"give rows with that column, or point the card's reward param {param} at the right one")
-
-
-def _load_builtin() -> None:
-    # Imported lazily so `arle --help` stays fast; every module of this package registers
-    # its rewards on import.
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from arlecli.rewards import RewardFn, get_reward, register
+from arlecli.rewards import RewardFn, get_reward, register, reward_metrics
 from arlecli.types import Episode, Score, Task
 
 
-@register("frozenlake")
+@register("frozenlake", metrics=["reached_goal", "fell_in_hole", "moves"])
 def frozenlake() -> RewardFn:
     """FrozenLake: 1 when the player reached the goal, else 0.
 
@@ -42,7 +42,8 @@ def _replayed(task: Task, episode: Episode) -> dict[str, Any]:
     return replay([str(r) for r in rows], [t.completion for t in episode.turns]).outcome()
 
 
-@register("solver_judge")
+@register("solver_judge", metrics=lambda p: [*reward_metrics(p.get("reward", "countdown"), p.get("reward_params")),
+                                            "solver_correct", "judge_fixed"])
 def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None = None) -> RewardFn:
     """A solver-then-judge episode (envs/judge.py) scored by `reward` on the final (judge's)
     answer, with the solver's own first answer scored by the same reward as a detail.

@@ -126,7 +126,7 @@ def extract_by_text(text: str, choices: list[str], leading: bool = False) -> str
 MATCH_MODES = ("letter", "text")
 
 
-@register("multiple_choice")
+@register("multiple_choice", metrics=["accuracy"])
 def multiple_choice(num_choices: int | None = None, match: str = "letter") -> RewardFn:
     """Accuracy of a generative multiple-choice answer.
 

@@ -156,7 +156,7 @@ def gsm8k_gold(answer: str) -> str:
     return answer.split("####")[-1].strip().replace(",", "")
 
 
-@register("gsm8k")
+@register("gsm8k", metrics=["strict_match", "flexible_extract", "math_verify"])
 def gsm8k(primary: str = "flexible_extract", strict_regex: str = STRICT_REGEX) -> RewardFn:
     """GSM8K scored like lm-eval's `gsm8k` task, plus math-verify.
 
@@ -245,7 +245,7 @@ def equivalent(gold: list[Any], pred: list[Any]) -> bool:
     return abs(p - g) <= _SAME_NUMBER_REL * max(abs(g), abs(p))
 
 
-@register("math")
+@register("math", metrics=["math_verify", "boxed"])
 def math_answer(tolerance: float = 0.0) -> RewardFn:
     """Symbolic equivalence of a math answer, by math-verify.
 
@@ -298,7 +298,7 @@ def _as_fraction(value: Any) -> Fraction | None:
         return None
 
 
-@register("number")
+@register("number", metrics=["accuracy", "tagged"])
 def number() -> RewardFn:
     """A numeric answer: the last number of the completion equals `task.target` exactly.
 

@@ -130,7 +130,7 @@ def _countdown_problem(task: Task) -> tuple[list[int], Any]:
     return [int(n) for n in numbers], target
 
 
-@register("countdown")
+@register("countdown", metrics=["accuracy", "valid_expression"])
 def countdown() -> RewardFn:
     """Countdown: an arithmetic expression that uses each given number exactly once and
     equals the target.
@@ -330,7 +330,7 @@ def _sandbox_value(stdout: str, nonce: str) -> float:
     return 0.0
 
 
-@register("reasoning_gym")
+@register("reasoning_gym", metrics=["accuracy"])
 def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: int = 2048,
                   workers: int | None = None) -> RewardFn:
     """Score with reasoning-gym's own checker (`score_answer`) for the row's dataset.
@@ -460,7 +460,7 @@ def _target_grid(task: Task) -> Grid:
     return grid
 
 
-@register("arc_grid")
+@register("arc_grid", metrics=["accuracy", "valid_grid", "shape_match"])
 def arc_grid() -> RewardFn:
     """ARC-AGI: the output grid must equal the target grid exactly (every cell, same shape).
 

@@ -93,7 +93,7 @@ def is_abstention(answer: str) -> bool:
     return normalize_answer(answer) in ABSTAIN_PHRASES
 
 
-@register("qa")
+@register("qa", metrics=lambda p: ["exact_match", "f1", *(["abstained"] if p.get("abstain") else [])])
 def qa(abstain: bool = False) -> RewardFn:
     """Short-answer QA scored as the official SQuAD script: normalised exact match and F1.
 
@@ -219,7 +219,7 @@ def drop_golds(target: Any) -> list[list[str]]:
     return [spans] if spans else []
 
 
-@register("drop")
+@register("drop", metrics=["exact_match", "f1"])
 def drop() -> RewardFn:
     """DROP scored as its official evaluator (lm-eval `drop`): EM and numeracy-aware F1,
     the max over gold answers.
@@ -283,7 +283,7 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-@register("finqa")
+@register("finqa", metrics=["exact_match", "f1", "numeric_match"])
 def finqa(rel_tol: float = 0.01) -> RewardFn:
     """FinQA answered in words, scored by the executed gold (`final_result` / `exe_ans`).
 
@@ -352,7 +352,7 @@ def _render(spans: list[str], scale: str) -> str:
     return " ".join(out)
 
 
-@register("tatqa")
+@register("tatqa", metrics=["exact_match", "f1"])
 def tatqa() -> RewardFn:
     """TAT-QA scored like its official evaluator (tatqa_metric.py), with the scale.
 
