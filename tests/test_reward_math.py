@@ -218,6 +218,54 @@ def test_as_float_and_within() -> None:
     assert not m.within(100.0, 100.0, 0.0)  # no tolerance: leave it to math-verify
 
 
+# Non-finite and complex answers: inf - inf is nan, which used to make oo unequal to oo.
+@pytest.mark.parametrize(
+    "gold, completion, tolerance, correct",
+    [
+        ("\\infty", "\\boxed{\\infty}", 0.0, True),
+        ("\\infty", "\\boxed{\\infty}", 0.01, True),
+        ("-\\infty", "\\boxed{-\\infty}", 0.0, True),
+        ("-\\infty", "\\boxed{\\infty}", 0.0, False),
+        ("\\infty", "\\boxed{-\\infty}", 0.01, False),
+        ("\\infty", "\\boxed{10^{400}}", 0.01, False),  # a huge number is not infinity
+        ("1e400", "\\boxed{\\infty}", 0.01, False),  # nor is a float that overflows
+        ("\\infty", "\\boxed{5}", 0.01, False),
+        ("5", "\\boxed{\\infty}", 0.01, False),
+        # NaN (0/0) is no number: it agrees with no value, within any tolerance.
+        ("\\frac{0}{0}", "\\boxed{5}", 0.01, False),
+        ("5", "\\boxed{\\frac{0}{0}}", 0.01, False),
+        ("\\infty", "\\boxed{\\frac{0}{0}}", 0.01, False),
+        # Complex values (sqrt of a negative): compared by their distance.
+        ("1+2\\sqrt{-1}", "\\boxed{1+2\\sqrt{-1}}", 0.0, True),
+        ("2\\sqrt{-1}", "\\boxed{\\sqrt{-4}}", 0.0, True),
+        ("1+2\\sqrt{-1}", "\\boxed{1-2\\sqrt{-1}}", 0.01, False),
+        ("100\\sqrt{-1}", "\\boxed{100.5\\sqrt{-1}}", 0.01, True),
+        ("100\\sqrt{-1}", "\\boxed{100}", 0.01, False),
+        ("1+2i", "\\boxed{1+2i}", 0.0, True),
+        ("1+2i", "\\boxed{1-2i}", 0.01, False),
+    ],
+)
+def test_math_infinity_nan_and_complex(gold: str, completion: str, tolerance: float, correct: bool) -> None:
+    score = run("math", gold, completion, tolerance=tolerance)
+    assert score.correct is correct and score.reward == float(correct)
+
+
+def test_numeric_helpers_never_raise_on_odd_values() -> None:
+    inf, nan = float("inf"), float("nan")
+    values = [0, 1.0, -1.0, inf, -inf, nan, complex(1, 2), complex(inf, 0), complex(nan, nan), 1e308]
+    for g in values:
+        for p in values:
+            agree = m.within(g, p, 0.01)
+            assert agree in (True, False)
+            if nan in (complex(g).real, complex(p).real) or complex(g) != complex(g):
+                assert not agree
+    assert m.within(inf, inf, 0.01) and m.within(-inf, -inf, 0.01) and not m.within(inf, -inf, 0.01)
+    assert not m.within(nan, nan, 0.01)
+    assert m.as_number(m._parse_latex("\\infty")) == complex(float("inf"), 0)
+    assert m.as_number(m._parse_latex("\\sqrt{-4}")) == 2j
+    assert m.as_float(m._parse_latex("\\sqrt{-4}")) is None  # not a real number
+
+
 def test_asdiv_transform() -> None:
     row = {"body": "Sam has 3 apples.", "question": "How many apples?", "answer": "3 (apples)"}
     out = get_transform("asdiv")(row)

@@ -15,6 +15,7 @@ tolerance for answers rounded to a few significant figures.
 
 from __future__ import annotations
 
+import cmath
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -212,22 +213,43 @@ def gold_text(target: Any) -> str:
     return last_boxed(text) or text
 
 
-def as_float(parsed: list[Any]) -> float | None:
-    """The numeric value of math-verify's first parse (a sympy number), else None."""
+def as_number(parsed: list[Any]) -> complex | None:
+    """The numeric value of math-verify's first parse (a sympy number) as a complex number
+    (imaginary part 0 for a real one; infinities and NaN kept as such), else None."""
     if not parsed:
         return None
     try:
         value = complex(parsed[0].evalf())
+        # 10^{400} is finite but overflows a float: no value to compare (not infinity).
+        if cmath.isinf(value) and not parsed[0].is_infinite:
+            return None
+        return value
     except Exception:  # sets, equations, symbols, strings: not a single number
         return None
-    return value.real if value.imag == 0 else None
 
 
-def within(gold: float | None, pred: float | None, tolerance: float) -> bool:
-    """`pred` is within a relative `tolerance` of `gold` (absolute when gold is 0)."""
+def as_float(parsed: list[Any]) -> float | None:
+    """The numeric value of math-verify's first parse when it is a real number, else None."""
+    value = as_number(parsed)
+    return value.real if value is not None and value.imag == 0 else None
+
+
+def _close(gold: complex, pred: complex, rel: float, scale: float) -> bool:
+    # inf - inf is nan, which compares False with everything: an infinity can only equal
+    # itself (so oo == oo, -oo != oo), and a NaN (0/0, oo - oo) is no number to agree with.
+    if cmath.isnan(gold) or cmath.isnan(pred):
+        return False
+    if cmath.isinf(gold) or cmath.isinf(pred):
+        return gold == pred
+    return abs(pred - gold) <= rel * scale
+
+
+def within(gold: complex | float | None, pred: complex | float | None, tolerance: float) -> bool:
+    """`pred` is within a relative `tolerance` of `gold` (absolute when gold is 0); complex
+    values by their distance; an infinity only matches the same infinity, NaN nothing."""
     if gold is None or pred is None or tolerance <= 0:
         return False
-    return abs(pred - gold) <= tolerance * (abs(gold) or 1.0)
+    return _close(complex(gold), complex(pred), tolerance, abs(gold) or 1.0)
 
 
 # math-verify compares floats after rounding them to 6 decimals, so any two tiny values
@@ -239,10 +261,12 @@ def equivalent(gold: list[Any], pred: list[Any]) -> bool:
     """math-verify equivalence, where two numbers must also agree to a relative 1e-4."""
     if not mv_verify(gold, pred):
         return False
-    g, p = as_float(gold), as_float(pred)
+    g, p = as_number(gold), as_number(pred)
     if g is None or p is None:
         return True
-    return abs(p - g) <= _SAME_NUMBER_REL * max(abs(g), abs(p))
+    if cmath.isnan(g) and cmath.isnan(p):
+        return True  # both undefined (0/0): no value to compare, math-verify's verdict stands
+    return _close(g, p, _SAME_NUMBER_REL, max(abs(g), abs(p)))
 
 
 @register("math", metrics=["math_verify", "boxed"])
@@ -275,7 +299,7 @@ def math_answer(tolerance: float = 0.0) -> RewardFn:
             pred = mv_parse(episode.completion)
         extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)
         verified = equivalent(gold, pred)
-        correct = verified or within(as_float(gold), as_float(pred), tolerance)
+        correct = verified or within(as_number(gold), as_number(pred), tolerance)
         details = {"math_verify": int(verified), "boxed": int(boxed is not None)}
         return Score(float(correct), correct, extracted, details)
 
