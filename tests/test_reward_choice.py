@@ -209,6 +209,36 @@ def test_mmlu_redux_follows_the_annotation() -> None:
     assert t.mmlu_redux(base)["subject_name"] == "virology"
 
 
+def _redux_row(choices: list[str], answer: int, error_type: str, fix: object) -> dict:
+    # edinburgh-dawg/mmlu-redux-2.0's schema: `answer` is MMLU's label, `correct_answer` the fix.
+    return {"question": "Which number is the cube of 2?", "choices": choices, "answer": answer,
+            "error_type": error_type, "source": "https://example.org/q", "correct_answer": fix,
+            "potential_reason": "the label points at the wrong option", "config": "elementary_mathematics"}
+
+
+@pytest.mark.parametrize(
+    "choices, error_type, fix, letter",
+    [
+        # An index first, as evalscope's mmlu_redux reads it: "2" is the third option even
+        # when another option's text is "2".
+        (["4", "2", "8", "16"], "wrong_groundtruth", "2", "C"),
+        (["4", "2", "8", "16"], "wrong_groundtruth", "C", "C"),
+        # Option text second: "16" is no option index, so it names the option "16".
+        (["4", "2", "8", "16"], "wrong_groundtruth", "16", "D"),
+        (["six", "eight", "ten", "twelve"], "wrong_groundtruth", "eight", "B"),
+        (["six", "eight", "ten", "twelve"], "wrong_groundtruth", " 1 ", "B"),
+        (["4", "2", "8", "16"], "multiple_correct_answers", "(A) and (C)", ["A", "C"]),
+        (["4", "2", "8", "16"], "multiple_correct_answers", "0,2", ["A", "C"]),
+        (["4", "2", "8", "16"], "multiple_correct_answers", "8, 16", ["C", "D"]),
+        # A fix that is neither keeps MMLU's label (B here).
+        (["six", "eight", "ten", "twelve"], "wrong_groundtruth", "nine", "B"),
+    ],
+)
+def test_mmlu_redux_reads_correct_answer_as_an_index_first_then_as_option_text(
+        choices: list[str], error_type: str, fix: str, letter: object) -> None:
+    assert t.mmlu_redux(_redux_row(choices, 1, error_type, fix))["answer_letter"] == letter
+
+
 def test_mmlu_pro_supergpqa_use_their_own_option_count() -> None:
     pro = {"question": "Q?", "options": ["a", "b", "c"], "answer": "C", "answer_index": 2, "category": "law"}
     out = t.mmlu_pro(pro)

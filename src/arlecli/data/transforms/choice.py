@@ -90,16 +90,20 @@ def _missing(value: Any) -> bool:
 
 
 def _redux_indices(fix: str, choices: list[str]) -> list[int]:
-    """MMLU-Redux `correct_answer` as indices: "2", "B", "(A) and (C)", "1,3" or option text."""
+    """MMLU-Redux `correct_answer` as indices, read in evalscope's order: an index or letter
+    first ("2" is the third option, "C", "(A) and (C)", "1,3"), option text second (when the
+    fix is not a valid index: "4" among options 2/4/6/8, or a text fix)."""
     fix = fix.strip()
-    if fix in choices:
-        return [choices.index(fix)]
     parts = [p.strip(" ()") for p in re.split(r",|\band\b|\bor\b", fix) if p.strip(" ()")]
     try:
         found = [_index(p) for p in parts]
     except ValueError:
-        return []
-    return [i for i in found if 0 <= i < len(choices)]
+        found = []
+    if found and all(0 <= i < len(choices) for i in found):
+        return found
+    if fix in choices:
+        return [choices.index(fix)]
+    return [choices.index(p) for p in (x.strip() for x in fix.split(",")) if p in choices]
 
 
 @transform("mmlu_redux")
@@ -107,7 +111,8 @@ def mmlu_redux(row: Row) -> Row:
     """edinburgh-dawg/mmlu-redux-2.0: re-target by `error_type`, as evalscope does.
 
     `answer` is the original MMLU label. `wrong_groundtruth`: the gold is `correct_answer`
-    (an index or letter); `multiple_correct_answers`: any listed option counts;
+    (an index or letter first, option text second; see `_redux_indices`);
+    `multiple_correct_answers`: any listed option counts;
     `no_correct_answer`: `correct_answer` (text) replaces the gold option. Other types
     (bad clarity, expert) keep the original label. Rows carry `error_type` for analysis.
     """
