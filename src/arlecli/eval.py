@@ -28,7 +28,7 @@ from arlecli.errors import UserError
 from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_samples, write_json
 from arlecli.rewards import check_task_fields, get_reward
 from arlecli.sandbox import card_runs_code, ensure_isolation
-from arlecli.types import Episode, Task
+from arlecli.types import Episode, Score, Task
 
 
 @dataclass
@@ -142,8 +142,18 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     # time of each session of a resumed run from samples.jsonl alone (efficiency.time_stats).
     session_started_at = time.time()
 
-    def finish(task: Task, k: int, episode: Episode) -> None:
-        result = score(task, episode)
+    # A reward that grades many samples in one call (the judge: one batch of requests to its
+    # model) gets chunks of its batch_size; any other is called once per sample.
+    score_batch = getattr(score, "score_batch", None)
+    chunk_size = max(1, int(getattr(score, "batch_size", 1))) if score_batch else 1
+
+    def finish(chunk: list[tuple[Task, int, Episode]]) -> None:
+        results = (score_batch([t for t, _, _ in chunk], [e for _, _, e in chunk]) if score_batch
+                   else [score(t, e) for t, _, e in chunk])
+        for (task, k, episode), result in zip(chunk, results, strict=True):
+            record(task, k, episode, result)
+
+    def record(task: Task, k: int, episode: Episode, result: Score) -> None:
         first, last = episode.turns[0], episode.turns[-1]
         sample = {
             "id": sample_id(task.id, k), "task_id": task.id, "sample": k,
@@ -175,19 +185,26 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
     ok = False
     try:
+        chunk: list[tuple[Task, int, Episode]] = []
         for j, episode in collect(card, engine, tasks, exemplars, pending, sampling):
             i, k = pending[j]
-            fut = pool.submit(finish, tasks[i], k, episode)
-            fut.add_done_callback(note_failure)
-            futures.append(fut)
+            chunk.append((tasks[i], k, episode))
+            if len(chunk) >= chunk_size:
+                futures.append(pool.submit(finish, chunk))
+                futures[-1].add_done_callback(note_failure)
+                chunk = []
             if failures:  # surface a scoring error at once, not after the whole generation pass
                 raise failures[0]
+        if chunk:
+            futures.append(pool.submit(finish, chunk))
         for f in futures:
             f.result()
         ok = True
     finally:
         pool.shutdown(wait=ok, cancel_futures=not ok)
         writer.close()
+        if hasattr(score, "close"):  # a reward holding a judge engine releases it
+            score.close()
 
     samples = read_samples(run_dir)
     ids = [s["id"] for s in samples]

@@ -132,12 +132,12 @@ class OpenAIEngine:
         if not requests:
             return
         loop = self._start()
-        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Completion]]] = (
+        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Completion | Exception]]] = (
             queue.SimpleQueue()
         )
         futures = []
         for i, req in enumerate(requests):
-            fut = asyncio.run_coroutine_threadsafe(self._generate_one(req), loop)
+            fut = asyncio.run_coroutine_threadsafe(_settled(self._generate_one(req)), loop)
             fut.add_done_callback(lambda f, i=i: done.put((i, f)))
             futures.append(fut)
         try:
@@ -145,7 +145,10 @@ class OpenAIEngine:
                 i, fut = done.get()
                 if fut.cancelled():
                     raise RuntimeError("OpenAIEngine was closed while generate() was running")
-                yield i, fut.result()
+                result = fut.result()
+                if isinstance(result, Exception):
+                    raise result
+                yield i, result
         finally:
             # Early exit or an error: stop the rest instead of letting them run unseen.
             for fut in futures:
@@ -328,6 +331,16 @@ async def _read_capped(resp: httpx.Response) -> bytes:
             raise _TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _settled(coro: Any) -> Any:
+    """`coro`'s result, or the exception it raised as a value. A request that fails after
+    generate() stopped listening (another one failed first and the rest were cancelled a moment
+    too late) otherwise logs "Task exception was never retrieved" with a traceback at exit."""
+    try:
+        return await coro
+    except Exception as exc:  # CancelledError is a BaseException: cancellation still propagates
+        return exc
 
 
 def list_models(

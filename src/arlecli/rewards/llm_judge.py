@@ -51,8 +51,10 @@ PASS_FAIL = "pass/fail"
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 # The judge's last "Verdict: PASS" / "Score: 7" (also "**Score:** 7/10", "Verdict = fail").
 _DECORATION = r"[\s*_`\"'\[(]*"
-_VERDICT = re.compile(rf"verdict{_DECORATION}[:=]{_DECORATION}(pass|fail)\b", re.IGNORECASE)
-_SCORE = re.compile(rf"score{_DECORATION}[:=]{_DECORATION}(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+# The markup before the word ("**Verdict:**", "### Score") belongs to the verdict, not the reasoning.
+_LEAD = r"[*_`#>\t ]*"
+_VERDICT = re.compile(rf"{_LEAD}\bverdict{_DECORATION}[:=]{_DECORATION}(pass|fail)\b", re.IGNORECASE)
+_SCORE = re.compile(rf"{_LEAD}\bscore{_DECORATION}[:=]{_DECORATION}(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _MAX_ERROR_REPLY = 200
 
 JUDGE_PROMPT = """You are grading a response to a task. Apply the rubric strictly and impartially.
@@ -295,7 +297,10 @@ def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: 
     from arlecli import config
     from arlecli.models import resolve_model
 
-    parsed = Scale.parse(scale)
+    try:
+        parsed = Scale.parse(scale)
+    except ValueError as exc:
+        raise ValueError(f"param 'scale': {exc}") from None
     if not model.strip():
         raise ValueError("param 'model' is missing: name the judge (a profile, a local folder, a hub id or an "
                          "http(s) endpoint URL), e.g. model: judge after `arle model setup --name judge --base-url URL`")

@@ -50,9 +50,12 @@ class CardReward:
         step = self.step if step is None else step
         scores: list[Score] = []
         lines: list[str] = []
-        for episode, index in zip(episodes, indices, strict=True):
-            task = self.tasks[int(index)]
-            result = self.score_fn(task, episode)
+        tasks = [self.tasks[int(index)] for index in indices]
+        # A reward that grades many at once (the judge: one batch of requests) gets the batch.
+        score_batch = getattr(self.score_fn, "score_batch", None)
+        results = (score_batch(tasks, episodes) if score_batch is not None
+                   else [self.score_fn(t, e) for t, e in zip(tasks, episodes, strict=True)])
+        for episode, index, task, result in zip(episodes, indices, tasks, results, strict=True):
             scores.append(result)
             line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": episode.completion,
                     "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
