@@ -10,6 +10,7 @@ reward parameter fails here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -51,7 +52,13 @@ def test_catalog_has_at_least_fifty_named_cards():
 
 
 @pytest.mark.parametrize("card", CARDS, ids=lambda c: c.name)
-def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card):
+def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, request):
+    if card.reward == "judge":  # graded by a model: a stand-in judge on the fake server (tests/fake_judge.py)
+        from fake_judge import judge_profile
+
+        stack = contextlib.ExitStack()
+        request.addfinalizer(stack.close)
+        stack.enter_context(judge_profile(card.reward_params["model"]))
     resolve_references(card)
     tasks = fixture_tasks(card)
     path = answers_path(card)
