@@ -5,7 +5,6 @@ never re-tokenised), agents that raise, and how a card names its function."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from arlecli.rollout import get_rollout, rollout_names, run_rollout_episodes
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "openai_agent"
 CARD = str(EXAMPLE / "card.yaml")
-rollout_module = sys.modules["arlecli.rollout"]  # `arlecli.rollout` itself is the decorator
 
 
 class Spy:
@@ -216,16 +214,22 @@ def test_grpo_goes_on_when_agents_fail_before_calling_the_model(tmp_path, tiny_m
     assert (run / "final").is_dir()
 
 
-def test_a_card_names_its_function_by_path_module_registry_or_entry_point(tmp_path, monkeypatch):
+def test_a_card_names_its_function_by_path_module_registry_or_entry_point(tmp_path, monkeypatch, request):
     assert arlecli.rollout is rollout and "test_flaky" in rollout_names()
     assert get_rollout("test_flaky") is flaky
     assert get_rollout("test_rollout_decorator:flaky") is flaky
     assert get_rollout("agent.py:draft_and_revise", EXAMPLE).__name__ == "draft_and_revise"
 
-    class EntryPoint:
-        name, value = "from_a_package", "test_rollout_decorator:flaky"
+    from importlib import metadata
 
-    monkeypatch.setattr(rollout_module, "_entry_points", lambda: [EntryPoint()])
+    from arlecli.rollout import ROLLOUTS
+
+    real = metadata.entry_points
+    package = metadata.EntryPoint("from_a_package", "test_rollout_decorator:flaky", "arle.rollouts")
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda group=None, **kw: [package] if group == "arle.rollouts" else real(group=group, **kw))
+    ROLLOUTS.refresh()
+    request.addfinalizer(ROLLOUTS.refresh)  # after the real entry points are back
     assert get_rollout("from_a_package") is flaky and "from_a_package" in rollout_names()
     for bad, message in [("nope", "unknown rollout function 'nope'"), ("missing.py:f", "no file"),
                          ("test_rollout_decorator:nothing", "has no attribute")]:

@@ -228,8 +228,21 @@ def parse_card(data: Any, path: Path | str) -> Card:
         fixture=_take(data, "fixture", str, path, ""),
         path=Path(path) if not isinstance(path, Path) else path,
     )
+    _anchor_plugins(card)
     _check_reward_params(card, path)
     return card
+
+
+def _anchor_plugins(card: Card) -> None:
+    """Make each `file.py:attr` the card names (reward, env, transform, generator) absolute
+    against the card's folder, so every later lookup finds the file wherever it runs from."""
+    from arlecli.plugins import anchor
+
+    base = card.path.parent if card.path is not None else None
+    card.reward, card.env = anchor(card.reward, base), anchor(card.env, base)
+    card.transform = anchor(card.transform, base) if card.transform else card.transform
+    if card.source.kind == "generator":
+        card.source.path = anchor(card.source.path, base)
 
 
 def _check_generator_splits(source: Source, path: Path | str) -> None:
@@ -249,17 +262,38 @@ def _check_generator_splits(source: Source, path: Path | str) -> None:
 
 
 def _check_reward_params(card: Card, path: Path | str) -> None:
-    """Hold the card's reward params to what the reward declares (its factory's signature).
+    """Hold the card's reward params and metrics to what the reward declares (its factory's
+    signature, its `metrics=`).
 
-    An unknown reward name is left to `resolve_references`, which reports it with near names."""
+    An unknown reward name is left to `resolve_references`, which reports it with near names,
+    and so is a reward named by "module:attr" or "file.py:attr" (listing cards runs no user code)."""
     from arlecli.rewards import ParamError, check_params
 
+    if ":" in card.reward:
+        return
     try:
         check_params(card.reward, card.reward_params)
     except ParamError as exc:
         raise _fail(path, f"reward.params.{exc.param}", exc.reason) from None
     except UserError:
         return
+    _check_metrics(card, path)
+
+
+def _check_metrics(card: Card, path: Path | str) -> None:
+    """Each of the card's `metrics` must be one its reward declares (or accuracy, pass@k):
+    aggregation reads a missing one as 0.0, so a typo would pass unnoticed."""
+    from arlecli.rewards import declared_metrics, reward_factory, reward_metrics, unknown_metrics
+
+    bad = unknown_metrics(card.reward, card.reward_params, card.metrics)
+    if not bad:
+        return
+    metric, near = bad[0]
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    known = ", ".join([*reward_metrics(card.reward, card.reward_params), "pass@k"])
+    how = ("" if declared_metrics(reward_factory(card.reward)) is not None else
+           f" (a reward declares more with @register(..., metrics=[...]))")
+    raise _fail(path, "metrics", f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
 
 
 def load_card_file(path: Path) -> Card:
@@ -298,6 +332,7 @@ def resolve_references(card: Card) -> None:
         get_reward(card.reward, card.reward_params)
     except UserError as exc:
         raise _fail(where, "reward", str(exc)) from None
+    _check_metrics(card, where)
     if card.transform:
         try:
             get_transform(card.transform)

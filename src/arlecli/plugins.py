@@ -222,8 +222,11 @@ class Registry(Generic[T]):
         return len(self.names())
 
     def refresh(self) -> None:
-        """Read the entry points again on the next lookup (after installing a package)."""
+        """Read the entry points again on the next lookup (after installing or removing a
+        package); names loaded from entry points are forgotten."""
         with _LOCK:
+            for name in [n for n, o in self._origins.items() if o.how == "entry point"]:
+                del self._objs[name], self._origins[name], self._defs[name]
             self._eps = None
 
     # -- internals

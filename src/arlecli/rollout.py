@@ -32,8 +32,6 @@ an empty answer (reward 0); the run goes on.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import sys
 import tempfile
@@ -47,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
 from arlecli.envs import Step, register_env
 from arlecli.errors import UserError
+from arlecli.plugins import Registry
 from arlecli.types import Episode, Task, Turn
 
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ if TYPE_CHECKING:
     from arlecli.envs.episodes import Job
 
 ENV_NAME = "rollout"
-ENTRY_POINT_GROUP = "arle.rollouts"
 SERVED_MODEL = "arle-policy"
 MAX_AGENTS = 32  # agent threads at once: enough to fill a batch, few enough for any machine
 
@@ -92,7 +90,8 @@ class ClientConfig:
 
 
 RolloutFn = Callable[..., Any]
-_ROLLOUTS: dict[str, RolloutFn] = {}
+# No builtin rollouts: @rollout in imported modules, `arle.rollouts` entry points, or a spec.
+ROLLOUTS: Registry[RolloutFn] = Registry("rollouts", "rollout function")
 
 
 @overload
@@ -110,7 +109,7 @@ def rollout(fn: RolloutFn | None = None, *, name: str | None = None) -> Any:
 
     def deco(f: RolloutFn) -> RolloutFn:
         key = name or f.__name__
-        _ROLLOUTS[key] = f
+        ROLLOUTS.add(key, f)
         f.__arle_rollout__ = key  # type: ignore[attr-defined]
         return f
 
@@ -119,62 +118,13 @@ def rollout(fn: RolloutFn | None = None, *, name: str | None = None) -> Any:
 
 def rollout_names() -> list[str]:
     """Registered rollout functions: @rollout in imported modules and `arle.rollouts` entry points."""
-    return sorted({*_ROLLOUTS, *(ep.name for ep in _entry_points())})
+    return ROLLOUTS.names()
 
 
 def get_rollout(spec: str, base: Path | None = None) -> RolloutFn:
     """The rollout function `spec` names: a registered name, "module:function", or
     "file.py:function" (relative to `base`, the card's folder). Raises UserError."""
-    if spec in _ROLLOUTS:
-        return _ROLLOUTS[spec]
-    for ep in _entry_points():
-        if ep.name == spec:
-            return _load(ep.value, None, f"entry point '{spec}' in group {ENTRY_POINT_GROUP}")
-    if ":" not in spec:
-        known = ", ".join(rollout_names()) or "none"
-        raise UserError(f"unknown rollout function '{spec}'; name it as 'module:function' or "
-                        f"'file.py:function' (registered: {known})")
-    return _load(spec, base, f"rollout function '{spec}'")
-
-
-def _entry_points() -> list[Any]:
-    from importlib import metadata
-
-    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-
-
-def _load(spec: str, base: Path | None, what: str) -> RolloutFn:
-    where, _, attr = spec.rpartition(":")
-    try:
-        if where.endswith(".py"):
-            module = _import_file(Path(where) if base is None else base / where)
-        else:
-            module = importlib.import_module(where)
-        fn = getattr(module, attr)
-    except (ImportError, AttributeError, OSError) as exc:
-        raise UserError(f"cannot load {what}: {type(exc).__name__}: {exc}") from None
-    if not callable(fn):
-        raise UserError(f"{what} is not a function")
-    return fn
-
-
-def _import_file(path: Path) -> Any:
-    path = path.resolve()
-    name = f"arle_rollout_{path.stem}_{abs(hash(str(path))):x}"
-    if name in sys.modules:  # loaded once per process: every episode shares the module
-        return sys.modules[name]
-    if not path.is_file():
-        raise ImportError(f"no file {path}")
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    return ROLLOUTS.get(spec, base)
 
 
 # ------------------------------------------------------------------------------ the env

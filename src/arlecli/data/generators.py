@@ -8,6 +8,12 @@ them to samples.jsonl and resume by id.
 
 Row i depends only on (seed, i): asking for more rows never changes the earlier ones. The
 one exception is reasoning_gym:acre, which draws its whole question set from `size`.
+
+Each generator registers with `@generator("name")` as `fn(*, seed, size, params) -> rows`; a
+family (`reasoning_gym:<dataset>`) with `family=True` takes the part after the colon first. A
+card's `source.path` names a generator by registered name, "module:function" or
+"file.py:function" (relative to the card), and packages add generators through
+`arle.generators` entry points (arlecli/plugins.py).
 """
 
 from __future__ import annotations
@@ -18,11 +24,47 @@ import fractions
 import hashlib
 import operator
 import random
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from arlecli.errors import UserError
+from arlecli.plugins import Registry
 
 RG_PREFIX = "reasoning_gym:"
+Generator = Callable[..., list[dict[str, Any]]]
+GENERATORS: Registry[Generator] = Registry("generators", "generator", builtin=["arlecli.data.generators"])
+
+
+def generator(name: str | None = None, *, family: bool = False) -> Callable[[Generator], Generator]:
+    """Register `fn(*, seed, size, params) -> rows` under `name` (default: its own name). A
+    `family` generator is named `name:<member>` and called as `fn(member, *, seed, size, params)`."""
+
+    def deco(fn: Generator) -> Generator:
+        fn.__arle_family__ = family  # type: ignore[attr-defined]
+        GENERATORS.add(name or fn.__name__, fn)
+        return fn
+
+    return deco
+
+
+def generator_names() -> list[str]:
+    """The known generators (a family is listed as `name:<member>`)."""
+    return sorted(f"{n}:<member>" if getattr(GENERATORS.get(n), "__arle_family__", False) else n
+                  for n in GENERATORS.names())
+
+
+def find_generator(name: str, base: Path | None = None) -> tuple[Generator, str | None]:
+    """The generator `name` names and the family member it asks for (None: not a family).
+    Raises UserError for an unknown name, suggesting near ones."""
+    head, sep, member = name.partition(":")
+    if sep and member and GENERATORS.has(head):
+        fn = GENERATORS.get(head)
+        if getattr(fn, "__arle_family__", False):
+            return fn, member
+    fn = GENERATORS.get(name, base)
+    if getattr(fn, "__arle_family__", False):
+        raise UserError(f"generator '{name}' is a family: name a member, e.g. '{name}:<dataset>'")
+    return fn, None
 
 COUNTDOWN_DEFAULTS: dict[str, Any] = {
     "min_numbers": 3,
@@ -36,7 +78,7 @@ COUNTDOWN_DEFAULTS: dict[str, Any] = {
 
 
 def generate_rows(
-    name: str, *, seed: int, size: int, params: dict[str, Any] | None = None
+    name: str, *, seed: int, size: int, params: dict[str, Any] | None = None, base: Path | None = None
 ) -> list[dict[str, Any]]:
     """Rows of the procedural dataset `name`, deterministic in (seed, row index).
 
@@ -56,21 +98,15 @@ def generate_rows(
             own task schema with one test pair per row.
         frozenlake: {id, size, map, question, answer} (`map` is gymnasium's desc rows,
             `answer` one shortest path as space-separated moves); params `sizes`, `p`.
+        Any other registered, "module:function" or "file.py:function" generator (a file
+        relative to `base`): whatever rows it returns, each with an `id`.
     """
     if size < 0:
         raise UserError(f"size must be >= 0, got {size}")
-    if name == "countdown":
-        return countdown_rows(seed=seed, size=size, params=params)
-    if name == "arc_agi":
-        return arc_agi_rows(seed=seed, size=size, params=params)
-    if name == "frozenlake":
-        return frozenlake_rows(seed=seed, size=size, params=params)
-    if name.startswith(RG_PREFIX):
-        return reasoning_gym_rows(name[len(RG_PREFIX) :], seed=seed, size=size, params=params)
-    raise UserError(
-        f"unknown generator '{name}'; use 'countdown', 'arc_agi', 'frozenlake' or 'reasoning_gym:<dataset>' "
-        "(e.g. reasoning_gym:gsm_symbolic)"
-    )
+    fn, member = find_generator(name, base)
+    if member is not None:
+        return fn(member, seed=seed, size=size, params=params)
+    return fn(seed=seed, size=size, params=params)
 
 
 def rg_seed(seed: int) -> int:
@@ -83,6 +119,7 @@ def rg_seed(seed: int) -> int:
     return int.from_bytes(digest[:4], "big")
 
 
+@generator("reasoning_gym", family=True)
 def reasoning_gym_rows(
     task: str, *, seed: int, size: int, params: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
@@ -151,6 +188,7 @@ def json_safe(value: Any) -> Any:
 # and reaches every shape. reasoning_gym:countdown is still there for rg-identical rows.
 
 
+@generator("countdown")
 def countdown_rows(
     *, seed: int, size: int, params: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
@@ -241,6 +279,7 @@ ARC_DEFAULTS: dict[str, Any] = {"subset": "evaluation", "version": "latest"}
 _ARC_SUBSETS = {"training": "train", "evaluation": "eval"}
 
 
+@generator("arc_agi")
 def arc_agi_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Up to `size` ARC-AGI rows (see generate_rows), in a seeded order.
 
@@ -288,6 +327,7 @@ def _arc_pairs(version: str, subset: str) -> list[dict[str, Any]]:
 # test share some 4x4 boards; 6x6 boards rarely repeat.
 
 
+@generator("frozenlake")
 def frozenlake_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """`size` FrozenLake boards (see generate_rows): params `sizes` (board sides to draw
     from, default [4, 6]) and `p` (probability a tile is frozen, default 0.8, >= 0.5 so

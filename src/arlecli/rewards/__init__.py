@@ -108,8 +108,12 @@ def get_reward(name: str, params: dict[str, Any] | None = None) -> RewardFn:
         raise UserError(f"bad params for reward '{name}': {exc}") from None
 
 
-def _factory(name: str) -> RewardFactory:
+def reward_factory(name: str) -> RewardFactory:
+    """The factory `name` names: a registered name, "module:attr" or "file.py:attr"."""
     return REWARDS.get(name)
+
+
+_factory = reward_factory
 
 
 class ParamError(UserError):

@@ -4,61 +4,35 @@ A transform returns a new dict with the columns the card's field map and prompt 
 read (it may keep the original columns), or a list of such dicts when one source record
 holds several questions (TAT-QA: one table, many questions; each becomes a task). Each module in this package holds one family's
 transforms (choice, math, code, qa, procedural) and registers them with `@transform("name")`;
-cards name them by that key, or give "module:function" for a user's own.
+cards name them by that key, by "module:function" or "file.py:function" (relative to the
+card), and packages add them through `arle.transforms` entry points (arlecli/plugins.py).
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import pkgutil
+from pathlib import Path
 from typing import Any, Callable
 
-from arlecli.errors import UserError
+from arlecli.plugins import Registry
 
 Row = dict[str, Any]
 Transform = Callable[[Row], "Row | list[Row]"]
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
-_TRANSFORMS: dict[str, Transform] = {}
+# Every module of this package registers its transforms on import (on the first lookup).
+TRANSFORMS: Registry[Transform] = Registry("transforms", "transform", builtin=["arlecli.data.transforms.*"])
 
 
-def transform(name: str) -> Callable[[Transform], Transform]:
-    """Register a row transform under `name` (a decorator)."""
-
-    def deco(fn: Transform) -> Transform:
-        if name in _TRANSFORMS:
-            raise ValueError(f"transform '{name}' registered twice")
-        _TRANSFORMS[name] = fn
-        return fn
-
-    return deco
-
-
-def _load_builtin() -> None:
-    # Every module of this package registers its transforms on import.
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+def transform(name: str | None = None) -> Callable[[Transform], Transform]:
+    """Register a row transform under `name` (default: its own name; a decorator)."""
+    return TRANSFORMS.decorator(name)
 
 
 def transform_names() -> list[str]:
-    """Names of the built-in transforms."""
-    _load_builtin()
-    return sorted(_TRANSFORMS)
+    """Names of the known transforms (arle's, decorated in imported modules, entry points)."""
+    return TRANSFORMS.names()
 
 
-def get_transform(name: str) -> Transform:
-    """A transform by registered name or by "module:function"."""
-    _load_builtin()
-    if name in _TRANSFORMS:
-        return _TRANSFORMS[name]
-    module, _, func = name.partition(":")
-    if not func:
-        near = difflib.get_close_matches(name, _TRANSFORMS, n=3)
-        hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        raise UserError(f"unknown transform '{name}'{hint}; use a built-in one "
-                        f"(arlecli/data/transforms/) or 'module:function'")
-    try:
-        return getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"cannot load transform '{name}': {exc}") from None
+def get_transform(name: str, base: Path | None = None) -> Transform:
+    """A transform by registered name, "module:function" or "file.py:function" (relative to `base`)."""
+    return TRANSFORMS.get(name, base)
