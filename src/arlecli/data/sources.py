@@ -89,6 +89,16 @@ def pulled_path(card: Card, split: str) -> Path:
     return cache_dir() / "datasets" / key / f"{split}.parquet"
 
 
+def _split_params(params: dict[str, Any], split: str) -> dict[str, Any]:
+    """The load_dataset kwargs for one split: `data_files` given per split ({split: file})
+    is narrowed to that split's files, so a repo without `configs:` (TAT-QA) is not read
+    whole: datasets would build every split and merge files it thinks belong together."""
+    files = params.get("data_files")
+    if isinstance(files, dict) and split in files:
+        return {**params, "data_files": {split: files[split]}}
+    return params
+
+
 def _download(card: Card, split: str) -> Any:
     """One split of the card's hub source as a `datasets.Dataset` (several configs are
     concatenated, each row tagged with its `config` when the rows lack one)."""
@@ -100,8 +110,9 @@ def _download(card: Card, split: str) -> Any:
     # huggingface_hub logs every retry of an unreachable hub; our one-line error says it all.
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     configs = src.config if isinstance(src.config, list) else [src.config]
+    params = _split_params(src.params, split)
     try:
-        parts = [datasets.load_dataset(src.path, config, split=split, **src.params) for config in configs]
+        parts = [datasets.load_dataset(src.path, config, split=split, **params) for config in configs]
     except Exception as exc:  # datasets raises many types; all mean "could not get the data"
         text = str(exc)
         if "gated" in text.lower() or "401" in text or "403" in text:
@@ -235,13 +246,15 @@ def _not_a_row(value: Any, number: int, origin: str, card: Card) -> UserError:
 
 
 def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]:
-    """Apply the card's transform and field map; missing columns name the card field and fix."""
+    """Apply the card's transform and field map; missing columns name the card field and fix,
+    and a missing or empty target is an error naming the row (see `target_required`)."""
     from arlecli.data.transforms import get_transform
 
     transform = get_transform(card.transform) if card.transform else None
     fmap = {"input": "input", "target": "target", **card.fields}
     tasks: list[Task] = []
     seen: set[str] = set()
+    needs_target = target_required(card)
     # Checked before the transform too: a transform would fail on a null or scalar row with
     # an error of its own, far from the row that caused it.
     for i, row in enumerate(rows):
@@ -264,5 +277,44 @@ def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]
         if tid in seen:
             raise UserError(f"duplicate task id '{tid}' in {origin or card.name}; ids must be unique")
         seen.add(tid)
+        if needs_target and _empty(row[fmap["target"]]):
+            raise _no_target(row[fmap["target"]], fmap["target"], number, tid, origin, card)
         tasks.append(Task(id=tid, input=str(row[fmap["input"]]), target=row[fmap["target"]], fields=row))
     return tasks
+
+
+# Rewards that score a row without its gold target: code rewards run the row's tests (the
+# target is a reference solution, empty in some datasets), ifeval checks the instructions
+# the prompt gives, and a judge grades by its rubric (a reference is optional there).
+TARGET_OPTIONAL = ("code_tests", "code_unittest", "code_io", "ifeval", "judge")
+
+
+def target_required(card: Card) -> bool:
+    """Whether every task of `card` needs a non-empty target: a reward scoring against an
+    empty gold gives a silent 0, so such a row is an error at load. Not for the rewards in
+    TARGET_OPTIONAL, for SQuAD v2's `qa` with abstain (an empty gold means "unanswerable"),
+    nor for generated rows (each generator's own verifier checks the answer)."""
+    if card.source.kind == "generator" or card.reward in TARGET_OPTIONAL:
+        return False
+    return not (card.reward == "qa" and card.reward_params.get("abstain"))
+
+
+def _empty(value: Any) -> bool:
+    # null (a float NaN where pandas/arrow wrote one), blank text, or a list/mapping of those.
+    if value is None or (isinstance(value, float) and value != value):
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_empty(v) for v in value)
+    return False
+
+
+def _no_target(value: Any, column: str, number: int, tid: str, origin: str, card: Card) -> UserError:
+    text = json.dumps(value, default=str) if not (isinstance(value, float) and value != value) else "NaN"
+    after = f" (after the transform '{card.transform}')" if card.transform else ""
+    return UserError(f"{card.name}: row {number} of {origin or card.name} (task '{tid}') has no target: column "
+                     f"'{column}'{after} is {text if len(text) <= 40 else text[:37] + '...'}; it would score 0 "
+                     f"whatever the answer, so give the row its gold answer or leave the row out")
