@@ -246,6 +246,23 @@ def test_the_cache_is_keyed_by_judge_rubric_scale_and_completion(isolated_home):
     assert len(entries) == 5 and not list((isolated_home / "cache" / "judge").rglob("*.tmp"))
 
 
+def test_concurrent_graders_share_the_cache_without_torn_entries(isolated_home):
+    from concurrent.futures import ThreadPoolExecutor
+
+    tasks = fixture_tasks()
+    with judge_profile("judge") as srv:
+        scorers = [get_reward("judge", judge_params()) for _ in range(6)]  # as six processes would
+        with ThreadPoolExecutor(6) as pool:
+            runs = list(pool.map(lambda s: s.score_batch(tasks, [episode(t, t.target) for t in tasks]), scorers))
+        assert all([r.correct for r in run] == [True, True, True] for run in runs)
+        asked = judge_requests(srv)
+        fresh = get_reward("judge", judge_params())
+        assert [r.correct for r in fresh.score_batch(tasks, [episode(t, t.target) for t in tasks])] == [True] * 3
+        assert judge_requests(srv) == asked  # every entry the racing writers left reads back whole
+    entries = list((isolated_home / "cache" / "judge").rglob("*"))
+    assert len([e for e in entries if e.suffix == ".json"]) == 3 and not [e for e in entries if e.suffix == ".tmp"]
+
+
 def test_a_url_judge_with_its_model_name_and_key_env(monkeypatch):
     monkeypatch.setenv("MY_JUDGE_KEY", SECRET)
     task = fixture_tasks()[0]

@@ -145,6 +145,7 @@ class JudgeCache:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self._warned = False
 
     def _path(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.json"
@@ -161,6 +162,7 @@ class JudgeCache:
     def put(self, key: str, reply: str, judge: str) -> None:
         """Store `reply`; a cache that cannot be written (read-only, full) only costs reruns."""
         path = self._path(key)
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}-", suffix=".tmp")
@@ -168,7 +170,12 @@ class JudgeCache:
                 json.dump({"judge": judge, "reply": reply}, f, ensure_ascii=False)
             os.replace(tmp, path)
         except OSError as exc:
-            print(f"warning: judge cache {self.folder} not written ({exc.strerror or exc})", file=sys.stderr)
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            if not self._warned:
+                self._warned = True
+                print(f"warning: judge cache {self.folder} not written ({exc.strerror or exc}); "
+                      "reruns will ask the judge again", file=sys.stderr)
 
 
 class JudgeReward:
@@ -273,7 +280,7 @@ class JudgeReward:
             engine.close()
 
 
-@register("judge")
+@register("judge", metrics=["judge_score", "judge_failed"])
 def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: float = 0.5,
           model_name: str | None = None, api_key_env: str | None = None, backend: str | None = None,
           concurrency: int = 8, max_tokens: int = 512, temperature: float = 0.0,
