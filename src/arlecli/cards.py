@@ -62,12 +62,17 @@ class Source:
 
 @dataclass
 class FewShot:
-    """How exemplars are drawn and rendered: the first `n` rows of `split`."""
+    """How exemplars are drawn and rendered: `n` rows of `split`, chosen by `sampler`
+    (`first_n`, or lm-eval's seeded `default` draw per task) or listed by `ids` (see
+    arlecli/fewshot.py)."""
 
     split: str | None = None
     n: int = 0
     target: str = " {target}"
     separator: str = "\n\n"
+    sampler: str = "first_n"
+    seed: int = 1234
+    ids: list[str] | None = None
 
 
 @dataclass
@@ -80,6 +85,9 @@ class Prompt:
     fewshot: FewShot = field(default_factory=FewShot)
     stop: list[str] = field(default_factory=list)
     max_tokens: int = 512
+
+
+FEWSHOT_SAMPLERS = ("first_n", "default")  # arlecli/fewshot.py; lm-eval's sampler names
 
 
 @dataclass
@@ -174,16 +182,21 @@ def parse_card(data: Any, path: Path | str) -> Card:
     pr = _take(data, "prompt", dict, path, "", default={})
     _check_unknown(pr, {"format", "template", "system", "fewshot", "stop", "max_tokens"}, path, "prompt")
     fs = _take(pr, "fewshot", dict, path, "prompt", default={})
-    _check_unknown(fs, {"split", "n", "target", "separator"}, path, "prompt.fewshot")
+    _check_unknown(fs, {"split", "n", "target", "separator", "sampler", "seed", "ids"}, path, "prompt.fewshot")
+    fs_ids = _take(fs, "ids", list, path, "prompt.fewshot")
     prompt = Prompt(
         format=_one_of(_take(pr, "format", str, path, "prompt", default="chat"), PROMPT_FORMATS, path, "prompt.format"),
         template=_take(pr, "template", str, path, "prompt", default="{input}"),
         system=_take(pr, "system", str, path, "prompt"),
         fewshot=FewShot(
             split=_take(fs, "split", str, path, "prompt.fewshot"),
-            n=_take(fs, "n", int, path, "prompt.fewshot", default=0),
+            n=_take(fs, "n", int, path, "prompt.fewshot", default=len(fs_ids or [])),
             target=_take(fs, "target", str, path, "prompt.fewshot", default=" {target}"),
             separator=_take(fs, "separator", str, path, "prompt.fewshot", default="\n\n"),
+            sampler=_one_of(_take(fs, "sampler", str, path, "prompt.fewshot", default="first_n"),
+                            FEWSHOT_SAMPLERS, path, "prompt.fewshot.sampler"),
+            seed=_take(fs, "seed", int, path, "prompt.fewshot", default=1234),
+            ids=None if fs_ids is None else [str(i) for i in fs_ids],
         ),
         stop=list(_take(pr, "stop", list, path, "prompt", default=[])),
         max_tokens=_take(pr, "max_tokens", int, path, "prompt", default=512),
@@ -199,6 +212,9 @@ def parse_card(data: Any, path: Path | str) -> Card:
         _check_generator_splits(source, path)
     if prompt.fewshot.n and not prompt.fewshot.split:
         raise _fail(path, "prompt.fewshot.split", "is missing; few-shot exemplars need a split to come from")
+    if prompt.fewshot.ids is not None and prompt.fewshot.n > len(prompt.fewshot.ids):
+        raise _fail(path, "prompt.fewshot.n", f"is {prompt.fewshot.n} but `ids` lists {len(prompt.fewshot.ids)}; "
+                    "list more ids or lower n")
 
     rw = _take(data, "reward", (dict, str), path, "", required=True)
     if isinstance(rw, str):

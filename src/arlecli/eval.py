@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from arlecli import rundir
+from arlecli import fewshot, rundir
 from arlecli.cards import Card
 from arlecli.efficiency import Prices, sample_counts
 from arlecli.data.sources import load_rows, tasks_from_rows
@@ -25,6 +25,7 @@ from arlecli.engine.base import Engine
 from arlecli.envs import env_kind
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
+from arlecli.fewshot import Exemplars
 from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_samples, write_json
 from arlecli.rewards import check_task_fields, get_reward
 from arlecli.sandbox import card_runs_code, ensure_isolation
@@ -51,8 +52,9 @@ def sample_id(task_id: str, k: int) -> str:
     return f"{task_id}#{k}"
 
 
-def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
-    """The tasks to evaluate (after --limit) and the few-shot exemplars to show first."""
+def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
+    """The tasks to evaluate (after --limit) and the few-shot exemplars to show first: one
+    list for all tasks, or one per task id (`fewshot.exemplars_for` reads either)."""
     data = Path(opts.data) if opts.data else None
     split = opts.split or card.source.default_split
     origin = str(data) if data else f"{card.name}:{split}"
@@ -63,19 +65,23 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], list[Task]]:
     # mid-run; exemplars are only shown, never scored.
     check_task_fields(card.reward, card.reward_params, tasks, origin)
     n_shots = card.prompt.fewshot.n if opts.num_fewshot is None else opts.num_fewshot
-    exemplars: list[Task] = []
+    exemplars: Exemplars = []
     if n_shots > 0:
         fs_split = card.prompt.fewshot.split
         if not fs_split:
             raise UserError(f"{card.name} defines no few-shot split; use --num-fewshot 0")
+        fs = card.prompt.fewshot
         try:
-            need = n_shots + (len(tasks) if fs_split == split else 0)  # room to skip the eval tasks
+            # first_n needs only the first rows (generators make no more); a draw or ids need all
+            need = (n_shots + (len(tasks) if fs_split == split else 0)
+                    if fs.sampler == "first_n" and fs.ids is None else None)
             pool = tasks_from_rows(card, load_rows(card, fs_split, limit=need), f"{card.name}:{fs_split}")
         except UserError as exc:
             raise UserError(f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
                             f"({exc}); pass --num-fewshot 0 to run without them") from None
-        eval_ids = {t.id for t in tasks} if (fs_split == split and data is None) else set()
-        exemplars = [t for t in pool if t.id not in eval_ids][:n_shots]  # first_n, never the task itself
+        exemplars = fewshot.draw(pool, tasks, n_shots, sampler=fs.sampler, seed=fs.seed, ids=fs.ids,
+                                 same_split=fs_split == split and data is None,
+                                 where=f"{card.name}: prompt.fewshot")
     return tasks, exemplars
 
 

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 from arlecli.engine.base import Engine, GenerationRequest, SamplingParams
 from arlecli.engine.tokens import continue_ids, template_renders_tools
 from arlecli.envs import Env, env_kind, make_env
+from arlecli.fewshot import Exemplars, exemplars_for
 from arlecli.types import Episode, Task, Turn
 
 
@@ -57,12 +58,13 @@ class Sampling:
                               seed=sample_seed(self.seed, task_id, k), logprobs=self.logprobs)
 
 
-def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: list[Task],
+def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: Exemplars,
             draws: Sequence[tuple[int, int]], sampling: Sampling) -> Iterator[tuple[int, Episode]]:
     """Run one episode per draw `(task index, sample number)`; yield (draw index, Episode) as
     each ends, in any order. Tasks travel by index: two draws of one task are two samples."""
     native = native_tools(engine)
-    jobs = [Job(tasks[i], make_env(card, tasks[i], exemplars, native), sampling.params(card, tasks[i].id, k))
+    jobs = [Job(tasks[i], make_env(card, tasks[i], exemplars_for(exemplars, tasks[i]), native),
+                sampling.params(card, tasks[i].id, k))
             for i, k in draws]
     if not jobs:
         return iter(())

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 from arlecli.cards import Card
 from arlecli.envs.episodes import Sampling, collect
+from arlecli.fewshot import Exemplars
 from arlecli.types import Episode, Task
 
 
@@ -202,7 +203,7 @@ class Rollouts:
 
     card: Card
     tasks: list[Task]
-    exemplars: list[Task]
+    exemplars: Exemplars
     sampling: Sampling
     engine: PolicyEngine
     _step: int | None = None

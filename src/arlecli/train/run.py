@@ -36,6 +36,7 @@ from arlecli.envs import single_turn
 from arlecli.envs.episodes import Sampling
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, load_tasks
+from arlecli.fewshot import exemplars_for
 from arlecli.models import ModelSpec
 from arlecli.results import write_json
 from arlecli.train.config import TrainConfig
@@ -113,7 +114,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
     if not tasks:
         raise UserError(f"no tasks to train on in {card.name}:{split} (check --split and --limit)")
-    prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]  # what TRL logs; rollouts render their own
+    prompts = [single_turn.reset(card.prompt, t, exemplars_for(exemplars, t)) for t in tasks]  # what TRL logs; rollouts render their own
     if split == eval_split and opts.eval_limit:
         view.message(f"warning: training and held-out evaluation both use split '{split}' of {card.name}; "
                      f"pass --eval-split or --split to keep them apart")
