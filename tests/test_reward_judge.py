@@ -61,7 +61,7 @@ def test_eval_of_the_judged_card_records_the_judges_reasoning_and_verdict_and_re
         tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("JUDGE_TEST_KEY", SECRET)
     card = load_card(CARD)
-    with judge_profile("judge", api_key=SECRET) as srv:
+    with judge_profile("judge", api_key=SECRET, delay_s=0.2) as srv:
         args = ["eval", CARD, "--model", str(tiny_model), "--data", str(card.fixture_path), "--max-tokens", "12",
                 "--json"]
         first = arle(*args, "--output", str(tmp_path / "first"))
@@ -71,6 +71,7 @@ def test_eval_of_the_judged_card_records_the_judges_reasoning_and_verdict_and_re
         assert again.returncode == 0, again.stderr
         # The second run graded from the cache: the judge was not asked again.
         assert judge_requests(srv) == asked == 3
+        assert srv.max_in_flight == 3  # graded as one batch of concurrent requests, not one by one
         bodies = srv.bodies("/chat/completions")
         authorised = [r.headers.get("authorization") for r in srv.requests if r.method == "POST"]
 
