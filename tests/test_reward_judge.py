@@ -312,3 +312,12 @@ def test_the_example_card_loads_and_names_its_judge_metrics():
     card = load_card_file(load_card(CARD).path)
     assert card.reward == "judge" and card.reward_params["model"] == "judge"
     assert "judge_failed" in card.metrics
+
+
+def test_a_rubric_placeholder_that_is_not_a_column_names_the_param():
+    task = fixture_tasks()[0]
+    with judge_profile("judge") as srv:
+        score = get_reward("judge", judge_params(rubric="PASS when it agrees with {best_answers}."))
+        with pytest.raises(UserError, match=r"'reward.params.rubric' uses \{best_answers\}.*best_answer"):
+            score(task, episode(task, task.target))
+        assert judge_requests(srv) == 0
