@@ -260,8 +260,11 @@ class Registry(Generic[T]):
                 raise self._duplicate(ep.name, self._ep_origin(prev), self._ep_origin(ep))
             eps[ep.name] = ep
         for name, ep in eps.items():
-            if name in self._objs and not _same_package(ep.module, self._defs[name][0]):
+            if name not in self._objs:
+                continue
+            if not _same_package(ep.module, self._defs[name][0]):
                 raise self._duplicate(name, self._origins[name], self._ep_origin(ep))
+            self._origins[name] = self._ep_origin(ep)  # its package was imported first (for its cards)
         return eps
 
     def _load_entry_point(self, name: str) -> tuple[T, Origin]:

@@ -6,6 +6,9 @@ Search order for a name (first wins, so a user can shadow a packaged card):
 3. entry points in group `arle.benchmarks`: `name = "package"` or `"package:subdir"`, a
    folder of card files shipped by another Python package;
 4. the cards packaged with arle (`benchmarks/` in the repo, `arlecli.benchmarks` installed).
+
+The code a card names (reward, env, tools, transform, generator, rollout function) is found by
+arlecli/plugins.py; `part_origins` says where each part of a card came from.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import difflib
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
+from typing import Any
 
 from arlecli.cards import Card, load_card_file
 from arlecli.errors import UserError
@@ -28,6 +32,10 @@ def _dir_cards(folder: Path) -> dict[str, Path]:
 
 
 def _entry_point_dirs() -> list[Path]:
+    return [d for d, _ in _entry_point_dirs_with_origin()]
+
+
+def _entry_point_dirs_with_origin() -> list[tuple[Path, str]]:
     dirs = []
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         package, _, sub = ep.value.partition(":")
@@ -36,7 +44,9 @@ def _entry_point_dirs() -> list[Path]:
         except (ModuleNotFoundError, TypeError) as exc:
             raise UserError(f"entry point '{ep.name}' in group {ENTRY_POINT_GROUP} names '{ep.value}', "
                             f"which cannot be imported ({exc}); fix or uninstall that package") from None
-        dirs.append(base / sub if sub else base)
+        dist = getattr(ep, "dist", None)
+        package = f" from {dist.name} {dist.version}" if dist is not None else ""
+        dirs.append((base / sub if sub else base, f"entry point {ENTRY_POINT_GROUP} '{ep.name} = {ep.value}'{package}"))
     return dirs
 
 
@@ -102,3 +112,59 @@ def scan_cards() -> tuple[list[Card], list[BrokenCard]]:
         except UserError as exc:
             broken.append(BrokenCard(name, path, str(exc)))
     return sorted(cards, key=lambda c: c.name), sorted(broken, key=lambda b: b.name)
+
+
+def card_origin(path: Path) -> str:
+    """Where the card file `path` was found: the user's dir, a package's entry point, arle's
+    own cards, or a path given on the command line."""
+    from arlecli.config import arle_home
+
+    folder = path.resolve().parent
+    if folder == (arle_home() / "benchmarks").resolve():
+        return f"$ARLE_HOME/benchmarks ({path})"
+    for ep_dir, origin in _entry_point_dirs_with_origin():
+        if folder == ep_dir.resolve():
+            return f"{origin} ({path})"
+    if folder == packaged_dir().resolve():
+        return f"builtin ({path})"
+    return f"path {path}"
+
+
+def part_origins(card: Card) -> dict[str, str]:
+    """Where each part of `card` comes from: {"card": ..., "reward": "builtin arlecli.rewards.math",
+    "env": ..., "tools.python": ..., "transform": ..., "generator": ..., "rollout": ...}.
+    A part that does not load says why instead."""
+    from arlecli.data.generators import GENERATORS, find_generator
+    from arlecli.data.transforms import TRANSFORMS
+    from arlecli.envs import ENVS
+    from arlecli.envs.tools import TOOLS
+    from arlecli.rewards import REWARDS
+    from arlecli.rollout import ROLLOUTS
+
+    base = card.path.parent if card.path is not None else None
+
+    def where(registry: Any, spec: str) -> str:
+        try:
+            return str(registry.origin(spec, base))
+        except UserError as exc:
+            return f"not found: {exc}"
+
+    out = {"card": card_origin(card.path) if card.path is not None else "(not from a file)",
+           "reward": where(REWARDS, card.reward), "env": where(ENVS, card.env)}
+    tools = card.env_params.get("tools")
+    if isinstance(tools, list):
+        out.update({f"tools.{t}": where(TOOLS, str(t)) for t in tools})
+    function = card.env_params.get("function")
+    if isinstance(function, str) and card.env == "rollout":
+        out["rollout"] = where(ROLLOUTS, function)
+    if card.transform:
+        out["transform"] = where(TRANSFORMS, card.transform)
+    if card.source.kind == "generator":
+        try:
+            _, member = find_generator(card.source.path, base)
+            head = card.source.path.partition(":")[0] if member is not None else card.source.path
+            out["generator"] = where(GENERATORS, head)
+        except UserError as exc:
+            out["generator"] = f"not found: {exc}"
+    return out
+

@@ -57,10 +57,11 @@ def show_command(
     name: str = typer.Argument(..., help="Benchmark name or card path."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
-    """Show a card, its splits and one rendered prompt from its fixture or offline source."""
+    """Show a card, its splits, where each part comes from, and one rendered prompt from its
+    fixture or offline source."""
     from arlecli.data.sources import load_rows, read_rows_file, split_names, tasks_from_rows
     from arlecli.envs import make_env
-    from arlecli.registry import load_card
+    from arlecli.registry import load_card, part_origins
 
     card = load_card(name)
     example = None
@@ -77,7 +78,8 @@ def show_command(
             "source": _source_text(card), "splits": split_names(card), "default_split": card.source.default_split,
             "reward": card.reward, "reward_params": card.reward_params, "metrics": card.metrics,
             "format": card.prompt.format, "stop": card.prompt.stop, "max_tokens": card.prompt.max_tokens,
-            "fewshot": card.prompt.fewshot.n, "path": str(card.path), "example_prompt": example}
+            "fewshot": card.prompt.fewshot.n, "path": str(card.path), "origins": part_origins(card),
+            "example_prompt": example}
     if as_json:
         print_json(info)
         return
@@ -87,6 +89,9 @@ def show_command(
     for key in ("source", "splits", "default_split", "reward", "reward_params", "metrics", "format", "stop",
                 "max_tokens", "fewshot"):
         out.print(f"  {key}: {json.dumps(info[key]) if not isinstance(info[key], str) else info[key]}", markup=False)
+    out.print("--- where each part comes from ---", markup=False)
+    for part, origin in info["origins"].items():
+        out.print(f"  {part}: {origin}", markup=False, highlight=False, soft_wrap=True)
     if example is not None:
         text = example if isinstance(example, str) else "\n".join(f"[{m['role']}] {m['content']}" for m in example)
         out.print("--- example prompt (zero-shot) ---", markup=False)
