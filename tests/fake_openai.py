@@ -59,6 +59,11 @@ class FakeOpenAIServer:
         delay_s: sleep this long before answering each successful completion request.
         strict: reject vLLM-only fields (return_token_ids) with 400, like hosted APIs.
         usage: send the `usage` token counts (as OpenAI and vLLM do); False leaves them out.
+        echo_logprobs: `echo_logprobs(prompt) -> [(token_text, text_offset, logprob), ...]` for the
+            prompt's tokens (the first logprob None, as vLLM sends it): a /completions request with
+            `echo: true` and `logprobs` is then answered as vLLM's server does (the prompt's tokens
+            echoed with their logprobs, then one generated token). Without it `echo` is ignored,
+            as by servers that cannot score prompts.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class FakeOpenAIServer:
         delay_s: float = 0.0,
         strict: bool = False,
         usage: bool = True,
+        echo_logprobs: Callable[[str], list[tuple[str, int, float | None]]] | None = None,
     ) -> None:
         self.responder: Responder = responder or (lambda request_json: "ok")
         self.model = model
@@ -85,6 +91,7 @@ class FakeOpenAIServer:
         self.delay_s = delay_s
         self.strict = strict
         self.usage = usage
+        self.echo_logprobs = echo_logprobs
         self.in_flight = 0
         self.max_in_flight = 0
         self._failed = 0
@@ -208,6 +215,8 @@ class FakeOpenAIServer:
                 traceback.print_exc()
                 return _error(500, f"responder raised {type(exc).__name__}: {exc}", "server_error")
             reply = _completion(body, chat, str(text), number)
+            if not chat and body.get("echo") and body.get("logprobs") is not None and self.echo_logprobs:
+                _echo(reply, body["prompt"], self.echo_logprobs(body["prompt"]))
             if not self.usage:
                 del reply["usage"]
             return 200, reply, {}
@@ -300,6 +309,20 @@ def _completion(body: dict[str, Any], chat: bool, text: str, number: int) -> dic
         else:
             choice["prompt_token_ids"] = prompt_ids
     return response
+
+
+def _echo(reply: dict[str, Any], prompt: str, scored: list[tuple[str, int, float | None]]) -> None:
+    """Turn a /completions reply into vLLM's answer to `echo: true`: the prompt and its scored
+    tokens first (top_logprobs holding each token itself), then the generated text."""
+    choice = reply["choices"][0]
+    gen = choice["logprobs"] or {"tokens": [], "token_logprobs": [], "top_logprobs": None, "text_offset": []}
+    tokens = [t for t, _, _ in scored] + list(gen["tokens"])
+    values = [lp for _, _, lp in scored] + list(gen["token_logprobs"])
+    offsets = [o for _, o, _ in scored] + [len(prompt) + o for o in gen["text_offset"]]
+    top = [None if lp is None else {t: lp} for t, _, lp in scored] + [{t: lp} for t, lp in zip(gen["tokens"],
+                                                                                          gen["token_logprobs"])]
+    choice["text"] = prompt + choice["text"]
+    choice["logprobs"] = {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
 
 def _chat_logprob(token: str) -> dict[str, Any]:

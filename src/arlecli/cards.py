@@ -88,6 +88,45 @@ class Prompt:
 
 
 FEWSHOT_SAMPLERS = ("first_n", "default")  # arlecli/fewshot.py; lm-eval's sampler names
+LOGLIK_METRICS = ("acc", "acc_norm", "acc_bytes")
+LOGLIK_SAMPLERS = ("first_n", "default")
+SCORINGS = ("generate", "loglikelihood")
+
+
+@dataclass
+class Loglikelihood:
+    """lm-eval's `multiple_choice` scoring of a card (`arle eval --scoring loglikelihood`).
+
+    The keys mirror the lm-eval task YAML it reproduces: `text` is doc_to_text (a `{column}`
+    template), `choices` doc_to_choice (a column holding the options, or a literal list),
+    `gold` doc_to_target (a column holding the gold index or the gold option's text, or a
+    literal index). Partial scoring (winogrande) sets `contexts` (a column holding one
+    context per option) and `continuation` (the template of the text scored after each)
+    instead of `text`. `transform` is lm-eval's process_docs: applied to the raw rows in
+    place of the card's own transform. Few-shot: `split`, `n`, lm-eval's sampler
+    (`first_n`, or `default`: a Random(1234) draw per document in order) and `by`, a column
+    exemplars must share with the document (MMLU: per-subject 5-shot from dev).
+    `exclude_doc`: the default sampler draws n + 1 and drops the document itself, as lm-eval
+    does for a task whose few-shot split "equals" its test split (both unset: hellaswag ...).
+    """
+
+    task: str
+    text: str = "{input}"
+    choices: str | list[str] = "choices"
+    gold: str | int = "gold"
+    contexts: str | None = None
+    continuation: str | None = None
+    transform: str | None = None
+    description: str = ""
+    target_delimiter: str = " "
+    fewshot_delimiter: str = "\n\n"
+    fewshot_split: str | None = None
+    fewshot_n: int = 0
+    fewshot_sampler: str = "default"
+    fewshot_by: str | None = None
+    fewshot_exclude_doc: bool = False
+    metrics: list[str] = field(default_factory=lambda: ["acc", "acc_norm"])
+    default: bool = False
 
 
 @dataclass
@@ -109,8 +148,14 @@ class Card:
     metrics: list[str] = field(default_factory=list)
     group_by: str | None = None
     fixture: str | None = None
+    loglikelihood: Loglikelihood | None = None
     path: Path | None = None
     hash: str = ""
+
+    @property
+    def default_scoring(self) -> str:
+        """"loglikelihood" where the card makes lm-eval's scoring its default, else "generate"."""
+        return "loglikelihood" if self.loglikelihood and self.loglikelihood.default else "generate"
 
     @property
     def fixture_path(self) -> Path | None:
@@ -161,7 +206,7 @@ def parse_card(data: Any, path: Path | str) -> Card:
     if not isinstance(data, dict):
         raise UserError(f"{path}: a card must be a YAML mapping with name, source, reward, ...")
     _check_unknown(data, {"name", "version", "description", "category", "source", "fields", "transform",
-                          "prompt", "env", "reward", "metrics", "group_by", "fixture"}, path, "")
+                          "prompt", "env", "reward", "metrics", "group_by", "fixture", "loglikelihood"}, path, "")
     name = _take(data, "name", str, path, "", required=True)
     category = _one_of(_take(data, "category", str, path, "", required=True), CATEGORIES, path, "category")
 
@@ -242,6 +287,7 @@ def parse_card(data: Any, path: Path | str) -> Card:
         metrics=[str(m) for m in _take(data, "metrics", list, path, "", default=[])],
         group_by=_take(data, "group_by", str, path, ""),
         fixture=_take(data, "fixture", str, path, ""),
+        loglikelihood=_parse_loglikelihood(_take(data, "loglikelihood", dict, path, ""), path),
         path=Path(path) if not isinstance(path, Path) else path,
     )
     _anchor_plugins(card)
@@ -259,6 +305,48 @@ def _anchor_plugins(card: Card) -> None:
     card.transform = anchor(card.transform, base) if card.transform else card.transform
     if card.source.kind == "generator":
         card.source.path = anchor(card.source.path, base)
+
+
+def _parse_loglikelihood(ll: dict[str, Any] | None, path: Path | str) -> Loglikelihood | None:
+    """The card's `loglikelihood:` block (see `Loglikelihood`), validated; None when absent."""
+    if ll is None:
+        return None
+    where = "loglikelihood"
+    _check_unknown(ll, {"task", "text", "choices", "gold", "contexts", "continuation", "transform", "description",
+                        "target_delimiter", "fewshot_delimiter", "fewshot", "metrics", "default"}, path, where)
+    fs = _take(ll, "fewshot", dict, path, where, default={})
+    _check_unknown(fs, {"split", "n", "sampler", "by", "exclude_doc"}, path, f"{where}.fewshot")
+    spec = Loglikelihood(
+        task=_take(ll, "task", str, path, where, required=True),
+        text=_take(ll, "text", str, path, where, default="{input}"),
+        choices=_take(ll, "choices", (str, list), path, where, default="choices"),
+        gold=_take(ll, "gold", (str, int), path, where, default="gold"),
+        contexts=_take(ll, "contexts", str, path, where),
+        continuation=_take(ll, "continuation", str, path, where),
+        transform=_take(ll, "transform", str, path, where),
+        description=_take(ll, "description", str, path, where, default=""),
+        target_delimiter=_take(ll, "target_delimiter", str, path, where, default=" "),
+        fewshot_delimiter=_take(ll, "fewshot_delimiter", str, path, where, default="\n\n"),
+        fewshot_split=_take(fs, "split", str, path, f"{where}.fewshot"),
+        fewshot_n=_take(fs, "n", int, path, f"{where}.fewshot", default=0),
+        fewshot_sampler=_one_of(_take(fs, "sampler", str, path, f"{where}.fewshot", default="default"),
+                                LOGLIK_SAMPLERS, path, f"{where}.fewshot.sampler"),
+        fewshot_by=_take(fs, "by", str, path, f"{where}.fewshot"),
+        fewshot_exclude_doc=_take(fs, "exclude_doc", bool, path, f"{where}.fewshot", default=False),
+        metrics=[str(m) for m in _take(ll, "metrics", list, path, where, default=["acc", "acc_norm"])],
+        default=_take(ll, "default", bool, path, where, default=False),
+    )
+    for m in spec.metrics:
+        _one_of(m, LOGLIK_METRICS, path, f"{where}.metrics")
+    if isinstance(spec.choices, list) and not all(isinstance(c, str) for c in spec.choices):
+        raise _fail(path, f"{where}.choices", "a literal list of options must hold strings; quote them")
+    if (spec.contexts is None) != (spec.continuation is None):
+        raise _fail(path, f"{where}.contexts", "partial scoring needs both `contexts` and `continuation`")
+    if spec.fewshot_n < 0:
+        raise _fail(path, f"{where}.fewshot.n", f"must be 0 or more, got {spec.fewshot_n}")
+    if spec.fewshot_n and not spec.fewshot_split:
+        raise _fail(path, f"{where}.fewshot.split", "is missing; few-shot exemplars need a split to come from")
+    return spec
 
 
 def _check_generator_splits(source: Source, path: Path | str) -> None:
@@ -354,6 +442,11 @@ def resolve_references(card: Card) -> None:
             get_transform(card.transform)
         except UserError as exc:
             raise _fail(where, "transform", str(exc)) from None
+    if card.loglikelihood and card.loglikelihood.transform:
+        try:
+            get_transform(card.loglikelihood.transform)
+        except UserError as exc:
+            raise _fail(where, "loglikelihood.transform", str(exc)) from None
     if card.source.kind == "generator":
         from arlecli.data.generators import generate_rows
 

@@ -89,15 +89,22 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
              command: list[str] | None = None,
              on_start: Callable[[int, int], None] | None = None,
              on_sample: Callable[[dict[str, Any]], None] | None = None,
-             prices: Prices | None = None) -> dict[str, Any]:
+             prices: Prices | None = None, scoring: str | None = None) -> dict[str, Any]:
     """Evaluate, appending to `run_dir/samples.jsonl`; return (and write) results.json's content.
 
     `on_start(total, already_done)` and `on_sample(sample)` feed a progress display.
     `prices` adds results.json's `cost` block; they are not part of the run's settings (a
     resume may change them: results are recomputed from the samples either way).
+    `scoring` "loglikelihood" scores multiple choice as lm-eval does (arlecli/loglik.py);
+    None: the card's default (generate, unless its `loglikelihood:` block says otherwise).
     """
     if opts.num_samples < 1:
         raise UserError("--num-samples must be at least 1")
+    if (scoring or card.default_scoring) == "loglikelihood":
+        from arlecli.loglik import run_loglikelihood
+
+        return run_loglikelihood(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
+                                 on_start=on_start, on_sample=on_sample, prices=prices)
     tasks, exemplars = load_tasks(card, opts)
     if not tasks:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
@@ -113,6 +120,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         "model": model,
         "engine": engine.name,
         "options": asdict(opts),
+        "scoring": "generate",  # so a resume with --scoring loglikelihood is refused, not mixed in
         # --data's content, not only its path: a file rewritten in place is other tasks.
         "data_hash": rundir.file_hash(opts.data) if opts.data else None,
         # So `arle runs list` can tell how far an interrupted run got (it has no results.json yet).
@@ -125,7 +133,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     rundir.check_fresh(run_dir, resume)
     previous = read_samples(run_dir) if (run_dir / META).exists() else None
     # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
-    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash"))
+    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash", "scoring"))
     done_ids = {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
     sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
     pending = [(i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples)

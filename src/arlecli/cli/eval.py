@@ -77,6 +77,9 @@ def eval_command(
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Default: the card's."),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Default: the card's."),
+    scoring: Optional[str] = typer.Option(None, "--scoring", help="generate (the model answers; the reward "
+                                          "scores it) or loglikelihood (multiple-choice cards: each option's "
+                                          "loglikelihood, acc/acc_norm as lm-eval). Default: the card's."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="hf backend batch size."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Concurrent requests (openai backend)."),
     tensor_parallel_size: int = options.TENSOR_PARALLEL,
@@ -107,12 +110,18 @@ def eval_command(
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
-    from arlecli.cards import resolve_references
+    from arlecli.cards import SCORINGS, resolve_references
     from arlecli import rundir
     from arlecli.efficiency import check_price, make_prices
 
     card = load_card(bench)
     resolve_references(card)
+    if scoring is not None and scoring not in SCORINGS:
+        raise UserError(f"--scoring {scoring!r}: choose one of {', '.join(SCORINGS)}")
+    if (scoring or card.default_scoring) == "loglikelihood":
+        from arlecli.loglik import spec_of
+
+        spec_of(card)  # a card without a loglikelihood block is refused before any model loads
     if temperature is None:
         temperature = 0.8 if num_samples > 1 else 0.0
     opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
@@ -135,7 +144,7 @@ def eval_command(
     try:
         results = run_eval(card, engine, opts, model=spec.name, run_dir=run_dir, resume=resume,
                            command=["arle", *sys.argv[1:]], on_start=progress.start, on_sample=progress.sample,
-                           prices=prices)
+                           prices=prices, scoring=scoring)
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
         raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "

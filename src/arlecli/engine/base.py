@@ -63,6 +63,54 @@ class Completion:
     latency_s: float | None = None  # wall seconds this request took to generate, where the backend knows
 
 
+@dataclass
+class LoglikRequest:
+    """Score `continuation` after `context` (lm-eval's `loglikelihood` request)."""
+
+    context: str
+    continuation: str
+
+
+@dataclass
+class Loglik:
+    """A continuation's summed log-probability, whether greedy decoding would have produced
+    every one of its tokens (lm-eval's `is_greedy`), and how many tokens it took."""
+
+    logprob: float
+    greedy: bool
+    num_tokens: int
+
+
+def encode_pair(tokenizer: Any, context: str, continuation: str,
+                prefix_token_id: int | None = None) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) exactly as lm-eval 0.4.13 splits them for a causal LM.
+
+    Trailing whitespace of the context moves to the continuation; the whole text is encoded
+    once (with the tokenizer's own special tokens, BOS where it adds one) and the
+    continuation is what follows the length of the context encoded alone. An empty context
+    is conditioned on `prefix_token_id` (BOS, else EOS), as lm-eval's `loglikelihood` does.
+    """
+    prefix = prefix_token_id if prefix_token_id is not None else (
+        tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id)
+    if context == "":
+        cont = list(tokenizer.encode(continuation, add_special_tokens=False))
+        return ([prefix], cont) if prefix != cont[0] else (cont[:1], cont[1:])
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    prefix_text = tokenizer.decode(prefix) if prefix is not None else ""
+
+    def encode(text: str) -> list[int]:
+        # lm-eval's tok_encode: no special tokens when the text already starts with the prefix token.
+        special = not (prefix_text and text.startswith(prefix_text))
+        return list(tokenizer.encode(text, add_special_tokens=special))
+
+    whole = encode(context + continuation)
+    ctx = encode(context)
+    return ctx, whole[len(ctx):]
+
+
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """`text` up to its first stop string, as OpenAI-compatible servers return it (every
     engine cuts the same way, so a stop means the same thing on every backend)."""
@@ -82,4 +130,14 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release resources (threads, sessions, models)."""
+        ...
+
+
+class LoglikEngine(Protocol):
+    """A backend that can score continuations (hf, vllm, and endpoints with prompt logprobs)."""
+
+    name: str
+
+    def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
+        """Yield (index into requests, Loglik) as each is scored, in any order."""
         ...

@@ -27,7 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from arlecli.engine.base import Completion, GenerationRequest, SamplingParams, cut_at_stop
+from arlecli.engine.base import (Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, cut_at_stop,
+                                 encode_pair)
 from arlecli.engine.tokens import encode_request
 from arlecli.errors import UserError
 
@@ -260,6 +261,56 @@ class HFEngine:
                           logprobs=list(r.logprobs) if r.params.logprobs else None,
                           finish_reason="length" if why == "length" else "stop",
                           latency_s=time.perf_counter() - r.started)
+
+    def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
+        """Yield (index, Loglik) for each (context, continuation), a batch at a time.
+
+        As lm-eval's HFLM computes it: lm-eval's token split (`encode_pair`), the longest
+        sequences first, `batch_size` of them right-padded into one forward pass (no mask
+        needed: padding only follows the real tokens), log-softmax over the continuation's
+        positions. Choices of one question share their context, so they land in one batch
+        and the context's tokens are computed once per batch row, as in lm-eval."""
+        encoded = [encode_pair(self.tokenizer, r.context, r.continuation) for r in requests]
+        for i, (_, cont) in enumerate(encoded):
+            if not cont:
+                raise UserError(f"loglikelihood request {i}: the continuation {requests[i].continuation!r} "
+                                "is empty after tokenisation")
+        order = sorted(range(len(requests)), key=lambda i: (-len(encoded[i][0]) - len(encoded[i][1]),
+                                                            tuple(encoded[i][0] + encoded[i][1])))
+        packed = pack_linears(self.model) if self._packed is None else None
+        try:
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start:start + self.batch_size]
+                yield from zip(batch, self._score_batch([encoded[i] for i in batch]))
+        finally:
+            if packed is not None:
+                unpack_linears(packed)
+
+    def _max_length(self) -> int:
+        config = self.model.config
+        for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+            if isinstance(getattr(config, attr, None), int):
+                return getattr(config, attr)
+        return 2048  # lm-eval's default
+
+    def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[Loglik]:
+        torch = self.torch
+        limit = self._max_length()
+        # The last token is only ever a target; a too-long sequence loses its left end (as lm-eval).
+        inputs = [(ctx + cont)[-(limit + 1):][:-1] for ctx, cont in pairs]
+        width = max(len(x) for x in inputs)
+        ids = torch.full((len(inputs), width), self.pad_id, dtype=torch.long)
+        for b, x in enumerate(inputs):
+            ids[b, :len(x)] = torch.tensor(x)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids.to(self.device)).logits
+            out = []
+            for b, ((_, cont), x) in enumerate(zip(pairs, inputs)):
+                rows = torch.log_softmax(logits[b, len(x) - len(cont):len(x)].float(), dim=-1)
+                target = torch.tensor(cont, device=rows.device)
+                greedy = bool((rows.argmax(dim=-1) == target).all())
+                out.append(Loglik(float(rows.gather(1, target.view(-1, 1)).sum()), greedy, len(cont)))
+        return out
 
     def close(self) -> None:
         """Drop the model so its memory can be freed."""

@@ -39,6 +39,8 @@ from arlecli.engine.base import (
     Completion,
     EngineRequestError,
     GenerationRequest,
+    Loglik,
+    LoglikRequest,
     SamplingParams,
     cut_at_stop,
 )
@@ -154,6 +156,59 @@ class OpenAIEngine:
             for fut in futures:
                 fut.cancel()
 
+    def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
+        """Yield (index, Loglik) as each (context, continuation) is scored, in any order.
+
+        As lm-eval's local-completions: POST /completions with the whole text as the prompt,
+        `echo: true, logprobs: 1, max_tokens: 1`, and sum the echoed prompt logprobs of the
+        continuation's tokens. The endpoint tokenises (arle has no tokenizer for it), so the
+        continuation's tokens are found by `text_offset`: every prompt token that holds a
+        character past the context (its trailing whitespace counts as continuation, as lm-eval
+        splits). An endpoint that does not echo prompt logprobs is a one-line UserError."""
+        if not requests:
+            return
+        loop = self._start()
+        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Loglik | Exception]]] = queue.SimpleQueue()
+        futures = []
+        for i, req in enumerate(requests):
+            fut = asyncio.run_coroutine_threadsafe(self._loglik_one(req), loop)
+            fut.add_done_callback(lambda f, i=i: done.put((i, f)))
+            futures.append(fut)
+        try:
+            for _ in futures:
+                i, fut = done.get()
+                if fut.cancelled():
+                    raise RuntimeError("OpenAIEngine was closed while loglikelihood() was running")
+                result = fut.result()
+                if isinstance(result, Exception):
+                    raise result
+                yield i, result
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+    async def _loglik_one(self, req: LoglikRequest) -> Loglik | Exception:
+        # A failure is returned, not raised: the first one stops the caller, and the others,
+        # cancelled then, would each print "Task exception was never retrieved" at exit.
+        try:
+            return await self._loglik_request(req)
+        except Exception as exc:
+            return exc
+
+    async def _loglik_request(self, req: LoglikRequest) -> Loglik:
+        url = self.base_url + "/completions"
+        prompt = req.context + req.continuation
+        body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1,
+                "echo": True, "seed": 1234}
+        try:
+            return await self._call(url, lambda: body, lambda data: _parse_echo(data, prompt, req.context),
+                                    "echo of prompt logprobs")
+        except EngineRequestError as exc:
+            if "HTTP 4" not in str(exc):  # retries spent, a hang: the endpoint's trouble, not a missing feature
+                raise
+            raise UserError(f"{exc}; --scoring loglikelihood needs an endpoint whose /completions echoes prompt "
+                            "logprobs (echo + logprobs, as vLLM's server does); use --scoring generate") from None
+
     def close(self) -> None:
         """Cancel in-flight requests, close the HTTP client and stop the background loop."""
         with self._lock:
@@ -216,9 +271,20 @@ class OpenAIEngine:
 
     async def _generate_one(self, req: GenerationRequest) -> Completion:
         """One request with retries; raises EngineRequestError (a UserError) when it cannot succeed."""
-        assert self._client is not None and self._slots is not None and self.model is not None
+        assert self.model is not None
         chat = req.messages is not None
         url = self.base_url + ("/chat/completions" if chat else "/completions")
+        model = self.model
+
+        def parse(data: Any) -> Completion:
+            return _parse_completion(data, chat, req.params.stop)
+
+        return await self._call(url, lambda: _request_body(model, req, self._send_token_ids), parse, "completion")
+
+    async def _call(self, url: str, make_body: Any, parse: Any, what: str) -> Any:
+        """POST `make_body()` to `url` with retries and return `parse(reply JSON)` (its
+        `latency_s` set when it has one); EngineRequestError when it cannot succeed."""
+        assert self._client is not None and self._slots is not None and self.model is not None
         attempt = 0
         # The slot is held through backoff sleeps so a rate-limited server sees less load.
         async with self._slots:
@@ -227,7 +293,7 @@ class OpenAIEngine:
             started = time.perf_counter()
             while True:
                 headers, key = _auth_headers(self.api_key_env)
-                body = _request_body(self.model, req, self._send_token_ids)
+                body = make_body()
                 delay: float | None = None
                 timed_out = False
                 try:
@@ -252,14 +318,15 @@ class OpenAIEngine:
                 else:
                     if 200 <= status < 300:
                         try:
-                            completion = _parse_completion(_json(content, url), chat, req.params.stop)
-                            completion.latency_s = time.perf_counter() - started
-                            return completion
+                            result = parse(_json(content, url))
                         except _Malformed as exc:
                             raise EngineRequestError(
-                                f"openai engine: POST {url} answered with a malformed completion ({exc}); "
+                                f"openai engine: POST {url} answered with a malformed {what} ({exc}); "
                                 "is the base URL an OpenAI-compatible endpoint?"
                             ) from None
+                        if hasattr(result, "latency_s"):
+                            result.latency_s = time.perf_counter() - started
+                        return result
                     message = _redact(_server_message(content), key)
                     # Checked on the body this request sent, not the flag: concurrent requests sent
                     # the field before the first refusal flipped it, and each must ask again.
@@ -508,6 +575,50 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
         prompt_tokens=_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
         completion_tokens=_count(usage.get("completion_tokens"), "usage.completion_tokens"),
     )
+
+
+class _NoPromptLogprobs(UserError):
+    """The endpoint answered, but without the prompt's logprobs (it ignores `echo`)."""
+
+
+def _parse_echo(data: Any, prompt: str, context: str) -> Loglik:
+    """The continuation's Loglik from a /completions reply that echoes the prompt's logprobs."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise _Malformed("no choices")
+    choice = data["choices"][0]
+    if not isinstance(choice, dict):
+        raise _Malformed("choices[0] is not an object")
+    raw = choice.get("logprobs")
+    text = choice.get("text")
+    fix = ("--scoring loglikelihood needs an endpoint whose /completions echoes prompt logprobs "
+           "(echo + logprobs, as vLLM's server does); use --scoring generate")
+    if not isinstance(raw, dict) or not isinstance(text, str) or not text.startswith(prompt):
+        raise _NoPromptLogprobs(f"openai engine: the endpoint answered without the prompt's logprobs; {fix}")
+    tokens, values, offsets = raw.get("tokens"), raw.get("token_logprobs"), raw.get("text_offset")
+    if not (isinstance(tokens, list) and isinstance(values, list) and isinstance(offsets, list)
+            and len(tokens) == len(values) == len(offsets)):
+        raise _NoPromptLogprobs(f"openai engine: the endpoint's echo has no tokens/token_logprobs/text_offset; {fix}")
+    top = raw.get("top_logprobs") if isinstance(raw.get("top_logprobs"), list) else None
+    # Prompt tokens: those starting inside the prompt (the generated token starts at its end).
+    n_prompt = sum(1 for o in offsets if isinstance(o, int) and o < len(prompt))
+    boundary = len(context.rstrip())
+    total, greedy, count = 0.0, True, 0
+    for i in range(n_prompt):
+        end = offsets[i + 1] if i + 1 < len(offsets) else len(prompt)
+        if min(end, len(prompt)) <= boundary:
+            continue  # all context
+        value = values[i]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+            raise _Malformed(f"choices[0].logprobs.token_logprobs[{i}] is {_kind(value)}, not a number")
+        total += float(value)
+        count += 1
+        if top is not None and i < len(top) and isinstance(top[i], dict) and top[i]:
+            greedy = greedy and value >= max(v for v in top[i].values() if isinstance(v, (int, float)))
+        else:
+            greedy = False
+    if count == 0:
+        raise _Malformed("no echoed token covers the continuation")
+    return Loglik(total, greedy, count)
 
 
 def _count(value: Any, where: str) -> int | None:

@@ -30,7 +30,7 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.engine.base import Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, encode_pair
 from arlecli.engine.tokens import encode_request
 from arlecli.errors import UserError
 
@@ -380,6 +380,35 @@ class VLLMEngine:
                     self.llm.llm_engine.abort_request([rid for _, rid in mine.values()], internal=True)
                     for key in mine:
                         self._finished.pop(key, None)
+
+    def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
+        """Yield (index, Loglik) per (context, continuation): vLLM's prompt logprobs of the
+        continuation's tokens, on lm-eval's token split (`encode_pair`, as the hf backend);
+        greedy where each of them is vLLM's rank-1 token. Requests sharing a context share its
+        KV through vLLM's prefix cache."""
+        if self._replicas is not None:
+            raise UserError("--scoring loglikelihood runs on one vLLM engine; use --data-parallel-size 1")
+        if not requests:
+            return
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        encoded = [encode_pair(self.tokenizer, r.context, r.continuation) for r in requests]
+        limit = int(self.llm.llm_engine.model_config.max_model_len)
+        ids = [(ctx + cont)[-limit:] for ctx, cont in encoded]
+        # One generated token is the least vLLM accepts; prompt_logprobs=1 adds the rank-1 token.
+        params = VSamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=1, detokenize=False)
+        with self._lock:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False,
+                                     lora_request=self._lora)
+        for i, out in enumerate(outs):
+            cont, seq, steps = encoded[i][1], ids[i], out.prompt_logprobs
+            total, greedy = 0.0, True
+            for pos in range(len(seq) - len(cont), len(seq)):
+                entry = steps[pos][seq[pos]]
+                total += float(entry.logprob)
+                greedy = greedy and entry.rank == 1
+            yield i, Loglik(total, greedy, len(cont))
 
     def _collect(self, mine: dict[str, tuple[int, str]]) -> list[tuple[int, Any]]:
         """Step vLLM until some of `mine` finish; pop and return them as (index, output).
