@@ -200,6 +200,15 @@ def _letters(tasks: list[Task], docs: list[Any]) -> None:
         assert task.input.strip() in doc.context
 
 
+def _drop_check(tasks: list[Task], docs: list[Any]) -> None:
+    """lm-eval's golds (answer + validated answers, repeats dropped) are arle's, empty ones aside."""
+    assert len(tasks) == len(docs) >= 3
+    for task, doc in zip(tasks, docs):
+        lm = [list(a) for a in doc.doc["answers"] if a and str(a[0]).strip()]
+        assert [list(g) for g in task.target] == lm
+        assert doc.doc["passage"] in task.fields["passage"] and task.input == doc.doc["question"]
+
+
 def _mbpp_plus_check(tasks: list[Task], docs: list[Any]) -> None:
     """lm-eval's mbpp_plus runs the three base asserts; arle's test script runs them too."""
     assert len(tasks) == len(docs) >= 3
@@ -220,12 +229,12 @@ def _truthfulqa_check(tasks: list[Task], docs: list[Any]) -> None:
 # card's description that state the deviation.
 DEVIATIONS: dict[str, dict[str, Any]] = {
     "aime24": dict(task="aime24", folder="aime", lm_splits={"train": "fixture"},
-                   says=["Zero-shot chat prompt", "lm-eval takes the"],
+                   says=["Zero-shot chat prompt", "Prompt differs from lm-eval's aime24"],
                    reason="chat prompt asking for \\boxed{} (lm-eval: \"Question: ...\\nAnswer:\"), math-verify "
                           "scoring, 8192 new tokens (lm-eval 32768)",
                    check=_check_targets(lambda t: str(t.target), lambda d: d.target)),
     "aime25": dict(task="aime25", folder="aime", lm_splits={"test": "fixture"},
-                   says=["Zero-shot chat prompt", "lm-eval\n  allows 32768"],
+                   says=["Zero-shot chat prompt", "Prompt differs from lm-eval's aime25"],
                    reason="chat prompt asking for \\boxed{}, math-verify scoring, 8192 new tokens",
                    check=_check_targets(lambda t: str(t.target), lambda d: d.target)),
     "asdiv": dict(task="asdiv", folder="asdiv", lm_splits={"validation": "fixture"},
@@ -239,10 +248,15 @@ DEVIATIONS: dict[str, dict[str, Any]] = {
                          check=_gpqa_check),
     "hendrycks_math": dict(task="hendrycks_math_algebra", folder="hendrycks_math",
                            lm_splits={"train": "fixture", "test": "fixture"},
-                           says=["Zero-shot chat prompt", "not lm-eval's string normalisation"],
+                           says=["Prompt differs from lm-eval's hendrycks_math", "not lm-eval's string normalisation"],
                            reason="chat prompt asking for \\boxed{} and math-verify scoring; the gold (the last "
                                   "\\boxed{} of the solution) is lm-eval's",
                            check=_check_targets(_math_gold, lambda d: d.doc["answer"])),
+    "drop": dict(task="drop", folder="drop", lm_splits={"train": "fixture", "validation": "fixture"},
+                 says=["Prompt differs from lm-eval's drop"],
+                 reason="chat prompt asking for a final \"Answer:\" line (lm-eval: \"{passage} {question}\" cut at "
+                        "the first \".\"); the same gold alternatives (answer + each validated answer)",
+                 check=_drop_check),
     "mbpp_plus": dict(task="mbpp_plus", folder="mbpp", lm_splits={"test": "fixture"},
                       says=["Prompted as EvalPlus's instruct prompt", "not lm-eval's mbpp_plus"],
                       reason="EvalPlus's instruct prompt and plus tests; lm-eval's mbpp_plus is mbpp's 3-shot "
@@ -257,12 +271,12 @@ DEVIATIONS: dict[str, dict[str, Any]] = {
                               "\"ok\" rows lm-eval reads, the question and gold letter match",
                        check=_letters),
     "nq_open": dict(task="nq_open", folder="nq_open", lm_splits={"train": "fixture", "validation": "fixture"},
-                    says=["lm-eval's\n  nq_open is multi-target exact match"],
+                    says=["Prompt differs from lm-eval's nq_open"],
                     reason="chat prompt asking for a final \"Answer:\" line (lm-eval: \"Q: ...?\\nA:\", stop at a "
                            "newline, period or comma); same gold list",
                     check=_check_targets(lambda t: list(t.target), lambda d: list(d.target))),
     "triviaqa": dict(task="triviaqa", folder="triviaqa", lm_splits={"train": "fixture", "validation": "fixture"},
-                     says=["as lm-eval's triviaqa"],
+                     says=["Prompt differs from lm-eval's triviaqa"],
                      reason="chat prompt asking for a final \"Answer:\" line (lm-eval: \"Question: ...?\\nAnswer:\", "
                             "stop at a newline, period or comma); same gold aliases",
                      check=_check_targets(lambda t: list(t.target), lambda d: list(d.target))),
@@ -294,14 +308,14 @@ def test_squad_v2_unanswerable_is_lmevals_unanswerable_and_golds_are_its_spans()
     from lm_eval.tasks.squadv2.task import SQuAD2
 
     card = load_card("squad_v2")
-    assert "unanswerable" in card.prompt.template
+    assert _says(card, "Prompt differs from lm-eval's squadv2") and "unanswerable" in card.prompt.template
     for task, row in zip(_tasks(card), _fixture(card)):
         lm = SQuAD2.doc_to_target(None, row).strip()
         assert list(task.target) == list(row["answers"]["text"])
         assert lm == (task.target[0] if task.target else "unanswerable")
 
 
-# The chat/boxed deviation of squad_v2 (lm-eval: "Title: ...\n\nBackground: ...") is stated here.
+# Deviating cards whose lm-eval task cannot take local rows (checked in their own test above).
 DEVIATIONS_WITHOUT_LMEVAL_RUN = {
     "squad_v2": "chat prompt with a final \"Answer:\" line; lm-eval's squadv2 is a Python task on its hub copy "
                 "(lighteval/squad_v2), checked through its doc_to_target above",
@@ -327,9 +341,66 @@ def test_cards_that_are_not_lmeval_tasks_say_so(name: str):
 
 def test_every_card_naming_lmeval_is_listed():
     """A card whose description names lm-eval is in exactly one of the tables above."""
-    tables = [set(PARITY), set(DEVIATIONS), set(DEVIATIONS_WITHOUT_LMEVAL_RUN), set(NOT_CLAIMED), MC_CARDS, {"drop"}]
+    tables = [set(PARITY), set(DEVIATIONS), set(DEVIATIONS_WITHOUT_LMEVAL_RUN), set(NOT_CLAIMED), MC_CARDS]
     naming = {c.name for c in list_cards() if c.path and c.path.parent == BENCHMARKS
               and re.search(r"lm-eval", c.description)}
     listed = set().union(*tables)
     assert naming <= listed, f"cards naming lm-eval without a parity entry: {sorted(naming - listed)}"
     assert sum(len(t) for t in tables) == len(listed), "a card is listed twice"
+
+
+# --- the few-shot samplers themselves ---------------------------------------------------
+
+def test_default_sampler_draws_what_lmevals_context_sampler_draws_also_from_the_eval_split():
+    """arle's `default` sampler against lm-eval's own ContextSampler, seeded as simple_evaluate
+    seeds it, doc after doc; from the eval split itself, a question is never its own exemplar."""
+    from lm_eval.api.samplers import ContextSampler
+
+    from arlecli.fewshot import draw
+
+    card = load_card("gsm8k")
+    rows = read_rows_file(FIXTURES / "gsm8k.train.jsonl")
+    pool = tasks_from_rows(card, rows, "train")
+    for same_split, eval_rows in ((False, _fixture(card)), (True, rows)):
+        tasks = pool if same_split else _tasks(card)
+        mine = draw(pool, tasks, 3, sampler="default", seed=1234, same_split=same_split)
+        sampler = ContextSampler(rows).set_rnd(1234)
+        theirs = [sampler.sample(3, eval_doc=row if same_split else None) for row in eval_rows]
+        assert [[s.input for s in exemplars_for(mine, t)] for t in tasks] == \
+               [[d["question"] for d in shots] for shots in theirs]
+        if same_split:
+            assert all(t.id not in {s.id for s in exemplars_for(mine, t)} for t in tasks)
+
+
+def _card_with_fewshot(**fewshot: Any) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load((BENCHMARKS / "gsm8k.yaml").read_text())
+    data["prompt"]["fewshot"] = {"split": "train", **fewshot}
+    return data
+
+
+@pytest.mark.parametrize("fewshot, field", [
+    ({"n": 5, "sampler": "random"}, "prompt.fewshot.sampler"),
+    ({"n": 4, "ids": [2, 3, 4]}, "prompt.fewshot.n"),
+    ({"ids": "2,3,4"}, "prompt.fewshot.ids"),
+])
+def test_a_bad_fewshot_block_is_one_line_naming_the_field(fewshot: dict[str, Any], field: str):
+    from arlecli.cards import parse_card
+    from arlecli.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        parse_card(_card_with_fewshot(**fewshot), "my_card.yaml")
+    assert f"my_card.yaml: field '{field}'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fewshot_ids_missing_from_the_split_and_a_too_small_pool_are_user_errors():
+    from arlecli.errors import UserError
+    from arlecli.fewshot import draw
+
+    card = load_card("gsm8k")
+    pool, tasks = tasks_from_rows(card, read_rows_file(FIXTURES / "gsm8k.train.jsonl"), "train"), _tasks(card)
+    with pytest.raises(UserError, match=r"'prompt.fewshot.ids' names ids not in the few-shot split: 99"):
+        draw(pool, tasks, 2, ids=[pool[0].id, 99])
+    with pytest.raises(UserError, match=r"7 exemplars drawn from 6 rows"):
+        draw(pool, tasks, 7, sampler="default")

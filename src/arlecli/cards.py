@@ -22,7 +22,9 @@ Every validation error names the file, the field and the fix, and exits 2 via Us
       format: completion         # completion (raw text) | chat (messages)
       system: null
       template: "Question: {input}\\nAnswer:"
-      fewshot: {split: train, n: 5, target: " {target}", separator: "\\n\\n"}
+      fewshot: {split: train, n: 5, target: " {target}", separator: "\\n\\n",
+                sampler: default, seed: 1234}   # first_n (default) | default: lm-eval's seeded
+                                                # draw per task; or ids: [2, 3, 4] (see fewshot.py)
       stop: ["Question:"]
       max_tokens: 256
     env: single_turn             # or {name: tools, params: {tools: [python], max_turns: 4}}
