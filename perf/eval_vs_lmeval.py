@@ -16,9 +16,9 @@ How, so that both do the very same work:
   from the hub's train split, which is unreachable here).
 - lm-eval: `python -m lm_eval --model hf --include_path TMP --tasks <task>`, where the task
   YAML is lm-eval's own installed gsm8k.yaml (prompt, target, filters, metric verbatim) with
-  the dataset swapped for the same local jsonl files (`dataset_path: json`), few-shot
-  sampler `first_n` (lm-eval's default samples randomly; arle takes the first train rows),
-  and `max_gen_toks` = arle's `--max-tokens`.
+  the dataset swapped for the same local jsonl files (`dataset_path: json`), its own
+  few-shot sampler (arle's card draws the same exemplars: lm-eval's default sampler, seed
+  1234), and `max_gen_toks` = arle's `--max-tokens`.
 - Same decoding for both: greedy, stop at "Question:", "</s>", "<|im_end|>" or EOS, the same
   token budget, batch size 16 on both, fp32 on CPU.
 - Tokens: each tool's final completion text (after its stop-string cut) is re-tokenised
@@ -146,9 +146,7 @@ def lmeval_task_yaml(inp: Inputs, setting: Setting, task: str, include_dir: Path
         "dataset_path": "json",
         "dataset_kwargs": {"data_files": {"train": str(inp.train), "test": str(inp.test)}},
         "training_split": "train", "fewshot_split": "train", "test_split": "test",
-        "num_fewshot": setting.num_fewshot,
-        # arle takes the first n train rows; lm-eval's default sampler draws them at random
-        "fewshot_config": {"sampler": "first_n"},
+        "num_fewshot": setting.num_fewshot,  # lm-eval's default sampler, as the arle card's
     })
     base["generation_kwargs"] = {**base["generation_kwargs"], "max_gen_toks": max_tokens}
     include_dir.mkdir(parents=True, exist_ok=True)
