@@ -351,3 +351,45 @@ def test_engines_generators_and_the_old_decorators_share_the_registry(tmp_path):
     with pytest.raises(UserError, match=r"unknown generator 'countdwn' \(did you mean countdown"):
         generate_rows("countdwn", seed=0, size=1)
     assert env_kind("single_turn") is ENVS.get("single_turn") and not env_kind("single_turn").multi_turn
+
+
+# ------------------------------------------------------------------ the README's examples stay true
+
+
+def test_the_readmes_add_your_own_benchmark_examples_run(tmp_path, isolated_home):
+    import re
+
+    import yaml
+
+    from fake_openai import FakeOpenAIServer
+
+    section = (ROOT / "README.md").read_text().split("## Add your own benchmark", 1)[1].split("\n## ", 1)[0]
+    card_only, card_lines, _toml = re.findall(r"```(?:yaml|toml)\n(.+?)```", section, re.DOTALL)
+    (reward_py,) = re.findall(r"```python\n(.+?)```", section, re.DOTALL)
+    rows = "".join(json.dumps({"question": f"What is the capital of {c}?", "answer": a}) + "\n"
+                   for c, a in [("France", "Paris"), ("Japan", "Tokyo")])
+    (isolated_home / "benchmarks").mkdir()
+    (isolated_home / "benchmarks" / "capitals.yaml").write_text(card_only)
+    (isolated_home / "benchmarks" / "capitals.jsonl").write_text(rows)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    card = {**yaml.safe_load(card_only), **yaml.safe_load(card_lines), "name": "capitals2"}
+    (mine / "capitals2.yaml").write_text(yaml.safe_dump(card))
+    (mine / "capitals.jsonl").write_text(rows)
+    (mine / "my_reward.py").write_text(reward_py)
+    (mine / "my_tools.py").write_text('def population(city: str) -> str:\n    """A city\'s population.\n\n'
+                                      '    Args:\n        city: The city.\n    """\n    return "2.1 million"\n')
+
+    def reply(body: dict) -> str:
+        return "Paris" if "France" in body["messages"][-1]["content"] else "tokyo is it"
+
+    with FakeOpenAIServer(reply) as srv:
+        first = arle("eval", "capitals", "--base-url", srv.base_url, "--output", str(tmp_path / "a"), "--json")
+        second = arle("eval", str(mine / "capitals2.yaml"), "--base-url", srv.base_url,
+                      "--output", str(tmp_path / "b"), "--json")
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    m = json.loads(first.stdout)["metrics"]
+    assert (m["exact_match"]["value"], m["f1"]["value"]) == (0.5, 0.75)  # "tokyo is it": F1 0.5
+    m = json.loads(second.stdout)["metrics"]
+    assert (m["accuracy"]["value"], m["first_word"]["value"]) == (0.5, 0.5)  # case counts: "tokyo" is wrong
