@@ -188,3 +188,19 @@ def test_vllm_gives_close_loglikelihoods(tiny_model, vllm_environment):
     for i in range(len(reqs)):
         assert got[i].logprob == pytest.approx(local[i].logprob, abs=1e-3)
         assert got[i].num_tokens == local[i].num_tokens
+
+
+def test_a_card_defaulting_to_loglikelihood_evaluates_so_and_refuses_training(tiny_model, tmp_path):
+    import yaml
+
+    data = yaml.safe_load((FIXTURES.parent / "arc_easy.yaml").read_text())
+    data["loglikelihood"]["default"] = True
+    data["fixture"] = str(FIXTURES / "arc_easy.jsonl")
+    card = tmp_path / "arc_ll.yaml"
+    card.write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = arle("eval", str(card), "--model", str(tiny_model), "--data", str(FIXTURES / "arc_easy.jsonl"),
+                "--output", str(tmp_path / "run"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert {"acc", "acc_norm"} <= set(json.loads(proc.stdout)["metrics"])
+    line = one_error_line(arle("train", str(card), "--model", str(tiny_model), "--max-steps", "1"))
+    assert "loglikelihood" in line and "arc_easy" in line

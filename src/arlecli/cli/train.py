@@ -187,6 +187,9 @@ def train_command(
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
+    if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
+        raise UserError(f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
+                        f"only evaluates; train on generated answers: set `default: false` in a copy of the card")
     set_policy(sandbox)
     if card_runs_code(card):
         ensure_isolation()  # refuse before loading a model, not at the first reward
