@@ -265,26 +265,76 @@ class HFEngine:
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
         """Yield (index, Loglik) for each (context, continuation), a batch at a time.
 
-        As lm-eval's HFLM computes it: lm-eval's token split (`encode_pair`), the longest
-        sequences first, `batch_size` of them right-padded into one forward pass (no mask
-        needed: padding only follows the real tokens), log-softmax over the continuation's
-        positions. Choices of one question share their context, so they land in one batch
-        and the context's tokens are computed once per batch row, as in lm-eval."""
+        As lm-eval's HFLM computes it (lm-eval's token split, `encode_pair`; log-softmax over
+        the continuation's positions), with one saving: the choices of a question share its
+        context, so the context runs once and every choice's continuation is scored against
+        its KV cache (lm-eval runs the whole context again for each choice). Requests with a
+        context of their own (winogrande's partial scoring) run as lm-eval runs them: the
+        longest first, `batch_size` right-padded sequences to a forward pass."""
         encoded = [encode_pair(self.tokenizer, r.context, r.continuation) for r in requests]
         for i, (_, cont) in enumerate(encoded):
             if not cont:
                 raise UserError(f"loglikelihood request {i}: the continuation {requests[i].continuation!r} "
                                 "is empty after tokenisation")
-        order = sorted(range(len(requests)), key=lambda i: (-len(encoded[i][0]) - len(encoded[i][1]),
-                                                            tuple(encoded[i][0] + encoded[i][1])))
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, (ctx, _) in enumerate(encoded):
+            groups.setdefault(tuple(ctx), []).append(i)
+        shared = sorted((g for g in groups.values() if len(g) > 1), key=lambda g: -len(encoded[g[0]][0]))
+        alone = sorted((i for g in groups.values() if len(g) == 1 for i in g),
+                       key=lambda i: (-len(encoded[i][0]) - len(encoded[i][1]), tuple(encoded[i][0] + encoded[i][1])))
         packed = pack_linears(self.model) if self._packed is None else None
         try:
-            for start in range(0, len(order), self.batch_size):
-                batch = order[start:start + self.batch_size]
+            for group in shared:
+                for start in range(0, len(group), self.batch_size):
+                    part = group[start:start + self.batch_size]
+                    yield from zip(part, self._score_shared([encoded[i] for i in part]))
+            for start in range(0, len(alone), self.batch_size):
+                batch = alone[start:start + self.batch_size]
                 yield from zip(batch, self._score_batch([encoded[i] for i in batch]))
         finally:
             if packed is not None:
                 unpack_linears(packed)
+
+    def _inputs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+        # The last token is only ever a target; a too-long sequence loses its left end (as lm-eval).
+        limit = self._max_length()
+        return [(ctx + cont)[-(limit + 1):][:-1] for ctx, cont in pairs]
+
+    def _score_shared(self, pairs: list[tuple[list[int], list[int]]]) -> list[Loglik]:
+        """Score continuations of one shared context: the context's KV once, then every
+        continuation (right-padded) as one batch on top of it."""
+        torch = self.torch
+        from transformers import DynamicCache
+
+        inputs = self._inputs(pairs)
+        # The prefix run once: common to all inputs, and short of every first scored position.
+        shared = min(len(x) - len(cont) for x, (_, cont) in zip(inputs, pairs))
+        for n, column in enumerate(zip(*inputs)):
+            if n >= shared or any(t != column[0] for t in column):
+                shared = n
+                break
+        if shared < 1:
+            return self._score_batch(pairs)
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            self.model(input_ids=torch.tensor([inputs[0][:shared]], device=self.device), use_cache=True,
+                       logits_to_keep=1, **{self._cache_kw: cache})
+            cache.batch_repeat_interleave(len(pairs))
+            rests = [x[shared:] for x in inputs]
+            width = max(len(r) for r in rests)
+            ids = torch.full((len(rests), width), self.pad_id, dtype=torch.long)
+            for b, r in enumerate(rests):
+                ids[b, :len(r)] = torch.tensor(r)
+            logits = self.model(input_ids=ids.to(self.device), use_cache=True, **{self._cache_kw: cache}).logits
+            return [self._loglik(logits[b], len(r), cont) for b, (r, (_, cont)) in enumerate(zip(rests, pairs))]
+
+    def _loglik(self, logits: Any, length: int, cont: list[int]) -> Loglik:
+        """The Loglik of `cont`, the last tokens predicted by a row's logits[:length]."""
+        torch = self.torch
+        rows = torch.log_softmax(logits[length - len(cont):length].float(), dim=-1)
+        target = torch.tensor(cont, device=rows.device)
+        greedy = bool((rows.argmax(dim=-1) == target).all())
+        return Loglik(float(rows.gather(1, target.view(-1, 1)).sum()), greedy, len(cont))
 
     def _max_length(self) -> int:
         config = self.model.config
@@ -294,23 +344,17 @@ class HFEngine:
         return 2048  # lm-eval's default
 
     def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[Loglik]:
+        """Score (context, continuation) pairs as lm-eval does: right-padded sequences, one
+        forward pass (no mask needed: padding only follows the real tokens)."""
         torch = self.torch
-        limit = self._max_length()
-        # The last token is only ever a target; a too-long sequence loses its left end (as lm-eval).
-        inputs = [(ctx + cont)[-(limit + 1):][:-1] for ctx, cont in pairs]
+        inputs = self._inputs(pairs)
         width = max(len(x) for x in inputs)
         ids = torch.full((len(inputs), width), self.pad_id, dtype=torch.long)
         for b, x in enumerate(inputs):
             ids[b, :len(x)] = torch.tensor(x)
         with torch.inference_mode():
             logits = self.model(input_ids=ids.to(self.device)).logits
-            out = []
-            for b, ((_, cont), x) in enumerate(zip(pairs, inputs)):
-                rows = torch.log_softmax(logits[b, len(x) - len(cont):len(x)].float(), dim=-1)
-                target = torch.tensor(cont, device=rows.device)
-                greedy = bool((rows.argmax(dim=-1) == target).all())
-                out.append(Loglik(float(rows.gather(1, target.view(-1, 1)).sum()), greedy, len(cont)))
-        return out
+            return [self._loglik(logits[b], len(x), cont) for b, (x, (_, cont)) in enumerate(zip(inputs, pairs))]
 
     def close(self) -> None:
         """Drop the model so its memory can be freed."""
