@@ -402,5 +402,7 @@ def test_fewshot_ids_missing_from_the_split_and_a_too_small_pool_are_user_errors
     pool, tasks = tasks_from_rows(card, read_rows_file(FIXTURES / "gsm8k.train.jsonl"), "train"), _tasks(card)
     with pytest.raises(UserError, match=r"'prompt.fewshot.ids' names ids not in the few-shot split: 99"):
         draw(pool, tasks, 2, ids=[pool[0].id, 99])
+    with pytest.raises(UserError, match=r"3 exemplars asked, but card field 'prompt.fewshot.ids' lists 2"):
+        draw(pool, tasks, 3, ids=[pool[0].id, pool[1].id])
     with pytest.raises(UserError, match=r"7 exemplars drawn from 6 rows"):
         draw(pool, tasks, 7, sampler="default")

@@ -56,6 +56,9 @@ def draw(pool: Sequence[Task], tasks: Sequence[Task], n: int, *, sampler: str = 
         missing = [str(i) for i in ids if str(i) not in by_id]
         if missing:
             raise UserError(f"card field '{where}.ids' names ids not in the few-shot split: {', '.join(missing)}")
+        if n > len(ids):
+            raise UserError(f"{n} exemplars asked, but card field '{where}.ids' lists {len(ids)}; "
+                            f"pass --num-fewshot {len(ids)} or fewer")
         return [by_id[str(i)] for i in ids][:n]
     if sampler == "first_n" and by is None:
         eval_ids = {t.id for t in tasks} if same_split else set()
