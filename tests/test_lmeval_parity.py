@@ -406,3 +406,23 @@ def test_fewshot_ids_missing_from_the_split_and_a_too_small_pool_are_user_errors
         draw(pool, tasks, 3, ids=[pool[0].id, pool[1].id])
     with pytest.raises(UserError, match=r"7 exemplars drawn from 6 rows"):
         draw(pool, tasks, 7, sampler="default")
+
+
+def test_fewshot_by_keeps_exemplars_to_the_tasks_group_one_sampler_per_group():
+    """`by` is lm-eval's one-task-per-subject few-shot: exemplars share the task's value, and
+    each group's draws run from its own Random(1234), as separate lm-eval tasks would."""
+    import random
+
+    from arlecli.fewshot import draw
+
+    pool = [Task(id=f"p{i}", input=f"q{i}", target="", fields={"subject": "ab"[i % 2]}) for i in range(8)]
+    tasks = [Task(id=f"t{i}", input="", target="", fields={"subject": s}) for i, s in enumerate("aabab")]
+    firsts = draw(pool, tasks, 2, sampler="first_n", by="subject")
+    assert [[s.id for s in firsts[t.id]] for t in tasks] == [["p0", "p2"], ["p0", "p2"], ["p1", "p3"], ["p0", "p2"],
+                                                          ["p1", "p3"]]
+    drawn = draw(pool, tasks, 2, sampler="default", by="subject")
+    for subject in "ab":
+        group = [p for p in pool if p.fields["subject"] == subject]
+        rng = random.Random(1234)
+        want = [rng.sample(group, 2) for t in tasks if t.fields["subject"] == subject]
+        assert [drawn[t.id] for t in tasks if t.fields["subject"] == subject] == want
