@@ -32,6 +32,9 @@ Every validation error names the file, the field and the fix, and exits 2 via Us
     metrics: [strict_match, flexible_extract]
     group_by: null               # a Task field to break metrics down by (e.g. subject)
     fixture: fixtures/gsm8k.jsonl
+    loglikelihood: null          # multiple choice scored as an lm-eval task (`--scoring loglikelihood`):
+                                 # {task, transform, text, choices, gold, fewshot, metrics}; see
+                                 # Loglikelihood below and benchmarks/arc_easy.yaml
 """
 
 from __future__ import annotations
