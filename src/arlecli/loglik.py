@@ -216,7 +216,8 @@ def load_docs(card: Card, opts: Any) -> list[Doc]:
         except UserError as exc:
             raise UserError(f"few-shot exemplars come from {card.name}'s '{spec.fewshot_split}' split, which failed "
                             f"({exc}); pass --num-fewshot 0 to run without them") from None
-    sampler = Sampler(spec, pool)
+    # --seed is lm-eval's fewshot_random_seed (both 1234 by default).
+    sampler = Sampler(spec, pool, seed=opts.seed)
     return [build_doc(spec, task, sampler.sample(task, n)) for task in tasks]
 
 
