@@ -242,6 +242,17 @@ def test_an_unknown_reward_fails_at_load(tmp_path, reward, message):
         assert f"no file {tmp_path.resolve() / 'missing.py'}" in line  # relative to the card
 
 
+def test_an_unknown_tool_or_rollout_function_fails_at_load(tmp_path):
+    card = write_card(tmp_path, prompt={"format": "chat"},
+                      env={"name": "tools", "params": {"tools": ["python", "calculater"]}})
+    line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
+    assert "field 'env.params.tools[1]': unknown tool 'calculater' (did you mean calculator?)" in line
+    card = write_card(tmp_path, env={"name": "rollout", "params": {"function": "agent.py:solve"}})
+    line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
+    assert f"field 'env.params.function': cannot load rollout function 'agent.py:solve': ImportError: " \
+           f"no file {tmp_path.resolve() / 'agent.py'}" in line
+
+
 def test_an_entry_point_that_takes_a_builtin_name_fails_naming_both(tmp_path):
     dist = tmp_path / "clash-0.1.dist-info"
     dist.mkdir()

@@ -422,6 +422,25 @@ def load_card_file(path: Path) -> Card:
     return card
 
 
+def _check_env_parts(card: Card, where: Path | str) -> None:
+    """The tools a `tools` env names and the function a `rollout` env names must load, so a
+    typo fails with the near name at load, not at the first episode."""
+    from arlecli.envs.tools import TOOLS
+    from arlecli.rollout import ROLLOUTS
+
+    base = card.path.parent if card.path is not None else None
+    tools = card.env_params.get("tools")
+    named = [(f"env.params.tools[{i}]", TOOLS, t) for i, t in enumerate(tools)] \
+        if card.env == "tools" and isinstance(tools, list) else []
+    if card.env == "rollout" and isinstance(card.env_params.get("function"), str):
+        named.append(("env.params.function", ROLLOUTS, card.env_params["function"]))
+    for fld, registry, spec in named:
+        try:
+            registry.get(str(spec), base)
+        except UserError as exc:
+            raise _fail(where, fld, str(exc)) from None
+
+
 def resolve_references(card: Card) -> None:
     """Check that everything the card names exists (reward, transform, generator, metrics).
 
@@ -442,6 +461,7 @@ def resolve_references(card: Card) -> None:
     except UserError as exc:
         raise _fail(where, "reward", str(exc)) from None
     _check_metrics(card, where)
+    _check_env_parts(card, where)
     if card.transform:
         try:
             get_transform(card.transform)
