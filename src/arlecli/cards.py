@@ -17,7 +17,7 @@ Every validation error names the file, the field and the fix, and exits 2 via Us
       params: {}                 # hub: extra datasets.load_dataset kwargs (data_files, revision);
                                  # generator: the generator's parameters
     fields: {input: question, target: answer}   # Task field <- row column
-    transform: null              # optional: a name in data/transforms/ or "module:function"
+    transform: null              # optional: a row -> row function (named as below)
     prompt:
       format: completion         # completion (raw text) | chat (messages)
       system: null
@@ -29,12 +29,16 @@ Every validation error names the file, the field and the fix, and exits 2 via Us
       max_tokens: 256
     env: single_turn             # or {name: tools, params: {tools: [python], max_turns: 4}}
     reward: {name: gsm8k, params: {}}
-    metrics: [strict_match, flexible_extract]
+    metrics: [strict_match, flexible_extract]   # names the reward declares, accuracy, pass@k
     group_by: null               # a Task field to break metrics down by (e.g. subject)
     fixture: fixtures/gsm8k.jsonl
     loglikelihood: null          # multiple choice scored as an lm-eval task (`--scoring loglikelihood`):
                                  # {task, transform, text, choices, gold, fewshot, metrics}; see
                                  # Loglikelihood below and benchmarks/arc_easy.yaml
+
+The code a card names (reward, env, a tools env's tools, transform, a generator's
+`source.path`, a rollout env's function) is a registered name (`gsm8k`), "module:attr" or
+"file.py:attr", a file relative to the card's folder (arlecli/plugins.py).
 """
 
 from __future__ import annotations
