@@ -312,6 +312,8 @@ def _anchor_plugins(card: Card) -> None:
     base = card.path.parent if card.path is not None else None
     card.reward, card.env = anchor(card.reward, base), anchor(card.env, base)
     card.transform = anchor(card.transform, base) if card.transform else card.transform
+    if card.loglikelihood is not None and card.loglikelihood.transform:
+        card.loglikelihood.transform = anchor(card.loglikelihood.transform, base)
     if card.source.kind == "generator":
         card.source.path = anchor(card.source.path, base)
 

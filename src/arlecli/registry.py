@@ -159,6 +159,8 @@ def part_origins(card: Card) -> dict[str, str]:
         out["rollout"] = where(ROLLOUTS, function)
     if card.transform:
         out["transform"] = where(TRANSFORMS, card.transform)
+    if card.loglikelihood is not None and card.loglikelihood.transform:
+        out["loglikelihood.transform"] = where(TRANSFORMS, card.loglikelihood.transform)
     if card.source.kind == "generator":
         try:
             _, member = find_generator(card.source.path, base)
