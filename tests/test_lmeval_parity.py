@@ -363,7 +363,7 @@ def test_default_sampler_draws_what_lmevals_context_sampler_draws_also_from_the_
     pool = tasks_from_rows(card, rows, "train")
     for same_split, eval_rows in ((False, _fixture(card)), (True, rows)):
         tasks = pool if same_split else _tasks(card)
-        mine = draw(pool, tasks, 3, sampler="default", seed=1234, same_split=same_split)
+        mine = draw(pool, tasks, 3, sampler="default", seed=1234, exclude_doc=same_split)
         sampler = ContextSampler(rows).set_rnd(1234)
         theirs = [sampler.sample(3, eval_doc=row if same_split else None) for row in eval_rows]
         assert [[s.input for s in exemplars_for(mine, t)] for t in tasks] == \
@@ -404,8 +404,12 @@ def test_fewshot_ids_missing_from_the_split_and_a_too_small_pool_are_user_errors
         draw(pool, tasks, 2, ids=[pool[0].id, 99])
     with pytest.raises(UserError, match=r"3 exemplars asked, but card field 'prompt.fewshot.ids' lists 2"):
         draw(pool, tasks, 3, ids=[pool[0].id, pool[1].id])
-    with pytest.raises(UserError, match=r"7 exemplars drawn from 6 rows"):
-        draw(pool, tasks, 7, sampler="default")
+    for sampler in ("default", "first_n"):
+        with pytest.raises(UserError, match=r"prompt.fewshot: 7 exemplars asked of 6 rows; lower --num-fewshot"):
+            draw(pool, tasks, 7, sampler=sampler)
+    # From the eval split itself a task is never its own exemplar, so 6 rows give at most 5.
+    with pytest.raises(UserError, match=r"6 exemplars asked of 6 rows \(a task is never its own exemplar\)"):
+        draw(pool, pool, 6, sampler="default", exclude_doc=True)
 
 
 def test_fewshot_by_keeps_exemplars_to_the_tasks_group_one_sampler_per_group():

@@ -80,7 +80,7 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
             raise UserError(f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
                             f"({exc}); pass --num-fewshot 0 to run without them") from None
         exemplars = fewshot.draw(pool, tasks, n_shots, sampler=fs.sampler, seed=fs.seed, ids=fs.ids,
-                                 same_split=fs_split == split and data is None,
+                                 exclude_doc=fs_split == split and data is None,
                                  where=f"{card.name}: prompt.fewshot")
     return tasks, exemplars
 
@@ -111,30 +111,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     score = get_reward(card.reward, card.reward_params)
     if card_runs_code(card):
         ensure_isolation()  # refuse (or warn) before generating anything
-    meta = {
-        "command": command or sys.argv,
-        "benchmark": card.name,
-        "card_version": card.version,
-        "card_hash": card.hash,
-        "card_path": str(card.path),
-        "model": model,
-        "engine": engine.name,
-        "options": asdict(opts),
-        "scoring": "generate",  # so a resume with --scoring loglikelihood is refused, not mixed in
-        # --data's content, not only its path: a file rewritten in place is other tasks.
-        "data_hash": rundir.file_hash(opts.data) if opts.data else None,
-        # So `arle runs list` can tell how far an interrupted run got (it has no results.json yet).
-        "expected_samples": len(tasks) * opts.num_samples,
-        "versions": rundir.versions(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    # A run's samples are read (and so checked) before prepare() records the resume in
-    # meta.json: a damaged samples.jsonl stops the run with the directory exactly as it was.
-    rundir.check_fresh(run_dir, resume)
-    previous = read_samples(run_dir) if (run_dir / META).exists() else None
-    # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
-    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash", "scoring"))
-    done_ids = {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
+    done_ids = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
+                        expected=len(tasks) * opts.num_samples, scoring="generate")
     sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
     pending = [(i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples)
                if sample_id(task.id, k) not in done_ids]
@@ -220,6 +198,44 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         if hasattr(score, "close"):  # a reward holding a judge engine releases it
             score.close()
 
+    return close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices)
+
+
+def open_run(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool,
+             command: list[str] | None, expected: int, scoring: str, **extra: Any) -> set[str]:
+    """Start (or resume) an eval run in `run_dir`: write meta.json, refuse a resume whose
+    settings differ, and return the ids of the samples already done. `extra` joins meta.json."""
+    meta = {
+        "command": command or sys.argv,
+        "benchmark": card.name,
+        "card_version": card.version,
+        "card_hash": card.hash,
+        "card_path": str(card.path),
+        "model": model,
+        "engine": engine.name,
+        "options": asdict(opts),
+        # so a resume with the other --scoring is refused, not mixed in
+        "scoring": scoring,
+        **extra,
+        # --data's content, not only its path: a file rewritten in place is other tasks.
+        "data_hash": rundir.file_hash(opts.data) if opts.data else None,
+        # So `arle runs list` can tell how far an interrupted run got (it has no results.json yet).
+        "expected_samples": expected,
+        "versions": rundir.versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    # A run's samples are read (and so checked) before prepare() records the resume in
+    # meta.json: a damaged samples.jsonl stops the run with the directory exactly as it was.
+    rundir.check_fresh(run_dir, resume)
+    previous = read_samples(run_dir) if (run_dir / META).exists() else None
+    # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
+    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash", "scoring"))
+    return {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
+
+
+def close_run(card: Card, opts: EvalOptions, *, model: str, run_dir: Path, metrics: list[str],
+              prices: Prices | None, **extra: Any) -> dict[str, Any]:
+    """Aggregate `run_dir`'s samples into results.json (`extra` joins it) and return it."""
     samples = read_samples(run_dir)
     ids = [s["id"] for s in samples]
     if len(ids) != len(set(ids)):
@@ -227,8 +243,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     results = {
         "benchmark": card.name, "card_version": card.version, "model": model,
         "split": opts.data or (opts.split or card.source.default_split),
-        "num_samples": opts.num_samples,
-        **aggregate(samples, card.metrics, opts.num_samples, card.group_by, prices),
+        "num_samples": opts.num_samples, **extra,
+        **aggregate(samples, metrics, opts.num_samples, card.group_by, prices),
     }
     write_json(run_dir / RESULTS, results)
     return results

@@ -20,21 +20,17 @@ training uses: this path only evaluates.
 from __future__ import annotations
 
 import math
-import random
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from arlecli import rundir
+from arlecli import fewshot
 from arlecli.cards import Card, Loglikelihood
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.errors import UserError
-from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_samples, write_json
+from arlecli.results import SampleWriter
 from arlecli.types import Task
-
-LMEVAL_FEWSHOT_SEED = 1234  # lm-eval's fewshot_random_seed default (simple_evaluate)
 
 
 @dataclass
@@ -158,45 +154,6 @@ def build_doc(spec: Loglikelihood, task: Task, exemplars: list[Task]) -> Doc:
     return Doc(task, contexts, continuations, choices, gold, [ex.id for ex in exemplars])
 
 
-class Sampler:
-    """lm-eval's few-shot samplers over a pool of exemplar documents.
-
-    `first_n`: the first n of the pool (restricted to those sharing the document's `by`
-    column: MMLU's subject). `default`: `Random(1234).sample(pool, n)` drawn for each
-    document in order, one generator for the whole run (so document i's exemplars depend on
-    the draws before it, and a resumed run must redraw from the first document), n + 1 with
-    the document itself dropped where `exclude_doc` says lm-eval does."""
-
-    def __init__(self, spec: Loglikelihood, pool: list[Task], seed: int = LMEVAL_FEWSHOT_SEED) -> None:
-        self.spec, self.pool = spec, pool
-        self.rnd = random.Random(seed)
-
-    def sample(self, task: Task, n: int) -> list[Task]:
-        """The exemplars for `task` (call once per document, in order)."""
-        if n == 0:
-            return []
-        spec = self.spec
-        if spec.fewshot_sampler == "first_n":
-            pool = self.pool
-            if spec.fewshot_by:
-                key = task.fields.get(spec.fewshot_by)
-                pool = [ex for ex in pool if ex.fields.get(spec.fewshot_by) == key]
-            if len(pool) < n:
-                raise UserError(f"--num-fewshot {n}: the '{spec.fewshot_split}' split has only {len(pool)} "
-                                f"exemplars for task {task.id}"
-                                + (f" ({spec.fewshot_by} {task.fields.get(spec.fewshot_by)!r})" if spec.fewshot_by
-                                   else ""))
-            return pool[:n]
-        if len(self.pool) < n + int(spec.fewshot_exclude_doc):
-            raise UserError(f"--num-fewshot {n}: the '{spec.fewshot_split}' split has only {len(self.pool)} exemplars")
-        if not spec.fewshot_exclude_doc:
-            return self.rnd.sample(self.pool, n)
-        picked = [ex for ex in self.rnd.sample(self.pool, n + 1) if ex.fields != task.fields][:n]
-        if len(picked) < n:
-            picked = self.rnd.sample([ex for ex in self.pool if ex.fields != task.fields], n)
-        return picked
-
-
 def load_docs(card: Card, opts: Any) -> list[Doc]:
     """Every document of the split (after --limit), with its exemplars and requests."""
     spec = spec_of(card)
@@ -216,9 +173,12 @@ def load_docs(card: Card, opts: Any) -> list[Doc]:
         except UserError as exc:
             raise UserError(f"few-shot exemplars come from {card.name}'s '{spec.fewshot_split}' split, which failed "
                             f"({exc}); pass --num-fewshot 0 to run without them") from None
-    # --seed is lm-eval's fewshot_random_seed (both 1234 by default).
-    sampler = Sampler(spec, pool, seed=opts.seed)
-    return [build_doc(spec, task, sampler.sample(task, n)) for task in tasks]
+    # --seed is lm-eval's fewshot_random_seed (both 1234 by default). One draw for the whole
+    # split, in order, so a resumed run redraws from the first document and gets the same shots.
+    shots = fewshot.draw(pool, tasks, n, sampler=spec.fewshot_sampler, seed=opts.seed, by=spec.fewshot_by,
+                         exclude_doc=spec.fewshot_exclude_doc,
+                         where=f"{card.name}: --num-fewshot {n} from the '{spec.fewshot_split}' split")
+    return [build_doc(spec, task, fewshot.exemplars_for(shots, task)) for task in tasks]
 
 
 def _argmax(values: list[float]) -> int:
@@ -267,7 +227,7 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
                       prices: Any = None) -> dict[str, Any]:
     """Score every document by loglikelihood into `run_dir` (resumable); return results.json's content."""
     from arlecli.engine.base import LoglikRequest
-    from arlecli.eval import sample_id
+    from arlecli.eval import close_run, open_run, sample_id
 
     spec = spec_of(card)
     if opts.num_samples != 1:
@@ -276,18 +236,8 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
     docs = load_docs(card, opts)
     if not docs:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
-    meta = {
-        "command": command or sys.argv, "benchmark": card.name, "card_version": card.version,
-        "card_hash": card.hash, "card_path": str(card.path), "model": model, "engine": engine.name,
-        "options": asdict(opts), "scoring": "loglikelihood", "lm_eval_task": spec.task,
-        "data_hash": rundir.file_hash(opts.data) if opts.data else None,
-        "expected_samples": len(docs), "versions": rundir.versions(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    rundir.check_fresh(run_dir, resume)
-    previous = read_samples(run_dir) if (run_dir / META).exists() else None
-    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash", "scoring"))
-    done = {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
+    done = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
+                    expected=len(docs), scoring="loglikelihood", lm_eval_task=spec.task)
     pending = [d for d in docs if sample_id(d.task.id, 0) not in done]
     if on_start:
         on_start(len(docs), len(docs) - len(pending))
@@ -309,18 +259,8 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
                     on_sample(sample)
     finally:
         writer.close()
-    samples = read_samples(run_dir)
-    ids = [s["id"] for s in samples]
-    if len(ids) != len(set(ids)):
-        raise UserError(f"{run_dir}/samples.jsonl holds duplicate sample ids; it was written by two runs at once")
-    out = {
-        "benchmark": card.name, "card_version": card.version, "model": model,
-        "split": opts.data or (opts.split or card.source.default_split), "num_samples": 1,
-        "scoring": "loglikelihood", "lm_eval_task": spec.task,
-        **aggregate(samples, spec.metrics, 1, card.group_by, prices),
-    }
-    write_json(run_dir / RESULTS, out)
-    return out
+    return close_run(card, opts, model=model, run_dir=run_dir, metrics=spec.metrics, prices=prices,
+                     scoring="loglikelihood", lm_eval_task=spec.task)
 
 
 def _sample(spec: Loglikelihood, doc: Doc, lls: list[Any], card: Card, started: float) -> dict[str, Any]:
