@@ -283,20 +283,15 @@ def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]
     return tasks
 
 
-# Rewards that score a row without its gold target: code rewards run the row's tests (the
-# target is a reference solution, empty in some datasets), ifeval checks the instructions
-# the prompt gives, and a judge grades by its rubric (a reference is optional there).
-TARGET_OPTIONAL = ("code_tests", "code_unittest", "code_io", "ifeval", "judge")
-
-
 def target_required(card: Card) -> bool:
     """Whether every task of `card` needs a non-empty target: a reward scoring against an
-    empty gold gives a silent 0, so such a row is an error at load. Not for the rewards in
-    TARGET_OPTIONAL, for SQuAD v2's `qa` with abstain (an empty gold means "unanswerable"),
-    nor for generated rows (each generator's own verifier checks the answer)."""
-    if card.source.kind == "generator" or card.reward in TARGET_OPTIONAL:
-        return False
-    return not (card.reward == "qa" and card.reward_params.get("abstain"))
+    empty gold gives a silent 0, so such a row is an error at load. Not for a reward that
+    declares it needs none (`@register(needs_target=...)`: code tests, ifeval, a judge,
+    SQuAD v2's `qa` with abstain), nor for generated rows (each generator's own verifier
+    checks the answer)."""
+    from arlecli.rewards import needs_target
+
+    return card.source.kind != "generator" and needs_target(card.reward, card.reward_params)
 
 
 def _empty(value: Any) -> bool:

@@ -55,14 +55,18 @@ FIELDS_NEEDED: dict[str, tuple[str, ...]] = {
 }
 
 
-def register(name: str | None = None, *, metrics: Metrics | None = None) -> Callable[[RewardFactory], RewardFactory]:
+def register(name: str | None = None, *, metrics: Metrics | None = None,
+             needs_target: bool | Callable[[dict[str, Any]], bool] = True) -> Callable[[RewardFactory], RewardFactory]:
     """Register a reward factory under `name` (default: the function's name); its keyword args
     are the card's params, and `metrics` the names its Scores' `details` carry (a list, or a
-    function of the card's params; [] for none beyond accuracy)."""
+    function of the card's params; [] for none beyond accuracy). `needs_target` False (or a
+    function of the params) says the reward scores a row without its gold answer, so a row
+    with an empty target is not refused at load (code tests, ifeval, a judge)."""
 
     def deco(factory: RewardFactory) -> RewardFactory:
         if metrics is not None:
             factory.__arle_metrics__ = metrics  # type: ignore[attr-defined]
+        factory.__arle_needs_target__ = needs_target  # type: ignore[attr-defined]
         REWARDS.add(name or factory.__name__, factory)
         return factory
 
@@ -86,6 +90,13 @@ def declared_metrics(factory: RewardFactory) -> Metrics | None:
     """What `factory` declares its details carry; None if it declares nothing (a plain
     function named by "module:attr" or "file.py:attr" without `@register(..., metrics=...)`)."""
     return getattr(factory, "__arle_metrics__", None)
+
+
+def needs_target(name: str, params: dict[str, Any] | None = None) -> bool:
+    """Whether reward `name` with `params` scores against each row's gold target (what it
+    declares with `@register(needs_target=...)`; a reward that declares nothing does)."""
+    declared = getattr(_factory(name), "__arle_needs_target__", True)
+    return bool(declared(params or {}) if callable(declared) else declared)
 
 
 def unknown_metrics(name: str, params: dict[str, Any], metrics: Iterable[str]) -> list[tuple[str, list[str]]]:

@@ -77,7 +77,7 @@ class CodeTestsParams:
     call_check: bool = True
 
 
-@register("code_tests", metrics=[])
+@register("code_tests", metrics=[], needs_target=False)
 def code_tests(
     prompt_field: str = "prompt",
     test_field: str = "test",
@@ -137,7 +137,7 @@ def score_batch(
     return [_to_score(code, verdict) for (_, code), verdict in zip(built, verdicts)]
 
 
-@register("code_unittest", metrics=["tests_passed", "tests_total", "test_pass_rate"])
+@register("code_unittest", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False)
 def code_unittest(
     prompt_field: str = "complete_prompt",
     test_field: str = "test",
@@ -180,7 +180,7 @@ def code_unittest(
     return _with_batch(batch)
 
 
-@register("code_io", metrics=["tests_passed", "tests_total", "test_pass_rate"])
+@register("code_io", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False)
 def code_io(
     tests_fields: str | list[str] = "tests",
     fn_name_field: str = "fn_name",

@@ -280,7 +280,7 @@ class JudgeReward:
             engine.close()
 
 
-@register("judge", metrics=["judge_score", "judge_failed"])
+@register("judge", metrics=["judge_score", "judge_failed"], needs_target=False)
 def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: float = 0.5,
           model_name: str | None = None, api_key_env: str | None = None, backend: str | None = None,
           concurrency: int = 8, max_tokens: int = 512, temperature: float = 0.0,

@@ -93,7 +93,9 @@ def is_abstention(answer: str) -> bool:
     return normalize_answer(answer) in ABSTAIN_PHRASES
 
 
-@register("qa", metrics=lambda p: ["exact_match", "f1", *(["abstained"] if p.get("abstain") else [])])
+# With abstain, an empty gold means "unanswerable" (SQuAD v2), so it is not a missing target.
+@register("qa", metrics=lambda p: ["exact_match", "f1", *(["abstained"] if p.get("abstain") else [])],
+          needs_target=lambda p: not p.get("abstain"))
 def qa(abstain: bool = False) -> RewardFn:
     """Short-answer QA scored as the official SQuAD script: normalised exact match and F1.
 
