@@ -89,6 +89,22 @@ def test_an_installed_package_adds_a_reward_a_tool_an_env_and_a_card(tmp_path, t
     assert origins["env"] == f"entry point arle.envs 'demo_shout_env = arle_plugin_demo:shout_env' {package}"
 
 
+def test_a_packages_backend_is_one_eval_and_model_setup_accept(tmp_path, tiny_model, isolated_home):
+    # `--backend` takes a backend an installed package registers, like arle's own; a typo
+    # still fails in one line, now naming the package's backend among the choices.
+    out = arle("eval", "demo_shout", "--model", str(tiny_model), "--backend", "demo_loud_hf", "--max-tokens", "4",
+               "--limit", "1", "--output", str(tmp_path / "run"), pythonpath=PLUGIN_PKG)
+    assert out.returncode == 0, out.stderr
+    assert "demo_loud_hf: running on arle's hf engine" in out.stderr
+    assert len(samples(tmp_path / "run")) == 1
+    setup = arle("model", "setup", "--name", "loud", "--path", str(tiny_model), "--backend", "demo_loud_hf",
+                 pythonpath=PLUGIN_PKG)
+    assert setup.returncode == 0, setup.stderr
+    line = one_line_error(arle("eval", "demo_shout", "--model", str(tiny_model), "--backend", "demo_loud_h",
+                               pythonpath=PLUGIN_PKG))
+    assert "unknown backend 'demo_loud_h'" in line and "demo_loud_hf" in line
+
+
 def test_the_packages_tool_answers_a_tool_call_in_its_env():
     # The tiny model never calls a tool; drive the package's env with a call by hand.
     script = textwrap.dedent("""

@@ -27,7 +27,6 @@ from urllib.parse import urlparse
 from arlecli.efficiency import check_price, make_prices
 from arlecli.errors import UserError
 
-BACKENDS = ("hf", "openai", "vllm")
 PROFILES_FILE = "models.yaml"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -114,8 +113,10 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
     if len(sources) != 1:
         got = "none" if not sources else " and ".join(sources)
         raise UserError(f"profile {profile.name!r} needs exactly one of --path, --hub-id or --base-url (got {got})")
-    if profile.backend is not None and profile.backend not in BACKENDS:
-        raise UserError(f"unknown backend {profile.backend!r}: pass --backend {', '.join(BACKENDS)} (or leave it out)")
+    if profile.backend is not None:
+        from arlecli.engine import check_backend  # arle's backends and any a package registers
+
+        check_backend(profile.backend)
 
     if profile.path:
         path = Path(profile.path).expanduser().resolve()

@@ -81,8 +81,10 @@ def resolve_model(
     Anything else is a UserError that names the accepted forms and suggests near profiles.
     `request_timeout` and `max_retries` (endpoints only) override what an endpoint profile stores.
     """
-    if backend is not None and backend not in config.BACKENDS:
-        raise UserError(f"unknown backend {backend!r}: pass --backend {', '.join(config.BACKENDS)} (or leave it out)")
+    if backend is not None:
+        from arlecli.engine import check_backend
+
+        check_backend(backend)
     # Checked first: a bad value is the same one-line mistake whatever the model is.
     request_timeout = config.check_request_timeout(request_timeout)
     max_retries = config.check_max_retries(max_retries)

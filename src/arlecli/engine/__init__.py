@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import ModelSpec
 
-__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "choose_backend", "engine_names",
+__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "check_backend", "choose_backend", "engine_names",
            "make_engine", "register_engine"]
 
 EngineFactory = Callable[..., Engine]
@@ -35,6 +35,12 @@ def register_engine(name: str | None = None) -> Callable[[EngineFactory], Engine
 def engine_names() -> list[str]:
     """The known backends (arle's, decorated in imported modules, entry points)."""
     return ENGINES.names()
+
+
+def check_backend(name: str) -> None:
+    """Refuse a `--backend` no engine is registered under (arle's or a package's), in one line."""
+    if not ENGINES.has(name):
+        raise UserError(f"unknown backend {name!r}: pass --backend {', '.join(engine_names())} (or leave it out)")
 
 
 def choose_backend(spec: ModelSpec) -> str:

@@ -1,4 +1,4 @@
-"""A demo arle plugin: a reward, a tool and an env, which arle finds through this package's
+"""A demo arle plugin: a reward, a tool, an env and an engine, which arle finds through this package's
 entry points (see ../pyproject.toml), and a card (benchmarks/demo_shout.yaml) that uses them.
 
 The reward registers itself with `@register` to declare its metrics; the tool and the env are
@@ -40,3 +40,14 @@ def shout(text: str) -> str:
 def shout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, max_turns: int = 2) -> ToolEnv:
     """The tools env with this package's own `demo_shout` tool (named by its entry point)."""
     return ToolEnv(card, task, exemplars, native_tools, tools=["demo_shout"], max_turns=max_turns)
+
+
+def loud_hf_engine(spec: Any, **options: Any) -> Any:
+    """A backend (`--backend demo_loud_hf`): arle's hf engine, announced on stderr so a test
+    can see which engine ran."""
+    import sys
+
+    from arlecli.engine import ENGINES
+
+    print("demo_loud_hf: running on arle's hf engine", file=sys.stderr)
+    return ENGINES.get("hf")(spec, **options)
