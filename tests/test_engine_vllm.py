@@ -222,7 +222,7 @@ def test_environment_defaults_fill_only_what_the_user_left_unset(tmp_path):
     saved_env, saved_tmp = dict(os.environ), tempfile.tempdir
     try:
         for key in [k for k in os.environ if k.startswith("VLLM_")] + ["TMPDIR"]:
-            del os.environ[key]
+            os.environ.pop(key, None)  # TMPDIR may be unset already
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "3"  # the user's
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "torchinductor_me")  # torch's
         prepare_vllm_environment(tmp_path, cpu=True)

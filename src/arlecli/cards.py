@@ -407,7 +407,7 @@ def _check_metrics(card: Card, path: Path | str) -> None:
     hint = f"did you mean '{near[0]}'? " if near else ""
     known = ", ".join([*reward_metrics(card.reward, card.reward_params), "pass@k"])
     how = ("" if declared_metrics(reward_factory(card.reward)) is not None else
-           f" (a reward declares more with @register(..., metrics=[...]))")
+           " (a reward declares more with @register(..., metrics=[...]))")
     raise _fail(path, "metrics", f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
 
 

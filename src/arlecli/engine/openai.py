@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Iterator
+from typing import Any, Coroutine, Iterator, TypeVar
 
 import httpx
 
@@ -45,6 +45,8 @@ from arlecli.engine.base import (
     cut_at_stop,
 )
 from arlecli.errors import UserError
+
+T = TypeVar("T")
 
 # 408/409/425 are "try again" answers too; every 5xx is retried as well.
 _RETRY_STATUS = frozenset({408, 409, 425, 429})
@@ -133,28 +135,7 @@ class OpenAIEngine:
             _check_request(i, req)
         if not requests:
             return
-        loop = self._start()
-        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Completion | Exception]]] = (
-            queue.SimpleQueue()
-        )
-        futures = []
-        for i, req in enumerate(requests):
-            fut = asyncio.run_coroutine_threadsafe(_settled(self._generate_one(req)), loop)
-            fut.add_done_callback(lambda f, i=i: done.put((i, f)))
-            futures.append(fut)
-        try:
-            for _ in futures:
-                i, fut = done.get()
-                if fut.cancelled():
-                    raise RuntimeError("OpenAIEngine was closed while generate() was running")
-                result = fut.result()
-                if isinstance(result, Exception):
-                    raise result
-                yield i, result
-        finally:
-            # Early exit or an error: stop the rest instead of letting them run unseen.
-            for fut in futures:
-                fut.cancel()
+        yield from self._as_completed([_settled(self._generate_one(req)) for req in requests], "generate()")
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
         """Yield (index, Loglik) as each (context, continuation) is scored, in any order.
@@ -167,33 +148,32 @@ class OpenAIEngine:
         splits). An endpoint that does not echo prompt logprobs is a one-line UserError."""
         if not requests:
             return
+        yield from self._as_completed([_settled(self._loglik_request(req)) for req in requests], "loglikelihood()")
+
+    def _as_completed(self, coros: list[Coroutine[Any, Any, T | Exception]], what: str) -> Iterator[tuple[int, T]]:
+        """Run `coros` (each returns its failure rather than raising) on the engine's loop and
+        yield (index, result) as each finishes. The first failure is raised and the rest are
+        cancelled; so is everything still pending when the caller stops iterating early."""
         loop = self._start()
-        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[Loglik | Exception]]] = queue.SimpleQueue()
+        done: queue.SimpleQueue[tuple[int, concurrent.futures.Future[T | Exception]]] = queue.SimpleQueue()
         futures = []
-        for i, req in enumerate(requests):
-            fut = asyncio.run_coroutine_threadsafe(self._loglik_one(req), loop)
+        for i, coro in enumerate(coros):
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
             fut.add_done_callback(lambda f, i=i: done.put((i, f)))
             futures.append(fut)
         try:
             for _ in futures:
                 i, fut = done.get()
                 if fut.cancelled():
-                    raise RuntimeError("OpenAIEngine was closed while loglikelihood() was running")
+                    raise RuntimeError(f"OpenAIEngine was closed while {what} was running")
                 result = fut.result()
                 if isinstance(result, Exception):
                     raise result
                 yield i, result
         finally:
+            # Early exit or an error: stop the rest instead of letting them run unseen.
             for fut in futures:
                 fut.cancel()
-
-    async def _loglik_one(self, req: LoglikRequest) -> Loglik | Exception:
-        # A failure is returned, not raised: the first one stops the caller, and the others,
-        # cancelled then, would each print "Task exception was never retrieved" at exit.
-        try:
-            return await self._loglik_request(req)
-        except Exception as exc:
-            return exc
 
     async def _loglik_request(self, req: LoglikRequest) -> Loglik:
         url = self.base_url + "/completions"
@@ -402,7 +382,7 @@ async def _read_capped(resp: httpx.Response) -> bytes:
 
 async def _settled(coro: Any) -> Any:
     """`coro`'s result, or the exception it raised as a value. A request that fails after
-    generate() stopped listening (another one failed first and the rest were cancelled a moment
+    the caller stopped listening (another one failed first and the rest were cancelled a moment
     too late) otherwise logs "Task exception was never retrieved" with a traceback at exit."""
     try:
         return await coro
