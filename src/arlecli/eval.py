@@ -167,6 +167,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
                     sample[key] = episode.info[key]
             sample["end_reason"] = episode.end_reason
             sample["env_info"] = episode.info
+            sample["tools"] = episode.tools  # always present (null: none), so older runs are told apart
         if card.group_by:
             sample["group"] = task.fields.get(card.group_by, "")
         sample["session_started_at"] = session_started_at

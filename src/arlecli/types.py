@@ -73,6 +73,9 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     end_reason: str = "done"
     info: dict[str, Any] = field(default_factory=dict)
+    # The tool schemas the chat template rendered into every prompt (native tools), or None:
+    # part of what the model saw, so a trajectory can be replayed exactly (trajectories.py).
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def completion(self) -> str:

@@ -1,7 +1,9 @@
-"""`arle data pull`: fetch hub datasets ahead of time, for machines without the hub."""
+"""`arle data pull`: fetch hub datasets ahead of time, for machines without the hub.
+`arle data from-eval`: eval runs' episodes as SFT rows or DPO pairs (arlecli/trajectories.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -34,3 +36,51 @@ def pull_command(
                 console().print(f"{card.name} {name}: {n_rows} rows -> {path}", markup=False)
     if as_json:
         print_json(pulled)
+
+
+@app.command("from-eval")
+def from_eval_command(
+    runs: List[Path] = typer.Argument(..., help="Finished eval runs (a training run's held-out evals too: "
+                                                "RUN/eval/step-N)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The JSONL file to write (replaced whole)."),
+    correct_only: Optional[bool] = typer.Option(None, "--correct-only/--all",
+                                                help="Keep only correct episodes (the default unless "
+                                                     "--min-reward is given), or all of them."),
+    min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Keep episodes whose reward is at "
+                                                                          "least X."),
+    max_per_task: Optional[int] = typer.Option(None, "--max-per-task",
+                                               help="At most K rows per task (the highest rewards; with "
+                                                    "--pairs: K pairs)."),
+    dedupe: bool = typer.Option(False, "--dedupe", help="Write identical conversations once."),
+    pairs: bool = typer.Option(False, "--pairs", help="Write DPO pairs (prompt, chosen: a correct episode, "
+                                                      "rejected: a wrong one of the same task) instead."),
+    force: bool = typer.Option(False, "--force", help="Mix runs of different benchmarks in one file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON for scripts."),
+) -> None:
+    """Turn eval runs' episodes into chat-format training data: SFT rows (`messages`, with
+    agent episodes' tool calls and results, and provenance) for `arle train --algo sft`, or
+    with --pairs DPO rows for `arle train --algo dpo`. Prints how many rows each filter kept."""
+    from arlecli import trajectories as tj
+    from arlecli.cli.output import err_console
+    from arlecli.errors import UserError
+
+    if max_per_task is not None and max_per_task < 1:
+        raise UserError(f"--max-per-task must be at least 1, not {max_per_task}")
+    if pairs and (correct_only is not None or min_reward is not None):
+        raise UserError("--pairs pairs each task's correct episodes with its wrong ones; "
+                        "--correct-only, --all and --min-reward do not apply to it")
+    tj.check_output(output)
+    loaded = tj.load_runs(runs, force=force)
+    if pairs:
+        export = tj.dpo_pairs(loaded, max_per_task=max_per_task, dedupe=dedupe)
+    else:
+        export = tj.sft_rows(loaded, correct_only=correct_only if correct_only is not None else min_reward is None,
+                             min_reward=min_reward, max_per_task=max_per_task, dedupe=dedupe)
+    tj.write_jsonl(output, export.rows)
+    err = err_console()
+    for c in export.counts:
+        err.print(f"{c.filter}: kept {c.kept} of {c.of} {c.unit}", markup=False, highlight=False)
+    err.print(f"wrote {len(export.rows)} {'DPO pairs' if pairs else 'SFT rows'} to {output}", markup=False,
+              highlight=False)
+    if as_json:
+        print_json(export.report(output))

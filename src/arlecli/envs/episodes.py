@@ -106,7 +106,7 @@ def _request(state: _State, job: Job, turn: int) -> GenerationRequest:
 def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
     """Run every job's episode to its end; yield (job index, Episode) as each finishes."""
     tokenizer = getattr(engine, "tokenizer", None)
-    states = {i: _State(job.env.reset(), Episode(job.task.id)) for i, job in enumerate(jobs)}
+    states = {i: _State(job.env.reset(), Episode(job.task.id, tools=job.env.tools)) for i, job in enumerate(jobs)}
     active = list(states)
     while active:
         requests = [_request(states[i], jobs[i], len(states[i].episode.turns)) for i in active]

@@ -1,0 +1,311 @@
+"""Eval runs as training data: `arle data from-eval` (SFT rows, or DPO pairs with `--pairs`).
+
+Each sample of an eval run (samples.jsonl) is one episode. Its conversation is rebuilt from
+what eval recorded, exactly as the model saw it:
+
+    prompt (the first turn's messages)
+    + for each turn: {"role": "assistant", "content": completion} + the env's observation messages
+    tools: the schemas the chat template rendered (native tools), when there were any
+
+which is what the episode driver sent the engine (envs/episodes.py: each turn's prompt is the
+previous one + the model's reply + the env's answer). Applying the model's chat template to
+the messages before the k-th assistant turn (with the generation prompt, and `tools`) gives
+the text of the k-th turn's prompt ids.
+
+SFT rows (one per episode): {"messages", "tools"?, "benchmark", "run", "task_id", "sample",
+"reward", "correct", "model"}; every assistant message is the model's and carries loss, the
+rest (system, user, tool) is prompt or environment.
+
+DPO rows (`--pairs`): {"prompt", "chosen", "rejected", "tools"?, "benchmark", "run", "task_id",
+"model", "chosen_reward", "rejected_reward"}, TRL's conversational preference format. `prompt`
+is the episode's first prompt, `chosen`/`rejected` everything after it (for an agent episode,
+its assistant turns with the tool results between them). Pairing rule: within a task (same
+benchmark, task id, prompt and tools), the i-th correct sample is paired with the i-th wrong
+one, in the order the runs were given and their samples' order; each sample is used once, up
+to `max_per_task` pairs per task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from arlecli.errors import UserError
+from arlecli.results import SAMPLES
+from arlecli.rundir import EvalRun, load_eval
+
+
+@dataclass
+class Trajectory:
+    """One episode of an eval run as a conversation, with where it came from."""
+
+    run: str
+    benchmark: str
+    model: str
+    task_id: str
+    sample: int
+    reward: float
+    correct: bool
+    prompt: list[dict[str, Any]]        # what the model saw before its first turn
+    continuation: list[dict[str, Any]]  # its turns (assistant) and the env's answers in between
+    tools: list[dict[str, Any]] | None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The whole conversation, ending with the model's last turn."""
+        return [*self.prompt, *self.continuation]
+
+    def key(self) -> str:
+        """Equal for identical conversations (what --dedupe compares)."""
+        return json.dumps([self.messages, self.tools], sort_keys=True, ensure_ascii=False)
+
+    def prompt_key(self) -> str:
+        """Equal for episodes that started from the same prompt and tools (pairs need one)."""
+        return json.dumps([self.benchmark, self.task_id, self.prompt, self.tools], sort_keys=True,
+                          ensure_ascii=False)
+
+
+@dataclass
+class Count:
+    """What one filter did: `kept` of `of` (samples, tasks or pairs)."""
+
+    filter: str
+    kept: int
+    of: int
+    unit: str = "samples"
+
+
+@dataclass
+class Export:
+    """The rows to write and how each filter got there (printed, and `--json`)."""
+
+    kind: str                       # sft | dpo
+    rows: list[dict[str, Any]]
+    runs: list[dict[str, Any]]      # run, benchmark, model, samples
+    counts: list[Count] = field(default_factory=list)
+
+    def report(self, output: Path) -> dict[str, Any]:
+        """The `--json` report."""
+        return {"output": str(output), "kind": self.kind, "rows": len(self.rows), "runs": self.runs,
+                "filters": [asdict(c) for c in self.counts]}
+
+
+# Reading runs ------------------------------------------------------------------------------
+
+
+def load_runs(paths: Iterable[Path], *, force: bool = False) -> list[EvalRun]:
+    """Each finished eval run of `paths` read whole (rundir.load_eval refuses, in one line, a
+    folder that is no run, a training run, an unfinished run or a torn samples.jsonl). Runs of
+    different benchmarks are refused unless `force`: their rows would mix tasks."""
+    runs: list[EvalRun] = []
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        real = Path(path).resolve()
+        if real in seen:
+            raise UserError(f"{path} is given twice (as {seen[real]}); its samples would be written twice")
+        seen[real] = Path(path)
+        runs.append(load_eval(Path(path)))
+    benches = {str(r.meta.get("benchmark")) for r in runs}
+    if len(benches) > 1 and not force:
+        which = ", ".join(f"{r.path} ({r.meta.get('benchmark')})" for r in runs)
+        raise UserError(f"the runs are of different benchmarks: {which}; pass --force to mix them in one file")
+    return runs
+
+
+def trajectories(run: EvalRun) -> list[Trajectory]:
+    """Every sample of `run` as a Trajectory, in samples.jsonl's order."""
+    return [_trajectory(run, s, n) for n, s in enumerate(run.samples, 1)]
+
+
+def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:
+    where = f"{run.path / SAMPLES} line {line}"
+    prompt = sample.get("prompt")
+    if isinstance(prompt, str):
+        raise UserError(f"{run.path}: its prompts are plain text (a `prompt.format: completion` card), not chat "
+                        f"messages, so they have no chat-format conversation to train on; evaluate a chat card")
+    if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
+        raise UserError(f"{where}: `prompt` is not a list of chat messages; the file was edited or damaged")
+    turns = sample.get("turns")
+    tools = None
+    if turns is None:  # single-turn: one reply
+        continuation = [_assistant(sample.get("completion"), where)]
+    else:
+        info = sample.get("env_info") if isinstance(sample.get("env_info"), dict) else {}
+        if "rollout" in info:
+            # An agent's own requests (its tools, a rewritten history) are not in samples.jsonl.
+            raise UserError(f"{run.path} is a @rollout agent's run, whose conversations samples.jsonl does not "
+                            f"hold whole; from-eval reads runs of single-turn and env cards")
+        if "tools" not in sample:
+            raise UserError(f"{where}: recorded by an older arle that did not record the tool schemas its prompts "
+                            f"carried; rerun the eval (arle eval ... --output NEW) to export it")
+        tools = sample["tools"]
+        if not isinstance(turns, list) or not turns or (tools is not None and not isinstance(tools, list)):
+            raise UserError(f"{where}: `turns` or `tools` is not what arle writes; the file was edited or damaged")
+        continuation = []
+        for turn in turns:
+            observation = turn.get("observation") if isinstance(turn, dict) else None
+            if not isinstance(observation, list) or not all(isinstance(m, dict) and "role" in m for m in observation):
+                raise UserError(f"{where}: a turn has no list of observation messages; the file was edited or damaged")
+            continuation += [_assistant(turn.get("completion"), where), *observation]
+    return Trajectory(run=str(run.path), benchmark=str(run.meta.get("benchmark")), model=str(run.meta.get("model")),
+                      task_id=str(sample["task_id"]), sample=int(sample.get("sample") or 0),
+                      reward=float(sample.get("reward") or 0.0), correct=bool(sample["correct"]),
+                      prompt=prompt, continuation=continuation, tools=tools)
+
+
+def _assistant(completion: Any, where: str) -> dict[str, Any]:
+    if not isinstance(completion, str):
+        raise UserError(f"{where}: a completion is not text; the file was edited or damaged")
+    return {"role": "assistant", "content": completion}
+
+
+# SFT rows ----------------------------------------------------------------------------------
+
+
+def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: float | None = None,
+             max_per_task: int | None = None, dedupe: bool = False) -> Export:
+    """SFT rows from `runs`' episodes: those that are correct (`correct_only`) and reach
+    `min_reward`, identical conversations once (`dedupe`), at most `max_per_task` per task
+    (the highest rewards; ties: the runs' order, then sample number). Rows keep the runs'
+    order. UserError naming the filter when none is left."""
+    found = [t for run in runs for t in trajectories(run)]
+    for t in found:
+        if any(m.get("role") == "assistant" for m in t.prompt):
+            raise UserError(f"{t.run}: its prompts hold few-shot exemplars as assistant turns, which an SFT row "
+                            f"would train on as the model's own; rerun the eval with --num-fewshot 0 "
+                            f"(--pairs keeps them in the prompt)")
+    export = Export("sft", [], _run_list(runs))
+    kept = _count(export, "read", found, found, "the runs hold no samples")
+    if correct_only:
+        kept = _count(export, "correct-only", kept, [t for t in kept if t.correct],
+                      "none of them is correct; pass --all or --min-reward X to keep others")
+    if min_reward is not None:
+        best = max(t.reward for t in kept)
+        kept = _count(export, f"min-reward {min_reward:g}", kept, [t for t in kept if t.reward >= min_reward],
+                      f"the highest reward is {best:g}; lower --min-reward")
+    if dedupe:
+        kept = _count(export, "dedupe", kept, _dedupe(kept), "")
+    if max_per_task is not None:
+        kept = _count(export, f"max-per-task {max_per_task}", kept, _top_per_task(kept, max_per_task), "")
+    export.rows = [sft_row(t) for t in kept]
+    return export
+
+
+def sft_row(t: Trajectory) -> dict[str, Any]:
+    """The shared SFT row format (see the module docstring)."""
+    row: dict[str, Any] = {"messages": t.messages}
+    if t.tools:
+        row["tools"] = t.tools
+    row.update(benchmark=t.benchmark, run=t.run, task_id=t.task_id, sample=t.sample, reward=t.reward,
+               correct=t.correct, model=t.model)
+    return row
+
+
+def _dedupe(items: list[Trajectory]) -> list[Trajectory]:
+    seen: set[str] = set()
+    out = []
+    for t in items:
+        key = t.key()
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def _top_per_task(items: list[Trajectory], k: int) -> list[Trajectory]:
+    by_task: dict[tuple[str, str], list[int]] = {}
+    for i, t in enumerate(items):
+        by_task.setdefault((t.benchmark, t.task_id), []).append(i)
+    # Stable sort: among equal rewards the earlier (run order, then sample order) wins.
+    chosen = {i for idx in by_task.values() for i in sorted(idx, key=lambda i: -items[i].reward)[:k]}
+    return [t for i, t in enumerate(items) if i in chosen]
+
+
+def _count(export: Export, name: str, before: list[Trajectory], after: list[Trajectory],
+           why_none: str) -> list[Trajectory]:
+    export.counts.append(Count(name, len(after), len(before)))
+    if not after:
+        raise UserError(f"no rows to write: {name} kept 0 of {len(before)} samples"
+                        + (f" ({why_none})" if why_none else ""))
+    return after
+
+
+def _run_list(runs: list[EvalRun]) -> list[dict[str, Any]]:
+    return [{"run": str(r.path), "benchmark": r.meta.get("benchmark"), "model": r.meta.get("model"),
+             "samples": len(r.samples)} for r in runs]
+
+
+# DPO pairs ---------------------------------------------------------------------------------
+
+
+def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: bool = False) -> Export:
+    """DPO rows: within each task, the i-th correct episode paired with the i-th wrong one
+    (each used once, at most `max_per_task` pairs a task); see the module docstring."""
+    found = [t for run in runs for t in trajectories(run)]
+    export = Export("dpo", [], _run_list(runs))
+    kept = _count(export, "read", found, found, "the runs hold no samples")
+    if dedupe:
+        kept = _count(export, "dedupe", kept, _dedupe(kept), "")
+    groups: dict[str, list[Trajectory]] = {}
+    for t in kept:
+        groups.setdefault(t.prompt_key(), []).append(t)
+    both = [g for g in groups.values() if any(t.correct for t in g) and not all(t.correct for t in g)]
+    export.counts.append(Count("tasks with a correct and a wrong sample", len(both), len(groups), "tasks"))
+    if not both:
+        n_right = sum(t.correct for t in kept)
+        raise UserError(f"no pairs to write: none of the {len(groups)} tasks has both a correct and a wrong sample "
+                        f"({n_right} correct, {len(kept) - n_right} wrong in all); sample each task more often "
+                        f"(arle eval --num-samples N --temperature 1.0)")
+    for group in both:
+        right = [t for t in group if t.correct]
+        wrong = [t for t in group if not t.correct]
+        n = min(len(right), len(wrong), max_per_task or len(right))
+        export.rows += [dpo_row(c, r) for c, r in zip(right[:n], wrong[:n])]
+    possible = sum(min(sum(t.correct for t in g), sum(not t.correct for t in g)) for g in both)
+    if max_per_task is not None:
+        export.counts.append(Count(f"max-per-task {max_per_task}", len(export.rows), possible, "pairs"))
+    return export
+
+
+def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
+    """The shared DPO row format (see the module docstring)."""
+    row: dict[str, Any] = {"prompt": chosen.prompt, "chosen": chosen.continuation, "rejected": rejected.continuation}
+    if chosen.tools:
+        row["tools"] = chosen.tools
+    run = chosen.run if chosen.run == rejected.run else f"{chosen.run} | {rejected.run}"
+    row.update(benchmark=chosen.benchmark, run=run, task_id=chosen.task_id, model=chosen.model,
+               chosen_reward=chosen.reward, rejected_reward=rejected.reward)
+    return row
+
+
+# Writing -----------------------------------------------------------------------------------
+
+
+def check_output(path: Path) -> None:
+    """Refuse, before any run is read, an output that cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--output {path} is a folder; give a file name, e.g. {path / 'sft.jsonl'}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UserError(f"--output {path}: the folder {parent} does not exist; create it or choose another path")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write `rows` as JSON lines atomically (a temp file beside `path`, then a rename), so a
+    kill leaves the old file or the whole new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}; choose another --output") from None
