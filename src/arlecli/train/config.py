@@ -7,7 +7,9 @@ command-line flags (`--max-steps` ...) and `--set key=value`. Every key is one o
 - a field of the algorithm's trainer config: any `trl.GRPOConfig` field for grpo, any
   `trl.RLOOConfig` field for rloo (loss_type, beta, epsilon, scale_rewards, num_iterations,
   per_device_train_batch_size, temperature ...), and for ppo the fields of
-  `arlecli.train.ppo.PPOParams` plus the few that `train_ppo` takes as arguments.
+  `arlecli.train.ppo.PPOParams` plus the few that `train_ppo` takes as arguments; any
+  `trl.SFTConfig` field for sft and any `trl.DPOConfig` field for dpo (max_length, beta,
+  loss_type, packing ...).
 
 One flat namespace, so a recipe reads like the trainer's own docs and `--set` reaches
 everything. An unknown key is a one-line UserError that names the nearest known keys.
@@ -26,7 +28,9 @@ import yaml
 
 from arlecli.errors import UserError
 
-ALGOS = ("grpo", "rloo", "ppo")
+ALGOS = ("grpo", "rloo", "ppo", "sft", "dpo", "rft")
+# Algorithms that learn from a data file of recorded trajectories (`--data`), not from rollouts.
+OFFLINE_ALGOS = ("sft", "dpo")
 TRAIN_BACKENDS = ("hf", "vllm")
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
 
@@ -78,6 +82,9 @@ class TrainOptions:
     # TRL's server mode (multi-node): rollouts on a `trl vllm-serve` at this URL, weights synced
     # by TRL over NCCL (grpo and rloo).
     vllm_server: str | None = None
+    # sft/dpo: the JSONL file of recorded trajectories (SFT rows, or DPO pairs for dpo) that
+    # `arle data from-eval` writes.
+    data: str | None = None
 
 
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
@@ -104,9 +111,13 @@ def trainer_fields(algo: str) -> dict[str, Any]:
                        "max_completion_length": int, "temperature": float, "seed": int, "save_steps": int,
                        "save_total_limit": int, "report_to": str})
         return fields
-    from trl import GRPOConfig, RLOOConfig
+    if algo == "rft":  # the SFT trainer's fields, plus how each round samples and keeps
+        from arlecli.train.rft import RFT_FIELDS
 
-    cls = GRPOConfig if algo == "grpo" else RLOOConfig
+        return {**trainer_fields("sft"), **RFT_FIELDS}
+    from trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig
+
+    cls = {"grpo": GRPOConfig, "rloo": RLOOConfig, "sft": SFTConfig, "dpo": DPOConfig}[algo]
     return {f.name: f.type for f in dataclasses.fields(cls) if f.init}
 
 
@@ -235,6 +246,16 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
                             "in-process: use --backend vllm")
         if not opts.vllm_server.startswith(("http://", "https://")):
             raise UserError(f"--vllm-server {opts.vllm_server!r}: give the server's URL, e.g. http://node1:8000")
+    if opts.algo in OFFLINE_ALGOS and not opts.data:
+        kind = "preference pairs (`arle data from-eval RUN --pairs -o pairs.jsonl`)" if opts.algo == "dpo" \
+            else "trajectories (`arle data from-eval RUN -o rows.jsonl`)"
+        raise UserError(f"--algo {opts.algo} trains on recorded {kind}: pass --data FILE.jsonl")
+    if opts.data and opts.algo not in OFFLINE_ALGOS:
+        raise UserError(f"--data is for --algo {' and '.join(OFFLINE_ALGOS)}; --algo {opts.algo} samples its own "
+                        f"training data from the benchmark: drop --data")
+    if opts.vllm_server and opts.algo in OFFLINE_ALGOS:
+        raise UserError(f"--vllm-server serves rollouts; --algo {opts.algo} has none (its held-out evals can use "
+                        f"--backend vllm): drop --vllm-server")
     if opts.lora_rank < 0:
         raise UserError("lora_rank must be >= 0 (0 is a full fine-tune)")
     if opts.eval_limit < 0 or opts.eval_every < 0:

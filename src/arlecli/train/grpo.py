@@ -82,21 +82,12 @@ def lora_config(cfg: TrainConfig) -> Any:
 
 def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> Any:
     """The GRPOConfig / RLOOConfig for this run."""
-    import torch
-
     opts = cfg.options
     # TRL never generates here (see the module docstring); it needs vLLM only to reach a server.
     trl = import_trl(bool(opts.vllm_server))
-    fields = dict(cfg.trainer)
-    fields["output_dir"] = str(run_dir)
-    fields.setdefault("max_completion_length", default_max_tokens)  # the card's budget, as the eval uses
     # LoRA adapters start at zero and need a larger step than TRL's full fine-tune default (1e-6).
-    fields.setdefault("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6)
-    fields.setdefault("disable_tqdm", True)  # our live view replaces the tqdm bar and log dicts
-    if not torch.cuda.is_available():
-        # TRL defaults bf16=True; CPUs here have no bf16 units (slower) and need use_cpu.
-        fields.setdefault("use_cpu", True)
-        fields.setdefault("bf16", False)
+    fields = common_fields(cfg, run_dir, 1e-5 if opts.lora_rank > 0 else 1e-6)
+    fields.setdefault("max_completion_length", default_max_tokens)  # the card's budget, as the eval uses
     if opts.vllm_server:
         # TRL's server mode: TRL connects to the server and syncs the weights before each
         # rollout; arle's rollouts then generate there (engine.trl_server).
@@ -108,6 +99,22 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
     except (ValueError, TypeError) as exc:  # TRL's own checks (batch sizes vs num_generations ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"invalid {opts.algo} settings: {first}") from None
+
+
+def common_fields(cfg: TrainConfig, run_dir: Path, learning_rate: float) -> dict[str, Any]:
+    """The trainer fields every TRL trainer of arle's gets: the run's settings, the run
+    directory, the default learning rate, no tqdm, and CPU settings where there is no GPU."""
+    import torch
+
+    fields = dict(cfg.trainer)
+    fields["output_dir"] = str(run_dir)
+    fields.setdefault("learning_rate", learning_rate)
+    fields.setdefault("disable_tqdm", True)  # our live view replaces the tqdm bar and log dicts
+    if not torch.cuda.is_available():
+        # TRL defaults bf16=True; CPUs here have no bf16 units (slower) and need use_cpu.
+        fields.setdefault("use_cpu", True)
+        fields.setdefault("bf16", False)
+    return fields
 
 
 def _check_report_to(report_to: Any) -> None:
@@ -269,6 +276,17 @@ def run_trl(cfg: TrainConfig, args: Any, spec: Any, prompts: list[Any], rollouts
             ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
     """Train with GRPO/RLOO (`args` from trainer_args), held-out evals before and after; returns
     (every evaluation's results by label, the last step). Every rank calls it (see train.ranks)."""
+    model = load_model(spec.path_or_id or "", spec.is_adapter)
+    return train_loop(lambda callbacks: build_trainer(cfg, args, model, prompts, reward, rollouts, callbacks),
+                      cfg, spec, run_dir, checkpoint, metrics, heldout, view, ranks)
+
+
+def train_loop(make_trainer: Callable[[list[Any]], Any], cfg: TrainConfig, spec: Any, run_dir: Path,
+               checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None, view: Any,
+               ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
+    """Any TRL trainer's run: `make_trainer(callbacks)` builds it (GRPO, RLOO, SFT, DPO ...);
+    held-out evals before, every `eval_every` steps and after, resume from `checkpoint`, the
+    model saved to final/. Returns (every evaluation's results by label, the last step)."""
     from arlecli.train.run import FINAL
 
     ranks = ranks or Ranks()
@@ -282,8 +300,7 @@ def run_trl(cfg: TrainConfig, args: Any, spec: Any, prompts: list[Any], rollouts
     callbacks = [make_callback(metrics, view.log, heldout, every)]
     if ranks.world > 1 and heldout is not None and every:
         callbacks.append(barrier_callback(ranks, every))  # runs after the main process's evaluation
-    trainer = build_trainer(cfg, args, load_model(spec.path_or_id or "", spec.is_adapter), prompts, reward,
-                            rollouts, callbacks)
+    trainer = make_trainer(callbacks)
     evals: dict[str, dict[str, Any]] = {}
 
     def evaluate(label: str, path: str) -> None:
