@@ -61,7 +61,6 @@ def from_eval_command(
     agent episodes' tool calls and results, and provenance) for `arle train --algo sft`, or
     with --pairs DPO rows for `arle train --algo dpo`. Prints how many rows each filter kept."""
     from arlecli import trajectories as tj
-    from arlecli.cli.output import err_console
     from arlecli.errors import UserError
 
     if max_per_task is not None and max_per_task < 1:
@@ -77,10 +76,9 @@ def from_eval_command(
         export = tj.sft_rows(loaded, correct_only=correct_only if correct_only is not None else min_reward is None,
                              min_reward=min_reward, max_per_task=max_per_task, dedupe=dedupe)
     tj.write_jsonl(output, export.rows)
-    err = err_console()
-    for c in export.counts:
-        err.print(f"{c.filter}: kept {c.kept} of {c.of} {c.unit}", markup=False, highlight=False)
-    err.print(f"wrote {len(export.rows)} {'DPO pairs' if pairs else 'SFT rows'} to {output}", markup=False,
-              highlight=False)
+    for c in export.counts:  # plain lines: they go to logs as often as to a terminal
+        typer.echo(f"read {c.of} samples from {len(loaded)} run(s)" if c.filter == "read" else
+                   f"{c.filter}: kept {c.kept} of {c.of} {c.unit}", err=True)
+    typer.echo(f"wrote {len(export.rows)} {'DPO pairs' if pairs else 'SFT rows'} to {output}", err=True)
     if as_json:
         print_json(export.report(output))
