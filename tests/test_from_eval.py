@@ -334,8 +334,9 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
     refused(str(good), "--pairs", "--all", "-o", str(out), needles=("--pairs",))
     refused(str(good), "--max-per-task", "0", "-o", str(out), needles=("--max-per-task must be at least 1",))
 
+    exemplar = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
     shots = write_run(tmp_path / "shots", [{**sample("a", 0, correct=True), "prompt": [
-        {"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "a?"}]}])
+        *exemplar, {"role": "user", "content": "a?"}]}])
     refused(str(shots), "-o", str(out), needles=("few-shot exemplars", "--num-fewshot 0"))
 
     completion = write_run(tmp_path / "completion", [{**sample("a", 0, correct=True), "prompt": "Question: a?"}])
@@ -344,6 +345,11 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
     old = agent_sample("a", 0, True, "#### 6")
     del old["tools"]
     refused(str(write_run(tmp_path / "old", [old])), "-o", str(out), needles=("older arle", "tool schemas"))
+
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / "meta.json").write_text(json.dumps({"kind": "train", "benchmark": "toy"}))
+    refused(str(train), "-o", str(out), needles=("is a training run", "held-out evals"))
 
     unfinished = write_run(tmp_path / "unfinished", [sample("a", 0, correct=True)])
     (unfinished / "results.json").unlink()
