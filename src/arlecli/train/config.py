@@ -225,6 +225,10 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
 
     arle: dict[str, Any] = {}
     trainer: dict[str, Any] = dict(TRAINER_DEFAULTS)
+    if algo == "rft":  # rounds, samples per task, tasks per round ... (so meta.json records them)
+        from arlecli.train.rft import RFT_DEFAULTS
+
+        trainer.update(RFT_DEFAULTS)
     for layer, where in layers:
         for key, value in layer.items():
             _check_key(key, known, algo, where)
@@ -234,6 +238,10 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
                 trainer[key] = _coerce(key, value, trainer_types[key], where)
     opts = TrainOptions(**arle)
     _validate(opts, trainer)
+    if algo == "rft":
+        from arlecli.train.rft import RFTSettings
+
+        RFTSettings.of(trainer)  # checks them
     return TrainConfig(options=opts, trainer=trainer, recipe=recipe_name)
 
 

@@ -79,8 +79,8 @@ def check(opts: LaunchOptions, algo: str) -> None:
         raise UserError(f"{' and '.join(modes)} cannot be combined: pick one")
     if opts.deepspeed is not None and opts.deepspeed not in DEEPSPEED_MODES:
         raise UserError(f"--deepspeed takes zero2 or zero3, not {opts.deepspeed!r}")
-    if algo == "ppo":
-        raise UserError("--algo ppo runs in one process; multi-process training (--num-processes, --deepspeed, "
+    if algo in ("ppo", "rft"):
+        raise UserError(f"--algo {algo} runs in one process; multi-process training (--num-processes, --deepspeed, "
                         "--fsdp, --accelerate-config) supports --algo grpo and rloo")
     if opts.accelerate_config is not None and not Path(opts.accelerate_config).is_file():
         raise UserError(f"--accelerate-config {opts.accelerate_config}: no such file")

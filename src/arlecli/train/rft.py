@@ -1,0 +1,326 @@
+"""RFT: rejection-sampling fine-tuning (expert iteration), `arle train BENCH --algo rft`.
+
+Each round R (1, 2, ... `rounds`):
+
+    1. sample   `num_generations` episodes of each of `tasks_per_round` training tasks with the
+                current weights, through `envs.episodes.collect` (the producer `arle eval` and
+                every trainer use) on the run's rollout engine over the policy: round R's
+                samples are `arle eval -n G --temperature T --top-p P --seed SEED+R` on its tasks
+    2. score    with the card's reward (train.reward.CardReward: every verdict goes to
+                rewards.jsonl with step R)
+    3. keep     the episodes the reward accepts: `correct`, or reward >= `min_reward` when set
+    4. SFT      on the kept episodes as SFT rows (the rows `arle data from-eval` writes), through
+                `train.sft`, continuing from the current weights (LoRA: the same adapter)
+
+A round's tasks are the next `tasks_per_round` rows of the training split (wrapping around), so
+successive rounds see new tasks and a resumed round sees the same ones. A round that keeps
+nothing takes no SFT step: it is logged and the next round samples again (new seed).
+
+    <run>/checkpoint-R/rows.jsonl          round R's kept episodes as SFT rows
+    <run>/checkpoint-R/model/              the weights after round R (an adapter under LoRA)
+    <run>/checkpoint-R/trainer_state.json  written last: round R is finished
+    <run>/metrics.jsonl                    one line per round (step = round)
+    <run>/eval/step-R/                     held-out evaluations after round R (step-0: before)
+
+In the run directory's terms a round is a step: `--resume` continues after the last finished
+round (arlecli.rundir.latest_checkpoint) and drops the lines of later rounds from
+metrics.jsonl and rewards.jsonl; a round cut short is sampled and trained again from its start
+(same tasks, same seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from arlecli.cards import Card
+from arlecli.envs.episodes import collect
+from arlecli.errors import UserError
+from arlecli.train.config import TrainConfig
+from arlecli.train.heldout import HeldOut
+from arlecli.train.metrics import MetricsLog
+from arlecli.train.reward import CardReward
+from arlecli.train.rollout import Rollouts
+from arlecli.trajectories import Trajectory, sft_row
+from arlecli.types import Episode, Score, Task
+
+ROWS_FILE = "rows.jsonl"
+STATE_FILE = "trainer_state.json"  # the name rundir looks for: a checkpoint is complete once it is whole
+MODEL_DIR = "model"
+
+# RFT's own settings (trainer keys beside the SFT trainer's; see train.config.trainer_fields).
+RFT_FIELDS: dict[str, Any] = {
+    "rounds": int,                  # sample -> filter -> SFT cycles
+    "num_generations": int,         # episodes per task per round
+    "tasks_per_round": int,         # training tasks sampled per round (the next ones each round)
+    "min_reward": "float | None",   # keep reward >= this; None: keep the reward's `correct` verdicts
+    "temperature": float,           # sampling, as `arle eval --temperature`
+    "top_p": float,
+    "max_completion_length": int,   # tokens per model turn (None: the card's max_tokens)
+}
+RFT_DEFAULTS: dict[str, Any] = {"rounds": 3, "num_generations": 4, "tasks_per_round": 64, "min_reward": None,
+                                "temperature": 1.0, "top_p": 1.0}
+
+
+@dataclass(frozen=True)
+class RFTSettings:
+    """How each round samples and filters (the SFT trainer's own settings stay in cfg.trainer)."""
+
+    rounds: int
+    num_generations: int
+    tasks_per_round: int
+    min_reward: float | None
+
+    @classmethod
+    def of(cls, trainer: dict[str, Any]) -> "RFTSettings":
+        """The settings among a run's trainer fields, checked (a UserError names the bad one)."""
+        t = {**RFT_DEFAULTS, **trainer}
+        for key in ("rounds", "num_generations", "tasks_per_round"):
+            if not isinstance(t[key], int) or isinstance(t[key], bool) or t[key] < 1:
+                raise UserError(f"--algo rft: {key} must be a whole number >= 1, got {t[key]!r}")
+        if t["min_reward"] is not None and not isinstance(t["min_reward"], (int, float)):
+            raise UserError(f"--algo rft: min_reward must be a number (or null: keep `correct`), "
+                            f"got {t['min_reward']!r}")
+        return cls(t["rounds"], t["num_generations"], t["tasks_per_round"],
+                   None if t["min_reward"] is None else float(t["min_reward"]))
+
+    def accepts(self, score: Score) -> bool:
+        """Whether an episode with this verdict is kept for SFT."""
+        return bool(score.correct) if self.min_reward is None else float(score.reward) >= self.min_reward
+
+
+def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
+    """Refuse bad settings (RFT's, the SFT trainer's, a card SFT cannot learn from) before the
+    run directory exists."""
+    from arlecli.train import sft
+
+    if card.prompt.format != "chat":
+        raise UserError(f"--algo rft trains on chat conversations, and {card.name}'s prompts are plain text "
+                        f"(prompt.format: {card.prompt.format}); use a chat card")
+    shots = card.prompt.fewshot.n if cfg.options.num_fewshot is None else cfg.options.num_fewshot
+    if shots > 0:
+        # Exemplars are assistant turns in the prompt: SFT would train on them as the model's own.
+        raise UserError(f"--algo rft: {card.name} shows {shots} few-shot exemplars as assistant turns, which SFT "
+                        f"would train on as the model's own answers; pass --num-fewshot 0")
+    sft.trainer_args(replace(cfg, trainer=sft_settings(cfg)), run_dir / "sft")
+
+
+def sft_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The trainer fields that go to the SFT trainer each round (RFT's own keys removed)."""
+    return {k: v for k, v in cfg.trainer.items() if k not in RFT_FIELDS}
+
+
+def round_tasks(round_no: int, per_round: int, num_tasks: int) -> list[int]:
+    """Task indices of round `round_no` (1-based): the next `per_round` tasks, wrapping around;
+    every task once when `per_round` covers them all."""
+    if per_round >= num_tasks:
+        return list(range(num_tasks))
+    start = (round_no - 1) * per_round
+    return [(start + j) % num_tasks for j in range(per_round)]
+
+
+def trajectory(episode: Episode, task: Task, sample: int, score: Score, *, benchmark: str, run: str,
+               model: str) -> Trajectory:
+    """An episode as the conversation the model had: its first prompt, then each of its turns
+    and the env's answer to it (what trajectories.py rebuilds from an eval run's sample)."""
+    first = episode.turns[0].prompt
+    continuation: list[dict[str, Any]] = []
+    for turn in episode.turns:
+        continuation += [{"role": "assistant", "content": turn.completion}, *turn.observation]
+    return Trajectory(run=run, benchmark=benchmark, model=model, task_id=task.id, sample=sample,
+                      reward=float(score.reward), correct=bool(score.correct), prompt=list(first),
+                      continuation=continuation, tools=episode.tools)
+
+
+def to_rows(episodes: list[Episode], draws: list[tuple[int, int]], scores: list[Score], keep: list[bool],
+            tasks: list[Task], *, benchmark: str, run: str, model: str) -> list[dict[str, Any]]:
+    """The kept episodes as SFT rows, in draw order (the rows `arle data from-eval` writes)."""
+    return [sft_row(trajectory(episode, tasks[index], k, score, benchmark=benchmark, run=run, model=model))
+            for episode, (index, k), score, kept in zip(episodes, draws, scores, keep, strict=True)
+            if kept and episode.turns]
+
+
+def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward: CardReward, run_dir: Path,
+            checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
+            view: Any) -> tuple[dict[str, dict[str, Any]], int]:
+    """Rounds of sample -> keep -> SFT from the last finished round (`checkpoint`) on; held-out
+    evals before the first round, every `eval_every` rounds and after the last. Returns (every
+    evaluation's results by label, the last round)."""
+    from arlecli.train import sft
+    from arlecli.train.run import FINAL
+
+    settings = RFTSettings.of(cfg.trainer)
+    opts = cfg.options
+    done = _read_state(checkpoint) if checkpoint else {"round": 0, "model_dir": None, "sft_steps": 0}
+    if done["round"] > settings.rounds:
+        raise UserError(f"{run_dir} already ran {done['round']} rounds; pass --set rounds=N with N >= {done['round']}")
+    shutil.rmtree(run_dir / "sft", ignore_errors=True)  # a round cut short: redone from its start
+    model, tokenizer = load_policy(cfg, spec, run_dir / done["model_dir"] if done["model_dir"] else None)
+    sft_tokenizer = sft.load_tokenizer(spec.path_or_id or "")  # the trainer's (padding on the right)
+    sft_steps = int(done["sft_steps"])
+    evals: dict[str, dict[str, Any]] = {}
+
+    def evaluate(label: str) -> None:
+        started = time.monotonic()
+        evals[label] = heldout.evaluate(model, tokenizer, label, sft_steps)
+        metrics.exclude(time.monotonic() - started)
+
+    if heldout is not None:
+        evals.update(heldout.finished())
+        if "step-0" not in evals:
+            evaluate("step-0")
+    metrics.restart_clock()
+    for round_no in range(done["round"] + 1, settings.rounds + 1):
+        started = time.monotonic()
+        indices = round_tasks(round_no, settings.tasks_per_round, len(rollouts.tasks))
+        draws = [(i, k) for i in indices for k in range(settings.num_generations)]
+        episodes = sample(rollouts, draws, round_no, model, tokenizer, sft_steps)
+        sampled_s = time.monotonic() - started
+        scores = reward.score(episodes, [i for i, _ in draws], step=round_no)
+        keep = [settings.accepts(s) for s in scores]
+        rows = to_rows(episodes, draws, scores, keep, rollouts.tasks, benchmark=card.name, run=str(run_dir),
+                       model=f"{spec.name}@step-{round_no - 1}")
+        ckpt = run_dir / f"checkpoint-{round_no}"
+        if ckpt.exists():
+            shutil.rmtree(ckpt)  # left by a round cut short (it had no state file)
+        ckpt.mkdir(parents=True)
+        _write_rows(ckpt / ROWS_FILE, rows)
+
+        stats: dict[str, Any] = {"loss": None, "steps": 0}
+        sft_started = time.monotonic()
+        if rows:
+            model, stats = fine_tune(cfg, model, sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}")
+            sft_steps += int(stats.get("steps") or 0)
+            model.save_pretrained(str(ckpt / MODEL_DIR))
+            model_dir: str | None = f"{ckpt.name}/{MODEL_DIR}"
+        else:
+            view.message(f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
+                         f"the weights stay as they were")
+            model_dir = done["model_dir"]
+        sft_s = time.monotonic() - sft_started
+
+        n = len(draws)
+        row = metrics.record(round_no, {
+            "round": round_no, "tasks": len(indices), "samples": n, "kept": len(rows),
+            "keep_rate": len(rows) / n, "reward": sum(float(s.reward) for s in scores) / n,
+            "accuracy": sum(bool(s.correct) for s in scores) / n, "loss": stats.get("loss"),
+            "sft_steps": int(stats.get("steps") or 0), "sampling_s": round(sampled_s, 2),
+            "sft_s": round(sft_s, 2), "round_s": round(time.monotonic() - started, 2)})
+        done = {"round": round_no, "global_step": round_no, "model_dir": model_dir, "sft_steps": sft_steps,
+                "metrics": row}
+        _write_json_atomic(ckpt / STATE_FILE, done)  # last: the round counts as finished from here on
+        shutil.rmtree(run_dir / "sft", ignore_errors=True)
+        _prune(run_dir, model_dir, cfg.trainer.get("save_total_limit"))
+        view.message(round_line(row, settings.rounds))
+        if (heldout is not None and opts.eval_every and round_no % opts.eval_every == 0
+                and round_no < settings.rounds):
+            evaluate(f"step-{round_no}")
+
+    model.save_pretrained(str(run_dir / FINAL))
+    tokenizer.save_pretrained(str(run_dir / FINAL))
+    if heldout is not None and f"step-{settings.rounds}" not in evals:
+        evaluate(f"step-{settings.rounds}")
+    return evals, settings.rounds
+
+
+def sample(rollouts: Rollouts, draws: list[tuple[int, int]], round_no: int, model: Any, tokenizer: Any,
+           version: int) -> list[Episode]:
+    """One episode per draw (task index, sample number) with `model`'s weights, in draw order.
+
+    `version` names the weights for a synced engine (vLLM): the SFT steps taken so far."""
+    sampling = replace(rollouts.sampling, seed=rollouts.sampling.seed + round_no, logprobs=False)
+    out: list[Episode | None] = [None] * len(draws)
+    with rollouts.engine.over(model, tokenizer, version) as engine:
+        for j, episode in collect(rollouts.card, engine, rollouts.tasks, rollouts.exemplars, draws, sampling):
+            out[j] = episode
+    return out  # type: ignore[return-value]
+
+
+def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
+              output_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """SFT `model` in place on `rows` with the run's SFT settings (train.sft: every assistant
+    message carries loss, prompt and env tokens do not); returns the trained model and
+    {"loss": mean training loss, "steps": optimizer steps}."""
+    from arlecli.train import sft
+
+    # No checkpoints inside a round (a round cut short is redone whole) and no reporting of
+    # each round's SFT as a run of its own.
+    fields = {**sft_settings(cfg), "save_strategy": "no", "report_to": "none"}
+    args = sft.trainer_args(replace(cfg, trainer=fields), output_dir)
+    trainer = sft.train_sft(cfg, args, model, tokenizer, rows)
+    losses = [h["train_loss"] for h in trainer.state.log_history if "train_loss" in h]
+    return trainer.model, {"loss": losses[-1] if losses else None, "steps": int(trainer.state.global_step)}
+
+
+def load_policy(cfg: TrainConfig, spec: Any, saved: Path | None) -> tuple[Any, Any]:
+    """The policy to sample from and train: the start model (a LoRA adapter on it under
+    --lora-rank), or the weights a finished round saved (`saved`), and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from arlecli.train.grpo import load_model, lora_config
+
+    hf_logging.disable_progress_bar()
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # fp32 on CPU, as the eval
+    start = load_model(spec.path_or_id or "", spec.is_adapter)  # a path, or an adapter merged into its base
+    if cfg.options.lora_rank > 0:
+        from peft import PeftModel, get_peft_model
+
+        base = AutoModelForCausalLM.from_pretrained(start, dtype=dtype) if isinstance(start, str) else start
+        model = (PeftModel.from_pretrained(base, str(saved), is_trainable=True) if saved
+                 else get_peft_model(base, lora_config(cfg)))
+    elif saved:
+        model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(start, dtype=dtype) if isinstance(start, str) else start
+    tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id or "", padding_side="left")
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, tokenizer
+
+
+def round_line(row: dict[str, Any], rounds: int) -> str:
+    """One finished round as a line (the full row is in metrics.jsonl)."""
+    loss = "-" if row.get("loss") is None else f"{row['loss']:.4f}"
+    return (f"round {row['round']}/{rounds}  kept {row['kept']}/{row['samples']} ({row['keep_rate']:.0%})  "
+            f"reward {row['reward']:.3f}  acc {row['accuracy']:.3f}  sft loss {loss} ({row['sft_steps']} steps)  "
+            f"{row['round_s']:.1f} s")
+
+
+def _read_state(checkpoint: Path) -> dict[str, Any]:
+    state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    if "round" not in state:
+        raise UserError(f"{checkpoint} is not an rft round (no 'round' in its {STATE_FILE}); it was written by "
+                        f"another --algo: resume with that algo, or choose a new --output")
+    return state
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _prune(run_dir: Path, model_dir: str | None, keep: int | None) -> None:
+    """Keep the newest `keep` rounds' folders, and always the one holding the current weights
+    (rounds that kept nothing point back to it)."""
+    from arlecli import rundir
+
+    if not keep:
+        return
+    current = model_dir.split("/")[0] if model_dir else None
+    for folder in rundir.checkpoints(run_dir)[:-keep]:
+        if folder.name != current:
+            shutil.rmtree(folder, ignore_errors=True)

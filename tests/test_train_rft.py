@@ -1,0 +1,167 @@
+"""`arle train --algo rft` on the tiny model, CPU: a round of sample -> keep -> SFT (full and
+LoRA), kept rows against the reward's verdicts, a round that keeps nothing, resume after kill -9."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_train import ARLE, arle, steps_in, train_in_process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The random tiny model writes gibberish; this reward accepts about half of it (an even number
+# of distinct characters), so a round keeps some samples and drops others.
+REWARD_PY = '''
+from arlecli.types import Score
+
+def even_chars():
+    def score(task, episode):
+        n = len(set(episode.completion))
+        return Score(reward=n / 20, correct=n > 0 and n % 2 == 0, extracted=n, details={})
+    return score
+'''
+
+# 2 tasks x 2 samples, 8 new tokens each, held-out evals of 2 tasks.
+TINY = ["--limit", "2", "--num-generations", "2", "--set", "tasks_per_round=2", "--max-tokens", "8",
+        "--set", "per_device_train_batch_size=2", "--eval-limit", "2", "--set", "eval_max_tokens=8"]
+
+
+def rft_card(tmp_path: Path) -> Path:
+    """The countdown card (same generator, prompt, splits) scored by a file reward next to it."""
+    data = yaml.safe_load((ROOT / "benchmarks" / "countdown.yaml").read_text())
+    data.pop("fixture", None)
+    data.update(name="countdown_even", reward={"name": "even_chars.py:even_chars"}, metrics=["accuracy"])
+    (tmp_path / "even_chars.py").write_text(REWARD_PY)
+    path = tmp_path / "countdown_even.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model, lora):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    train_in_process(str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY,
+                     "--set", "rounds=1", "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3",
+                     "--output", str(run))
+
+    # Every sample was scored once, with step = round 1; the kept rows are exactly the accepted ones.
+    verdicts = lines(run / "rewards.jsonl")
+    assert len(verdicts) == 4 and {v["step"] for v in verdicts} == {1}
+    rows = lines(run / "checkpoint-1" / "rows.jsonl")
+    accepted = sorted((v["task_id"], v["completion"]) for v in verdicts if v["correct"])
+    assert sorted((r["task_id"], r["messages"][-1]["content"]) for r in rows) == accepted
+    assert 0 < len(rows) < 4, "the fixture reward should accept some samples and reject others"
+    for r in rows:
+        assert r["messages"][-1]["role"] == "assistant" and r["messages"][0]["role"] in ("system", "user")
+        assert r["correct"] is True and r["benchmark"] == "countdown_even" and r["run"] == str(run)
+        assert r["sample"] in (0, 1) and r["model"].endswith("@step-0")
+
+    (metric,) = lines(run / "metrics.jsonl")
+    assert metric["step"] == metric["round"] == 1
+    assert (metric["samples"], metric["kept"]) == (4, len(rows)) and metric["keep_rate"] == len(rows) / 4
+    assert metric["sft_steps"] == 2 and math.isfinite(metric["loss"])
+    assert metric["accuracy"] == len(rows) / 4
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algo"] == "rft" and summary["global_step"] == 1
+    assert summary["before"]["label"] == "step-0" and summary["after"]["label"] == "step-1"
+
+    final = run / "final"
+    base = load_file(str(tiny_model / "model.safetensors"))
+    if lora:
+        adapter = load_file(str(final / "adapter_model.safetensors"))
+        lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+        assert lora_b and any(t.abs().max() > 0 for t in lora_b), "LoRA B starts at zero; SFT must move it"
+    else:
+        trained = load_file(str(final / "model.safetensors"))
+        key = "model.layers.0.self_attn.q_proj.weight"
+        assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
+
+    out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
+               "--output", str(tmp_path / "eval"), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["n_tasks"] == 2
+
+
+def test_a_round_that_keeps_nothing_takes_no_step_and_the_run_ends(tmp_path, tiny_model, capsys):
+    run = tmp_path / "run"
+    # The reward never reaches 99: nothing is kept in either round.
+    train_in_process(str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY,
+                     "--set", "rounds=2", "--set", "min_reward=99", "--max-steps", "2", "--eval-limit", "0",
+                     "--output", str(run))
+    err = capsys.readouterr().err
+    assert "round 1: the reward accepted none of 4 samples; no SFT step" in err
+    rows = lines(run / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2] and all(r["kept"] == 0 and r["sft_steps"] == 0 for r in rows)
+    assert all(r["loss"] is None for r in rows)
+    # Round 2 sampled other seeds: not a copy of round 1.
+    verdicts = lines(run / "rewards.jsonl")
+    assert [v["step"] for v in verdicts] == [1] * 4 + [2] * 4
+    # The final model is the start model, unchanged.
+    from safetensors.torch import load_file
+
+    base, final = load_file(str(tiny_model / "model.safetensors")), load_file(str(run / "final" / "model.safetensors"))
+    assert all(final[k].equal(base[k]) for k in base)
+
+
+def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_model, capsys):
+    common = [str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY, "--set", "rounds=3",
+              "--max-steps", "2", "--learning-rate", "1e-3", "--eval-limit", "1"]
+    run = tmp_path / "run"
+    proc = subprocess.Popen([*ARLE, "train", *common, "--output", str(run)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "checkpoint-1" / "trainer_state.json").exists():
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
+    assert not (run / "final").exists(), "the kill must land mid-run"
+    assert 1 <= max(steps_in(run / "metrics.jsonl")) < 3
+
+    capsys.readouterr()
+    train_in_process(*common, "--output", str(run), "--resume")
+    assert "resuming from checkpoint-" in capsys.readouterr().err
+    assert steps_in(run / "metrics.jsonl") == [1, 2, 3]
+    # Each round scored its 4 samples once: a round redone after the resume would add lines.
+    assert sorted(steps_in(run / "rewards.jsonl")) == [1] * 4 + [2] * 4 + [3] * 4
+    assert (run / "final").is_dir() and json.loads((run / "summary.json").read_text())["global_step"] == 3
+    assert len((run / "eval" / "step-0" / "samples.jsonl").read_text().splitlines()) == 1
+
+    # The resumed run sampled what an uninterrupted run samples: weights and seeds came back.
+    train_in_process(*common, "--output", str(tmp_path / "straight"))
+    sampled = lambda r: [(x["step"], x["task_id"], x["completion"]) for x in lines(r / "rewards.jsonl")]
+    assert sampled(run) == sampled(tmp_path / "straight")
+
+
+def test_bad_rft_settings_are_one_line_errors(tmp_path, tiny_model):
+    card = str(rft_card(tmp_path))
+    out = arle("train", card, "--algo", "rft", "--model", str(tiny_model), "--set", "rounds=0",
+               "--output", str(tmp_path / "run"))
+    assert out.returncode == 2 and "rounds must be a whole number >= 1" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    from arlecli.errors import UserError
+    from arlecli.train.config import resolve
+
+    with pytest.raises(UserError, match="unknown setting 'beta' for --algo rft"):
+        resolve({}, {"algo": "rft"}, {"beta": 0.1})  # a DPO/GRPO field, not SFT's or RFT's
+    with pytest.raises(UserError, match="min_reward must be a number"):
+        resolve({}, {"algo": "rft"}, {"min_reward": "high"})
+    cfg = resolve({"rounds": 5}, {"algo": "rft", "num_generations": 8}, {"max_length": 256})
+    assert (cfg.trainer["rounds"], cfg.trainer["num_generations"], cfg.trainer["max_length"]) == (5, 8, 256)
+    assert cfg.trainer["tasks_per_round"] == 64 and cfg.trainer["min_reward"] is None  # defaults, in meta.json
