@@ -55,7 +55,8 @@ def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model
 
     run = tmp_path / "run"
     train_in_process(str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY,
-                     "--set", "rounds=1", "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3",
+                     "--set", "rounds=1", "--max-steps", "2", "--set", "num_train_epochs=2", "--lora-rank", str(lora),
+                     "--learning-rate", "1e-3",
                      "--output", str(run))
 
     # Every sample was scored once, with step = round 1; the kept rows are exactly the accepted ones.

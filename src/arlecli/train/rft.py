@@ -43,7 +43,7 @@ from arlecli.envs.episodes import collect
 from arlecli.errors import UserError
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut
-from arlecli.train.metrics import MetricsLog
+from arlecli.train.metrics import MetricsLog, open_reporter
 from arlecli.train.reward import CardReward
 from arlecli.train.rollout import Rollouts
 from arlecli.trajectories import Trajectory, sft_row
@@ -63,8 +63,10 @@ RFT_FIELDS: dict[str, Any] = {
     "top_p": float,
     "max_completion_length": int,   # tokens per model turn (None: the card's max_tokens)
 }
+# num_train_epochs is the SFT trainer's own: each round's SFT makes this many passes over the
+# round's kept rows (at most max_steps optimizer steps), one by default rather than TRL's 3.
 RFT_DEFAULTS: dict[str, Any] = {"rounds": 3, "num_generations": 4, "tasks_per_round": 64, "min_reward": None,
-                                "temperature": 1.0, "top_p": 1.0}
+                                "temperature": 1.0, "top_p": 1.0, "num_train_epochs": 1}
 
 
 @dataclass(frozen=True)
@@ -174,58 +176,78 @@ def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward:
         evals.update(heldout.finished())
         if "step-0" not in evals:
             evaluate("step-0")
+    reporter = open_reporter(cfg.trainer.get("report_to"), run_dir, {"benchmark": card.name, "algo": "rft",
+                                                                      **cfg.trainer})
     metrics.restart_clock()
-    for round_no in range(done["round"] + 1, settings.rounds + 1):
-        started = time.monotonic()
-        indices = round_tasks(round_no, settings.tasks_per_round, len(rollouts.tasks))
-        draws = [(i, k) for i in indices for k in range(settings.num_generations)]
-        episodes = sample(rollouts, draws, round_no, model, tokenizer, sft_steps)
-        sampled_s = time.monotonic() - started
-        scores = reward.score(episodes, [i for i, _ in draws], step=round_no)
-        keep = [settings.accepts(s) for s in scores]
-        rows = to_rows(episodes, draws, scores, keep, rollouts.tasks, benchmark=card.name, run=str(run_dir),
-                       model=f"{spec.name}@step-{round_no - 1}")
-        ckpt = run_dir / f"checkpoint-{round_no}"
-        if ckpt.exists():
-            shutil.rmtree(ckpt)  # left by a round cut short (it had no state file)
-        ckpt.mkdir(parents=True)
-        _write_rows(ckpt / ROWS_FILE, rows)
-
-        stats: dict[str, Any] = {"loss": None, "steps": 0}
-        sft_started = time.monotonic()
-        if rows:
-            model, stats = fine_tune(cfg, model, sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}")
-            sft_steps += int(stats.get("steps") or 0)
-            model.save_pretrained(str(ckpt / MODEL_DIR))
-            model_dir: str | None = f"{ckpt.name}/{MODEL_DIR}"
-        else:
-            view.message(f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
-                         f"the weights stay as they were")
-            model_dir = done["model_dir"]
-        sft_s = time.monotonic() - sft_started
-
-        n = len(draws)
-        row = metrics.record(round_no, {
-            "round": round_no, "tasks": len(indices), "samples": n, "kept": len(rows),
-            "keep_rate": len(rows) / n, "reward": sum(float(s.reward) for s in scores) / n,
-            "accuracy": sum(bool(s.correct) for s in scores) / n, "loss": stats.get("loss"),
-            "sft_steps": int(stats.get("steps") or 0), "sampling_s": round(sampled_s, 2),
-            "sft_s": round(sft_s, 2), "round_s": round(time.monotonic() - started, 2)})
-        done = {"round": round_no, "global_step": round_no, "model_dir": model_dir, "sft_steps": sft_steps,
-                "metrics": row}
-        _write_json_atomic(ckpt / STATE_FILE, done)  # last: the round counts as finished from here on
-        shutil.rmtree(run_dir / "sft", ignore_errors=True)
-        _prune(run_dir, model_dir, cfg.trainer.get("save_total_limit"))
-        view.message(round_line(row, settings.rounds))
-        if (heldout is not None and opts.eval_every and round_no % opts.eval_every == 0
-                and round_no < settings.rounds):
-            evaluate(f"step-{round_no}")
+    try:
+        for round_no in range(done["round"] + 1, settings.rounds + 1):
+            model, done = one_round(round_no, card, cfg, spec, settings, rollouts, reward, run_dir, model, tokenizer,
+                                    sft_tokenizer, done, metrics, view)
+            sft_steps = done["sft_steps"]  # names the weights for the evaluation's engine
+            if reporter is not None:
+                reporter.log(round_no, done["metrics"])
+            if (heldout is not None and opts.eval_every and round_no % opts.eval_every == 0
+                    and round_no < settings.rounds):
+                evaluate(f"step-{round_no}")
+            # Last: the round counts as finished from here on (an evaluation cut short above is
+            # resumed when the round is redone).
+            _write_json_atomic(run_dir / f"checkpoint-{round_no}" / STATE_FILE, done)
+            shutil.rmtree(run_dir / "sft", ignore_errors=True)
+            _prune(run_dir, done["model_dir"], cfg.trainer.get("save_total_limit"))
+    finally:
+        if reporter is not None:
+            reporter.close()
 
     model.save_pretrained(str(run_dir / FINAL))
     tokenizer.save_pretrained(str(run_dir / FINAL))
     if heldout is not None and f"step-{settings.rounds}" not in evals:
         evaluate(f"step-{settings.rounds}")
     return evals, settings.rounds
+
+
+def one_round(round_no: int, card: Card, cfg: TrainConfig, spec: Any, settings: RFTSettings, rollouts: Rollouts,
+              reward: CardReward, run_dir: Path, model: Any, tokenizer: Any, sft_tokenizer: Any,
+              previous: dict[str, Any], metrics: MetricsLog, view: Any) -> tuple[Any, dict[str, Any]]:
+    """Round `round_no`: sample, score, keep, SFT; writes checkpoint-R (rows, weights) and the
+    round's metrics line. Returns the model and the round's state (what trainer_state.json
+    records once the caller has finished the round)."""
+    started = time.monotonic()
+    indices = round_tasks(round_no, settings.tasks_per_round, len(rollouts.tasks))
+    draws = [(i, k) for i in indices for k in range(settings.num_generations)]
+    episodes = sample(rollouts, draws, round_no, model, tokenizer, int(previous["sft_steps"]))
+    sampled_s = time.monotonic() - started
+    scores = reward.score(episodes, [i for i, _ in draws], step=round_no)
+    keep = [settings.accepts(s) for s in scores]
+    rows = to_rows(episodes, draws, scores, keep, rollouts.tasks, benchmark=card.name, run=str(run_dir),
+                   model=f"{spec.name}@step-{round_no - 1}")
+    ckpt = run_dir / f"checkpoint-{round_no}"
+    if ckpt.exists():
+        shutil.rmtree(ckpt)  # left by a round cut short (it had no state file)
+    ckpt.mkdir(parents=True)
+    _write_rows(ckpt / ROWS_FILE, rows)
+
+    stats: dict[str, Any] = {"loss": None, "steps": 0}
+    sft_started = time.monotonic()
+    if rows:
+        model, stats = fine_tune(cfg, model, sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}", round_no)
+        model.save_pretrained(str(ckpt / MODEL_DIR))
+        model_dir: str | None = f"{ckpt.name}/{MODEL_DIR}"
+    else:
+        view.message(f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
+                     f"the weights stay as they were")
+        model_dir = previous["model_dir"]  # rounds that keep nothing point back to the last weights
+    sft_s = time.monotonic() - sft_started
+
+    n = len(draws)
+    row = metrics.record(round_no, {
+        "round": round_no, "tasks": len(indices), "samples": n, "kept": len(rows),
+        "keep_rate": len(rows) / n, "reward": sum(float(s.reward) for s in scores) / n,
+        "accuracy": sum(bool(s.correct) for s in scores) / n, "loss": stats["loss"],
+        "sft_steps": stats["steps"], "sampling_s": round(sampled_s, 2), "sft_s": round(sft_s, 2),
+        "round_s": round(time.monotonic() - started, 2)})
+    view.message(round_line(row, settings.rounds))
+    return model, {"round": round_no, "global_step": round_no, "model_dir": model_dir,
+                   "sft_steps": int(previous["sft_steps"]) + stats["steps"], "metrics": row}
 
 
 def sample(rollouts: Rollouts, draws: list[tuple[int, int]], round_no: int, model: Any, tokenizer: Any,
@@ -241,16 +263,24 @@ def sample(rollouts: Rollouts, draws: list[tuple[int, int]], round_no: int, mode
     return out  # type: ignore[return-value]
 
 
-def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
-              output_dir: Path) -> tuple[Any, dict[str, Any]]:
+def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]], output_dir: Path,
+              round_no: int) -> tuple[Any, dict[str, Any]]:
     """SFT `model` in place on `rows` with the run's SFT settings (train.sft: every assistant
-    message carries loss, prompt and env tokens do not); returns the trained model and
-    {"loss": mean training loss, "steps": optimizer steps}."""
+    message carries loss, prompt and env tokens do not) for `num_train_epochs` passes over them,
+    at most `max_steps` optimizer steps; returns the trained model and {"loss": mean training
+    loss, "steps": optimizer steps}."""
     from arlecli.train import sft
 
-    # No checkpoints inside a round (a round cut short is redone whole) and no reporting of
-    # each round's SFT as a run of its own.
-    fields = {**sft_settings(cfg), "save_strategy": "no", "report_to": "none"}
+    import math
+
+    fields = sft_settings(cfg)
+    batch = int(fields.get("per_device_train_batch_size", 8)) * int(fields.get("gradient_accumulation_steps", 1))
+    epochs = float(fields.get("num_train_epochs", 1))
+    steps = min(int(fields["max_steps"]), max(1, math.ceil(epochs * math.ceil(len(rows) / batch))))
+    # No checkpoints inside a round (a round cut short is redone whole), no reporting of each
+    # round's SFT as a run of its own, and a seed of the round's own (its own shuffle).
+    fields.update(max_steps=steps, save_strategy="no", report_to="none",
+                  seed=int(fields.get("seed", 1234)) + round_no)
     args = sft.trainer_args(replace(cfg, trainer=fields), output_dir)
     trainer = sft.train_sft(cfg, args, model, tokenizer, rows)
     losses = [h["train_loss"] for h in trainer.state.log_history if "train_loss" in h]
