@@ -1,4 +1,5 @@
-"""`arle train BENCH --algo grpo|rloo|ppo`: RL-train a model on a benchmark's reward."""
+"""`arle train BENCH --algo grpo|rloo|ppo|sft|dpo`: train a model on a benchmark (RL on its reward, or SFT/DPO on
+recorded trajectories)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,22 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def step_line(row: dict[str, Any]) -> str:
     """One logged step as a line: what a person watches (the full row is in metrics.jsonl)."""
-    parts = [f"step {row['step']}/{row.get('max_steps', '?')}",
-             f"reward {_fmt(row.get('reward'))}",
-             f"acc {_fmt(row.get('accuracy'))}",
-             f"kl {_fmt(row.get('kl'), '.4f')}",
+    parts = [f"step {row['step']}/{row.get('max_steps', '?')}", *_learning(row),
              f"loss {_fmt(row.get('loss', row.get('policy_loss')), '.4f')}",
              f"{_fmt(row.get('seconds_per_step'), '.2f')} s/step",
              f"{_fmt(row.get('tokens_per_second'), '.0f')} tok/s"]
     return "  ".join(parts)
+
+
+def _learning(row: dict[str, Any]) -> list[str]:
+    # What says the model is learning: RL's reward, accuracy and KL; DPO's preference accuracy
+    # and margin; SFT's next-token accuracy on the trained tokens.
+    if "rewards/margins" in row:
+        return [f"pref acc {_fmt(row.get('rewards/accuracies'))}", f"margin {_fmt(row.get('rewards/margins'), '.4f')}"]
+    if "reward" not in row and "mean_token_accuracy" in row:
+        return [f"token acc {_fmt(row.get('mean_token_accuracy'))}"]
+    return [f"reward {_fmt(row.get('reward'))}", f"acc {_fmt(row.get('accuracy'))}",
+            f"kl {_fmt(row.get('kl'), '.4f')}"]
 
 
 class _View:
@@ -59,8 +68,7 @@ class _View:
             err_console().print(step_line(row), highlight=False, soft_wrap=True)
             return
         bars = self._bars()
-        info = (f"reward {_fmt(row.get('reward'))} acc {_fmt(row.get('accuracy'))} "
-                f"kl {_fmt(row.get('kl'), '.4f')} {_fmt(row.get('seconds_per_step'), '.1f')} s/step")
+        info = " ".join([*_learning(row), f"{_fmt(row.get('seconds_per_step'), '.1f')} s/step"])
         if self.train_task is None:
             self.train_task = bars.add_task("train", total=row.get("max_steps"), info="")
         bars.update(self.train_task, completed=row["step"], info=info)
@@ -96,7 +104,11 @@ class _View:
 def train_command(
     ctx: typer.Context,
     bench: Optional[str] = typer.Argument(None, metavar="BENCH", help="Benchmark name or card file (or `benchmark:` in the recipe)."),
-    algo: Optional[str] = typer.Option(None, "--algo", help="grpo (default), rloo or ppo."),
+    algo: Optional[str] = typer.Option(None, "--algo", help="grpo (default), rloo or ppo (RL on the card's "
+                                       "reward); sft or dpo (on recorded trajectories: --data); rft (rounds of "
+                                       "sampling, keeping what the reward accepts, SFT on it)."),
+    data: Optional[str] = typer.Option(None, "--data", help="sft/dpo: a JSONL file of SFT rows (dpo: preference "
+                                       "pairs), from `arle data from-eval RUN [--pairs] -o FILE.jsonl`."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
                                         "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML (a file, or a packaged recipe name "
@@ -108,7 +120,8 @@ def train_command(
     num_generations: Optional[int] = typer.Option(None, "--num-generations", min=1,
                                                   help="Completions per prompt (default: the trainer's)."),
     learning_rate: Optional[float] = typer.Option(None, "--learning-rate", "--lr", min=0.0,
-                                                  help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA)."),
+                                                  help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA); "
+                                                  "sft 2e-5 / 2e-4, dpo 1e-6 / 1e-5."),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0,
                                             help="LoRA rank on all linear layers; 0 (default) = full fine-tune."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Rollouts and held-out evals: hf (default: the "
@@ -159,7 +172,8 @@ def train_command(
                                                     help="Port on machine rank 0 (default: a free port on one "
                                                     "machine, 29500 across machines)."),
 ) -> None:
-    """RL-train a model on a benchmark's reward; writes checkpoints, metrics and the final model."""
+    """Train a model on a benchmark: RL on its reward, or SFT/DPO on recorded trajectories (--data);
+    writes checkpoints, metrics, held-out evals and the final model."""
     from arlecli import rundir
     from arlecli.cards import resolve_references
     from arlecli.models import resolve_model
@@ -178,7 +192,7 @@ def train_command(
         recipe_name = str(path)
     flags = {"benchmark": bench, "algo": algo, "model": model, "backend": backend, "split": split, "limit": limit,
              "lora_rank": lora_rank, "eval_every": eval_every, "eval_split": eval_split, "eval_limit": eval_limit,
-             "max_steps": max_steps, "num_generations": num_generations, "learning_rate": learning_rate,
+             "max_steps": max_steps, "num_generations": num_generations, "data": data, "learning_rate": learning_rate,
              "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
              "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
              "vllm_server": vllm_server}
@@ -187,6 +201,10 @@ def train_command(
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
+    if cfg.options.data:  # sft/dpo: a bad data file is refused before anything starts
+        from arlecli.train.offline import training_rows
+
+        training_rows(cfg)
     if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
         raise UserError(f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
                         f"only evaluates; train on generated answers: set `default: false` in a copy of the card")
@@ -219,7 +237,7 @@ def train_command(
     view = _View()
     err_console().print(f"training {spec.name} on {card.name} with {cfg.options.algo}"
                         f"{' + LoRA r=' + str(cfg.options.lora_rank) if cfg.options.lora_rank else ''} "
-                        f"for {cfg.trainer['max_steps']} steps -> {run_dir}", highlight=False)
+                        f"for {_length(cfg.trainer)} -> {run_dir}", highlight=False)
     try:
         summary = run_train(card, cfg, spec, run_dir, resume=resume, command=command,
                             view=TrainView(log=view.log, eval_start=view.eval_start, eval_sample=view.eval_sample,
@@ -264,6 +282,13 @@ def _child_args(ctx: typer.Context) -> list[str]:
     return args
 
 
+def _length(trainer: dict[str, Any]) -> str:
+    # rft counts rounds (each: sampling, then up to max_steps SFT steps); the others optimizer steps.
+    if "rounds" in trainer:
+        return f"{trainer['rounds']} rounds of up to {trainer['max_steps']} SFT steps"
+    return f"{trainer['max_steps']} steps"
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     """Before/after held-out accuracy, where the model is, how to evaluate it."""
     out = console()
@@ -272,6 +297,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         delta = (after["accuracy"] or 0.0) - (before["accuracy"] or 0.0)
         out.print(f"held-out accuracy: {before['accuracy']:.4f} ({before['label']}) -> {after['accuracy']:.4f} "
                   f"({after['label']}), {delta:+.4f}", highlight=False)
-    out.print(f"{summary['global_step']} steps; final model: {summary['final_model']}", highlight=False)
+    unit = "rounds" if summary.get("algo") == "rft" else "steps"
+    out.print(f"{summary['global_step']} {unit}; final model: {summary['final_model']}", highlight=False)
     out.print(f"run directory: {run_dir}  (evaluate: arle eval {summary['benchmark']} --model "
               f"{summary['final_model']})", highlight=False)

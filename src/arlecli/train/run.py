@@ -39,7 +39,7 @@ from arlecli.eval import EvalOptions, load_tasks
 from arlecli.fewshot import exemplars_for
 from arlecli.models import ModelSpec
 from arlecli.results import write_json
-from arlecli.train.config import TrainConfig
+from arlecli.train.config import OFFLINE_ALGOS, TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
 from arlecli.train.ranks import Ranks
 from arlecli.train.metrics import MetricsLog
@@ -49,7 +49,7 @@ from arlecli.train.rollout import PolicyEngine, Rollouts
 SUMMARY = "summary.json"
 FINAL = "final"
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
-RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps"}
+RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
 # What a resume must keep (options and trainer field by field, all but RESUMABLE).
 COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer")
 
@@ -89,12 +89,21 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         "options": asdict(opts), "trainer": cfg.trainer, "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if opts.algo in OFFLINE_ALGOS:  # sft, dpo: a data file of trajectories; no rollouts, no reward
+        from arlecli.train.offline import run_offline
+
+        return run_offline(card, cfg, spec, run_dir, meta, resume=resume, view=view)
     # Settings errors surface before the run directory exists, so a fixed rerun needs no new --output.
     if opts.algo == "ppo":
         from arlecli.train.ppo_run import ppo_params
 
         trainer_args = None
         ppo_params(cfg)
+    elif opts.algo == "rft":
+        from arlecli.train.rft import check_settings
+
+        trainer_args = None
+        check_settings(cfg, card, run_dir)
     else:
         from arlecli.train.grpo import trainer_args as make_args
 
@@ -102,7 +111,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         # Every field the trainer ran with, defaults included (resume compares only "trainer").
         meta["trainer_resolved"] = trainer_args.to_dict()
     # After trainer_args: its config set up the processes' shared state. PPO runs in one process.
-    ranks = Ranks.current() if opts.algo != "ppo" else Ranks()
+    ranks = Ranks.current() if opts.algo not in ("ppo", "rft") else Ranks()
     if ranks.world > 1:
         meta["num_processes"] = ranks.world
     if not ranks.main:
@@ -133,13 +142,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
     rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "") if opts.vllm_server else engine
     rollouts = Rollouts(card, tasks, exemplars, rollout_sampling(cfg, card), rollout_engine)
-    heldout = None
-    if opts.eval_limit:
-        eval_opts = EvalOptions(split=eval_split, limit=opts.eval_limit, temperature=0.0,
-                                max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
-                                seed=int(cfg.trainer.get("seed", 1234)))
-        heldout = HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample,
-                          view.eval_done)
+    heldout = held_out(card, cfg, spec, run_dir, engine, view)
 
     started = time.monotonic()
     try:
@@ -148,6 +151,11 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
 
             evals, global_step = run_ppo(card, cfg, spec, len(tasks), rollouts, reward, run_dir, checkpoint,
                                          metrics, heldout, view)
+        elif opts.algo == "rft":
+            from arlecli.train.rft import run_rft
+
+            evals, global_step = run_rft(card, cfg, spec, rollouts, reward, run_dir, checkpoint, metrics, heldout,
+                                         view)
         else:
             from arlecli.train.grpo import run_trl
 
@@ -156,18 +164,37 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     finally:
         engine.close()
 
+    summary = summarize(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started)
+    if ranks.main:
+        write_json(run_dir / SUMMARY, summary)
+    return summary
+
+
+def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engine: PolicyEngine,
+             view: TrainView) -> HeldOut | None:
+    """The run's held-out evaluations on `engine` (None with --eval-limit 0): greedy, on the
+    eval split, as `arle eval` would score the weights."""
+    opts = cfg.options
+    if not opts.eval_limit:
+        return None
+    eval_opts = EvalOptions(split=opts.eval_split or card.source.default_split, limit=opts.eval_limit,
+                            temperature=0.0, max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
+                            seed=int(cfg.trainer.get("seed", 1234)))
+    return HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample, view.eval_done)
+
+
+def summarize(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir: Path,
+              evals: dict[str, dict[str, Any]], heldout: HeldOut | None, seconds: float) -> dict[str, Any]:
+    """summary.json's content: before/after held-out accuracy, steps, where the final model is."""
     labels = sorted(evals, key=lambda s: int(s.split("-")[1]))
-    summary = {
-        "benchmark": card.name, "model": spec.name, "algo": opts.algo, "global_step": global_step,
-        "final_model": str(run_dir / FINAL), "train_seconds_this_session": round(time.monotonic() - started, 1),
+    return {
+        "benchmark": card.name, "model": spec.name, "algo": algo, "global_step": global_step,
+        "final_model": str(run_dir / FINAL), "train_seconds_this_session": round(seconds, 1),
         "before": {"label": labels[0], "accuracy": accuracy(evals[labels[0]])} if labels else None,
         "after": {"label": labels[-1], "accuracy": accuracy(evals[labels[-1]])} if len(labels) > 1 else None,
         "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))}
                   for label in labels} if heldout else {},
     }
-    if ranks.main:
-        write_json(run_dir / SUMMARY, summary)
-    return summary
 
 
 def rollout_sampling(cfg: TrainConfig, card: Card) -> Sampling:

@@ -155,12 +155,14 @@ def _peft_config(cfg: TrainConfig, model: Any) -> Any:
 def build_sft_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
                       callbacks: Iterable[Any] = ()) -> Any:
     """A ready SFTTrainer over `rows` (SFT rows) with `args` (from trainer_args)."""
+    import datasets
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
 
     from arlecli.train.grpo import import_trl
 
     hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()  # TRL's dataset preparation bars: noise in the live view
     trl = import_trl(False)
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=sft_dataset(tokenizer, rows),
                              processing_class=tokenizer, peft_config=_peft_config(cfg, model),

@@ -1,0 +1,185 @@
+"""`arle train BENCH --algo sft|dpo --data FILE.jsonl`: training on recorded trajectories.
+
+The data file holds SFT rows (sft) or preference pairs (dpo), as `arle data from-eval` writes
+them (arlecli.trajectories). Every line is checked before the run directory exists: a line of
+the wrong shape is a one-line error naming the file, the line and the fix. Rows recorded on
+another benchmark than BENCH are trained on, with a warning: the held-out evaluations measure
+BENCH, which may be the point (transfer) or a mistake.
+
+The run is an RL run's without rollouts: the same run directory (meta.json with the data file's
+path, hash and row count; metrics.jsonl; checkpoint-N/; eval/step-N/; final/; summary.json,
+no rewards.jsonl), the same held-out evaluations (before, every --eval-every steps, after),
+the same `--resume` (from the newest checkpoint; a data file whose content changed is refused),
+and the same TRL loop (grpo.train_loop) around SFTTrainer (train.sft) or DPOTrainer (train.dpo).
+`--limit N` trains on the first N rows of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from arlecli import rundir
+from arlecli.cards import Card
+from arlecli.errors import UserError
+from arlecli.models import ModelSpec
+from arlecli.results import write_json
+from arlecli.train.config import TrainConfig
+from arlecli.train.metrics import MetricsLog
+from arlecli.train.ranks import Ranks
+from arlecli.train.rollout import PolicyEngine
+
+SFT_SHAPE = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
+DPO_SHAPE = '{"prompt": [messages], "chosen": [assistant messages], "rejected": [assistant messages]}'
+
+
+def _messages_problem(value: Any, name: str) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"`{name}` must be a non-empty list of chat messages"
+    for m in value:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"`{name}` holds {json.dumps(m)[:60]}, not a chat message ({{\"role\": ..., \"content\": ...}})"
+        if "content" not in m and "tool_calls" not in m:
+            return f"a {m['role']} message in `{name}` has no content"
+    return None
+
+
+def sft_row_problem(row: dict[str, Any]) -> str | None:
+    """Why `row` is not an SFT row (None if it is one)."""
+    if "messages" not in row:
+        if "chosen" in row:
+            return "a DPO pair (prompt/chosen/rejected), not an SFT row: train on it with --algo dpo"
+        return f"no `messages`: an SFT row is {SFT_SHAPE} (what `arle data from-eval` writes)"
+    problem = _messages_problem(row["messages"], "messages")
+    if problem:
+        return problem
+    messages = row["messages"]
+    if messages[-1]["role"] != "assistant":
+        return (f"the last message is a {messages[-1]['role']} message: an SFT row ends with the assistant's "
+                f"reply (drop the messages after it)")
+    if messages[0]["role"] == "assistant":
+        return "the first message is the assistant's: the prompt (a user message) must come before it"
+    return None
+
+
+def dpo_row_problem(row: dict[str, Any]) -> str | None:
+    """Why `row` is not a preference pair (None if it is one)."""
+    if "messages" in row and "chosen" not in row:
+        return "an SFT row, not a DPO pair: train on it with --algo sft, or write pairs with `arle data from-eval --pairs`"
+    for key in ("prompt", "chosen", "rejected"):
+        if key not in row:
+            return f"no `{key}`: a DPO pair is {DPO_SHAPE} (what `arle data from-eval --pairs` writes)"
+        problem = _messages_problem(row[key], key)
+        if problem:
+            return problem
+    if row["prompt"][-1]["role"] == "assistant":
+        return "`prompt` ends with an assistant message: it holds the messages before the first assistant turn"
+    for key in ("chosen", "rejected"):
+        if row[key][0]["role"] != "assistant" or row[key][-1]["role"] != "assistant":
+            return f"`{key}` must start and end with an assistant message (the model's turns)"
+    return None
+
+
+def read_rows(path: str | Path, algo: str) -> list[dict[str, Any]]:
+    """Every row of a --data file, each checked for `algo`'s shape (UserError naming file:line)."""
+    path = Path(path).expanduser()
+    hint = "arle data from-eval RUN" + (" --pairs" if algo == "dpo" else "")
+    if not path.is_file():
+        raise UserError(f"--data {path}: no such file; write one with `{hint} -o {path}`")
+    check = dpo_row_problem if algo == "dpo" else sft_row_problem
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}:{n}: not valid JSON ({exc.msg}); a --data file holds one JSON "
+                                    f"object per line: fix or delete that line") from None
+                problem = "not a JSON object" if not isinstance(row, dict) else check(row)
+                if problem is None and row.get("tools") is not None and not isinstance(row["tools"], list):
+                    problem = "`tools` must be a list of JSON schemas (or absent)"
+                if problem:
+                    raise UserError(f"{path}:{n}: {problem}")
+                rows.append(row)
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; --data takes a JSONL file (`{hint} -o FILE.jsonl`)") from None
+    except OSError as exc:
+        raise UserError(f"cannot read --data {path}: {exc.strerror or exc}") from None
+    if not rows:
+        raise UserError(f"{path} holds no rows; write some with `{hint} -o {path}`")
+    return rows
+
+
+def training_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """The rows an sft/dpo run trains on (the first --limit of --data), checked; the CLI calls it
+    before it starts anything, so a bad file is the only thing printed."""
+    opts = cfg.options
+    if opts.split:
+        raise UserError(f"--split picks the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
+                        f"(its held-out split is --eval-split): drop --split")
+    return read_rows(opts.data or "", opts.algo)[:opts.limit]
+
+
+def other_benchmarks(rows: list[dict[str, Any]], bench: str) -> Counter:
+    """How many rows name a `benchmark` other than `bench` (by name)."""
+    return Counter(r["benchmark"] for r in rows if isinstance(r.get("benchmark"), str) and r["benchmark"] != bench)
+
+
+def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, meta: dict[str, Any], *,
+                resume: bool, view: Any) -> dict[str, Any]:
+    """Train `spec`'s model with sft or dpo on cfg's --data file; return (and write) summary.json's
+    content. `meta` is train.run's meta.json for the run; the data file's identity is added."""
+    from arlecli.train.grpo import load_model, train_loop
+    from arlecli.train.run import COMPARED, RESUMABLE, SUMMARY, TrainView, held_out, summarize, vllm_options
+    from arlecli.train.sft import load_tokenizer, trainer_args
+
+    opts = cfg.options
+    rows = training_rows(cfg)
+    others = other_benchmarks(rows, card.name)
+    if others:
+        names = ", ".join(f"{name} ({n} rows)" for name, n in others.most_common(3))
+        view.message(f"warning: {opts.data} holds trajectories of {names}, not {card.name}; held-out evaluations "
+                     f"measure {card.name}")
+    args = trainer_args(cfg, run_dir)
+    meta = {**meta, "train_split": None, "data_hash": rundir.file_hash(opts.data or ""), "data_rows": len(rows),
+            "trainer_resolved": args.to_dict()}
+    ranks = Ranks.current()  # after the trainer config: it set up the processes' shared state
+    if ranks.world > 1:
+        meta["num_processes"] = ranks.world
+    if not ranks.main:
+        view = TrainView(message=lambda text: None)  # the main process reports for the run
+    checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
+    start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
+    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=(*COMPARED, "data_hash"),
+                                         may_change=RESUMABLE))
+    if resume:
+        view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
+                     "starting from step 0")
+    metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
+    ranks.barrier()
+
+    tokenizer = load_tokenizer(spec.path_or_id or "")
+    model = load_model(spec.path_or_id or "", spec.is_adapter)
+    if opts.algo == "dpo":
+        from arlecli.train.dpo import build_dpo_trainer as build
+    else:
+        from arlecli.train.sft import build_sft_trainer as build
+    engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
+                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))))
+    heldout = held_out(card, cfg, spec, run_dir, engine, view)
+    started = time.monotonic()
+    try:
+        evals, global_step = train_loop(lambda callbacks: build(cfg, args, model, tokenizer, rows, callbacks),
+                                        cfg, spec, run_dir, checkpoint, metrics, heldout, view, ranks)
+    finally:
+        engine.close()
+    summary = summarize(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started)
+    if ranks.main:
+        write_json(run_dir / SUMMARY, summary)
+    return summary
