@@ -133,6 +133,37 @@ def test_dpo_batch_carries_loss_on_assistant_tokens_only(tiny_model, tmp_path):
     assert [TOOL_CALL + END, "<answer>84</answer>" + END] in got[:half]
 
 
+@pytest.mark.parametrize("start", ["path", "object"])
+def test_dpo_reference_is_the_starting_policy(tiny_model, tmp_path, start):
+    """Full fine-tune: a frozen copy of the starting weights (also when the policy is a model
+    object, e.g. an adapter merged into its base, which TRL would rebuild from the base's path);
+    LoRA: no second model, the policy with its adapter disabled."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from arlecli.train.dpo import build_dpo_trainer
+    from arlecli.train.sft import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model))
+    key = "model.layers.0.self_attn.q_proj.weight"
+    model = str(tiny_model) if start == "path" else AutoModelForCausalLM.from_pretrained(tiny_model)
+    if start == "object":
+        with torch.no_grad():
+            model.get_parameter(key).add_(0.5)  # not the weights on disk: the reference must be these
+    start_weights = (AutoModelForCausalLM.from_pretrained(tiny_model) if start == "path" else model).get_parameter(
+        key).detach().clone()
+    cfg, args = offline_config("dpo", tmp_path, max_steps=1, learning_rate=1e-3)
+    trainer = build_dpo_trainer(cfg, args, model, tok, [PAIR_SINGLE, PAIR_MULTI])
+    trainer.train()
+    assert trainer.ref_model is not None and trainer.ref_model is not trainer.model
+    assert trainer.ref_model.get_parameter(key).equal(start_weights)
+    assert not trainer.model.get_parameter(key).equal(start_weights)
+
+    cfg, args = offline_config("dpo", tmp_path, max_steps=1, learning_rate=1e-3, lora_rank=4)
+    trainer = build_dpo_trainer(cfg, args, str(tiny_model), tok, [PAIR_SINGLE, PAIR_MULTI])
+    assert trainer.ref_model is None and hasattr(trainer.model, "disable_adapter")
+
+
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 @pytest.mark.parametrize("algo", ["sft", "dpo"])
 def test_two_steps_change_weights_in_a_run_directory(tmp_path, tiny_model, algo, lora):

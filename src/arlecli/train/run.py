@@ -18,7 +18,8 @@ line per completion, in rank order); the trainer saves checkpoints and final/ as
 accelerate run. The other ranks wait at a barrier while the main process evaluates (train.ranks).
 
 The run directory itself (naming, meta.json, resume checks, checkpoints) is arlecli.rundir's;
-the trainers' loops are grpo.run_trl (GRPO, RLOO) and ppo_run.run_ppo.
+the trainers' loops are grpo.run_trl (GRPO, RLOO) and ppo_run.run_ppo; sft and dpo (no rollouts:
+a data file of trajectories) run through offline.run_offline, with the same run directory.
 """
 
 from __future__ import annotations
