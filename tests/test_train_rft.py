@@ -111,6 +111,11 @@ def test_a_round_that_keeps_nothing_takes_no_step_and_the_run_ends(tmp_path, tin
     # Round 2 sampled other seeds: not a copy of round 1.
     verdicts = lines(run / "rewards.jsonl")
     assert [v["step"] for v in verdicts] == [1] * 4 + [2] * 4
+    # `arle runs list` counts an rft run in rounds.
+    from arlecli.rundir import describe
+
+    info = describe(run)
+    assert (info.done, info.expected, info.unit, info.status) == (2, 2, "rounds", "complete")
     # The final model is the start model, unchanged.
     from safetensors.torch import load_file
 
@@ -134,6 +139,10 @@ def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_
     assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
     assert not (run / "final").exists(), "the kill must land mid-run"
     assert 1 <= max(steps_in(run / "metrics.jsonl")) < 3
+    from arlecli.rundir import describe
+
+    info = describe(run)
+    assert info.status == "interrupted" and info.note.startswith("resumes from checkpoint-")
 
     capsys.readouterr()
     train_in_process(*common, "--output", str(run), "--resume")

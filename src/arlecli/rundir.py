@@ -318,7 +318,7 @@ class RunInfo:
     stderr: float | None
     done: int | None
     expected: int | None
-    unit: str                       # samples | steps
+    unit: str                       # samples | steps | rounds (rft)
     status: str                     # complete | interrupted | damaged
     resumable: bool
     started: str | None
@@ -397,9 +397,11 @@ def _describe_train(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
 
     trainer = meta.get("trainer") if isinstance(meta.get("trainer"), dict) else {}
     steps = [int(r["step"]) for r in read_metrics(run_dir) if isinstance(r.get("step"), (int, float))]
+    # An rft run counts rounds (its metrics.jsonl has one line per round, step = round).
+    rft = meta.get("algo") == "rft"
+    expected, unit = (trainer.get("rounds"), "rounds") if rft else (trainer.get("max_steps"), "steps")
     info = RunInfo(str(run_dir), "train", meta.get("benchmark"), meta.get("model"), meta.get("eval_split"),
-                   None, None, None, max(steps, default=0), trainer.get("max_steps"), "steps", "interrupted",
-                   True, meta.get("created"))
+                   None, None, None, max(steps, default=0), expected, unit, "interrupted", True, meta.get("created"))
     # Headline: held-out accuracy of the latest finished evaluation (the "after" of summary.json).
     for folder in reversed(held_out_dirs(run_dir)):
         if (folder / RESULTS).exists():

@@ -50,7 +50,7 @@ def _done_text(info: Any) -> str:
     if info.done is None:
         return "-"
     expected = "?" if info.expected is None else str(info.expected)
-    return f"{info.done}/{expected}" + (" steps" if info.unit == "steps" else "")
+    return f"{info.done}/{expected}" + (f" {info.unit}" if info.unit in ("steps", "rounds") else "")
 
 
 @app.command("list")
