@@ -96,6 +96,25 @@ def test_tokenize_conversation_trains_assistant_turns_only(tiny_model):
     assert ids[:len(prompt)] == prompt and mask[:len(prompt)] == [0] * len(prompt) and mask[len(prompt)] == 1
 
 
+def test_a_template_that_rewrites_history_ends_the_sequence(tiny_model):
+    """A template that drops earlier turns' reasoning (as Qwen3's does) renders a later prompt
+    that does not extend the text trained on: the sequence stops there, as a rollout's does."""
+    from transformers import AutoTokenizer
+
+    from arlecli.train.sft import tokenize_conversation
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "<think>hmm</think>A"},
+                {"role": "user", "content": "More."}, {"role": "assistant", "content": "B"}]
+    ids, mask = tokenize_conversation(tok, messages)
+    trained, other = runs(tok, ids, mask)
+    assert trained == ["<think>hmm</think>A" + END] and other == ["<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n"]
+
+
 def test_sft_batch_carries_loss_on_assistant_tokens_only(tiny_model, tmp_path):
     from arlecli.train.sft import build_sft_trainer, load_tokenizer
 
@@ -303,10 +322,11 @@ def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
     assert not run.exists(), "bad input is refused before the run directory exists"
 
 
-def test_rows_of_another_benchmark_warn(tmp_path, tiny_model, capsys):
-    data = write_jsonl(tmp_path / "rows.jsonl", [{**SINGLE, "benchmark": "gsm8k"}, MULTI])
+def test_rows_of_another_benchmark_warn_and_limit_takes_the_first_rows(tmp_path, tiny_model, capsys):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{**SINGLE, "benchmark": "gsm8k"}, MULTI, {**MULTI, "benchmark": "x"}])
     capsys.readouterr()
     train_in_process("countdown", "--algo", "sft", "--data", str(data), "--model", str(tiny_model), *TINY,
-                     "--max-steps", "1", "--eval-limit", "0", "--output", str(tmp_path / "run"))
+                     "--max-steps", "1", "--eval-limit", "0", "--limit", "2", "--output", str(tmp_path / "run"))
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
-    assert "holds trajectories of gsm8k (1 rows), not countdown" in err
+    assert "holds trajectories of gsm8k (1 rows), not countdown" in err and "x (1 rows)" not in err
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["data_rows"] == 2
