@@ -61,7 +61,7 @@ class _View:
         return self.progress
 
     def message(self, text: str) -> None:
-        err_console().print(text, highlight=False)
+        err_console().print(text, highlight=False, soft_wrap=True)  # one line in a log, however long
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.tty:
