@@ -330,3 +330,40 @@ def test_rows_of_another_benchmark_warn_and_limit_takes_the_first_rows(tmp_path,
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "holds trajectories of gsm8k (1 rows), not countdown" in err and "x (1 rows)" not in err
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["data_rows"] == 2
+
+
+def test_rows_from_a_real_agent_run_train_on_what_the_model_saw(tmp_path, tiny_model, monkeypatch, capsys):
+    """eval (math_tool, native tools, first turn a tool call) -> `arle data from-eval` -> sft: each
+    row's sequence holds, before each of the first two assistant turns, exactly the prompt ids
+    the engine generated that turn from; the turns carry the loss; training runs on the file."""
+    from test_from_eval import SEED, capture_prompt_ids, from_eval, read_rows, tool_template_model
+    from test_multiturn import GSM8K_ROWS, first_turn_calls_a_tool
+
+    from arlecli.engine.hf import HFEngine
+    from arlecli.envs.episodes import sample_seed
+    from arlecli.eval import EvalOptions, run_eval
+    from arlecli.registry import load_card
+    from arlecli.train.sft import load_tokenizer, tokenize_conversation
+
+    model = tool_template_model(tiny_model, tmp_path / "model")
+    first_turn_calls_a_tool(monkeypatch)
+    seen = capture_prompt_ids(monkeypatch)
+    run_eval(load_card("math_tool"), HFEngine(str(model), batch_size=4),
+             EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8, seed=SEED), model="tiny", run_dir=tmp_path / "ev")
+    code, _, err = from_eval(monkeypatch, capsys, str(tmp_path / "ev"), "--all", "-o", str(tmp_path / "rows.jsonl"))
+    assert code == 0, err
+    rows = read_rows(tmp_path / "rows.jsonl")
+    assert len(rows) == 2 and all(r["tools"] for r in rows)
+    tok = load_tokenizer(str(model))
+    for row in rows:
+        ids, mask = tokenize_conversation(tok, row["messages"], row["tools"])
+        trained, _ = runs(tok, ids, mask)
+        assert trained == assistant_turns(row["messages"]) and len(trained) >= 2
+        starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+        base = sample_seed(SEED, row["task_id"], row["sample"])
+        for t in (0, 1):  # turn 1 is the scripted call, whose ids round-trip through its text
+            assert ids[:starts[t]] == seen[base + t][0]
+    train_in_process("math_tool", "--algo", "sft", "--data", str(tmp_path / "rows.jsonl"), "--model", str(model),
+                     "--set", "per_device_train_batch_size=2", "--eval-limit", "0", "--max-steps", "1",
+                     "--output", str(tmp_path / "run"))
+    assert steps_in(tmp_path / "run" / "metrics.jsonl") == [1] and (tmp_path / "run" / "final").is_dir()
