@@ -237,7 +237,7 @@ def train_command(
     view = _View()
     err_console().print(f"training {spec.name} on {card.name} with {cfg.options.algo}"
                         f"{' + LoRA r=' + str(cfg.options.lora_rank) if cfg.options.lora_rank else ''} "
-                        f"for {_length(cfg.trainer)} -> {run_dir}", highlight=False)
+                        f"for {_length(cfg.trainer)} -> {run_dir}", highlight=False, soft_wrap=True)
     try:
         summary = run_train(card, cfg, spec, run_dir, resume=resume, command=command,
                             view=TrainView(log=view.log, eval_start=view.eval_start, eval_sample=view.eval_sample,
