@@ -175,3 +175,47 @@ def test_bad_rft_settings_are_one_line_errors(tmp_path, tiny_model):
     cfg = resolve({"rounds": 5}, {"algo": "rft", "num_generations": 8}, {"max_length": 256})
     assert (cfg.trainer["rounds"], cfg.trainer["num_generations"], cfg.trainer["max_length"]) == (5, 8, 256)
     assert cfg.trainer["tasks_per_round"] == 64 and cfg.trainer["min_reward"] is None  # defaults, in meta.json
+
+
+def test_cards_rft_cannot_learn_from_are_refused_before_the_run_starts(tmp_path):
+    from dataclasses import replace
+
+    from arlecli.errors import UserError
+    from arlecli.registry import load_card
+    from arlecli.train.config import resolve
+    from arlecli.train.rft import check_settings
+
+    cfg = resolve({}, {"algo": "rft"}, {})
+    shots = load_card(str(rft_card(tmp_path)))
+    shots.prompt.fewshot = replace(shots.prompt.fewshot, n=2, split="train")  # exemplars: assistant turns
+    with pytest.raises(UserError, match="2 few-shot exemplars.*--num-fewshot 0"):
+        check_settings(cfg, shots, tmp_path / "run")
+    check_settings(replace(cfg, options=replace(cfg.options, num_fewshot=0)), shots, tmp_path / "run")
+    agent = load_card(str(ROOT / "examples" / "openai_agent" / "card.yaml"))
+    with pytest.raises(UserError, match="its own rollout function"):
+        check_settings(cfg, agent, tmp_path / "run")
+    plain = load_card(str(rft_card(tmp_path)))
+    plain.prompt.format = "completion"
+    with pytest.raises(UserError, match="plain text"):
+        check_settings(cfg, plain, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_multi_turn_episode_becomes_the_conversation_its_last_prompt_continues():
+    """A tool episode's row: the last turn's prompt (what the model saw: the first prompt, its
+    earlier turns and the tool results, as the env driver built it), then its final answer;
+    `tools` when the chat template rendered schemas."""
+    from arlecli.train.rft import to_rows
+    from arlecli.types import Episode, Score, Task, Turn
+
+    first = [{"role": "system", "content": "use tools"}, {"role": "user", "content": "2+3?"}]
+    call, result = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', \
+        [{"role": "tool", "content": "5"}]
+    second = [*first, {"role": "assistant", "content": call}, *result]
+    tools = [{"type": "function", "function": {"name": "calculator"}}]
+    episode = Episode("t1", [Turn(first, call, observation=result), Turn(second, "5")], tools=tools)
+    task = Task("t1", "2+3?", "5")
+    (row,) = to_rows([episode, episode], [(0, 0), (0, 1)], [Score(1.0, True), Score(0.0, False)], [True, False],
+                     [task], benchmark="math_tool", run="r", model="m@step-0")
+    assert row["messages"] == [*second, {"role": "assistant", "content": "5"}]
+    assert row["tools"] == tools and (row["task_id"], row["sample"], row["reward"]) == ("t1", 0, 1.0)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from arlecli.cards import Card
+from arlecli.envs import env_kind
 from arlecli.envs.episodes import collect
 from arlecli.errors import UserError
 from arlecli.train.config import TrainConfig
@@ -101,6 +102,12 @@ def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
     run directory exists."""
     from arlecli.train import sft
 
+    if env_kind(card.env).driver is not None:
+        # An agent's own requests (its tools, a rewritten history) are not what the episode
+        # records turn by turn, so its episodes are no conversation to fine-tune on.
+        raise UserError(f"--algo rft fine-tunes on the conversations arle's env driver records; {card.name}'s "
+                        f"episodes come from its own rollout function (env: {card.env}): train it with grpo, "
+                        f"rloo or ppo")
     if card.prompt.format != "chat":
         raise UserError(f"--algo rft trains on chat conversations, and {card.name}'s prompts are plain text "
                         f"(prompt.format: {card.prompt.format}); use a chat card")
