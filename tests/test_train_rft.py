@@ -116,6 +116,10 @@ def test_a_round_that_keeps_nothing_takes_no_step_and_the_run_ends(tmp_path, tin
 
     info = describe(run)
     assert (info.done, info.expected, info.unit, info.status) == (2, 2, "rounds", "complete")
+    # ... and so does its report, which charts the per-round reward and accuracy.
+    from arlecli.report import build_report
+
+    assert "2 logged rounds of 2" in build_report([run])
     # The final model is the start model, unchanged.
     from safetensors.torch import load_file
 

@@ -376,9 +376,12 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
 
     meta = run.meta
     trainer = meta.get("trainer") if isinstance(meta.get("trainer"), dict) else {}
+    # rft logs one line per round (its max_steps caps each round's SFT)
+    length = (f'rounds of {_esc(trainer.get("rounds", "?"))}' if meta.get("algo") == "rft"
+              else f'steps of {_esc(trainer.get("max_steps", "?"))}')
     parts = [f'<p class="meta">{_esc(meta.get("benchmark"))} · {_esc(meta.get("model"))} · '
              f'{_esc(meta.get("algo"))}{" + LoRA r=" + _esc(meta["options"]["lora_rank"]) if (meta.get("options") or {}).get("lora_rank") else ""}'
-             f' · {_fmt(len(run.metrics))} logged steps of {_esc(trainer.get("max_steps", "?"))} · '
+             f' · {_fmt(len(run.metrics))} logged {length} · '
              f'{_esc(meta.get("created", ""))}</p>']
     parts += [f'<p class="note">{_esc(n)}</p>' for n in run.notes]
 
