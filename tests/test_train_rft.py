@@ -163,6 +163,28 @@ def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_
     assert sampled(run) == sampled(tmp_path / "straight")
 
 
+def test_more_rounds_on_resume_continue_the_lora_adapter(tmp_path, tiny_model):
+    """`--resume --set rounds=2` after a finished 1-round LoRA run: round 2 starts from round 1's
+    adapter (loaded trainable) and trains it further; round 1 is not redone."""
+    from safetensors.torch import load_file
+
+    common = [str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY, "--max-steps", "2",
+              "--set", "num_train_epochs=2", "--lora-rank", "4", "--learning-rate", "1e-3", "--eval-limit", "1",
+              "--output", str(tmp_path / "run")]
+    run = tmp_path / "run"
+    train_in_process(*common, "--set", "rounds=1")
+    after_one = load_file(str(run / "final" / "adapter_model.safetensors"))
+    assert (run / "checkpoint-1" / "model" / "adapter_config.json").exists()  # round 2 resumes from it
+    train_in_process(*common, "--set", "rounds=2", "--resume")
+    assert steps_in(run / "metrics.jsonl") == [1, 2] and sorted(steps_in(run / "rewards.jsonl")) == [1] * 4 + [2] * 4
+    after_two = load_file(str(run / "final" / "adapter_model.safetensors"))
+    assert after_two.keys() == after_one.keys()
+    assert any(not after_two[k].equal(after_one[k]) for k in after_one if "lora_B" in k)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 2 and sorted(summary["evals"]) == ["step-0", "step-1", "step-2"]
+    assert json.loads((run / "meta.json").read_text())["trainer"]["rounds"] == 2
+
+
 def test_bad_rft_settings_are_one_line_errors(tmp_path, tiny_model):
     card = str(rft_card(tmp_path))
     out = arle("train", card, "--algo", "rft", "--model", str(tiny_model), "--set", "rounds=0",

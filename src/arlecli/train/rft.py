@@ -304,18 +304,22 @@ def load_policy(cfg: TrainConfig, spec: Any, saved: Path | None) -> tuple[Any, A
     from arlecli.train.grpo import load_model, lora_config
 
     hf_logging.disable_progress_bar()
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # fp32 on CPU, as the eval
-    start = load_model(spec.path_or_id or "", spec.is_adapter)  # a path, or an adapter merged into its base
+    # fp32 weights, as TRL loads a policy from a path (its model_init_kwargs default); on a GPU
+    # the trainer's bf16 autocast does the mixed precision.
+    dtype = torch.float32
+
+    def start_model() -> Any:
+        loaded = load_model(spec.path_or_id or "", spec.is_adapter)  # a path, or an adapter merged into its base
+        return AutoModelForCausalLM.from_pretrained(loaded, dtype=dtype) if isinstance(loaded, str) else loaded
+
     if cfg.options.lora_rank > 0:
         from peft import PeftModel, get_peft_model
 
-        base = AutoModelForCausalLM.from_pretrained(start, dtype=dtype) if isinstance(start, str) else start
+        base = start_model()
         model = (PeftModel.from_pretrained(base, str(saved), is_trainable=True) if saved
                  else get_peft_model(base, lora_config(cfg)))
-    elif saved:
-        model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(start, dtype=dtype) if isinstance(start, str) else start
+        model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=dtype) if saved else start_model()
     tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id or "", padding_side="left")
     if torch.cuda.is_available():
         model = model.to("cuda")
