@@ -11,6 +11,8 @@ Where things happen:
     grpo.py      GRPO and RLOO through TRL's trainers, fed arle's rollouts (LoRA config, CPU settings)
     ppo.py       PPO with a value head, in plain PyTorch (TRL 1.16 has no PPO)
     ppo_run.py   PPO on a card: arle's rollouts, the reward and held-out evals around ppo.train_ppo
+    rft.py       rejection-sampling fine-tuning: rounds of rollouts, the reward's accepted episodes
+                 as SFT rows (trajectories.py), SFT on them (sft.py)
     ranks.py     this process among the ranks under accelerate (main process, barriers, gather)
     heldout.py   held-out evaluation of the weights being trained, through the eval runner
     metrics.py   metrics.jsonl: one line per logged step, with throughput
