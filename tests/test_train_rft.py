@@ -198,6 +198,10 @@ def test_bad_rft_settings_are_one_line_errors(tmp_path, tiny_model):
         resolve({}, {"algo": "rft"}, {"beta": 0.1})  # a DPO/GRPO field, not SFT's or RFT's
     with pytest.raises(UserError, match="min_reward must be a number"):
         resolve({}, {"algo": "rft"}, {"min_reward": "high"})
+    from arlecli.train.launch import LaunchOptions, check
+
+    with pytest.raises(UserError, match="--algo rft runs in one process"):
+        check(LaunchOptions(num_processes=2), "rft")
     cfg = resolve({"rounds": 5}, {"algo": "rft", "num_generations": 8}, {"max_length": 256})
     assert (cfg.trainer["rounds"], cfg.trainer["num_generations"], cfg.trainer["max_length"]) == (5, 8, 256)
     assert cfg.trainer["tasks_per_round"] == 64 and cfg.trainer["min_reward"] is None  # defaults, in meta.json
