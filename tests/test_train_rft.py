@@ -129,7 +129,7 @@ def test_a_round_that_keeps_nothing_takes_no_step_and_the_run_ends(tmp_path, tin
 
 def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_model, capsys):
     common = [str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY, "--set", "rounds=3",
-              "--max-steps", "2", "--learning-rate", "1e-3", "--eval-limit", "1"]
+              "--max-steps", "2", "--learning-rate", "1e-3", "--eval-limit", "1", "--eval-every", "2"]
     run = tmp_path / "run"
     proc = subprocess.Popen([*ARLE, "train", *common, "--output", str(run)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -156,6 +156,8 @@ def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_
     assert sorted(steps_in(run / "rewards.jsonl")) == [1] * 4 + [2] * 4 + [3] * 4
     assert (run / "final").is_dir() and json.loads((run / "summary.json").read_text())["global_step"] == 3
     assert len((run / "eval" / "step-0" / "samples.jsonl").read_text().splitlines()) == 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert sorted(summary["evals"]) == ["step-0", "step-2", "step-3"]  # --eval-every 2: after round 2 too
 
     # The resumed run sampled what an uninterrupted run samples: weights and seeds came back.
     train_in_process(*common, "--output", str(tmp_path / "straight"))
