@@ -136,7 +136,7 @@ def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, me
     """Train `spec`'s model with sft or dpo on cfg's --data file; return (and write) summary.json's
     content. `meta` is train.run's meta.json for the run; the data file's identity is added."""
     from arlecli.train.grpo import load_model, train_loop
-    from arlecli.train.run import COMPARED, RESUMABLE, SUMMARY, TrainView, held_out, summarize, vllm_options
+    from arlecli.train.run import COMPARED, SUMMARY, held_out, open_run, summarize, vllm_options
     from arlecli.train.sft import load_tokenizer, trainer_args
 
     opts = cfg.options
@@ -150,17 +150,7 @@ def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, me
     meta = {**meta, "train_split": None, "data_hash": rundir.file_hash(opts.data or ""), "data_rows": len(rows),
             "trainer_resolved": args.to_dict()}
     ranks = Ranks.current()  # after the trainer config: it set up the processes' shared state
-    if ranks.world > 1:
-        meta["num_processes"] = ranks.world
-    if not ranks.main:
-        view = TrainView(message=lambda text: None)  # the main process reports for the run
-    checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
-    start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
-    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=(*COMPARED, "data_hash"),
-                                         may_change=RESUMABLE))
-    if resume:
-        view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
-                     "starting from step 0")
+    view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=(*COMPARED, "data_hash"))
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
     ranks.barrier()
 

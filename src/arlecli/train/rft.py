@@ -31,7 +31,6 @@ metrics.jsonl and rewards.jsonl; a round cut short is sampled and trained again 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -47,7 +46,8 @@ from arlecli.train.heldout import HeldOut
 from arlecli.train.metrics import MetricsLog, open_reporter
 from arlecli.train.reward import CardReward
 from arlecli.train.rollout import Rollouts
-from arlecli.trajectories import Trajectory, sft_row
+from arlecli.results import write_json
+from arlecli.trajectories import Trajectory, sft_row, write_jsonl
 from arlecli.types import Episode, Score, Task
 
 ROWS_FILE = "rows.jsonl"
@@ -198,7 +198,7 @@ def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward:
                 evaluate(f"step-{round_no}")
             # Last: the round counts as finished from here on (an evaluation cut short above is
             # resumed when the round is redone).
-            _write_json_atomic(run_dir / f"checkpoint-{round_no}" / STATE_FILE, done)
+            write_json(run_dir / f"checkpoint-{round_no}" / STATE_FILE, done)
             shutil.rmtree(run_dir / "sft", ignore_errors=True)
             _prune(run_dir, done["model_dir"], cfg.trainer.get("save_total_limit"))
     finally:
@@ -231,7 +231,7 @@ def one_round(round_no: int, card: Card, cfg: TrainConfig, spec: Any, settings: 
     if ckpt.exists():
         shutil.rmtree(ckpt)  # left by a round cut short (it had no state file)
     ckpt.mkdir(parents=True)
-    _write_rows(ckpt / ROWS_FILE, rows)
+    write_jsonl(ckpt / ROWS_FILE, rows)
 
     stats: dict[str, Any] = {"loss": None, "steps": 0}
     sft_started = time.monotonic()
@@ -340,18 +340,6 @@ def _read_state(checkpoint: Path) -> dict[str, Any]:
         raise UserError(f"{checkpoint} is not an rft round (no 'round' in its {STATE_FILE}); it was written by "
                         f"another --algo: resume with that algo, or choose a new --output")
     return state
-
-
-def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _prune(run_dir: Path, model_dir: str | None, keep: int | None) -> None:

@@ -113,13 +113,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         meta["trainer_resolved"] = trainer_args.to_dict()
     # After trainer_args: its config set up the processes' shared state. PPO runs in one process.
     ranks = Ranks.current() if opts.algo not in ("ppo", "rft") else Ranks()
-    if ranks.world > 1:
-        meta["num_processes"] = ranks.world
-    if not ranks.main:
-        view = TrainView(message=lambda text: None)  # the main process reports for the run
-    checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
-    start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
-    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=COMPARED, may_change=RESUMABLE))
+    view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks)
 
     tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
     if not tasks:
@@ -129,9 +123,6 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         view.message(f"warning: training and held-out evaluation both use split '{split}' of {card.name}; "
                      f"pass --eval-split or --split to keep them apart")
 
-    if resume:
-        view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
-                     "starting from step 0")
     if ranks.main:
         truncate_rewards(run_dir, start_step)
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
@@ -169,6 +160,24 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     if ranks.main:
         write_json(run_dir / SUMMARY, summary)
     return summary
+
+
+def open_run(run_dir: Path, meta: dict[str, Any], resume: bool, view: TrainView, ranks: Ranks, *,
+             compare: tuple[str, ...] = COMPARED) -> tuple[TrainView, Path | None, int]:
+    """Start (or resume) a training run in `run_dir` for every algorithm: meta.json written by
+    the main process (a resume whose settings differ, beyond RESUMABLE, is refused), the view
+    quietened on the other ranks. Returns the view, the checkpoint to resume from and its step."""
+    if ranks.world > 1:
+        meta["num_processes"] = ranks.world
+    if not ranks.main:
+        view = TrainView(message=lambda text: None)  # the main process reports for the run
+    checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
+    start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
+    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=compare, may_change=RESUMABLE))
+    if resume:
+        view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
+                     "starting from step 0")
+    return view, checkpoint, start_step
 
 
 def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engine: PolicyEngine,
