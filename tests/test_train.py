@@ -79,11 +79,42 @@ def steps_in(path: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
 
 
+def assert_trained(final: Path, base_model: Path, lora: int) -> None:
+    """`final` holds weights training moved: a LoRA adapter alone with a non-zero B (it starts
+    at zero), or full weights that differ from `base_model`'s and are all finite."""
+    from safetensors.torch import load_file
+
+    if lora:
+        assert (final / "adapter_config.json").exists() and not (final / "config.json").exists()
+        adapter = load_file(str(final / "adapter_model.safetensors"))
+        lora_b = [t for k, t in adapter.items() if "lora_B" in k]
+        assert lora_b and any(t.abs().max() > 0 for t in lora_b), "LoRA B starts at zero; training must move it"
+    else:
+        base = load_file(str(base_model / "model.safetensors"))
+        trained = load_file(str(final / "model.safetensors"))
+        key = "model.layers.0.self_attn.q_proj.weight"
+        assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
+
+
+def kill_after_first_checkpoint(args: list[str], run: Path, steps: int) -> None:
+    """Start `arle *args` (a training run into `run`), SIGKILL it once checkpoint-1 is whole,
+    and check the kill landed mid-run: no final/, fewer than `steps` steps logged."""
+    proc = subprocess.Popen([*ARLE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "checkpoint-1" / "trainer_state.json").exists():
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
+    assert not (run / "final").exists(), "the kill must land mid-run"
+    assert 1 <= max(steps_in(run / "metrics.jsonl")) < steps
+
+
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 @pytest.mark.parametrize("algo", ["grpo", "rloo", "ppo"])
 def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, algo, lora):
-    from safetensors.torch import load_file
-
     run = tmp_path / "run"
     t0 = time.monotonic()
     train_in_process(str(varied_card(tmp_path)), "--algo", algo, "--model", str(tiny_model),
@@ -103,16 +134,7 @@ def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, 
     assert meta["algo"] == algo and meta["options"]["lora_rank"] == lora
 
     final = run / "final"
-    base = load_file(str(tiny_model / "model.safetensors"))
-    if lora:
-        assert (final / "adapter_config.json").exists() and not (final / "config.json").exists()
-        adapter = load_file(str(final / "adapter_model.safetensors"))
-        lora_b = [t for k, t in adapter.items() if "lora_B" in k]
-        assert lora_b and any(t.abs().max() > 0 for t in lora_b), "LoRA B starts at zero; training must move it"
-    else:
-        trained = load_file(str(final / "model.safetensors"))
-        key = "model.layers.0.self_attn.q_proj.weight"
-        assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
+    assert_trained(final, tiny_model, lora)
 
     out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
                "--output", str(tmp_path / "eval"), "--json")
@@ -126,18 +148,7 @@ def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
     common = [card, "--model", str(tiny_model), *TINY, "--max-steps", "3", "--save-steps", "1",
               "--learning-rate", "1e-3", "--eval-limit", "1", "--set", "eval_max_tokens=4"]
     run = tmp_path / "run"
-    args = ["train", *common, "--output", str(run)]
-    proc = subprocess.Popen([*ARLE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if (run / "checkpoint-1" / "trainer_state.json").exists():
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
-    assert not (run / "final").exists(), "the kill must land mid-run"
-    assert 1 <= max(steps_in(run / "metrics.jsonl")) < 3
+    kill_after_first_checkpoint(["train", *common, "--output", str(run)], run, steps=3)
 
     capsys.readouterr()
     train_in_process(*common, "--output", str(run), "--resume")  # in-process: one import of trl saved

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from test_train import ARLE, arle, steps_in, train_in_process
+from test_train import arle, assert_trained, kill_after_first_checkpoint, steps_in, train_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,8 +48,6 @@ def lines(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model, lora):
-    from safetensors.torch import load_file
-
     run = tmp_path / "run"
     train_in_process(str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY,
                      "--set", "rounds=1", "--max-steps", "2", "--set", "num_train_epochs=2", "--lora-rank", str(lora),
@@ -81,15 +76,7 @@ def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model
     assert summary["before"]["label"] == "step-0" and summary["after"]["label"] == "step-1"
 
     final = run / "final"
-    base = load_file(str(tiny_model / "model.safetensors"))
-    if lora:
-        adapter = load_file(str(final / "adapter_model.safetensors"))
-        lora_b = [t for k, t in adapter.items() if "lora_B" in k]
-        assert lora_b and any(t.abs().max() > 0 for t in lora_b), "LoRA B starts at zero; SFT must move it"
-    else:
-        trained = load_file(str(final / "model.safetensors"))
-        key = "model.layers.0.self_attn.q_proj.weight"
-        assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
+    assert_trained(final, tiny_model, lora)
 
     out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
                "--output", str(tmp_path / "eval"), "--json")
@@ -131,18 +118,7 @@ def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_
     common = [str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY, "--set", "rounds=3",
               "--max-steps", "2", "--learning-rate", "1e-3", "--eval-limit", "1", "--eval-every", "2"]
     run = tmp_path / "run"
-    proc = subprocess.Popen([*ARLE, "train", *common, "--output", str(run)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if (run / "checkpoint-1" / "trainer_state.json").exists():
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
-    assert not (run / "final").exists(), "the kill must land mid-run"
-    assert 1 <= max(steps_in(run / "metrics.jsonl")) < 3
+    kill_after_first_checkpoint(["train", *common, "--output", str(run)], run, steps=3)
     from arlecli.rundir import describe
 
     info = describe(run)

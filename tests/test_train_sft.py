@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import steps_in, train_in_process
+from test_train import assert_trained, kill_after_first_checkpoint, steps_in, train_in_process
 
 ARLE = [sys.executable, "-m", "arlecli"]
 END = "<|im_end|>"  # the tiny model's end-of-turn token (ChatML)
@@ -186,8 +185,6 @@ def test_dpo_reference_is_the_starting_policy(tiny_model, tmp_path, start):
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 @pytest.mark.parametrize("algo", ["sft", "dpo"])
 def test_two_steps_change_weights_in_a_run_directory(tmp_path, tiny_model, algo, lora):
-    from safetensors.torch import load_file
-
     data = write_jsonl(tmp_path / "data.jsonl", [SINGLE, MULTI] if algo == "sft" else [PAIR_SINGLE, PAIR_MULTI])
     run = tmp_path / "run"
     t0 = time.monotonic()
@@ -208,17 +205,7 @@ def test_two_steps_change_weights_in_a_run_directory(tmp_path, tiny_model, algo,
     assert (run / "eval" / "step-0" / "results.json").exists() and (run / "eval" / "step-2" / "results.json").exists()
     assert (run / "checkpoint-2" / "trainer_state.json").exists() and not (run / "rewards.jsonl").exists()
 
-    final = run / "final"
-    if lora:
-        assert (final / "adapter_config.json").exists() and not (final / "config.json").exists()
-        adapter = load_file(str(final / "adapter_model.safetensors"))
-        lora_b = [t for k, t in adapter.items() if "lora_B" in k]
-        assert lora_b and any(t.abs().max() > 0 for t in lora_b), "LoRA B starts at zero; training must move it"
-    else:
-        base = load_file(str(tiny_model / "model.safetensors"))
-        trained = load_file(str(final / "model.safetensors"))
-        key = "model.layers.0.self_attn.q_proj.weight"
-        assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
+    assert_trained(run / "final", tiny_model, lora)
     print(f"{algo} lora={lora}: train {train_s:.1f} s")
 
 
@@ -245,18 +232,7 @@ def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
     common = ["countdown", "--algo", "sft", "--data", str(data), "--model", str(tiny_model), *TINY,
               "--max-steps", "6", "--save-steps", "1", "--learning-rate", "1e-3"]
     run = tmp_path / "run"
-    proc = subprocess.Popen([*ARLE, "train", *common, "--output", str(run)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if (run / "checkpoint-1" / "trainer_state.json").exists():
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
-    assert not (run / "final").exists(), "the kill must land mid-run"
-    assert 1 <= max(steps_in(run / "metrics.jsonl")) < 6
+    kill_after_first_checkpoint(["train", *common, "--output", str(run)], run, steps=6)
 
     capsys.readouterr()
     train_in_process(*common, "--output", str(run), "--resume")
