@@ -2,7 +2,9 @@
 
 Each card ships `benchmarks/fixtures/<name>.jsonl` (3-5 rows in the dataset's real schema)
 and `benchmarks/fixtures/<name>.answers.jsonl`: one line per fixture row,
-`{"correct": <a completion the card must score correct>, "wrong": <a plausible wrong one>}`.
+`{"correct": <a completion the card must score correct>, "wrong": <a plausible wrong one>}`;
+for a multi-turn card an answer may be a list of replies, one per turn, which the card's own
+env plays (a game: the moves of a won game and of a lost one).
 The reference answers go through the card's own transform, prompt and reward, the same
 code `arle eval` and `arle train` run, so a card with a broken field map, transform or
 reward parameter fails here.
@@ -70,13 +72,38 @@ def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, re
         prompt = single_turn.reset(card.prompt, task)
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         assert task.input and task.input in text, f"{card.name}/{task.id}: the prompt lost the input"
-        right = score(task, Episode(task.id, [Turn(prompt=prompt, completion=answer["correct"])]))
-        wrong = score(task, Episode(task.id, [Turn(prompt=prompt, completion=answer["wrong"])]))
+        right, wrong = (score(task, played(card, task, answer[key]) if isinstance(answer[key], list)
+                              else Episode(task.id, [Turn(prompt=prompt, completion=answer[key])]))
+                        for key in ("correct", "wrong"))
         assert right.correct and right.reward > 0, f"{card.name}/{task.id}: reference scored {right}"
         assert not wrong.correct, f"{card.name}/{task.id}: wrong answer scored {wrong}"
         for metric in card.metrics:
             if metric != "accuracy" and not metric.startswith("pass@"):
                 assert metric in right.details, f"{card.name}: metric {metric} is not a detail of {card.reward}"
+
+
+class Replies:
+    """An engine that answers a conversation's k-th model turn with replies[k]."""
+
+    name = "replies"
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = replies
+
+    def generate(self, requests):
+        from arlecli.engine.base import Completion
+
+        for i, request in enumerate(requests):
+            turn = sum(m["role"] == "assistant" for m in request.messages or [])
+            yield i, Completion(text=self.replies[min(turn, len(self.replies) - 1)])
+
+
+def played(card: Card, task: Task, replies: list[str]) -> Episode:
+    """The episode the card's env plays when the model's turns are `replies`, in order."""
+    from arlecli.envs.episodes import Sampling, collect
+
+    [(_, episode)] = list(collect(card, Replies(replies), [task], [], [(0, 0)], Sampling(seed=0)))
+    return episode
 
 
 @pytest.fixture(scope="module")

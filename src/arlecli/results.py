@@ -173,7 +173,7 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
     from the samples' `details`; with several samples per task, pass@k and pass^k for the k
     values of `pass_ks` (pass^k over the tasks with at least k samples). `group_by` adds the
     same breakdown per group. Then the efficiency blocks (arlecli.efficiency): `tokens`,
-    `time`, `agents` (multi-turn runs), `consistency` (several samples per task) and `cost`
+    `time`, `agents` (multi-turn runs), `games` (game cards), `consistency` (several samples per task) and `cost`
     (only with `prices`); a block with nothing to report is left out.
     """
     by_task: dict[str, list[dict[str, Any]]] = {}
@@ -214,6 +214,7 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
         "tokens": efficiency.token_stats(samples),
         "time": efficiency.time_stats(samples),
         "agents": efficiency.agent_stats(samples),
+        "games": efficiency.game_stats(samples),
         "consistency": ({"samples_per_task": num_samples, **efficiency.all_agree(by_task, task_ids)}
                         if num_samples > 1 else None),
         "cost": efficiency.cost_stats(samples, len(task_ids), prices),

@@ -352,3 +352,24 @@ def frozenlake_rows(*, seed: int, size: int, params: dict[str, Any] | None = Non
         rows.append({"id": f"frozenlake-{seed}-{i}", "size": side, "map": board,
                      "question": question(board), "answer": " ".join(shortest_path(board))})
     return rows
+
+
+# TextArena games ----------------------------------------------------------------------------
+# A game task is only a seed: envs/textarena.py resets the game with it, so row i of a split
+# is game seed `seed + i` and splits with disjoint seed ranges share no game.
+
+
+@generator("textarena")
+def textarena_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`size` games of TextArena game `params.game` (see generate_rows): row i is
+    {id, game, seed: seed + i, question, answer}; `question` names the game and seed (the env shows
+    the game's own first observation in its place), `answer` is "win" (what a player aims for)."""
+    cfg = dict(params or {})
+    game = cfg.pop("game", None)
+    if not isinstance(game, str) or not game:
+        raise UserError("textarena generator: params.game must name a TextArena game, e.g. Sokoban-v0")
+    if cfg:
+        raise UserError(f"unknown params for textarena: {', '.join(sorted(cfg))}; known: game")
+    name = game.split("-v")[0].lower()
+    return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}", "answer": "win"}
+            for i in range(size)]

@@ -52,7 +52,7 @@ class Sampling:
     logprobs: bool = False          # the engine's per-token sampling logprobs (training wants them)
 
     def params(self, card: Any, task_id: str, k: int) -> SamplingParams:
-        """The engine settings of sample `k` of task `task_id` (every turn of it: see `_request`)."""
+        """The engine settings of sample `k` of task `task_id` (every turn of it: see `Transcript.request`)."""
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               max_tokens=self.max_tokens or card.prompt.max_tokens, stop=list(card.prompt.stop),
                               seed=sample_seed(self.seed, task_id, k), logprobs=self.logprobs)
@@ -64,7 +64,7 @@ def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: Exempla
     each ends, in any order. Tasks travel by index: two draws of one task are two samples."""
     native = native_tools(engine)
     jobs = [Job(tasks[i], make_env(card, tasks[i], exemplars_for(exemplars, tasks[i]), native),
-                sampling.params(card, tasks[i].id, k))
+                sampling.params(card, tasks[i].id, k), k)
             for i, k in draws]
     if not jobs:
         return iter(())
@@ -73,19 +73,55 @@ def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: Exempla
 
 @dataclass
 class Job:
-    """One episode to run: its task, a fresh env and the sampling settings of every turn."""
+    """One episode to run: its task, a fresh env, the sampling settings of every turn and
+    which sample of the task it is (drivers that pair samples, as self-play does, read it)."""
 
     task: Task
     env: Env
     params: SamplingParams
+    sample: int = 0
 
 
 @dataclass
-class _State:
+class Transcript:
+    """One player's side of an episode so far: the next prompt (and its token ids, when an
+    in-process engine gave them) and the Episode its turns go into."""
+
     prompt: Any
     episode: Episode
     prompt_ids: list[int] | None = None
     seams: list[int] = field(default_factory=list)
+
+    def record(self, comp: Any) -> Turn:
+        """Append the turn `comp` (an engine Completion) answered the current prompt with."""
+        turn = Turn(prompt=self.prompt, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
+                    token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason,
+                    prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
+                    latency_s=comp.latency_s)
+        self.episode.turns.append(turn)
+        return turn
+
+    def extend(self, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
+        """The next prompt: the conversation so far, the last turn's completion and the
+        environment's reply `messages`. With a tokenizer, its ids extend the last turn's ids
+        exactly as generated (a template that rewrites history leaves a seam)."""
+        turn = self.episode.turns[-1]
+        turn.observation = messages
+        self.prompt = [*self.prompt, {"role": "assistant", "content": turn.completion}, *messages]
+        if tokenizer is not None and turn.prompt_token_ids:
+            self.prompt_ids, continued = continue_ids(
+                tokenizer, [*turn.prompt_token_ids, *(turn.token_ids or [])], self.prompt, tools)
+            if not continued:
+                self.seams.append(len(self.episode.turns))
+
+    def request(self, params: SamplingParams, tools: list[dict[str, Any]] | None) -> GenerationRequest:
+        """The request for the next turn; turn k samples with seed + k."""
+        turn = len(self.episode.turns)
+        params = params if params.seed is None else replace(params, seed=params.seed + turn)
+        prompt = self.prompt
+        return GenerationRequest(messages=prompt if isinstance(prompt, list) else None,
+                                 prompt=prompt if isinstance(prompt, str) else None,
+                                 params=params, tools=tools, prompt_token_ids=self.prompt_ids)
 
 
 def native_tools(engine: Engine) -> bool:
@@ -95,30 +131,19 @@ def native_tools(engine: Engine) -> bool:
     return tokenizer is not None and template_renders_tools(tokenizer)
 
 
-def _request(state: _State, job: Job, turn: int) -> GenerationRequest:
-    prompt = state.prompt
-    params = job.params if job.params.seed is None else replace(job.params, seed=job.params.seed + turn)
-    return GenerationRequest(messages=prompt if isinstance(prompt, list) else None,
-                             prompt=prompt if isinstance(prompt, str) else None,
-                             params=params, tools=job.env.tools, prompt_token_ids=state.prompt_ids)
-
-
 def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
     """Run every job's episode to its end; yield (job index, Episode) as each finishes."""
     tokenizer = getattr(engine, "tokenizer", None)
-    states = {i: _State(job.env.reset(), Episode(job.task.id, tools=job.env.tools)) for i, job in enumerate(jobs)}
+    states = {i: Transcript(job.env.reset(), Episode(job.task.id, tools=job.env.tools))
+              for i, job in enumerate(jobs)}
     active = list(states)
     while active:
-        requests = [_request(states[i], jobs[i], len(states[i].episode.turns)) for i in active]
+        requests = [states[i].request(jobs[i].params, jobs[i].env.tools) for i in active]
         waiting: list[int] = []
         for r, comp in engine.generate(requests):
             i = active[r]
             state, env = states[i], jobs[i].env
-            turn = Turn(prompt=state.prompt, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
-                        token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason,
-                        prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
-                        latency_s=comp.latency_s)
-            state.episode.turns.append(turn)
+            state.record(comp)
             step = env.step(comp.text)
             limit = getattr(env, "max_turns", 1)
             if step.done or len(state.episode.turns) >= limit or isinstance(state.prompt, str):
@@ -126,12 +151,6 @@ def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode
                 state.episode.info = {**env.info(), **({"seams": state.seams} if state.seams else {})}
                 yield i, state.episode
                 continue
-            turn.observation = step.messages
-            state.prompt = [*state.prompt, {"role": "assistant", "content": comp.text}, *step.messages]
-            if tokenizer is not None and comp.prompt_token_ids:
-                state.prompt_ids, continued = continue_ids(
-                    tokenizer, [*comp.prompt_token_ids, *comp.token_ids], state.prompt, env.tools)
-                if not continued:
-                    state.seams.append(len(state.episode.turns))
+            state.extend(step.messages, tokenizer, env.tools)
             waiting.append(i)
         active = waiting

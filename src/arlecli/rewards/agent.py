@@ -63,3 +63,34 @@ def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None
         return Score(final.reward, final.correct, final.extracted, details)
 
     return score
+
+
+GAME_METRICS = ["win", "draw", "loss", "invalid_move", "invalid_moves", "turns"]
+
+
+@register("game", metrics=GAME_METRICS, needs_target=False)
+def game() -> RewardFn:
+    """A TextArena game (envs/textarena.py): the game's own reward for the player's seat
+    (two players: 1 win, 0 draw, -1 loss; a puzzle: 1 solved, else the fraction done), and
+    correct when the seat won (a puzzle: solved).
+
+    The outcome is the env's (`episode.info`): a game is scored only as the env played it.
+
+    Takes no params. Details: win, draw, loss, invalid_move (0/1 each: the game ended on
+    this seat's invalid move), invalid_moves (how many moves the game refused), turns (this
+    seat's moves), seat. `extracted` is the outcome.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        info = episode.info
+        if "outcome" not in info:
+            raise ValueError(f"task {task.id}: the game reward scores games played by env 'textarena'")
+        outcome = str(info.get("outcome", "unfinished"))
+        details = {"win": int(outcome == "win"), "draw": int(outcome == "draw"), "loss": int(outcome == "loss"),
+                   "invalid_move": int(bool(info.get("invalid_move"))),
+                   "invalid_moves": int(info.get("invalid_moves", 0)), "turns": int(info.get("turns", 0)),
+                   "seat": int(info.get("seat", 0))}
+        return Score(float(info.get("reward", 0.0)), outcome == "win", outcome, details)
+
+    return score
+

@@ -1,0 +1,452 @@
+"""TextArena games as arle envs: puzzles for one player, and two-player games against a fixed
+opponent or the policy itself.
+
+    env: {name: textarena, params: {game: Sokoban-v0, max_turns: 60}}
+    env: {name: textarena, params: {game: TicTacToe-v0, players: 2, opponent: random}}
+
+Any registered TextArena game id works (`game`); extra params go to the game's constructor
+(e.g. `num_disks: 4` for TowerOfHanoi-v0). The game is TextArena's own, unwrapped: its reset
+with the task's seed (the `textarena` generator's `seed` column: task i of a split is seed
+split_seed + i, so splits with disjoint seed ranges share no game), its observation text as the
+user turns, the model's whole reply as the action, its rules for invalid moves (one warning,
+then the game is lost), its rewards and its outcome. An episode ends with a recorded reason:
+win, loss, draw, invalid_move (the game ended on an invalid move), turn_limit (the game's own
+turn limit, or `max_turns` model turns of one player, arle's cap).
+
+Players. Seat 0 moves first. A two-player game's other seat is played by `opponent`:
+`random` (a uniformly random legal move), `scripted` (a simple fixed strategy: win, else
+block, else centre for the board games; bet the best card for Kuhn poker), `self` (the
+policy: the engine being evaluated or trained) or any model arle can run (`arle eval
+--opponent PROFILE`; the command line opens its engine). Against a fixed opponent the model's
+seat alternates: seat = (game seed + sample number) % players. With `self`, samples pair up
+into games: samples 2m and 2m+1 of a task play game m as seats 0 and 1, each recorded as its
+own episode with its own outcome (self-play training trains both seats from one game); a
+seat no sample fills is played by the policy, unrecorded.
+
+Each player sees only its own observations: the game's messages to it since its last move
+(the other player's move, the new board), never the other player's reasoning. In a seat's
+token record the other player's moves are environment tokens, so training masks them.
+
+TextArena seeds the global `random` module and draws from it on every step; each game here
+keeps its own random state and swaps it in around every call, so concurrent games are
+reproducible whatever the order their moves interleave in.
+
+`episode.info`: game, seed, seat, players, opponent, outcome (win/draw/loss), reward (the
+game's own for this seat: 1/0/-1 for two players; 1 when a puzzle is solved, else the
+fraction done), reason (the game's words), invalid_moves, turns (this seat's moves) and
+game_turns. The `game` reward reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+from arlecli.envs import register_env
+from arlecli.envs.episodes import Job, Transcript
+from arlecli.envs.single_turn import reset as render_prompt
+from arlecli.errors import UserError
+from arlecli.types import Episode, Task
+
+EXTRA = "pip install 'arle[games]' (TextArena 0.7.4)"
+GAME_ID = -1  # TextArena's sender id of the game itself
+BUILTIN_OPPONENTS = ("random", "scripted")
+SELF = "self"
+_DEFAULT_MAX_TURNS = 100
+
+
+def textarena() -> Any:
+    """The textarena module, or a one-line error naming the extra that installs it."""
+    try:
+        return importlib.import_module("textarena")
+    except ImportError:
+        raise UserError(f"game cards need TextArena: {EXTRA}") from None
+
+
+def game_spec(game_id: str) -> Any:
+    """TextArena's registry entry for `game_id`; an unknown id suggests near ones."""
+    import difflib
+
+    textarena()
+    registry = importlib.import_module("textarena.envs.registration").ENV_REGISTRY
+    if game_id not in registry:
+        near = difflib.get_close_matches(game_id, list(registry), n=3)
+        hint = f"; did you mean {', '.join(near)}" if near else ""
+        raise UserError(f"unknown TextArena game '{game_id}'{hint}")
+    return registry[game_id]
+
+
+class Game:
+    """One TextArena game, unwrapped, with its own random state."""
+
+    def __init__(self, game_id: str, seed: int, players: int = 1, kwargs: dict[str, Any] | None = None) -> None:
+        spec = game_spec(game_id)
+        entry = spec.entry_point
+        if isinstance(entry, str):
+            module, _, attr = entry.partition(":")
+            entry = getattr(importlib.import_module(module), attr)
+        self.id, self.seed, self.players = game_id, seed, players
+        self._rng = random.Random(seed).getstate()
+        with self.own_random():
+            try:
+                self.env = entry(**{**spec.kwargs, **(kwargs or {})})
+            except TypeError as exc:
+                raise UserError(f"bad params for TextArena game '{game_id}': {exc}") from None
+            self.env.reset(num_players=players, seed=seed)
+        self.done = False
+
+    @contextlib.contextmanager
+    def own_random(self) -> Iterator[None]:
+        """Run with this game's random state in the global `random` module (TextArena's)."""
+        outside = random.getstate()
+        random.setstate(self._rng)
+        try:
+            yield
+        finally:
+            self._rng = random.getstate()
+            random.setstate(outside)
+
+    @property
+    def state(self) -> Any:
+        """TextArena's State (the board in `.game_state`, whose turn in `.current_player_id`)."""
+        return self.env.state
+
+    def observe(self) -> tuple[int, list[tuple[int, str, Any]]]:
+        """(the player to move, the messages it has not seen yet)."""
+        with self.own_random():
+            return self.env.get_observation()
+
+    def act(self, text: str) -> bool:
+        """Play `text` as the current player's move; True if the game counted it invalid."""
+        state = self.state
+        player, turn = state.current_player_id, state.turn
+        with self.own_random():
+            self.done, _ = self.env.step(text)
+        flagged = bool(state.game_info.get(player, {}).get("invalid_move"))
+        return flagged or (not self.done and state.turn == turn)
+
+    def outcome(self, seat: int) -> dict[str, Any]:
+        """This seat's result: outcome, the game's reward, its reason (an unfinished game: none)."""
+        rewards = self.state.rewards if self.done else None
+        info = self.state.game_info.get(seat, {})
+        if not rewards:
+            return {"outcome": "unfinished", "reward": 0.0, "reason": "", "game_turns": self.state.turn}
+        reward = float(rewards.get(seat, 0.0))
+        if self.players == 1:
+            outcome = "win" if reward >= 1 else "loss"
+        else:
+            outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
+        return {"outcome": outcome, "reward": reward, "reason": str(info.get("reason", "")),
+                "invalid_move": bool(info.get("invalid_move")), "game_turns": self.state.turn}
+
+    def turn_limit_reached(self) -> bool:
+        """Whether the game ended on its own turn limit."""
+        limit = getattr(self.state, "max_turns", None)
+        return limit is not None and self.state.turn >= limit
+
+
+def render(messages: list[tuple[int, str, Any]], seat: int) -> str:
+    """What a player reads: the game's messages to it, and the other players' moves tagged
+    with who made them. Its own moves are left out: they are its turns already."""
+    ta = textarena()
+    parts = []
+    for sender, text, kind in messages:
+        if kind == ta.ObservationType.PLAYER_ACTION and sender in (seat, GAME_ID):
+            continue
+        text = str(text).strip()
+        if text:
+            parts.append(text if sender in (GAME_ID, seat) else f"[Player {sender}] {text}")
+    return "\n\n".join(parts)
+
+
+# --- built-in opponents: (game, seat, rng) -> a move in the game's own format -------------
+
+def _base(game_id: str) -> str:
+    return game_id.split("-v")[0]
+
+
+def _lines3() -> list[tuple[int, int, int]]:
+    return [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+
+
+def _tictactoe(game: Game, seat: int, rng: random.Random, scripted: bool) -> str:
+    cells = [c for row in game.state.game_state["board"] for c in row]
+    free = [i for i, c in enumerate(cells) if c == ""]
+    if scripted:
+        mine = "X" if seat == 1 else "O"  # TextArena: player 1 plays X, player 0 plays O
+        theirs = "O" if mine == "X" else "X"
+        for who in (mine, theirs):  # win, else block
+            for line in _lines3():
+                marks = [cells[i] for i in line]
+                if marks.count(who) == 2 and marks.count("") == 1:
+                    return f"[{line[marks.index('')]}]"
+        for cell in (4, 0, 2, 6, 8, 1, 3, 5, 7):
+            if cell in free:
+                return f"[{cell}]"
+    return f"[{rng.choice(free)}]"
+
+
+def _connect_four(game: Game, seat: int, rng: random.Random, scripted: bool) -> str:
+    board = game.state.game_state["board"]
+    rows, cols = len(board), len(board[0])
+    open_cols = [c for c in range(cols) if board[0][c] == "."]
+    if scripted:
+        mine = "X" if seat == 0 else "O"
+        for disc in (mine, "O" if mine == "X" else "X"):  # win, else block
+            for c in open_cols:
+                r = max(r for r in range(rows) if board[r][c] == ".")
+                board[r][c] = disc
+                won = _four(board, r, c)
+                board[r][c] = "."
+                if won:
+                    return f"[col {c}]"
+        return f"[col {min(open_cols, key=lambda c: abs(c - cols // 2))}]"
+    return f"[col {rng.choice(open_cols)}]"
+
+
+def _four(board: list[list[str]], r: int, c: int) -> bool:
+    disc = board[r][c]
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        run = 1
+        for sign in (1, -1):
+            rr, cc = r + sign * dr, c + sign * dc
+            while 0 <= rr < len(board) and 0 <= cc < len(board[0]) and board[rr][cc] == disc:
+                run += 1
+                rr, cc = rr + sign * dr, cc + sign * dc
+        if run >= 4:
+            return True
+    return False
+
+
+def _kuhn_poker(game: Game, seat: int, rng: random.Random, scripted: bool) -> str:
+    state = game.state.game_state
+    legal = list(state["current_legal_action_tree"])
+    if scripted:  # K: bet or call; Q: check or call; J: check or fold
+        card = state["player_cards"][seat]
+        wants = {2: ("bet", "call"), 1: ("check", "call"), 0: ("check", "fold")}[card]
+        return f"[{next(a for a in wants if a in legal)}]"
+    return f"[{rng.choice(legal)}]"
+
+
+_PLAYERS: dict[str, Callable[[Game, int, random.Random, bool], str]] = {
+    "TicTacToe": _tictactoe, "ConnectFour": _connect_four, "KuhnPoker": _kuhn_poker}
+
+
+def builtin_move(name: str, game: Game, seat: int, rng: random.Random) -> str:
+    """The move built-in opponent `name` (random, scripted) makes in `game` as `seat`."""
+    play = _PLAYERS.get(_base(game.id))
+    if play is None:
+        raise UserError(f"no built-in opponent plays {game.id}: use --opponent self or a model "
+                        f"(built-in players: {', '.join(sorted(_PLAYERS))})")
+    return play(game, seat, rng, name == "scripted")
+
+
+# --- the env kind --------------------------------------------------------------------------
+
+@dataclass
+class GameSetup:
+    """One episode's game as the card sets it up; the `textarena` driver plays it."""
+
+    card: Any
+    task: Task
+    game: str
+    players: int
+    opponent: Any                 # a built-in name, "self", or an engine (opened by the CLI)
+    max_turns: int
+    kwargs: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
+
+    @property
+    def seed(self) -> int:
+        return int(self.task.fields.get("seed", 0))
+
+    def first_prompt(self, text: str) -> Any:
+        """The card's prompt around the game's first observation for this player."""
+        rendered = render_prompt(self.card.prompt, replace(self.task, input=text))
+        if isinstance(rendered, str):
+            raise UserError(f"{self.card.name}: env 'textarena' needs a chat card (prompt.format: chat)")
+        return rendered
+
+
+@dataclass
+class _Seat:
+    engine: Any = None                     # who answers: an engine, or None for a built-in player
+    builtin: str | None = None
+    job: int | None = None                 # the recorded job, if any
+    params: Any = None
+    transcript: Transcript | None = None
+    invalid: int = 0
+    rng: random.Random | None = None
+
+
+@dataclass
+class _Match:
+    setup: GameSetup
+    game: Game
+    seats: list[_Seat]
+    end: str | None = None
+    waiting: int | None = None             # the seat whose model reply is awaited
+    finished: list[tuple[int, Episode]] = field(default_factory=list)
+
+
+def _matches(engine: Any, jobs: list[Job]) -> list[_Match]:
+    """Group jobs into games and give every seat its player (see the module doc)."""
+    groups: dict[tuple[str, int], dict[int, int]] = {}
+    for j, job in enumerate(jobs):
+        setup: GameSetup = job.env  # type: ignore[assignment]
+        if setup.opponent == SELF:
+            key, seat = (job.task.id, job.sample // setup.players), job.sample % setup.players
+        else:
+            key, seat = (job.task.id, job.sample), (setup.seed + job.sample) % setup.players
+        groups.setdefault(key, {})[seat] = j
+    matches = []
+    for (_, game_no), by_seat in groups.items():
+        first = jobs[next(iter(by_seat.values()))]
+        setup = first.env  # type: ignore[assignment]
+        seats = []
+        for seat in range(setup.players):
+            j = by_seat.get(seat)
+            if j is not None:
+                seats.append(_Seat(engine=engine, job=j, params=jobs[j].params))
+            elif setup.opponent == SELF or not isinstance(setup.opponent, str):
+                other = engine if setup.opponent == SELF else setup.opponent
+                # An unrecorded seat samples with its own seeds, apart from every recorded sample's.
+                params = replace(first.params, seed=None if first.params.seed is None
+                                 else first.params.seed + 1_000_003 * (seat + 1))
+                seats.append(_Seat(engine=other, params=params))
+            else:
+                seats.append(_Seat(builtin=setup.opponent,
+                                   rng=random.Random(f"arle-opponent:{setup.seed}:{game_no}:{seat}")))
+        game = Game(setup.game, setup.seed, setup.players, setup.kwargs)
+        matches.append(_Match(setup, game, seats))
+    return matches
+
+
+def _advance(match: _Match, tokenizers: dict[int, Any]) -> None:
+    """Play built-in moves until a model must move (match.waiting) or the game is over."""
+    game, setup = match.game, match.setup
+    while not game.done:
+        pid, messages = game.observe()
+        seat = match.seats[pid]
+        text = render(messages, pid)
+        if seat.builtin is not None:
+            seat.invalid += game.act(builtin_move(seat.builtin, game, pid, seat.rng))
+            continue
+        if seat.transcript is None:
+            task_id = setup.task.id
+            seat.transcript = Transcript(setup.first_prompt(text), Episode(task_id))
+        else:
+            if len(seat.transcript.episode.turns) >= setup.max_turns:
+                match.end = "turn_limit"
+                return
+            seat.transcript.extend([{"role": "user", "content": text}], tokenizers.get(id(seat.engine)), None)
+        match.waiting = pid
+        return
+
+
+def _finish(match: _Match) -> None:
+    """Close the game and record every recorded seat's episode."""
+    game, setup = match.game, match.setup
+    for pid, seat in enumerate(match.seats):
+        if seat.job is None:
+            continue
+        result = game.outcome(pid)
+        if match.end == "turn_limit" or result["outcome"] == "unfinished":
+            reason = "turn_limit"
+        elif result.get("invalid_move"):
+            reason = "invalid_move"
+        elif result["outcome"] == "loss" and setup.players == 1 and game.turn_limit_reached():
+            reason = "turn_limit"
+        else:
+            reason = result["outcome"]
+        episode = seat.transcript.episode if seat.transcript else Episode(setup.task.id)
+        turns = len(episode.turns)
+        episode.end_reason = reason
+        episode.info = {"game": setup.game, "seed": setup.seed, "seat": pid, "players": setup.players,
+                        "opponent": _opponent_name(setup.opponent), **result, "invalid_moves": seat.invalid,
+                        "turns": turns,
+                        **({"seams": seat.transcript.seams} if seat.transcript and seat.transcript.seams else {})}
+        match.finished.append((seat.job, episode))
+
+
+def _opponent_name(opponent: Any) -> str | None:
+    if isinstance(opponent, str):
+        return opponent
+    return getattr(opponent, "name", None) or type(opponent).__name__
+
+
+def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
+    """The textarena driver: play every job's game to its end, batching each round's model
+    moves into one `generate` call per engine; yield (job index, Episode) as games end."""
+    matches = _matches(engine, jobs)
+    tokenizers: dict[int, Any] = {}
+    for match in matches:
+        for seat in match.seats:
+            if seat.engine is not None:
+                tokenizers[id(seat.engine)] = getattr(seat.engine, "tokenizer", None)
+    live = matches
+    while live:
+        by_engine: dict[int, list[_Match]] = {}
+        engines: dict[int, Any] = {}
+        waiting = []
+        for match in live:
+            match.waiting = None
+            _advance(match, tokenizers)
+            if match.waiting is None:
+                _finish(match)
+                yield from match.finished
+                continue
+            seat = match.seats[match.waiting]
+            by_engine.setdefault(id(seat.engine), []).append(match)
+            engines[id(seat.engine)] = seat.engine
+            waiting.append(match)
+        for key, batch in by_engine.items():
+            seats = [m.seats[m.waiting] for m in batch]  # type: ignore[index]
+            requests = [s.transcript.request(s.params, None) for s in seats]  # type: ignore[union-attr]
+            for r, comp in engines[key].generate(requests):
+                match, seat = batch[r], seats[r]
+                seat.transcript.record(comp)  # type: ignore[union-attr]
+                seat.invalid += match.game.act(comp.text)
+        live = waiting
+
+
+def make_setup(card: Any, task: Task, game: str | None = None, players: int = 1, opponent: Any = "random",
+               max_turns: int | None = None, **kwargs: Any) -> GameSetup:
+    """The GameSetup of `card` (its env params) for `task`."""
+    params = dict(card.env_params) if game is None else {}
+    game = game or params.pop("game", None)
+    if game is None:
+        raise UserError(f"{card.name}: env 'textarena' needs params.game, a TextArena game id (e.g. Sokoban-v0)")
+    players = int(params.pop("players", players))
+    opponent = params.pop("opponent", opponent)
+    max_turns = params.pop("max_turns", max_turns) or _DEFAULT_MAX_TURNS
+    kwargs = {**params, **kwargs}
+    if players < 1:
+        raise UserError(f"{card.name}: env 'textarena' params.players must be >= 1, got {players}")
+    if isinstance(opponent, str) and players > 1 and opponent not in (*BUILTIN_OPPONENTS, SELF):
+        raise UserError(f"{card.name}: opponent '{opponent}' is a model: pass it with --opponent "
+                        f"(in the card: {', '.join((*BUILTIN_OPPONENTS, SELF))})")
+    return GameSetup(card, task, game, players, opponent, int(max_turns), kwargs)
+
+
+@register_env("textarena", driver=run_games)
+def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, **params: Any) -> GameSetup:
+    """Env factory for `env: {name: textarena, params: {game: ..., ...}}` (see the module doc)."""
+    textarena()
+    return make_setup(card, task)
+
+
+def with_opponent(card: Any, opponent: Any) -> Any:
+    """`card` with its game's other seats played by `opponent` (a built-in name, "self" or an
+    engine). A card that is not a two-player game is refused in one line."""
+    if card.env != "textarena" or int(card.env_params.get("players", 1)) < 2:
+        raise UserError(f"--opponent applies to two-player game cards; {card.name} is not one")
+    return replace(card, env_params={**card.env_params, "opponent": opponent})
+
+
+def is_multiplayer(card: Any) -> bool:
+    """Whether `card` is a game for two or more players (an opponent plays the other seats)."""
+    return card.env == "textarena" and int(card.env_params.get("players", 1)) > 1
