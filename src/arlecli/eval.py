@@ -45,6 +45,7 @@ class EvalOptions:
     num_fewshot: int | None = None
     seed: int = 1234
     data: str | None = None
+    opponent: str | None = None  # two-player game cards: who plays the other seat (None: the card's)
 
 
 def sample_id(task_id: str, k: int) -> str:

@@ -89,6 +89,10 @@ def eval_command(
     quantization: Optional[str] = options.QUANTIZATION,
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
     seed: int = typer.Option(1234, "--seed"),
+    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player game cards: who plays the other "
+                                           "seat: random or scripted (built-in players), self (the model "
+                                           "itself), or a profile name, folder or hub id (any model arle can "
+                                           "run, with its own default engine). Default: the card's."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
                                           "(default: runs/BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run (the latest matching one "
@@ -126,7 +130,14 @@ def eval_command(
         temperature = 0.8 if num_samples > 1 else 0.0
     opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
-                       data=str(data) if data else None)
+                       data=str(data) if data else None, opponent=opponent)
+    opponent_spec = None
+    if opponent is not None:
+        from arlecli.envs.textarena import OPPONENT_NAMES, with_opponent
+
+        card = with_opponent(card, opponent)  # a card that is no two-player game is refused here
+        if opponent not in OPPONENT_NAMES:
+            opponent_spec = resolve_model(opponent)  # an unknown model is refused before any loads
     # A bad price is refused before the model is resolved or loaded.
     cli_prices = (check_price(price_input, "--price-input"), check_price(price_output, "--price-output"))
     spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env,
@@ -140,6 +151,14 @@ def eval_command(
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
+    opponent_engine = None
+    if opponent_spec is not None:
+        try:  # a model plays the other seat: its own engine, closed with the eval's
+            opponent_engine = make_engine(opponent_spec, batch_size=batch_size, concurrency=concurrency)
+        except BaseException:
+            engine.close()
+            raise
+        card = with_opponent(card, opponent_engine)
     progress = _Progress(f"{card.name}")
     try:
         results = run_eval(card, engine, opts, model=spec.name, run_dir=run_dir, resume=resume,
@@ -152,6 +171,8 @@ def eval_command(
     finally:
         progress.stop()
         engine.close()
+        if opponent_engine is not None:
+            opponent_engine.close()
     if as_json:
         print_json(results)
     else:

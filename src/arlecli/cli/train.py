@@ -136,6 +136,10 @@ def train_command(
     vllm_server: Optional[str] = typer.Option(None, "--vllm-server", help="URL of a `trl vllm-serve` server: "
                                               "grpo/rloo rollouts run there, weights synced by TRL over NCCL "
                                               "(multi-node; needs CUDA)."),
+    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player game cards: who plays the other "
+                                           "seat in rollouts: self (default: self-play, each seat trained with "
+                                           "its own outcome), random or scripted. Held-out evals play the "
+                                           "card's opponent."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
                                           "(default: runs/train-BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint (the latest "
@@ -195,7 +199,7 @@ def train_command(
              "max_steps": max_steps, "num_generations": num_generations, "data": data, "learning_rate": learning_rate,
              "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
              "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
-             "vllm_server": vllm_server}
+             "vllm_server": vllm_server, "opponent": opponent}
     cfg = resolve(recipe_data, flags, parse_set(sets or []), recipe_name=recipe_name)
     if not cfg.options.benchmark:
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")

@@ -55,6 +55,7 @@ EXTRA = "pip install 'arle[games]' (TextArena 0.7.4)"
 GAME_ID = -1  # TextArena's sender id of the game itself
 BUILTIN_OPPONENTS = ("random", "scripted")
 SELF = "self"
+OPPONENT_NAMES = (*BUILTIN_OPPONENTS, SELF)  # every other --opponent names a model
 _DEFAULT_MAX_TURNS = 100
 
 
@@ -426,9 +427,9 @@ def make_setup(card: Any, task: Task, game: str | None = None, players: int = 1,
     kwargs = {**params, **kwargs}
     if players < 1:
         raise UserError(f"{card.name}: env 'textarena' params.players must be >= 1, got {players}")
-    if isinstance(opponent, str) and players > 1 and opponent not in (*BUILTIN_OPPONENTS, SELF):
-        raise UserError(f"{card.name}: opponent '{opponent}' is a model: pass it with --opponent "
-                        f"(in the card: {', '.join((*BUILTIN_OPPONENTS, SELF))})")
+    if isinstance(opponent, str) and players > 1 and opponent not in OPPONENT_NAMES:
+        raise UserError(f"{card.name}: opponent '{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
+                        f"(a model plays through `arle eval --opponent PROFILE`)")
     return GameSetup(card, task, game, players, opponent, int(max_turns), kwargs)
 
 

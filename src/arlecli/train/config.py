@@ -87,6 +87,10 @@ class TrainOptions:
     # sft/dpo: the JSONL file of recorded trajectories (SFT rows, or DPO pairs for dpo) that
     # `arle data from-eval` writes.
     data: str | None = None
+    # Two-player game cards: who plays the other seat in rollouts: self (default: self-play, both
+    # seats trained, each with its own outcome), random or scripted. Held-out evals play the
+    # card's own opponent.
+    opponent: str | None = None
 
 
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))

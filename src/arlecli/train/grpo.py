@@ -151,6 +151,7 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
     trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                   peft_config=lora_config(cfg), callbacks=callbacks, **extra)
     trainer.arle_rollouts = rollouts
+    trainer.arle_by_seat = cfg.options.algo == "grpo"
     if cfg.options.vllm_server:
         rollouts.engine.client = trainer.vllm_generation.vllm_client
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
@@ -164,16 +165,49 @@ def _indexed(base: type) -> type:
         arle_rollouts: Rollouts
         arle_inputs: list[dict[str, Any]] = []
 
+        arle_seats: list[Any] = []
+        arle_by_seat = False  # GRPO: advantages per (task, seat) when a batch holds a game's seats
+
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
             self.arle_inputs = inputs  # the dataset rows of the prompts `_generate` gets, in order
-            return super()._generate_and_score_completions(inputs)
+            out = super()._generate_and_score_completions(inputs)
+            if self.arle_by_seat and len(set(self.arle_seats)) > 1:  # a game's seats: each against its own
+                rewards = self.reward_funcs[0].last
+                advantages = seat_advantages(rewards, self.arle_seats, self.num_generations, self.scale_rewards)
+                out["advantages"] = advantages.to(out["advantages"].device, out["advantages"].dtype)
+            return out
 
         def arle_rollout(self) -> Sequences:
             indices = [int(x["task_index"]) for x in self.arle_inputs]
-            return self.arle_rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class)
+            seqs = self.arle_rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class)
+            self.arle_seats = [episode.info.get("seat") for episode in seqs.episodes]
+            return seqs
 
     Indexed.__name__ = base.__name__
     return Indexed
+
+
+def seat_advantages(rewards: list[float], seats: list[Any], group: int, scale: str = "group") -> Any:
+    """Role-conditioned GRPO advantages (SPIRAL's idea, with GRPO's group baseline): in each
+    group of `group` completions of one task, each completion's reward minus the mean of the
+    completions of the same seat, divided by their std unless `scale` is "none" (as TRL's
+    "group" scaling; "batch" scales by the whole batch's std of these differences). Two seats
+    of one game have different stakes (the first mover wins more often), so one baseline for
+    both would credit a seat for where it sat, not how it played."""
+    import torch
+
+    r = torch.tensor(rewards, dtype=torch.float32)
+    out = torch.zeros_like(r)
+    std = torch.zeros_like(r)
+    for start in range(0, len(rewards), group):
+        for seat in {seats[i] for i in range(start, min(start + group, len(rewards)))}:
+            idx = [i for i in range(start, min(start + group, len(rewards))) if seats[i] == seat]
+            values = r[idx]
+            out[idx] = values - values.mean()
+            std[idx] = values.std() if len(idx) > 1 else 0.0
+    if scale == "batch":
+        std = torch.full_like(r, float(out.std()) if len(rewards) > 1 else 0.0)
+    return out if scale == "none" else out / (std + 1e-4)
 
 
 def _rloo_with_rollouts(base: type) -> type:

@@ -44,6 +44,7 @@ class CardReward:
         self._correct: list[bool] = []  # since the last pop_accuracy(), for loops without log_metric
         self.step: int | None = None    # the step label for callers that pass none (ppo)
         self.gather = gather
+        self.last: list[float] = []     # the rewards of the latest TRL call (the seat advantages read them)
 
     def score(self, episodes: list[Episode], indices: list[int], step: int | None = None) -> list[Score]:
         """Score each episode against the task at the same position in `indices`."""
@@ -79,10 +80,11 @@ class CardReward:
         arrive as keywords (`completions` is TRL's decoding of the same ids, not scored)."""
         step = trainer_state.global_step + 1 if trainer_state is not None else None
         scores = self.score(episode, task_index, step=step)
+        self.last = [float(s.reward) for s in scores]
         if log_metric is not None and scores:
             log_metric("accuracy", sum(s.correct for s in scores) / len(scores))
             self.pop_accuracy()  # TRL averaged it already
-        return [float(s.reward) for s in scores]
+        return list(self.last)
 
     def pop_accuracy(self) -> float | None:
         """Mean `correct` over completions scored since the last call (None if none)."""

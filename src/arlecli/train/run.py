@@ -113,6 +113,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         meta["trainer_resolved"] = trainer_args.to_dict()
     # After trainer_args: its config set up the processes' shared state. PPO runs in one process.
     ranks = Ranks.current() if opts.algo not in ("ppo", "rft") else Ranks()
+    played = rollout_card(card, cfg, ranks)  # before the run directory exists, like every settings error
     view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks)
 
     tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
@@ -133,7 +134,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
                           vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))))
     # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
     rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "") if opts.vllm_server else engine
-    rollouts = Rollouts(card, tasks, exemplars, rollout_sampling(cfg, card), rollout_engine)
+    rollouts = Rollouts(played, tasks, exemplars, rollout_sampling(cfg, card), rollout_engine)
     heldout = held_out(card, cfg, spec, run_dir, engine, view)
 
     started = time.monotonic()
@@ -205,6 +206,29 @@ def summarize(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir:
         "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))}
                   for label in labels} if heldout else {},
     }
+
+
+def rollout_card(card: Card, cfg: TrainConfig, ranks: Ranks) -> Card:
+    """The card rollouts play: for a two-player game, with the other seat played by
+    `--opponent` (default self: self-play, each seat trained with its own outcome)."""
+    from arlecli.envs.textarena import BUILTIN_OPPONENTS, SELF, is_multiplayer, with_opponent
+
+    opponent = cfg.options.opponent
+    if not is_multiplayer(card):
+        return card if opponent is None else with_opponent(card, opponent)  # refused: not a game for two
+    opponent = opponent or SELF
+    if opponent not in (*BUILTIN_OPPONENTS, SELF):
+        raise UserError(f"--opponent {opponent}: training plays {SELF}, {' or '.join(BUILTIN_OPPONENTS)} "
+                        "(a model opponent plays in `arle eval --opponent`)")
+    if opponent == SELF:
+        if cfg.options.algo == "rloo":
+            raise UserError("self-play trains with --algo grpo (each seat's advantage against its own seat's "
+                            "baseline); rloo's leave-one-out baseline would mix the seats: use grpo, or "
+                            "--opponent random")
+        if ranks.world > 1:
+            raise UserError("self-play training runs in one process (each seat's advantages are computed over "
+                            "the whole batch): drop --num-processes")
+    return with_opponent(card, opponent)
 
 
 def rollout_sampling(cfg: TrainConfig, card: Card) -> Sampling:
