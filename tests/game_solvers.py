@@ -20,7 +20,7 @@ from typing import Callable
 
 from arlecli.envs.textarena import Game
 
-# card name -> (TextArena game id, the game's constructor kwargs from the card's env params)
+# card name -> (TextArena game id, the game's constructor kwargs: the card's env params.game_params)
 GAMES: dict[str, tuple[str, dict]] = {
     "tower_of_hanoi": ("TowerOfHanoi-v0", {}),
     "sokoban": ("Sokoban-v0", {}),

@@ -123,3 +123,22 @@ def test_opponent_on_a_single_player_card_is_refused(tmp_path, tiny_model):
     with pytest.raises(UserError, match="--opponent applies to two-player game cards"):
         train_in_process("tower_of_hanoi", "--model", str(tiny_model), "--opponent", "random",
                          "--output", str(tmp_path / "run"))
+
+
+def test_self_play_with_a_seat_that_never_moves(tmp_path, tiny_model):
+    """The tiny model's gibberish loses every game on seat 0's second invalid move, before seat 1
+    moves: seat 1's episodes have no turns, no token to train and no place in a baseline, and
+    the step still runs."""
+    run = tmp_path / "run"
+    train_in_process("tictactoe", "--model", str(tiny_model), "--limit", "1", "--num-generations", "4",
+                     "--set", "per_device_train_batch_size=4", "--max-tokens", "4", "--max-steps", "1",
+                     "--eval-limit", "0", "--output", str(run))
+    lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and sorted(x["env_info"]["seat"] for x in lines) == [0, 0, 1, 1]
+    assert all(x["turns"] == 0 and x["end_reason"] == "win" for x in lines if x["env_info"]["seat"] == 1)
+    assert json.loads((run / "summary.json").read_text())["global_step"] == 1
+
+
+def test_seat_advantages_leave_seats_that_never_moved_out_of_the_baseline():
+    adv = seat_advantages([-1, 1, 1, 1], [0, None, 0, None], group=4)
+    assert adv[1] == adv[3] == 0 and adv[0] < 0 < adv[2]

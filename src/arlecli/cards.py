@@ -429,8 +429,8 @@ def load_card_file(path: Path) -> Card:
 
 
 def _check_env_parts(card: Card, where: Path | str) -> None:
-    """The tools a `tools` env names and the function a `rollout` env names must load, so a
-    typo fails with the near name at load, not at the first episode."""
+    """The tools a `tools` env names, the function a `rollout` env names and a `textarena`
+    env's game must load, so a typo fails with the near name at load, not at the first episode."""
     from arlecli.envs.tools import TOOLS
     from arlecli.rollout import ROLLOUTS
 
@@ -445,6 +445,13 @@ def _check_env_parts(card: Card, where: Path | str) -> None:
             registry.get(str(spec), base)
         except UserError as exc:
             raise _fail(where, fld, str(exc)) from None
+    if card.env == "textarena":  # the game id, seats and opponent (TextArena itself: the games extra)
+        from arlecli.envs.textarena import check_params
+
+        try:
+            check_params(card.name, **card.env_params)
+        except UserError as exc:
+            raise _fail(where, "env.params", str(exc)) from None
 
 
 def resolve_references(card: Card) -> None:

@@ -147,12 +147,14 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             record(task, k, episode, result)
 
     def record(task: Task, k: int, episode: Episode, result: Score) -> None:
-        first, last = episode.turns[0], episode.turns[-1]
+        # No turns: a game's seat that never got to move (the other seat ended the game first).
+        first, last = (episode.turns[0], episode.turns[-1]) if episode.turns else (None, None)
         sample = {
             "id": sample_id(task.id, k), "task_id": task.id, "sample": k,
-            "prompt": first.prompt, "completion": last.completion, "extracted": result.extracted,
+            "prompt": first.prompt if first else None, "completion": episode.completion,
+            "extracted": result.extracted,
             "target": task.target, "reward": float(result.reward), "correct": bool(result.correct),
-            "details": result.details, "finish_reason": last.finish_reason,
+            "details": result.details, "finish_reason": last.finish_reason if last else None,
             "num_tokens": sum(len(t.token_ids or []) for t in episode.turns),
             **sample_counts(episode.turns),
         }

@@ -116,8 +116,9 @@ def load_runs(paths: Iterable[Path], *, force: bool = False) -> list[EvalRun]:
 
 
 def trajectories(run: EvalRun) -> list[Trajectory]:
-    """Every sample of `run` as a Trajectory, in samples.jsonl's order."""
-    return [_trajectory(run, s, n) for n, s in enumerate(run.samples, 1)]
+    """Every sample of `run` as a Trajectory, in samples.jsonl's order. A sample without turns
+    (a game's seat the other ended the game before it moved) holds nothing the model said."""
+    return [_trajectory(run, s, n) for n, s in enumerate(run.samples, 1) if s.get("num_turns") != 0]
 
 
 def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:

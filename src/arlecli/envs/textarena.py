@@ -4,14 +4,16 @@ opponent or the policy itself.
     env: {name: textarena, params: {game: Sokoban-v0, max_turns: 60}}
     env: {name: textarena, params: {game: TicTacToe-v0, players: 2, opponent: random}}
 
-Any registered TextArena game id works (`game`); extra params go to the game's constructor
-(e.g. `num_disks: 4` for TowerOfHanoi-v0). The game is TextArena's own, unwrapped: its reset
+Any registered TextArena game id works (`game`); `game_params` go to the game's constructor
+(e.g. `game_params: {num_disks: 4}` for TowerOfHanoi-v0; the game's own turn limit is its
+`max_turns` there, apart from arle's cap below). The game is TextArena's own, unwrapped: its reset
 with the task's seed (the `textarena` generator's `seed` column: task i of a split is seed
 split_seed + i, so splits with disjoint seed ranges share no game), its observation text as the
 user turns, the model's whole reply as the action, its rules for invalid moves (one warning,
 then the game is lost), its rewards and its outcome. An episode ends with a recorded reason:
 win, loss, draw, invalid_move (the game ended on an invalid move), turn_limit (the game's own
-turn limit, or `max_turns` model turns of one player, arle's cap).
+turn limit, or `max_turns` model turns of one player, arle's cap: a puzzle cut off there
+scores the game's fraction done, as at its own limit).
 
 Players. Seat 0 moves first. A two-player game's other seat is played by `opponent`:
 `random` (a uniformly random legal move), `scripted` (a simple fixed strategy: win, else
@@ -29,7 +31,9 @@ token record the other player's moves are environment tokens, so training masks 
 
 TextArena seeds the global `random` module and draws from it on every step; each game here
 keeps its own random state and swaps it in around every call, so concurrent games are
-reproducible whatever the order their moves interleave in.
+reproducible whatever the order their moves interleave in. (One TextArena quirk remains:
+Crosswords reads several letters of one reply into a set, whose order, and so which letters
+land before a wrong one, changes with the process's hash seed.)
 
 `episode.info`: game, seed, seat, players, opponent, outcome (win/draw/loss), reward (the
 game's own for this seat: 1/0/-1 for two players; 1 when a puzzle is solved, else the
@@ -133,8 +137,12 @@ class Game:
         """This seat's result: outcome, the game's reward, its reason (an unfinished game: none)."""
         rewards = self.state.rewards if self.done else None
         info = self.state.game_info.get(seat, {})
-        if not rewards:
-            return {"outcome": "unfinished", "reward": 0.0, "reason": "", "game_turns": self.state.turn}
+        if not rewards:  # cut off by arle's cap: a puzzle scores its fraction done, as at its own limit
+            done = getattr(self.env, "_get_percentage_completion", None) if self.players == 1 else None
+            with self.own_random():
+                reward = float(done()) if done is not None else 0.0
+            return {"outcome": "loss" if self.players == 1 else "unfinished", "reward": reward,
+                    "reason": "arle's turn limit", "game_turns": self.state.turn}
         reward = float(rewards.get(seat, 0.0))
         if self.players == 1:
             outcome = "win" if reward >= 1 else "loss"
@@ -257,7 +265,7 @@ class GameSetup:
     players: int
     opponent: Any                 # a built-in name, "self", or an engine (opened by the CLI)
     max_turns: int
-    kwargs: dict[str, Any]
+    game_params: dict[str, Any]
     tools: list[dict[str, Any]] | None = None
 
     @property
@@ -321,7 +329,7 @@ def _matches(engine: Any, jobs: list[Job]) -> list[_Match]:
             else:
                 seats.append(_Seat(builtin=setup.opponent,
                                    rng=random.Random(f"arle-opponent:{setup.seed}:{game_no}:{seat}")))
-        game = Game(setup.game, setup.seed, setup.players, setup.kwargs)
+        game = Game(setup.game, setup.seed, setup.players, setup.game_params)
         matches.append(_Match(setup, game, seats))
     return matches
 
@@ -355,7 +363,7 @@ def _finish(match: _Match) -> None:
         if seat.job is None:
             continue
         result = game.outcome(pid)
-        if match.end == "turn_limit" or result["outcome"] == "unfinished":
+        if match.end == "turn_limit":
             reason = "turn_limit"
         elif result.get("invalid_move"):
             reason = "invalid_move"
@@ -414,30 +422,33 @@ def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
         live = waiting
 
 
-def make_setup(card: Any, task: Task, game: str | None = None, players: int = 1, opponent: Any = "random",
-               max_turns: int | None = None, **kwargs: Any) -> GameSetup:
-    """The GameSetup of `card` (its env params) for `task`."""
-    params = dict(card.env_params) if game is None else {}
-    game = game or params.pop("game", None)
-    if game is None:
-        raise UserError(f"{card.name}: env 'textarena' needs params.game, a TextArena game id (e.g. Sokoban-v0)")
-    players = int(params.pop("players", players))
-    opponent = params.pop("opponent", opponent)
-    max_turns = params.pop("max_turns", max_turns) or _DEFAULT_MAX_TURNS
-    kwargs = {**params, **kwargs}
-    if players < 1:
-        raise UserError(f"{card.name}: env 'textarena' params.players must be >= 1, got {players}")
-    if isinstance(opponent, str) and players > 1 and opponent not in OPPONENT_NAMES:
-        raise UserError(f"{card.name}: opponent '{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
-                        f"(a model plays through `arle eval --opponent PROFILE`)")
-    return GameSetup(card, task, game, players, opponent, int(max_turns), kwargs)
-
-
 @register_env("textarena", driver=run_games)
-def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, **params: Any) -> GameSetup:
-    """Env factory for `env: {name: textarena, params: {game: ..., ...}}` (see the module doc)."""
-    textarena()
-    return make_setup(card, task)
+def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, game: str | None = None,
+                  players: int = 1, opponent: Any = "random", max_turns: int = _DEFAULT_MAX_TURNS,
+                  game_params: dict[str, Any] | None = None) -> GameSetup:
+    """Env factory for `env: {name: textarena, params: {game, players, opponent, max_turns,
+    game_params}}` (see the module doc)."""
+    check_params(card.name, game, players, opponent, max_turns, game_params)
+    return GameSetup(card, task, str(game), int(players), opponent, int(max_turns), dict(game_params or {}))
+
+
+def check_params(name: str, game: Any, players: Any = 1, opponent: Any = "random", max_turns: Any = 1,
+                 game_params: Any = None, **unknown: Any) -> None:
+    """Refuse bad env params of card `name` in one line (the game id must be TextArena's)."""
+    if unknown:
+        raise UserError(f"{name}: unknown params for env 'textarena': {', '.join(sorted(unknown))} "
+                        "(the game's own constructor arguments go in params.game_params)")
+    if not isinstance(game, str) or not game:
+        raise UserError(f"{name}: env 'textarena' needs params.game, a TextArena game id (e.g. Sokoban-v0)")
+    game_spec(game)
+    for key, value in (("players", players), ("max_turns", max_turns)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"{name}: env 'textarena' params.{key} must be a whole number >= 1, got {value!r}")
+    if game_params is not None and not isinstance(game_params, dict):
+        raise UserError(f"{name}: env 'textarena' params.game_params must be a mapping, got {game_params!r}")
+    if isinstance(opponent, str) and players > 1 and opponent not in OPPONENT_NAMES:
+        raise UserError(f"{name}: opponent '{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
+                        f"(a model plays through `arle eval --opponent PROFILE`)")
 
 
 def with_opponent(card: Any, opponent: Any) -> Any:

@@ -180,7 +180,9 @@ def _indexed(base: type) -> type:
         def arle_rollout(self) -> Sequences:
             indices = [int(x["task_index"]) for x in self.arle_inputs]
             seqs = self.arle_rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class)
-            self.arle_seats = [episode.info.get("seat") for episode in seqs.episodes]
+            # A seat that never moved (the other seat ended the game first) produced no token to
+            # train: kept out of its seat's baseline, in a group of its own.
+            self.arle_seats = [episode.info.get("seat") if episode.turns else None for episode in seqs.episodes]
             return seqs
 
     Indexed.__name__ = base.__name__

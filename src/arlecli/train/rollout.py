@@ -37,7 +37,10 @@ from arlecli.types import Episode, Task
 
 
 def flatten_episode(episode: Episode) -> tuple[list[int], list[int], list[int], list[float]]:
-    """(prompt_ids, completion_ids, env_mask, logprobs) of an episode run by an in-process engine."""
+    """(prompt_ids, completion_ids, env_mask, logprobs) of an episode run by an in-process engine
+    (all empty for an episode without turns: a game's seat the other ended the game before)."""
+    if not episode.turns:
+        return [], [], [], []
     first = episode.turns[0]
     prompt_ids = list(first.prompt_token_ids or [])
     completion: list[int] = []
