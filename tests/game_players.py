@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from arlecli.engine.base import Completion
 from arlecli.envs.episodes import Sampling, collect
+from arlecli.envs.textarena import four_in_a_row
 from arlecli.types import Episode, Task
 
 CARDS = ("tictactoe", "connect_four", "kuhn_poker")
@@ -117,26 +118,12 @@ def _drop(board: list[list[str]], col: int) -> int | None:
     return max(rows) if rows else None
 
 
-def _four(board: list[list[str]], r: int, c: int) -> bool:
-    disc = board[r][c]
-    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-        run = 1
-        for sign in (1, -1):
-            rr, cc = r + sign * dr, c + sign * dc
-            while 0 <= rr < len(board) and 0 <= cc < len(board[0]) and board[rr][cc] == disc:
-                run += 1
-                rr, cc = rr + sign * dr, cc + sign * dc
-        if run >= 4:
-            return True
-    return False
-
-
 def _wins(board: list[list[str]], col: int, disc: str) -> bool:
     r = _drop(board, col)
     if r is None:
         return False
     board[r][col] = disc
-    won = _four(board, r, col)
+    won = four_in_a_row(board, r, col)
     board[r][col] = "."
     return won
 

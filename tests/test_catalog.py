@@ -83,7 +83,7 @@ def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, re
 
 
 class Replies:
-    """An engine that answers a conversation's k-th model turn with replies[k]."""
+    """An engine that answers a conversation's k-th model turn with replies[k] (the last repeats)."""
 
     name = "replies"
 
@@ -96,6 +96,9 @@ class Replies:
         for i, request in enumerate(requests):
             turn = sum(m["role"] == "assistant" for m in request.messages or [])
             yield i, Completion(text=self.replies[min(turn, len(self.replies) - 1)])
+
+    def close(self) -> None:
+        pass
 
 
 def played(card: Card, task: Task, replies: list[str]) -> Episode:

@@ -11,17 +11,14 @@ import re
 from pathlib import Path
 
 import pytest
+from game_solvers import GAMES, LOSERS, SOLVERS
 
-pytest.importorskip("textarena")
-
-from game_solvers import GAMES, LOSERS, SOLVERS  # noqa: E402
-
-from arlecli.data.generators import generate_rows  # noqa: E402
-from arlecli.data.sources import read_rows_file  # noqa: E402
-from arlecli.engine.base import Completion  # noqa: E402
-from arlecli.envs.episodes import sample_seed  # noqa: E402
-from arlecli.eval import EvalOptions, run_eval  # noqa: E402
-from arlecli.registry import load_card  # noqa: E402
+from arlecli.data.generators import generate_rows
+from arlecli.data.sources import read_rows_file
+from arlecli.engine.base import Completion
+from arlecli.envs.episodes import sample_seed
+from arlecli.eval import EvalOptions, run_eval
+from arlecli.registry import load_card
 
 FIXTURES = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures"
 CARDS = tuple(SOLVERS)

@@ -17,33 +17,14 @@ import pytest
 from arlecli.engine.base import Completion
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
+from arlecli.envs.textarena import Game, builtin_move, with_opponent
 from arlecli.registry import load_card
+from test_catalog import Replies
 
-pytest.importorskip("textarena")
-
-from arlecli.envs.textarena import Game, builtin_move, with_opponent  # noqa: E402
-
-import game_players  # noqa: E402
+import game_players
 
 GAMES = game_players.CARDS
 FIXTURES = game_players.FIXTURES
-
-
-class Replies:
-    """An engine that answers a conversation's k-th model turn with replies[k] (the last repeats)."""
-
-    name = "replies"
-
-    def __init__(self, replies: list[str]) -> None:
-        self.replies = replies
-
-    def generate(self, requests):
-        for i, request in enumerate(requests):
-            turn = sum(m["role"] == "assistant" for m in request.messages or [])
-            yield i, Completion(text=self.replies[min(turn, len(self.replies) - 1)])
-
-    def close(self) -> None:
-        pass
 
 
 class Reactive:

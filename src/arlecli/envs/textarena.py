@@ -208,7 +208,7 @@ def _connect_four(game: Game, seat: int, rng: random.Random, scripted: bool) -> 
             for c in open_cols:
                 r = max(r for r in range(rows) if board[r][c] == ".")
                 board[r][c] = disc
-                won = _four(board, r, c)
+                won = four_in_a_row(board, r, c)
                 board[r][c] = "."
                 if won:
                     return f"[col {c}]"
@@ -216,7 +216,8 @@ def _connect_four(game: Game, seat: int, rng: random.Random, scripted: bool) -> 
     return f"[col {rng.choice(open_cols)}]"
 
 
-def _four(board: list[list[str]], r: int, c: int) -> bool:
+def four_in_a_row(board: list[list[str]], r: int, c: int) -> bool:
+    """Whether the disc at (r, c) completes a line of four (Connect Four)."""
     disc = board[r][c]
     for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
         run = 1
