@@ -157,8 +157,9 @@ def test_pass_at_k_with_several_samples(tmp_path):
     assert metrics["pass@4"]["value"] >= metrics["pass@2"]["value"] >= metrics["pass@1"]["value"]
 
 
-def test_offline_cards_run_on_the_tiny_model(tmp_path, tiny_model):
-    for bench in ("countdown", "gsm_symbolic", "humaneval"):
+def test_an_offline_card_runs_through_the_cli_on_the_tiny_model(tmp_path, tiny_model):
+    # Every offline card runs on the tiny model in-process in test_catalog; this is the console script.
+    for bench in ("countdown",):
         out = arle("eval", bench, "--model", str(tiny_model), "--limit", "3", "--max-tokens", "8",
                    "--output", str(tmp_path / bench), "--json")
         assert out.returncode == 0, out.stderr

@@ -310,8 +310,12 @@ def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
         return batch
 
     monkeypatch.setattr(ppo, "score_rollout", recording)
+    card = yaml.safe_load((ROOT / "benchmarks" / "frozenlake.yaml").read_text())
+    card["env"] = {"name": "frozenlake", "params": {"max_turns": 3}}  # 3 turns are multi-turn; 20 only cost time
+    card["fixture"] = str(ROOT / "benchmarks" / card["fixture"])
+    (tmp_path / "frozenlake.yaml").write_text(yaml.safe_dump(card))
     run = tmp_path / "run"
-    train_in_process("frozenlake", "--algo", "ppo", "--model", str(tiny_model), *TINY_PPO, "--max-tokens", "6",
+    train_in_process(str(tmp_path / "frozenlake.yaml"), "--algo", "ppo", "--model", str(tiny_model), *TINY_PPO, "--max-tokens", "6",
                      "--max-steps", "2", "--eval-limit", "1", "--set", "eval_max_tokens=4", "--output", str(run))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["policy_loss"]) for r in rows)

@@ -346,12 +346,11 @@ def _advance(match: _Match, tokenizers: dict[int, Any]) -> None:
             seat.invalid += game.act(builtin_move(seat.builtin, game, pid, seat.rng))
             continue
         if seat.transcript is None:
-            task_id = setup.task.id
-            seat.transcript = Transcript(setup.first_prompt(text), Episode(task_id))
+            seat.transcript = Transcript(setup.first_prompt(text), Episode(setup.task.id))
+        elif len(seat.transcript.episode.turns) >= setup.max_turns:
+            match.end = "turn_limit"
+            return
         else:
-            if len(seat.transcript.episode.turns) >= setup.max_turns:
-                match.end = "turn_limit"
-                return
             seat.transcript.extend([{"role": "user", "content": text}], tokenizers.get(id(seat.engine)), None)
         match.waiting = pid
         return
