@@ -142,3 +142,21 @@ def test_self_play_with_a_seat_that_never_moves(tmp_path, tiny_model):
 def test_seat_advantages_leave_seats_that_never_moved_out_of_the_baseline():
     adv = seat_advantages([-1, 1, 1, 1], [0, None, 0, None], group=4)
     assert adv[1] == adv[3] == 0 and adv[0] < 0 < adv[2]
+
+
+@pytest.mark.parametrize("algo, extra", [("ppo", ["--set", "prompts_per_step=1"]),
+                                         ("rft", ["--set", "rounds=1", "--set", "tasks_per_round=1",
+                                                  "--set", "per_device_train_batch_size=4", "--set", "min_reward=-1"])])
+def test_ppo_and_rft_play_themselves_too(tmp_path, tiny_model, algo, extra):
+    """PPO trains both seats' episodes (a seat that never moved is an empty, masked sequence);
+    RFT keeps the episodes of seats that moved (here every one: min_reward -1) as SFT rows."""
+    run = tmp_path / "run"
+    train_in_process("tictactoe", "--algo", algo, "--model", str(tiny_model), "--limit", "1", "--num-generations", "4",
+                     "--max-tokens", "4", "--max-steps", "1", "--eval-limit", "0", "--output", str(run), *extra)
+    assert (run / "final").exists()
+    if algo == "rft":
+        [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        # The tiny model's gibberish: seat 0 forfeits on its second move, seat 1 never moves.
+        assert row["samples"] == 4 and row["kept"] == 2
+    lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
+    assert sorted(x["env_info"]["seat"] for x in lines) == [0, 0, 1, 1]

@@ -227,7 +227,7 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
 
 
 # `env: rollout` runs its episodes with this driver instead of the turn-by-turn env driver.
-register_env(ENV_NAME, driver=run_rollout_episodes)(rollout_env)
+register_env(ENV_NAME, driver=run_rollout_episodes, replayable=False)(rollout_env)
 
 
 def _client(job: Job, root: str, session: str) -> ClientConfig:

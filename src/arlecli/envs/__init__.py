@@ -62,12 +62,15 @@ class EnvKind:
     """A registered env kind: how to build one episode's env and how its episodes run.
 
     `multi_turn` False (single_turn only) means an episode is one prompt and one completion,
-    so samples need no per-turn record."""
+    so samples need no per-turn record. `replayable` False (the @rollout gateway) means its
+    episodes' turns are not the whole conversation the model had (an agent's own requests,
+    its rewritten history), so they are no SFT data (rft refuses the card)."""
 
     name: str
     factory: EnvFactory
     driver: Driver | None = None  # None: envs.episodes.run_episodes
     multi_turn: bool = True
+    replayable: bool = True
 
     def run(self, engine: Any, jobs: list[Any]) -> Iterator[tuple[int, Any]]:
         """Run `jobs` (envs.episodes.Job) on `engine` with this kind's driver."""
@@ -90,13 +93,13 @@ ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "ar
 
 
 def register_env(name: str | None = None, *, driver: Driver | None = None,
-                 multi_turn: bool = True) -> Callable[[EnvFactory], EnvFactory]:
+                 multi_turn: bool = True, replayable: bool = True) -> Callable[[EnvFactory], EnvFactory]:
     """Register an env factory `(card, task, exemplars, native_tools, **params) -> Env` under
     `name` (default: its own name), with the driver that runs its episodes (default: the
-    turn-by-turn env driver)."""
+    turn-by-turn env driver); see EnvKind for `multi_turn` and `replayable`."""
 
     def deco(factory: EnvFactory) -> EnvFactory:
-        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn)
+        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable)
         factory.__arle_env__ = kind  # type: ignore[attr-defined]
         ENVS.add(kind.name, kind, source=factory)
         return factory

@@ -102,7 +102,7 @@ def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
     run directory exists."""
     from arlecli.train import sft
 
-    if env_kind(card.env).driver is not None:
+    if not env_kind(card.env).replayable:
         # An agent's own requests (its tools, a rewritten history) are not what the episode
         # records turn by turn, so its episodes are no conversation to fine-tune on.
         raise UserError(f"--algo rft fine-tunes on the conversations arle's env driver records; {card.name}'s "
