@@ -118,3 +118,13 @@ def test_a_seat_that_never_moved_is_a_sample_without_turns_and_no_sft_row(tmp_pa
     assert samples[1]["end_reason"] == "win" and samples[1]["num_turns"] == 0 and samples[1]["prompt"] is None
     [run] = load_runs([tmp_path])
     assert [t.sample for t in trajectories(run)] == [samples[0]["sample"]]
+
+
+def test_bench_show_renders_a_game_cards_first_observation():
+    from typer.testing import CliRunner
+
+    from arlecli.cli import main
+
+    main._register()
+    out = CliRunner().invoke(main.app, ["bench", "show", "kuhn_poker"], catch_exceptions=False)
+    assert out.exit_code == 0 and "Kuhn Poker" in out.output and "Your card is" in out.output

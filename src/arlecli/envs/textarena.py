@@ -258,7 +258,8 @@ def builtin_move(name: str, game: Game, seat: int, rng: random.Random) -> str:
 
 @dataclass
 class GameSetup:
-    """One episode's game as the card sets it up; the `textarena` driver plays it."""
+    """One episode's game as the card sets it up; the `textarena` driver plays it (not the
+    turn-by-turn Env protocol: a game has several players)."""
 
     card: Any
     task: Task
@@ -272,6 +273,12 @@ class GameSetup:
     @property
     def seed(self) -> int:
         return int(self.task.fields.get("seed", 0))
+
+    def reset(self) -> Any:
+        """What the first player sees first (`arle bench show`); the driver plays the game."""
+        game = Game(self.game, self.seed, self.players, self.game_params)
+        player, messages = game.observe()
+        return self.first_prompt(render(messages, player))
 
     def first_prompt(self, text: str) -> Any:
         """The card's prompt around the game's first observation for this player."""
