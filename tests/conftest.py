@@ -14,6 +14,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (`-n 2`) each worker is one of the machine's cores: a worker whose torch
+# spread over every core would spin-wait against the other worker (OpenMP), stretching a
+# second of work to minutes. Set before torch is imported; subprocesses inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # perf/ scripts run as `python perf/x.py` (their folder on sys.path, for perf/machine_info.py);
 # the tests that load them by file path need the same.
