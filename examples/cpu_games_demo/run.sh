@@ -3,7 +3,7 @@
 #
 #   examples/cpu_games_demo/run.sh [RUN_DIR] [SEED]
 #
-# `arle train guess_the_number` (recipe.yaml): 20 GRPO + LoRA steps on training games (seeds
+# `arle train guess_the_number` (recipe.yaml): 10 GRPO + LoRA steps on training games (seeds
 # 0-1999), with held-out games (test seeds 1000-1049, greedy) before and after; prints the
 # win rate, the share of games lost to an invalid move and the moves per game, before and
 # after, and the wall time. Needs the games extra: pip install 'arle[games]'. Offline.
