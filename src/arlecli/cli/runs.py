@@ -197,8 +197,9 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
     if len(evals) > 1:
         labels = list(evals)
         root = run_dir / rundir.HELD_OUT
+        # soft_wrap: a long path must not be broken across lines in a command meant to be copied.
         out.print(f"before/after: arle compare {root / labels[0]} {root / labels[-1]}", markup=False,
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
 
 
 @app.command("show")
