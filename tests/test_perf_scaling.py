@@ -43,10 +43,12 @@ def test_agreement_counts_identical_texts_and_where_they_part() -> None:
 
 
 def test_concurrency_curve_reaches_each_concurrency(tmp_path: Path) -> None:
-    args = scaling.parse(["--quick", "--concurrency", "1,4", "--conc-n", "8", "--delay", "0.01", "--repeats", "1"])
+    # Each request takes 0.2 s on the fake server: long enough that all 4 are launched before the
+    # first returns even on a machine busy with other tests (at 0.01 s a loaded CI core saw only 3).
+    args = scaling.parse(["--quick", "--concurrency", "1,4", "--conc-n", "8", "--delay", "0.2", "--repeats", "1"])
     got = scaling.concurrency_curve(args)
     rows = {r["concurrency"]: r for r in got["rows"]}
     assert set(rows) == {1, 4}
     assert rows[1]["max_in_flight"] == 1
     assert rows[4]["max_in_flight"] == 4  # the engine really keeps 4 requests in flight
-    assert rows[4]["ideal_s"] == pytest.approx(2 * 0.01)
+    assert rows[4]["ideal_s"] == pytest.approx(2 * 0.2)
