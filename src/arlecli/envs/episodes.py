@@ -92,14 +92,13 @@ class Transcript:
     prompt_ids: list[int] | None = None
     seams: list[int] = field(default_factory=list)
 
-    def record(self, comp: Any) -> Turn:
+    def record(self, comp: Any) -> None:
         """Append the turn `comp` (an engine Completion) answered the current prompt with."""
         turn = Turn(prompt=self.prompt, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
                     token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason,
                     prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
                     latency_s=comp.latency_s)
         self.episode.turns.append(turn)
-        return turn
 
     def extend(self, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
         """The next prompt: the conversation so far, the last turn's completion and the

@@ -268,7 +268,6 @@ class GameSetup:
     opponent: Any                 # a built-in name, "self", or an engine (opened by the CLI)
     max_turns: int
     game_params: dict[str, Any]
-    tools: list[dict[str, Any]] | None = None
 
     @property
     def seed(self) -> int:
@@ -461,7 +460,7 @@ def check_params(name: str, game: Any, players: Any = 1, opponent: Any = "random
 def with_opponent(card: Any, opponent: Any) -> Any:
     """`card` with its game's other seats played by `opponent` (a built-in name, "self" or an
     engine). A card that is not a two-player game is refused in one line."""
-    if card.env != "textarena" or int(card.env_params.get("players", 1)) < 2:
+    if not is_multiplayer(card):
         raise UserError(f"--opponent applies to two-player game cards; {card.name} is not one")
     return replace(card, env_params={**card.env_params, "opponent": opponent})
 

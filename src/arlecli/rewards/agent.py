@@ -85,7 +85,7 @@ def game() -> RewardFn:
         info = episode.info
         if "outcome" not in info:
             raise ValueError(f"task {task.id}: the game reward scores games played by env 'textarena'")
-        outcome = str(info.get("outcome", "unfinished"))
+        outcome = str(info["outcome"])
         details = {"win": int(outcome == "win"), "draw": int(outcome == "draw"), "loss": int(outcome == "loss"),
                    "invalid_move": int(bool(info.get("invalid_move"))),
                    "invalid_moves": int(info.get("invalid_moves", 0)), "turns": int(info.get("turns", 0)),
