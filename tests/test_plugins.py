@@ -269,6 +269,29 @@ def test_an_unknown_tool_or_rollout_function_fails_at_load(tmp_path):
            f"no file {tmp_path.resolve() / 'agent.py'}" in line
 
 
+SIZED_ENV = """
+from arlecli.envs import register_env
+from arlecli.errors import ParamError
+
+
+def check(params, base):
+    if not 1 <= params.get("size", 1) <= 9:
+        raise ParamError("size", f"must be 1 to 9, got {params['size']}")
+
+
+@register_env("sized", check=check)
+def sized(card, task, exemplars, native_tools, size=1):
+    raise AssertionError("a card whose params fail its check never builds an env")
+"""
+
+
+def test_a_file_env_refuses_its_bad_params_at_load_through_its_own_check(tmp_path):
+    (tmp_path / "sized_env.py").write_text(SIZED_ENV)
+    card = write_card(tmp_path, env={"name": "sized_env.py:sized", "params": {"size": 12}})
+    line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
+    assert line == f"error: {card}: field 'env.params.size': must be 1 to 9, got 12"
+
+
 def test_an_entry_point_that_takes_a_builtin_name_fails_naming_both(tmp_path):
     dist = tmp_path / "clash-0.1.dist-info"
     dist.mkdir()

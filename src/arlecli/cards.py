@@ -50,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from arlecli.errors import UserError
+from arlecli.errors import ParamError, UserError
 
 SOURCE_KINDS = ("hub", "files", "package", "generator")
 PROMPT_FORMATS = ("completion", "chat")
@@ -382,7 +382,7 @@ def _check_reward_params(card: Card, path: Path | str) -> None:
 
     An unknown reward name is left to `resolve_references`, which reports it with near names,
     and so is a reward named by "module:attr" or "file.py:attr" (listing cards runs no user code)."""
-    from arlecli.rewards import ParamError, check_params
+    from arlecli.rewards import check_params
 
     if ":" in card.reward:
         return
@@ -428,30 +428,21 @@ def load_card_file(path: Path) -> Card:
     return card
 
 
-def _check_env_parts(card: Card, where: Path | str) -> None:
-    """The tools a `tools` env names, the function a `rollout` env names and a `textarena`
-    env's game must load, so a typo fails with the near name at load, not at the first episode."""
-    from arlecli.envs.tools import TOOLS
-    from arlecli.rollout import ROLLOUTS
+def _check_env_params(card: Card, where: Path | str) -> None:
+    """The card's env params, held to its env kind's own check (the tools a `tools` env names,
+    the function a `rollout` env names, a `textarena` env's game), so a typo fails at load
+    with the near name, not at the first episode."""
+    from arlecli.envs import env_kind
 
-    base = card.path.parent if card.path is not None else None
-    tools = card.env_params.get("tools")
-    named = [(f"env.params.tools[{i}]", TOOLS, t) for i, t in enumerate(tools)] \
-        if card.env == "tools" and isinstance(tools, list) else []
-    if card.env == "rollout" and isinstance(card.env_params.get("function"), str):
-        named.append(("env.params.function", ROLLOUTS, card.env_params["function"]))
-    for fld, registry, spec in named:
-        try:
-            registry.get(str(spec), base)
-        except UserError as exc:
-            raise _fail(where, fld, str(exc)) from None
-    if card.env == "textarena":  # the game id, seats and opponent (TextArena itself: the games extra)
-        from arlecli.envs.textarena import check_params
-
-        try:
-            check_params(card.name, **card.env_params)
-        except UserError as exc:
-            raise _fail(where, "env.params", str(exc)) from None
+    check = env_kind(card.env).check
+    if check is None:
+        return
+    try:
+        check(card.env_params, card.path.parent if card.path is not None else None)
+    except ParamError as exc:
+        raise _fail(where, f"env.params.{exc.param}", exc.reason) from None
+    except UserError as exc:
+        raise _fail(where, "env.params", str(exc)) from None
 
 
 def resolve_references(card: Card) -> None:
@@ -474,7 +465,7 @@ def resolve_references(card: Card) -> None:
     except UserError as exc:
         raise _fail(where, "reward", str(exc)) from None
     _check_metrics(card, where)
-    _check_env_parts(card, where)
+    _check_env_params(card, where)
     if card.transform:
         try:
             get_transform(card.transform)

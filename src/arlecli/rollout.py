@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
 from arlecli.envs import Step, register_env
-from arlecli.errors import UserError
+from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
 from arlecli.types import Episode, Task, Turn
 
@@ -170,6 +170,16 @@ class RolloutEnv:
         return {}
 
 
+def check_params(params: dict[str, Any], base: Path | None = None) -> None:
+    """The function a card's `rollout` env names must load (an unknown name suggests near ones)."""
+    function = params.get("function")
+    if isinstance(function, str) and function:
+        try:
+            get_rollout(function, base)
+        except UserError as exc:
+            raise ParamError("function", str(exc)) from None
+
+
 def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, function: str = "",
                 **params: Any) -> RolloutEnv:
     """Env factory for `env: {name: rollout, params: {function: ..., **params}}`."""
@@ -227,7 +237,7 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
 
 
 # `env: rollout` runs its episodes with this driver instead of the turn-by-turn env driver.
-register_env(ENV_NAME, driver=run_rollout_episodes, replayable=False)(rollout_env)
+register_env(ENV_NAME, driver=run_rollout_episodes, replayable=False, check=check_params)(rollout_env)
 
 
 def _client(job: Job, root: str, session: str) -> ClientConfig:

@@ -370,6 +370,8 @@ def textarena_rows(*, seed: int, size: int, params: dict[str, Any] | None = None
         raise UserError("textarena generator: params.game must name a TextArena game, e.g. Sokoban-v0")
     if cfg:
         raise UserError(f"unknown params for textarena: {', '.join(sorted(cfg))}; known: game")
-    name = game.split("-v")[0].lower()
+    from arlecli.envs.textarena import game_name
+
+    name = game_name(game).lower()
     return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}", "answer": "win"}
             for i in range(size)]

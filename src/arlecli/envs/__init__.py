@@ -24,6 +24,7 @@ Every module of this package registers its env kinds on import.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 from arlecli.errors import UserError
@@ -55,6 +56,9 @@ class Env(Protocol):
 EnvFactory = Callable[..., Env]
 # (engine, jobs) -> (job index, Episode) as each episode ends (see envs.episodes.run_episodes).
 Driver = Callable[..., Iterator[tuple[int, Any]]]
+# (the card's env params, the card's folder or None) -> None; raises errors.ParamError naming
+# the bad param (or UserError) when the card loads, before any episode runs.
+ParamsCheck = Callable[[dict[str, Any], Path | None], None]
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,15 @@ class EnvKind:
     `multi_turn` False (single_turn only) means an episode is one prompt and one completion,
     so samples need no per-turn record. `replayable` False (the @rollout gateway) means its
     episodes' turns are not the whole conversation the model had (an agent's own requests,
-    its rewritten history), so they are no SFT data (rft refuses the card)."""
+    its rewritten history), so they are no SFT data (rft refuses the card). `check`, when
+    set, holds a card's env params to what the kind takes when the card loads."""
 
     name: str
     factory: EnvFactory
     driver: Driver | None = None  # None: envs.episodes.run_episodes
     multi_turn: bool = True
     replayable: bool = True
+    check: ParamsCheck | None = None
 
     def run(self, engine: Any, jobs: list[Any]) -> Iterator[tuple[int, Any]]:
         """Run `jobs` (envs.episodes.Job) on `engine` with this kind's driver."""
@@ -93,13 +99,14 @@ ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "ar
 
 
 def register_env(name: str | None = None, *, driver: Driver | None = None,
-                 multi_turn: bool = True, replayable: bool = True) -> Callable[[EnvFactory], EnvFactory]:
+                 multi_turn: bool = True, replayable: bool = True,
+                 check: ParamsCheck | None = None) -> Callable[[EnvFactory], EnvFactory]:
     """Register an env factory `(card, task, exemplars, native_tools, **params) -> Env` under
     `name` (default: its own name), with the driver that runs its episodes (default: the
-    turn-by-turn env driver); see EnvKind for `multi_turn` and `replayable`."""
+    turn-by-turn env driver); see EnvKind for `multi_turn`, `replayable` and `check`."""
 
     def deco(factory: EnvFactory) -> EnvFactory:
-        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable)
+        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable, check)
         factory.__arle_env__ = kind  # type: ignore[attr-defined]
         ENVS.add(kind.name, kind, source=factory)
         return factory

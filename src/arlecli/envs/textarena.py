@@ -47,12 +47,13 @@ import contextlib
 import importlib
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from arlecli.envs import register_env
 from arlecli.envs.episodes import Job, Transcript
 from arlecli.envs.single_turn import reset as render_prompt
-from arlecli.errors import UserError
+from arlecli.errors import ParamError, UserError
 from arlecli.types import Episode, Task
 
 EXTRA = "pip install 'arle[games]' (TextArena 0.7.4)"
@@ -61,6 +62,7 @@ BUILTIN_OPPONENTS = ("random", "scripted")
 SELF = "self"
 OPPONENT_NAMES = (*BUILTIN_OPPONENTS, SELF)  # every other --opponent names a model
 _DEFAULT_MAX_TURNS = 100
+_PARAMS = ("game", "players", "opponent", "max_turns", "game_params")
 
 
 def textarena() -> Any:
@@ -173,7 +175,8 @@ def render(messages: list[tuple[int, str, Any]], seat: int) -> str:
 
 # --- built-in opponents: (game, seat, rng) -> a move in the game's own format -------------
 
-def _base(game_id: str) -> str:
+def game_name(game_id: str) -> str:
+    """The game's name without its version and variant: "TicTacToe-v0" -> "TicTacToe"."""
     return game_id.split("-v")[0]
 
 
@@ -247,7 +250,7 @@ _PLAYERS: dict[str, Callable[[Game, int, random.Random, bool], str]] = {
 
 def builtin_move(name: str, game: Game, seat: int, rng: random.Random) -> str:
     """The move built-in opponent `name` (random, scripted) makes in `game` as `seat`."""
-    play = _PLAYERS.get(_base(game.id))
+    play = _PLAYERS.get(game_name(game.id))
     if play is None:
         raise UserError(f"no built-in opponent plays {game.id}: use --opponent self or a model "
                         f"(built-in players: {', '.join(sorted(_PLAYERS))})")
@@ -428,33 +431,46 @@ def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
         live = waiting
 
 
-@register_env("textarena", driver=run_games)
+def check_params(params: dict[str, Any], base: Path | None = None) -> None:
+    """Refuse a textarena card's bad env params when it loads (ParamError names the param;
+    the game id must be TextArena's)."""
+    unknown = sorted(set(params) - set(_PARAMS))
+    if unknown:
+        raise ParamError(unknown[0], f"is not a param of env 'textarena' (known: {', '.join(_PARAMS)}; "
+                                     "the game's own constructor arguments go in params.game_params)")
+    game = params.get("game")
+    if not isinstance(game, str) or not game:
+        raise ParamError("game", "is required: a TextArena game id (e.g. Sokoban-v0)")
+    textarena()  # missing extra: its own one-line error, not a bad param
+    try:
+        game_spec(game)
+    except UserError as exc:
+        raise ParamError("game", str(exc)) from None
+    for key in ("players", "max_turns"):
+        value = params.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ParamError(key, f"must be a whole number >= 1, got {value!r}")
+    if not isinstance(params.get("game_params") or {}, dict):
+        raise ParamError("game_params", f"must be a mapping of the game's constructor arguments, "
+                                        f"got {params['game_params']!r}")
+    opponent = params.get("opponent", "random")
+    if isinstance(opponent, str) and params.get("players", 1) > 1 and opponent not in OPPONENT_NAMES:
+        raise ParamError("opponent", f"'{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
+                                     "(a model plays through `arle eval --opponent PROFILE`)")
+
+
+@register_env("textarena", driver=run_games, check=check_params)
 def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, game: str | None = None,
                   players: int = 1, opponent: Any = "random", max_turns: int = _DEFAULT_MAX_TURNS,
                   game_params: dict[str, Any] | None = None) -> GameSetup:
     """Env factory for `env: {name: textarena, params: {game, players, opponent, max_turns,
     game_params}}` (see the module doc)."""
-    check_params(card.name, game, players, opponent, max_turns, game_params)
+    params = {"game": game, "players": players, "opponent": opponent, "max_turns": max_turns, "game_params": game_params}
+    try:  # a card built in code, not loaded (its check ran at load otherwise)
+        check_params(params)
+    except ParamError as exc:
+        raise UserError(f"{card.name}: env 'textarena' {exc}") from None
     return GameSetup(card, task, str(game), int(players), opponent, int(max_turns), dict(game_params or {}))
-
-
-def check_params(name: str, game: Any, players: Any = 1, opponent: Any = "random", max_turns: Any = 1,
-                 game_params: Any = None, **unknown: Any) -> None:
-    """Refuse bad env params of card `name` in one line (the game id must be TextArena's)."""
-    if unknown:
-        raise UserError(f"{name}: unknown params for env 'textarena': {', '.join(sorted(unknown))} "
-                        "(the game's own constructor arguments go in params.game_params)")
-    if not isinstance(game, str) or not game:
-        raise UserError(f"{name}: env 'textarena' needs params.game, a TextArena game id (e.g. Sokoban-v0)")
-    game_spec(game)
-    for key, value in (("players", players), ("max_turns", max_turns)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"{name}: env 'textarena' params.{key} must be a whole number >= 1, got {value!r}")
-    if game_params is not None and not isinstance(game_params, dict):
-        raise UserError(f"{name}: env 'textarena' params.game_params must be a mapping, got {game_params!r}")
-    if isinstance(opponent, str) and players > 1 and opponent not in OPPONENT_NAMES:
-        raise UserError(f"{name}: opponent '{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
-                        f"(a model plays through `arle eval --opponent PROFILE`)")
 
 
 def with_opponent(card: Any, opponent: Any) -> Any:

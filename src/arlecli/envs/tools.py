@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from arlecli.envs import Step, register_env
 from arlecli.envs.single_turn import reset as render_prompt
-from arlecli.errors import UserError
+from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
 from arlecli.types import Task
 
@@ -198,7 +198,17 @@ class ToolEnv:
         return {"tool_calls": self.calls, "tool_errors": self.errors}
 
 
-@register_env("tools")
+def check_params(params: dict[str, Any], base: Path | None = None) -> None:
+    """Each tool a card's `tools` env names must load (an unknown name suggests near ones)."""
+    tools = params.get("tools")
+    for i, spec in enumerate(tools if isinstance(tools, list) else []):
+        try:
+            TOOLS.get(str(spec), base)
+        except UserError as exc:
+            raise ParamError(f"tools[{i}]", str(exc)) from None
+
+
+@register_env("tools", check=check_params)
 def tools_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, **params: Any) -> ToolEnv:
     """Env factory for `env: {name: tools, params: {tools: [...], max_turns: N, system: ...}}`."""
     return ToolEnv(card, task, exemplars, native_tools, **params)

@@ -27,7 +27,7 @@ import types
 import typing
 from typing import Any, Callable, Iterable, Sequence
 
-from arlecli.errors import UserError
+from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
 from arlecli.types import Episode, Score, Task
 
@@ -125,15 +125,6 @@ def reward_factory(name: str) -> RewardFactory:
 
 
 _factory = reward_factory
-
-
-class ParamError(UserError):
-    """A card's reward param that does not fit the reward's declaration; `param` names it."""
-
-    def __init__(self, param: str, reason: str) -> None:
-        super().__init__(f"param '{param}' {reason}")
-        self.param = param
-        self.reason = reason
 
 
 def check_params(name: str, params: dict[str, Any]) -> None:
