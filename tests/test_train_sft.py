@@ -267,7 +267,8 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("case", ["no data", "data for grpo", "missing file", "pairs for sft", "rows for dpo",
-                                  "last not assistant", "no chosen", "not json", "no messages"])
+                                  "last not assistant", "no chosen", "not json", "no messages",
+                                  "an opponent for sft"])
 def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
     good_sft = [SINGLE]
     files = {
@@ -287,6 +288,9 @@ def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
         args, needles = [*base, "--data", str(write_jsonl(tmp_path / "d.jsonl", good_sft))], ["--data", "grpo"]
     elif case == "missing file":
         args, needles = [*base, "--algo", "sft", "--data", str(tmp_path / "nope.jsonl")], ["nope.jsonl", "from-eval"]
+    elif case == "an opponent for sft":  # sft plays no games: the option would silently do nothing
+        args = [*base, "--algo", "sft", "--data", str(write_jsonl(tmp_path / "d.jsonl", good_sft)), "--opponent", "random"]
+        needles = ["--opponent", "--algo sft", "drop --opponent"]
     else:
         algo, rows, line, why = files[case]
         path = write_jsonl(tmp_path / "d.jsonl", rows)

@@ -123,6 +123,10 @@ def training_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
     if opts.split:
         raise UserError(f"--split picks the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
                         f"(its held-out split is --eval-split): drop --split")
+    if opts.opponent:
+        raise UserError(f"--opponent picks who plays a game's other seat in RL rollouts; --algo {opts.algo} "
+                        "trains on --data and plays no games (held-out games play the card's opponent): "
+                        "drop --opponent")
     return read_rows(opts.data or "", opts.algo)[:opts.limit]
 
 
