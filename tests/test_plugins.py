@@ -275,7 +275,7 @@ from arlecli.errors import ParamError
 
 
 def check(params, base):
-    if not 1 <= params.get("size", 1) <= 9:
+    if not 1 <= params["size"] <= 9:  # a card without `size`: a KeyError, a bug in this check
         raise ParamError("size", f"must be 1 to 9, got {params['size']}")
 
 
@@ -290,6 +290,10 @@ def test_a_file_env_refuses_its_bad_params_at_load_through_its_own_check(tmp_pat
     card = write_card(tmp_path, env={"name": "sized_env.py:sized", "params": {"size": 12}})
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
     assert line == f"error: {card}: field 'env.params.size': must be 1 to 9, got 12"
+    card = write_card(tmp_path, env={"name": "sized_env.py:sized", "params": {}})
+    line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
+    assert line == (f"error: {card}: field 'env.params': env '{(tmp_path / 'sized_env.py').resolve()}:sized' "
+                    "could not check its params: KeyError: 'size'")
 
 
 def test_an_entry_point_that_takes_a_builtin_name_fails_naming_both(tmp_path):

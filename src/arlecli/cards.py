@@ -443,6 +443,9 @@ def _check_env_params(card: Card, where: Path | str) -> None:
         raise _fail(where, f"env.params.{exc.param}", exc.reason) from None
     except UserError as exc:
         raise _fail(where, "env.params", str(exc)) from None
+    except Exception as exc:  # a plugin's check with a bug: still one line, naming the env
+        raise _fail(where, "env.params", f"env '{card.env}' could not check its params: "
+                                         f"{type(exc).__name__}: {exc}") from None
 
 
 def resolve_references(card: Card) -> None:

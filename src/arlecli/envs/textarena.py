@@ -450,9 +450,9 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
         value = params.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ParamError(key, f"must be a whole number >= 1, got {value!r}")
-    if not isinstance(params.get("game_params") or {}, dict):
-        raise ParamError("game_params", f"must be a mapping of the game's constructor arguments, "
-                                        f"got {params['game_params']!r}")
+    game_params = params.get("game_params")
+    if game_params is not None and not isinstance(game_params, dict):
+        raise ParamError("game_params", f"must be a mapping of the game's constructor arguments, got {game_params!r}")
     opponent = params.get("opponent", "random")
     if isinstance(opponent, str) and params.get("players", 1) > 1 and opponent not in OPPONENT_NAMES:
         raise ParamError("opponent", f"'{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
