@@ -139,7 +139,9 @@ def test_single_turn_rows_render_to_the_prompt_ids_the_engine_used(tmp_path, tin
     run = tmp_path / "run"
     run_eval(load_card("basic_arithmetic"), HFEngine(str(tiny_model), batch_size=4),
              EvalOptions(limit=3, num_samples=2, temperature=1.0, max_tokens=8), model="tiny", run_dir=run)
-    code, out, err = from_eval(monkeypatch, capsys, str(run), "--all", "-o", str(tmp_path / "sft.jsonl"), "--json")
+    # --keep-cut: the tiny model's replies run to the token limit; every sample must make a row here
+    code, out, err = from_eval(monkeypatch, capsys, str(run), "--all", "--keep-cut", "-o", str(tmp_path / "sft.jsonl"),
+                               "--json")
     assert code == 0, err
     rows = read_rows(tmp_path / "sft.jsonl")
     samples = read_rows(run / "samples.jsonl")
@@ -168,7 +170,7 @@ def test_agent_rows_replay_every_turn_the_model_saw(native, tmp_path, tiny_model
     run = tmp_path / "run"
     run_eval(load_card("math_tool"), HFEngine(str(model), batch_size=4),
              EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8), model="tiny", run_dir=run)
-    code, _, err = from_eval(monkeypatch, capsys, str(run), "--all", "-o", str(tmp_path / "sft.jsonl"))
+    code, _, err = from_eval(monkeypatch, capsys, str(run), "--all", "--keep-cut", "-o", str(tmp_path / "sft.jsonl"))
     assert code == 0, err
     rows = read_rows(tmp_path / "sft.jsonl")
     assert len(rows) == 2
@@ -217,7 +219,7 @@ def test_filters_keep_what_they_say_and_report_counts(tmp_path, monkeypatch, cap
                                   "--json")
     report = json.loads(stdout)
     assert [(f["filter"], f["kept"], f["of"]) for f in report["filters"]] == [
-        ("read", 6, 6), ("correct-only", 4, 6), ("dedupe", 3, 4), ("max-per-task 1", 2, 3)]
+        ("read", 6, 6), ("complete", 6, 6), ("correct-only", 4, 6), ("dedupe", 3, 4), ("max-per-task 1", 2, 3)]
     assert report["rows"] == 2 and report["runs"] == [{"run": str(run), "benchmark": "toy", "model": "m",
                                                        "samples": 6}]
     assert "dedupe: kept 3 of 4 samples" in err and f"wrote 2 SFT rows to {out}" in err
@@ -238,6 +240,35 @@ def test_rows_from_several_runs_and_an_agent_episode(tmp_path, monkeypatch, caps
     assert agent["messages"][1]["content"] == CALL and agent["messages"][-1]["content"] == "#### 6"
     assert agent["tools"] == [{"type": "function", "function": {"name": "calculator"}}]
     assert (agent["model"], agent["run"], plain["model"], plain["run"]) == ("teacher", str(one), "other", str(two))
+
+
+def test_an_episode_cut_at_the_token_limit_makes_no_row_unless_kept(tmp_path, monkeypatch, capsys):
+    """The chat template would end a cut turn with an end-of-turn token the model never produced."""
+    cut_agent = agent_sample("b", 0, True, "#### 6")
+    cut_agent["turns"][0]["finish_reason"] = "length"  # its tool call was cut; the answer was not
+    run = write_run(tmp_path / "run", [
+        sample("a", 0, correct=True, finish_reason="length"), sample("a", 1, correct=True, finish_reason="stop"),
+        sample("a", 2, correct=False, finish_reason="length"), cut_agent])
+    out = tmp_path / "rows.jsonl"
+
+    def rows(*args: str) -> list[str]:
+        code, _, err = from_eval(monkeypatch, capsys, str(run), "-o", str(out), *args)
+        assert code == 0, err
+        return [f"{r['task_id']}#{r['sample']}" for r in read_rows(out)]
+
+    assert rows() == ["a#1"]
+    assert rows("--keep-cut") == ["a#0", "a#1", "b#0"]
+    assert rows("--all") == ["a#1"]
+    # Pairs: a cut correct episode is never chosen; a cut wrong one may be rejected.
+    code, _, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "-o", str(out))
+    assert code == 0, err
+    assert [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in read_rows(out)] == [
+        ("answer 1 to a", "answer 2 to a")]
+    assert "complete when correct: kept 2 of 4 samples" in err
+
+    only_cut = write_run(tmp_path / "cut", [sample("a", 0, correct=True, finish_reason="length")])
+    code, _, err = from_eval(monkeypatch, capsys, str(only_cut), "-o", str(tmp_path / "none.jsonl"))
+    assert code == 2 and "complete kept 0 of 1 samples" in err and "--keep-cut" in err and "--max-tokens" in err
 
 
 def test_pairs_match_each_correct_episode_with_a_distinct_wrong_one(tmp_path, monkeypatch, capsys):
@@ -261,7 +292,7 @@ def test_pairs_match_each_correct_episode_with_a_distinct_wrong_one(tmp_path, mo
                        "benchmark": "toy", "run": str(run), "task_id": "a", "model": "m",
                        "chosen_reward": 1.0, "rejected_reward": 0.1}
     assert [(f["filter"], f["kept"], f["of"]) for f in json.loads(stdout)["filters"]] == [
-        ("read", 10, 10), ("tasks with a correct and a wrong sample", 2, 4)]
+        ("read", 10, 10), ("complete when correct", 10, 10), ("tasks with a correct and a wrong sample", 2, 4)]
 
     code, _, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "--max-per-task", "1", "-o", str(out))
     assert code == 0, err

@@ -26,9 +26,12 @@ def even_chars():
     return score
 '''
 
-# 2 tasks x 2 samples, 8 new tokens each, held-out evals of 2 tasks.
+# 2 tasks x 2 samples, 8 new tokens each, held-out evals of 2 tasks. The tiny model's gibberish
+# runs to the token limit, so these runs keep cut episodes (keep_cut; the default drops them,
+# tested on its own below).
 TINY = ["--limit", "2", "--num-generations", "2", "--set", "tasks_per_round=2", "--max-tokens", "8",
-        "--set", "per_device_train_batch_size=2", "--eval-limit", "2", "--set", "eval_max_tokens=8"]
+        "--set", "per_device_train_batch_size=2", "--eval-limit", "2", "--set", "eval_max_tokens=8",
+        "--set", "keep_cut=true"]
 
 
 def rft_card(tmp_path: Path) -> Path:
@@ -71,6 +74,7 @@ def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model
     assert (metric["samples"], metric["kept"]) == (4, len(rows)) and metric["keep_rate"] == len(rows) / 4
     assert metric["sft_steps"] == 2 and math.isfinite(metric["loss"])
     assert metric["accuracy"] == len(rows) / 4
+    assert metric["cut"] == sum(v["finish_reason"] == "length" for v in verdicts)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["algo"] == "rft" and summary["global_step"] == 1
     assert summary["before"]["label"] == "step-0" and summary["after"]["label"] == "step-1"
@@ -207,6 +211,26 @@ def test_cards_rft_cannot_learn_from_are_refused_before_the_run_starts(tmp_path)
     with pytest.raises(UserError, match="plain text"):
         check_settings(cfg, plain, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_episode_cut_at_the_token_limit_is_not_kept_unless_keep_cut():
+    """Its row would end the cut turn with an end-of-turn token the model never produced."""
+    from arlecli.train.rft import RFTSettings
+    from arlecli.types import Episode, Score, Turn
+
+    prompt = [{"role": "user", "content": "2+3?"}]
+    cut = Episode("t", [Turn(prompt, "The answer is 5, because two and three make", finish_reason="length")])
+    whole = Episode("t", [Turn(prompt, "5", finish_reason="stop")])
+    cut_tool_call = Episode("t", [Turn(prompt, "<tool_call>{", finish_reason="length"), Turn(prompt, "5")])
+    right = Score(1.0, True)
+    default, keep = RFTSettings.of({}), RFTSettings.of({"keep_cut": True})
+    assert [default.accepts(right, e) for e in (cut, whole, cut_tool_call)] == [False, True, False]
+    assert [keep.accepts(right, e) for e in (cut, whole, cut_tool_call)] == [True, True, True]
+    assert not default.accepts(Score(0.0, False), whole)
+    from arlecli.errors import UserError
+
+    with pytest.raises(UserError, match="keep_cut must be true or false"):
+        RFTSettings.of({"keep_cut": "yes"})
 
 
 def test_a_multi_turn_episode_becomes_the_conversation_its_last_prompt_continues():

@@ -330,7 +330,8 @@ def test_rows_from_a_real_agent_run_train_on_what_the_model_saw(tmp_path, tiny_m
     seen = capture_prompt_ids(monkeypatch)
     run_eval(load_card("math_tool"), HFEngine(str(model), batch_size=4),
              EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8, seed=SEED), model="tiny", run_dir=tmp_path / "ev")
-    code, _, err = from_eval(monkeypatch, capsys, str(tmp_path / "ev"), "--all", "-o", str(tmp_path / "rows.jsonl"))
+    code, _, err = from_eval(monkeypatch, capsys, str(tmp_path / "ev"), "--all", "--keep-cut", "-o",
+                             str(tmp_path / "rows.jsonl"))
     assert code == 0, err
     rows = read_rows(tmp_path / "rows.jsonl")
     assert len(rows) == 2 and all(r["tools"] for r in rows)

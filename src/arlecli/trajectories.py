@@ -23,6 +23,10 @@ its assistant turns with the tool results between them). Pairing rule: within a 
 benchmark, task id, prompt and tools), the i-th correct sample is paired with the i-th wrong
 one, in the order the runs were given and their samples' order; each sample is used once, up
 to `max_per_task` pairs per task.
+
+An episode with a model turn cut at its token limit (finish_reason "length") makes no SFT row
+and is never `chosen`, unless `keep_cut`: the chat template would close that turn with an
+end-of-turn token the model never produced, and training would teach it to stop mid-sentence.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Trajectory:
     prompt: list[dict[str, Any]]        # what the model saw before its first turn
     continuation: list[dict[str, Any]]  # its turns (assistant) and the env's answers in between
     tools: list[dict[str, Any]] | None
+    cut: bool = False                   # a model turn stopped at its token limit (finish_reason "length")
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -133,6 +138,7 @@ def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:
     tools = None
     if turns is None:  # single-turn: one reply
         continuation = [_assistant(sample.get("completion"), where)]
+        cut = sample.get("finish_reason") == "length"
     else:
         info = sample.get("env_info") if isinstance(sample.get("env_info"), dict) else {}
         if "rollout" in info:
@@ -151,10 +157,11 @@ def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:
             if not isinstance(observation, list) or not all(isinstance(m, dict) and "role" in m for m in observation):
                 raise UserError(f"{where}: a turn has no list of observation messages; the file was edited or damaged")
             continuation += [_assistant(turn.get("completion"), where), *observation]
+        cut = any(turn.get("finish_reason") == "length" for turn in turns)
     return Trajectory(run=str(run.path), benchmark=str(run.meta.get("benchmark")), model=str(run.meta.get("model")),
                       task_id=str(sample["task_id"]), sample=int(sample.get("sample") or 0),
                       reward=float(sample.get("reward") or 0.0), correct=bool(sample["correct"]),
-                      prompt=prompt, continuation=continuation, tools=tools)
+                      prompt=prompt, continuation=continuation, tools=tools, cut=cut)
 
 
 def _assistant(completion: Any, where: str) -> dict[str, Any]:
@@ -167,11 +174,12 @@ def _assistant(completion: Any, where: str) -> dict[str, Any]:
 
 
 def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: float | None = None,
-             max_per_task: int | None = None, dedupe: bool = False) -> Export:
-    """SFT rows from `runs`' episodes: those that are correct (`correct_only`) and reach
-    `min_reward`, identical conversations once (`dedupe`), at most `max_per_task` per task
-    (the highest rewards; ties: the runs' order, then sample number). Rows keep the runs'
-    order. UserError naming the filter when none is left."""
+             max_per_task: int | None = None, dedupe: bool = False, keep_cut: bool = False) -> Export:
+    """SFT rows from `runs`' episodes: those no turn of which was cut at its token limit
+    (unless `keep_cut`), that are correct (`correct_only`) and reach `min_reward`, identical
+    conversations once (`dedupe`), at most `max_per_task` per task (the highest rewards;
+    ties: the runs' order, then sample number). Rows keep the runs' order. UserError naming
+    the filter when none is left."""
     found = [t for run in runs for t in trajectories(run)]
     for t in found:
         if any(m.get("role") == "assistant" for m in t.prompt):
@@ -180,6 +188,8 @@ def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: floa
                             f"(--pairs keeps them in the prompt)")
     export = Export("sft", [], _run_list(runs))
     kept = _count(export, "read", found, found, "the runs hold no samples")
+    if not keep_cut:
+        kept = _count(export, "complete", kept, [t for t in kept if not t.cut], _ALL_CUT)
     if correct_only:
         kept = _count(export, "correct-only", kept, [t for t in kept if t.correct],
                       "none of them is correct; pass --all or --min-reward X to keep others")
@@ -225,6 +235,10 @@ def _top_per_task(items: list[Trajectory], k: int) -> list[Trajectory]:
     return [t for i, t in enumerate(items) if i in chosen]
 
 
+_ALL_CUT = ("each was cut at its token limit, and a row would end the turn where the model did not; "
+            "evaluate with a larger --max-tokens, or pass --keep-cut")
+
+
 def _count(export: Export, name: str, before: list[Trajectory], after: list[Trajectory],
            why_none: str) -> list[Trajectory]:
     export.counts.append(Count(name, len(after), len(before)))
@@ -242,14 +256,19 @@ def _run_list(runs: list[EvalRun]) -> list[dict[str, Any]]:
 # DPO pairs ---------------------------------------------------------------------------------
 
 
-def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: bool = False) -> Export:
+def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: bool = False,
+              keep_cut: bool = False) -> Export:
     """DPO rows: within each task, the i-th correct episode paired with the i-th wrong one
-    (each used once, at most `max_per_task` pairs a task); see the module docstring."""
+    (each used once, at most `max_per_task` pairs a task); see the module docstring. A correct
+    episode cut at its token limit is chosen only with `keep_cut` (a wrong one may be rejected)."""
     found = [t for run in runs for t in trajectories(run)]
     export = Export("dpo", [], _run_list(runs))
     kept = _count(export, "read", found, found, "the runs hold no samples")
     if dedupe:
         kept = _count(export, "dedupe", kept, _dedupe(kept), "")
+    if not keep_cut:
+        kept = _count(export, "complete when correct", kept, [t for t in kept if not (t.correct and t.cut)],
+                      _ALL_CUT)
     groups: dict[str, list[Trajectory]] = {}
     for t in kept:
         groups.setdefault(t.prompt_key(), []).append(t)

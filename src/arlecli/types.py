@@ -82,6 +82,12 @@ class Episode:
         """The final model output, which single-turn rewards score."""
         return self.turns[-1].completion if self.turns else ""
 
+    @property
+    def cut(self) -> bool:
+        """Whether a model turn stopped at its token limit: a conversation that ends its turn
+        there would teach an end-of-turn token the model never produced."""
+        return any(t.finish_reason == "length" for t in self.turns)
+
 
 @dataclass
 class Score:

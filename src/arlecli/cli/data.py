@@ -54,6 +54,9 @@ def from_eval_command(
     dedupe: bool = typer.Option(False, "--dedupe", help="Write identical conversations once."),
     pairs: bool = typer.Option(False, "--pairs", help="Write DPO pairs (prompt, chosen: a correct episode, "
                                                       "rejected: a wrong one of the same task) instead."),
+    keep_cut: bool = typer.Option(False, "--keep-cut", help="Keep episodes with a turn cut at its token limit "
+                                                             "(left out by default: the row would end that "
+                                                             "turn where the model did not)."),
     force: bool = typer.Option(False, "--force", help="Mix runs of different benchmarks in one file."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON for scripts."),
 ) -> None:
@@ -71,10 +74,10 @@ def from_eval_command(
     tj.check_output(output)
     loaded = tj.load_runs(runs, force=force)
     if pairs:
-        export = tj.dpo_pairs(loaded, max_per_task=max_per_task, dedupe=dedupe)
+        export = tj.dpo_pairs(loaded, max_per_task=max_per_task, dedupe=dedupe, keep_cut=keep_cut)
     else:
         export = tj.sft_rows(loaded, correct_only=correct_only if correct_only is not None else min_reward is None,
-                             min_reward=min_reward, max_per_task=max_per_task, dedupe=dedupe)
+                             min_reward=min_reward, max_per_task=max_per_task, dedupe=dedupe, keep_cut=keep_cut)
     tj.write_jsonl(output, export.rows)
     for c in export.counts:  # plain lines: they go to logs as often as to a terminal
         typer.echo(f"read {c.of} samples from {len(loaded)} run(s)" if c.filter == "read" else

@@ -11,7 +11,7 @@ command-line flags (`--max-steps` ...) and `--set key=value`. Every key is one o
   `trl.SFTConfig` field for sft and any `trl.DPOConfig` field for dpo (max_length, beta,
   loss_type, packing ...); for rft the SFTConfig fields (each round's SFT) plus how rounds
   sample and keep (`arlecli.train.rft.RFT_FIELDS`: rounds, num_generations, tasks_per_round,
-  min_reward, temperature, top_p, max_completion_length).
+  min_reward, keep_cut, temperature, top_p, max_completion_length).
 
 One flat namespace, so a recipe reads like the trainer's own docs and `--set` reaches
 everything. An unknown key is a one-line UserError that names the nearest known keys.

@@ -8,7 +8,8 @@ Each round R (1, 2, ... `rounds`):
                 samples are `arle eval -n G --temperature T --top-p P --seed SEED+R` on its tasks
     2. score    with the card's reward (train.reward.CardReward: every verdict goes to
                 rewards.jsonl with step R)
-    3. keep     the episodes the reward accepts: `correct`, or reward >= `min_reward` when set
+    3. keep     the episodes the reward accepts: `correct`, or reward >= `min_reward` when set,
+                and none of whose turns was cut at its token limit (`keep_cut: true` keeps those)
     4. SFT      on the kept episodes as SFT rows (the rows `arle data from-eval` writes), through
                 `train.sft`, continuing from the current weights (LoRA: the same adapter)
 
@@ -63,11 +64,13 @@ RFT_FIELDS: dict[str, Any] = {
     "temperature": float,           # sampling, as `arle eval --temperature`
     "top_p": float,
     "max_completion_length": int,   # tokens per model turn (None: the card's max_tokens)
+    "keep_cut": bool,               # keep episodes with a turn cut at the token limit (default: drop)
 }
 # num_train_epochs is the SFT trainer's own: each round's SFT makes this many passes over the
 # round's kept rows (at most max_steps optimizer steps), one by default rather than TRL's 3.
 RFT_DEFAULTS: dict[str, Any] = {"rounds": 3, "num_generations": 4, "tasks_per_round": 64, "min_reward": None,
-                                "temperature": 1.0, "top_p": 1.0, "num_train_epochs": 1}
+                                "temperature": 1.0, "top_p": 1.0, "num_train_epochs": 1,
+                                "keep_cut": False}
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class RFTSettings:
     num_generations: int
     tasks_per_round: int
     min_reward: float | None
+    keep_cut: bool = False
 
     @classmethod
     def of(cls, trainer: dict[str, Any]) -> "RFTSettings":
@@ -89,11 +93,17 @@ class RFTSettings:
         if t["min_reward"] is not None and not isinstance(t["min_reward"], (int, float)):
             raise UserError(f"--algo rft: min_reward must be a number (or null: keep `correct`), "
                             f"got {t['min_reward']!r}")
+        if not isinstance(t["keep_cut"], bool):
+            raise UserError(f"--algo rft: keep_cut must be true or false, got {t['keep_cut']!r}")
         return cls(t["rounds"], t["num_generations"], t["tasks_per_round"],
-                   None if t["min_reward"] is None else float(t["min_reward"]))
+                   None if t["min_reward"] is None else float(t["min_reward"]), t["keep_cut"])
 
-    def accepts(self, score: Score) -> bool:
-        """Whether an episode with this verdict is kept for SFT."""
+    def accepts(self, score: Score, episode: Episode) -> bool:
+        """Whether an episode with this verdict is kept for SFT. One with a turn cut at its
+        token limit is not (unless keep_cut): its row would end that turn where the model
+        did not, and SFT would teach it to stop mid-sentence."""
+        if episode.cut and not self.keep_cut:
+            return False
         return bool(score.correct) if self.min_reward is None else float(score.reward) >= self.min_reward
 
 
@@ -224,7 +234,7 @@ def one_round(round_no: int, card: Card, cfg: TrainConfig, spec: Any, settings: 
     episodes = sample(rollouts, draws, round_no, model, tokenizer, int(previous["sft_steps"]))
     sampled_s = time.monotonic() - started
     scores = reward.score(episodes, [i for i, _ in draws], step=round_no)
-    keep = [settings.accepts(s) for s in scores]
+    keep = [settings.accepts(s, e) for s, e in zip(scores, episodes, strict=True)]
     rows = to_rows(episodes, draws, scores, keep, rollouts.tasks, benchmark=card.name, run=str(run_dir),
                    model=f"{spec.name}@step-{round_no - 1}")
     ckpt = run_dir / f"checkpoint-{round_no}"
@@ -249,7 +259,8 @@ def one_round(round_no: int, card: Card, cfg: TrainConfig, spec: Any, settings: 
     row = metrics.record(round_no, {
         "round": round_no, "tasks": len(indices), "samples": n, "kept": len(rows),
         "keep_rate": len(rows) / n, "reward": sum(float(s.reward) for s in scores) / n,
-        "accuracy": sum(bool(s.correct) for s in scores) / n, "loss": stats["loss"],
+        "accuracy": sum(bool(s.correct) for s in scores) / n, "cut": sum(e.cut for e in episodes),
+        "loss": stats["loss"],
         "sft_steps": stats["steps"], "sampling_s": round(sampled_s, 2), "sft_s": round(sft_s, 2),
         "round_s": round(time.monotonic() - started, 2)})
     view.message(round_line(row, settings.rounds))
@@ -329,7 +340,8 @@ def load_policy(cfg: TrainConfig, spec: Any, saved: Path | None) -> tuple[Any, A
 def round_line(row: dict[str, Any], rounds: int) -> str:
     """One finished round as a line (the full row is in metrics.jsonl)."""
     loss = "-" if row.get("loss") is None else f"{row['loss']:.4f}"
-    return (f"round {row['round']}/{rounds}  kept {row['kept']}/{row['samples']} ({row['keep_rate']:.0%})  "
+    cut = f" ({row['cut']} cut at the token limit)" if row.get("cut") else ""
+    return (f"round {row['round']}/{rounds}  kept {row['kept']}/{row['samples']} ({row['keep_rate']:.0%}){cut}  "
             f"reward {row['reward']:.3f}  acc {row['accuracy']:.3f}  sft loss {loss} ({row['sft_steps']} steps)  "
             f"{row['round_s']:.1f} s")
 
