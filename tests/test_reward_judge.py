@@ -288,7 +288,8 @@ def test_the_training_adapter_grades_a_batch_in_one_go(tmp_path):
         reward = CardReward(card, tasks, run_dir=tmp_path)
         episodes = [episode(tasks[i], tasks[i].target if i % 2 == 0 else "I have no comment.") for i in (0, 1, 2)]
         rewards = reward(prompts=[""] * 3, completions=[""] * 3, task_index=[0, 1, 2], episode=episodes)
-        reward.score_fn.close()
+        reward.close()  # what a training run does at its end: the judge's engine is released
+        assert reward.score_fn._engine is None
         # The three requests were in flight together, not one after another.
         assert srv.max_in_flight == 3
     assert rewards == [1.0, 0.0, 1.0]

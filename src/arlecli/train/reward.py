@@ -46,6 +46,12 @@ class CardReward:
         self.gather = gather
         self.last: list[float] = []     # the rewards of the latest TRL call (the seat advantages read them)
 
+    def close(self) -> None:
+        """Release what the reward holds (a judge's engine; it reports replies without a verdict)."""
+        close = getattr(self.score_fn, "close", None)
+        if close is not None:
+            close()
+
     def score(self, episodes: list[Episode], indices: list[int], step: int | None = None) -> list[Score]:
         """Score each episode against the task at the same position in `indices`."""
         step = self.step if step is None else step

@@ -156,6 +156,7 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
                                          metrics, heldout, view, ranks)
     finally:
         engine.close()
+        reward.close()
 
     summary = summarize(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started)
     if ranks.main:
