@@ -127,6 +127,20 @@ def test_a_judge_that_stays_down_stops_eval_with_one_line_and_resume_continues(t
     assert json.loads(resumed.stdout)["n_samples"] == 3
 
 
+def test_a_rubric_naming_no_column_stops_eval_before_anything_is_generated(tmp_path):
+    with FakeOpenAIServer(lambda body: "The answer is 42.") as model, judge_profile("judge") as srv:
+        card = tmp_path / "judged.yaml"
+        card.write_text(yaml.safe_dump(card_dict(rubric="PASS when it agrees with {best_answers}.")))
+        proc = arle("eval", str(card), "--base-url", model.base_url, "--data", str(load_card(CARD).fixture_path),
+                    "--output", str(tmp_path / "run"))
+        assert not model.bodies() and judge_requests(srv) == 0, "refused before any generation"
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"error: {card}: card field 'reward.params.rubric' uses {{best_answers}}, which is "
+                               "not a column of the rows") and "best_answer" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 def card_dict(**params: object) -> dict[str, object]:
     """The example card with its reward params changed (None removes one)."""
     data = yaml.safe_load(load_card(CARD).path.read_text())

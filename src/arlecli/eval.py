@@ -27,7 +27,7 @@ from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
 from arlecli.fewshot import Exemplars
 from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_samples, write_json
-from arlecli.rewards import check_task_fields, get_reward
+from arlecli.rewards import check_task_fields, check_tasks, get_reward
 from arlecli.sandbox import card_runs_code, ensure_isolation
 from arlecli.types import Episode, Score, Task
 
@@ -110,6 +110,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     if not tasks:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
     score = get_reward(card.reward, card.reward_params)
+    check_tasks(score, card, tasks)
     if card_runs_code(card):
         ensure_isolation()  # refuse (or warn) before generating anything
     done_ids = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,

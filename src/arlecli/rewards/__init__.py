@@ -127,6 +127,18 @@ def reward_factory(name: str) -> RewardFactory:
 _factory = reward_factory
 
 
+def check_tasks(score: Any, card: Any, tasks: list[Task]) -> None:
+    """Let a reward that reads the rows' columns (a judge's rubric) refuse them before anything
+    is generated; the one-line error names the card."""
+    check = getattr(score, "check_tasks", None)
+    if check is None:
+        return
+    try:
+        check(tasks)
+    except UserError as exc:
+        raise UserError(f"{card.path or card.name}: {exc}") from None
+
+
 def check_params(name: str, params: dict[str, Any]) -> None:
     """Check a card's `params` for reward `name` against the factory's signature.
 

@@ -202,6 +202,12 @@ class JudgeReward:
     def __call__(self, task: Task, episode: Episode) -> Score:
         return self.score_batch([task], [episode])[0]
 
+    def check_tasks(self, tasks: list[Task]) -> None:
+        """Fill the rubric from the first task, so a placeholder that is no column stops the run
+        before anything is generated (every row of a split has the same columns)."""
+        if tasks:
+            judge_prompt(tasks[0], "", self.rubric, self.scale)
+
     def score_batch(self, tasks: list[Task], episodes: list[Episode]) -> list[Score]:
         """Grade each episode against the task at the same position; one engine call for the
         replies not in the cache (identical prompts are asked once)."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from arlecli.cards import Card
 from arlecli.envs import env_kind
-from arlecli.rewards import get_reward
+from arlecli.rewards import check_tasks, get_reward
 from arlecli.types import Episode, Score, Task
 
 REWARDS_FILE = "rewards.jsonl"
@@ -37,6 +37,7 @@ class CardReward:
         self.card = card
         self.tasks = tasks
         self.score_fn = get_reward(card.reward, card.reward_params)
+        check_tasks(self.score_fn, card, tasks)
         self.multi_turn = env_kind(card.env).multi_turn
         self.path = Path(run_dir) / REWARDS_FILE if run_dir is not None else None
         self.__name__ = card.reward  # TRL names the logged metric rewards/<__name__>/mean
