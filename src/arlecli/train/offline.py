@@ -26,7 +26,6 @@ from arlecli import rundir
 from arlecli.cards import Card
 from arlecli.errors import UserError
 from arlecli.models import ModelSpec
-from arlecli.results import write_json
 from arlecli.train.config import TrainConfig
 from arlecli.train.metrics import MetricsLog
 from arlecli.train.ranks import Ranks
@@ -140,7 +139,7 @@ def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, me
     """Train `spec`'s model with sft or dpo on cfg's --data file; return (and write) summary.json's
     content. `meta` is train.run's meta.json for the run; the data file's identity is added."""
     from arlecli.train.grpo import load_model, train_loop
-    from arlecli.train.run import COMPARED, SUMMARY, held_out, open_run, summarize, vllm_options
+    from arlecli.train.run import COMPARED, held_out, open_run, vllm_options, write_summary
     from arlecli.train.sft import load_tokenizer, trainer_args
 
     opts = cfg.options
@@ -173,7 +172,5 @@ def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, me
                                         cfg, spec, run_dir, checkpoint, metrics, heldout, view, ranks)
     finally:
         engine.close()
-    summary = summarize(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started)
-    if ranks.main:
-        write_json(run_dir / SUMMARY, summary)
-    return summary
+    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started,
+                         ranks)

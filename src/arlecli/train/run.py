@@ -158,10 +158,8 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         engine.close()
         reward.close()
 
-    summary = summarize(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started)
-    if ranks.main:
-        write_json(run_dir / SUMMARY, summary)
-    return summary
+    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started,
+                         ranks)
 
 
 def open_run(run_dir: Path, meta: dict[str, Any], resume: bool, view: TrainView, ranks: Ranks, *,
@@ -195,11 +193,13 @@ def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engin
     return HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample, view.eval_done)
 
 
-def summarize(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir: Path,
-              evals: dict[str, dict[str, Any]], heldout: HeldOut | None, seconds: float) -> dict[str, Any]:
-    """summary.json's content: before/after held-out accuracy, steps, where the final model is."""
+def write_summary(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir: Path,
+                  evals: dict[str, dict[str, Any]], heldout: HeldOut | None, seconds: float,
+                  ranks: Ranks) -> dict[str, Any]:
+    """summary.json (written by the main process) and its content: before/after held-out
+    accuracy, steps, where the final model is."""
     labels = sorted(evals, key=lambda s: int(s.split("-")[1]))
-    return {
+    summary = {
         "benchmark": card.name, "model": spec.name, "algo": algo, "global_step": global_step,
         "final_model": str(run_dir / FINAL), "train_seconds_this_session": round(seconds, 1),
         "before": {"label": labels[0], "accuracy": accuracy(evals[labels[0]])} if labels else None,
@@ -207,6 +207,9 @@ def summarize(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir:
         "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))}
                   for label in labels} if heldout else {},
     }
+    if ranks.main:
+        write_json(run_dir / SUMMARY, summary)
+    return summary
 
 
 def rollout_card(card: Card, cfg: TrainConfig, ranks: Ranks) -> Card:
