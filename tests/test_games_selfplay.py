@@ -146,10 +146,12 @@ def test_seat_advantages_leave_seats_that_never_moved_out_of_the_baseline():
 
 @pytest.mark.parametrize("algo, extra", [("ppo", ["--set", "prompts_per_step=1"]),
                                          ("rft", ["--set", "rounds=1", "--set", "tasks_per_round=1",
-                                                  "--set", "per_device_train_batch_size=4", "--set", "min_reward=-1"])])
+                                                  "--set", "per_device_train_batch_size=4", "--set", "min_reward=-1",
+                                                  "--set", "keep_cut=true"])])
 def test_ppo_and_rft_play_themselves_too(tmp_path, tiny_model, algo, extra):
     """PPO trains both seats' episodes (a seat that never moved is an empty, masked sequence);
-    RFT keeps the episodes of seats that moved (here every one: min_reward -1) as SFT rows."""
+    RFT keeps the episodes of seats that moved (here every one: min_reward -1, and keep_cut, as the
+    tiny model's 4-token moves all run to the limit) as SFT rows."""
     run = tmp_path / "run"
     train_in_process("tictactoe", "--algo", algo, "--model", str(tiny_model), "--limit", "1", "--num-generations", "4",
                      "--max-tokens", "4", "--max-steps", "1", "--eval-limit", "0", "--output", str(run), *extra)
