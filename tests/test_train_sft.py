@@ -289,7 +289,8 @@ def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
     elif case == "missing file":
         args, needles = [*base, "--algo", "sft", "--data", str(tmp_path / "nope.jsonl")], ["nope.jsonl", "from-eval"]
     elif case == "an opponent for sft":  # sft plays no games: the option would silently do nothing
-        args = [*base, "--algo", "sft", "--data", str(write_jsonl(tmp_path / "d.jsonl", good_sft)), "--opponent", "random"]
+        data = write_jsonl(tmp_path / "d.jsonl", good_sft)
+        args = [*base, "--algo", "sft", "--data", str(data), "--opponent", "random"]
         needles = ["--opponent", "--algo sft", "drop --opponent"]
     else:
         algo, rows, line, why = files[case]

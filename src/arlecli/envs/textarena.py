@@ -465,7 +465,8 @@ def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bo
                   game_params: dict[str, Any] | None = None) -> GameSetup:
     """Env factory for `env: {name: textarena, params: {game, players, opponent, max_turns,
     game_params}}` (see the module doc)."""
-    params = {"game": game, "players": players, "opponent": opponent, "max_turns": max_turns, "game_params": game_params}
+    params = {"game": game, "players": players, "opponent": opponent, "max_turns": max_turns,
+              "game_params": game_params}
     try:  # a card built in code, not loaded (its check ran at load otherwise)
         check_params(params)
     except ParamError as exc:
