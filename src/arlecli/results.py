@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arlecli import efficiency
+from arlecli import efficiency, safeio
 from arlecli.efficiency import Prices
 from arlecli.errors import UserError
 
@@ -81,7 +81,7 @@ class SampleWriter:
 
     def write(self, sample: dict[str, Any]) -> None:
         """Append one sample as a whole line and flush it to the OS."""
-        line = json.dumps(sample, ensure_ascii=False, default=str) + "\n"
+        line = safeio.dumps(sample, default=str) + "\n"
         with self._lock:
             self._f.write(line)
             self._f.flush()
@@ -97,7 +97,7 @@ class SampleWriter:
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temp file + rename) so a kill never leaves half a file."""
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(safeio.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
