@@ -160,14 +160,50 @@ def test_rows_missing_a_field_the_reward_needs_are_refused_before_generation(ser
     assert not (tmp_path / "run").exists()
 
 
-def test_fields_needed_names_real_params_of_each_reward():
+def test_each_rewards_declared_fields_name_real_params_of_it():
+    # Each reward declares the task fields it needs at @register(fields=...); a "{param}" there
+    # must be one of the reward's own params (a renamed param would silently check nothing).
     import inspect
 
-    from arlecli.rewards import FIELDS_NEEDED, _factory
+    from arlecli.rewards import REWARDS, declared_fields, reward_fields, reward_names, spec_params
 
-    for name, params in FIELDS_NEEDED.items():
-        declared = inspect.signature(_factory(name)).parameters
-        assert set(params) <= set(declared), f"FIELDS_NEEDED[{name!r}] names a param {name} does not take"
+    checked = {}
+    for name in reward_names():
+        factory = REWARDS.get(name)
+        declared = declared_fields(factory)
+        takes = set(inspect.signature(factory).parameters)
+        specs = [] if callable(declared) else list(declared)
+        for spec in specs:
+            assert isinstance(spec, str) and spec.strip(), f"reward {name!r} declares field {spec!r}"
+            assert set(spec_params(spec)) <= takes, f"reward {name!r}: field {spec!r} names a param it does not take"
+        for field in reward_fields(name, {}):  # callables and defaults resolve to real column names
+            assert field.names and all(n and "{" not in n for n in field.names), (name, field)
+            assert field.param is None or field.param in takes or field.param.startswith("reward_params."), field
+        checked[name] = [f.names for f in reward_fields(name, {})]
+    # Every reward that reads a task field it cannot score without declares it.
+    assert checked["code_tests"] == [("prompt",), ("test",), ("entry_point",)]
+    assert checked["code_unittest"] == [("complete_prompt",), ("test",), ("entry_point",)]
+    assert checked["code_io"] == [("tests",)]
+    assert checked["countdown"] == [("numbers", "metadata")]
+    assert checked["solver_judge"] == checked["countdown"]  # its inner reward's, countdown by default
+    assert checked["reasoning_gym"] == [("metadata",)] and reward_fields("reasoning_gym", {"task": "maze"}) == []
+    assert checked["frozenlake"] == [("map",)] and checked["ifeval"] == [("instruction_id_list",)]
+    assert reward_fields("code_io", {"tests_fields": ["public", "private"]})[0].names == ("public", "private")
+
+
+def test_a_countdown_row_without_numbers_is_refused_before_generation(server, tmp_path):
+    # Scoring reads `numbers` (or a reasoning-gym `metadata` holding them): without either the
+    # reward would fail at scoring, after every sample was generated.
+    rows = [{"question": "Make 10 from 2 3 5", "numbers": [2, 3, 5], "target": 10},
+            {"question": "Make 24 from 1 2 3 4", "target": 24}]
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    before = len(server.bodies())
+    proc = arle("eval", "countdown", "--data", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
+                cwd=tmp_path)
+    assert_one_line_error(proc, "task '1' of rows.jsonl has no field 'numbers' or 'metadata'",
+                          "reward 'countdown' needs", "give rows with that column")
+    assert len(server.bodies()) == before, "no sample may be generated before the rows are checked"
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,10 +347,12 @@ def test_output_in_a_read_only_folder(gsm, tmp_path):
 # --resume: the run directory is left byte for byte as it was
 
 
-@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{not json", ""], ids=["list", "string", "broken", "empty"])
+@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{not json", "", '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}",
+                                     b'{"model": "\xff"}'],
+                         ids=["list", "string", "broken", "empty", "20k-deep", "not-utf8"])
 def test_resume_with_a_meta_json_that_is_not_an_object(gsm, finished_run, content):
     run, data = finished_run
-    (run / "meta.json").write_text(content)
+    (run / "meta.json").write_bytes(content if isinstance(content, bytes) else content.encode())
     before = snapshot(run)
     proc = gsm("--data", str(data), "--output", str(run), "--resume")
     assert_one_line_error(proc, f"cannot resume {run}: its meta.json is not", "choose a new --output")
@@ -386,3 +424,189 @@ def test_resume_of_a_run_that_predates_data_hash_records_it(gsm, finished_run):
     proc = gsm("--data", str(data), "--output", str(run), "--resume")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "meta.json").read_text())["data_hash"] == recorded
+
+
+def test_resume_of_an_output_that_never_ran(gsm, tmp_path):
+    # A typo in --output with --resume must not quietly start a fresh run somewhere else.
+    data = write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    proc = gsm("--data", str(data), "--output", "runz", "--resume")
+    assert_one_line_error(proc, "cannot resume runz: no such directory", "check the --output path",
+                          "drop --resume")
+    assert proc.requests == 0 and not (tmp_path / "runz").exists()
+    (tmp_path / "empty").mkdir()
+    proc = gsm("--data", str(data), "--output", "empty", "--resume")
+    assert_one_line_error(proc, "cannot resume empty: it has no meta.json", "drop --resume")
+    assert proc.requests == 0 and not any((tmp_path / "empty").iterdir())
+
+
+def test_train_resume_of_an_output_that_never_ran(tmp_path):
+    proc = arle("train", "countdown", "--model", "nowhere/model", "--output", "runz", "--resume", cwd=tmp_path)
+    assert_one_line_error(proc, "cannot resume runz: no such directory", "drop --resume")
+    assert not (tmp_path / "runz").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML and JSON that would expand, nest or decode past what a reader can hold
+
+# A "billion laughs": 9 levels of 9 aliases each, ~387 M strings once expanded.
+ALIAS_BOMB = "[" + ", ".join(
+    [f"&a0 [{', '.join(['lol'] * 9)}]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]) + "]"
+DEEP_YAML = "[" * 20_000 + "]" * 20_000
+
+
+def _card_text(description: str) -> str:
+    """BASE_CARD as YAML with `description` spliced in as raw YAML (an alias bomb, deep nesting)."""
+    return f"description: {description}\n" + yaml.safe_dump(BASE_CARD)
+
+
+@pytest.mark.parametrize("command", [["bench", "show"], ["eval"]], ids=["bench-show", "eval"])
+@pytest.mark.parametrize("description, shown", [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"),
+                                                (DEEP_YAML, "nested more than 200 deep")], ids=["alias-bomb", "20k-deep"])
+def test_a_card_that_would_expand_or_nest_without_end(tmp_path, command, description, shown):
+    card = tmp_path / "mine.yaml"
+    card.write_text(_card_text(description))
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    extra = ["--base-url", "http://127.0.0.1:9/v1", "--output", "run"] if command == ["eval"] else []
+    proc = arle(*command, str(card), *extra, cwd=tmp_path, timeout=60)
+    line = assert_one_line_error(proc, f"{card}: line 1 is not valid YAML: {shown}")
+    assert len(line) < 300 and not (tmp_path / "run").exists()
+
+
+def test_a_card_that_is_not_utf8(tmp_path):
+    card = tmp_path / "mine.yaml"
+    card.write_bytes(yaml.safe_dump({**BASE_CARD, "description": "caf\u00e9"}, allow_unicode=True).encode("latin-1"))
+    proc = arle("bench", "show", str(card), cwd=tmp_path)
+    assert_one_line_error(proc, f"card {card} is not UTF-8 text (byte ", "save it as UTF-8")
+
+
+@pytest.mark.parametrize("base_url, shown", [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"),
+                                             (DEEP_YAML, "nested more than 200 deep")], ids=["alias-bomb", "20k-deep"])
+def test_a_profile_that_would_expand_or_nest_without_end(gsm, isolated_home, tmp_path, base_url, shown):
+    profiles = isolated_home / "models.yaml"
+    profiles.write_text(f"default: mine\nprofiles:\n  mine:\n    backend: openai\n    base_url: {base_url}\n")
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    proc = arle("eval", "gsm8k", "--model", "mine", "--data", "rows.jsonl", "--output", "run", cwd=tmp_path,
+                timeout=60)
+    line = assert_one_line_error(proc, f"{profiles}: not valid YAML (line 5; {shown}", "fix the file or delete it")
+    assert len(line) < 300 and not (tmp_path / "run").exists()
+    assert_one_line_error(arle("model", "list", cwd=tmp_path, timeout=60), f"{profiles}: not valid YAML")
+
+
+def test_a_profiles_file_that_is_not_utf8(isolated_home, tmp_path):
+    profiles = isolated_home / "models.yaml"
+    profiles.write_bytes("default: caf\u00e9\nprofiles: {}\n".encode("latin-1"))
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    proc = arle("eval", "gsm8k", "--data", "rows.jsonl", "--output", "run", cwd=tmp_path)
+    assert_one_line_error(proc, f"model profiles file {profiles} is not UTF-8 text (byte 12)", "save it as UTF-8")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recipe_with_an_alias_bomb(tmp_path):
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(f"algo: grpo\nbeta: {ALIAS_BOMB}\n")
+    proc = arle("train", "countdown", "--recipe", str(recipe), "--output", "run", cwd=tmp_path, timeout=60)
+    assert_one_line_error(proc, f"{recipe}: line 2 is not valid YAML: YAML aliases (*name) are not accepted here")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name, content, shown", [
+    ("rows.jsonl", json.dumps(GSM_ROWS[0]) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n",
+     "rows.jsonl: line 2 is not valid JSON (JSON nested more than 200 deep); fix or remove that line"),
+    ("rows.json", '{"rows": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "cannot read rows.json: JSON nested more than 200 deep; repair or replace the file"),
+    ("rows.jsonl", b'{"question": "caf\xe9", "answer": "#### 1"}\n', "data file rows.jsonl is not UTF-8 text"),
+    ("rows.json", b'[{"question": "caf\xe9", "answer": "#### 1"}]', "data file rows.json is not UTF-8 text"),
+], ids=["jsonl-100k-deep", "json-100k-deep", "jsonl-not-utf8", "json-not-utf8"])
+def test_data_that_nests_without_end_or_is_not_utf8(gsm, tmp_path, name, content, shown):
+    (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    proc = gsm("--data", name, "--output", "run")
+    assert_one_line_error(proc, shown)
+    assert proc.requests == 0 and not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# What a sample holds never stops the run
+
+
+def test_a_data_row_with_a_lone_surrogate_evaluates_to_the_end(gsm, tmp_path):
+    # `"\ud800"` is valid JSON but no UTF-8 text: the prompt (and samples.jsonl) would not encode.
+    rows = [dict(r) for r in GSM_ROWS]
+    rows[1]["question"] = "What is \ud800 plus 1?"
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # ASCII: the escape
+    proc = gsm("--data", "rows.jsonl", "--output", "run", "--json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.requests == 4
+    lines = (tmp_path / "run" / "samples.jsonl").read_bytes().decode("utf-8").splitlines()  # valid UTF-8
+    samples = {s["task_id"]: s for s in map(json.loads, lines)}
+    assert sorted(samples) == ["0", "1", "2", "3"]
+    assert "What is \ufffd plus 1?" in samples["1"]["prompt"]
+    assert json.loads(proc.stdout)["n_samples"] == 4
+
+
+FLAKY_REWARD = """\
+from arlecli.types import Score
+
+
+def score():
+    def fn(task, episode):
+        if task.id == "2":
+            raise ZeroDivisionError("no luck with \\ud800 " + "x" * 2000)
+        if task.id == "3":
+            return "not a Score"
+        return Score(1.0, True, episode.completion, {})
+    return fn
+"""
+
+
+def test_a_reward_that_raises_on_one_sample_scores_it_wrong_and_the_run_goes_on(server, tmp_path):
+    (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
+    card = tmp_path / "mine.yaml"
+    card.write_text(yaml.safe_dump({**BASE_CARD, "reward": {"name": "flaky.py:score"}}))
+    write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
+    proc = arle("eval", str(card), "--base-url", server.base_url, "--output", "run", "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"warning: reward '{(tmp_path / 'flaky.py').resolve()}:score' raised on 2 of 4 samples" in proc.stderr
+    lines = (tmp_path / "run" / "samples.jsonl").read_bytes().decode("utf-8").splitlines()
+    samples = {s["task_id"]: s for s in map(json.loads, lines)}
+    assert sorted(samples) == ["0", "1", "2", "3"]
+    assert [samples[t]["correct"] for t in "0123"] == [True, True, False, False]
+    error = samples["2"]["details"]["reward_error"]
+    assert samples["2"]["reward"] == 0.0 and error.startswith("ZeroDivisionError: no luck with \ufffd xxx")
+    assert len(error) < 400  # clipped
+    assert samples["3"]["details"] == {"reward_error": "TypeError: the reward returned str, not a Score"}
+    results = json.loads(proc.stdout)
+    assert results["reward_errors"] == 2 and results["metrics"]["accuracy"]["value"] == 0.5
+
+
+def test_score_samples_lets_interrupts_and_user_errors_through():
+    from arlecli.errors import UserError
+    from arlecli.rewards import score_samples
+    from arlecli.types import Episode, Task
+
+    tasks, episodes = [Task("a", "q", "1"), Task("b", "q", "2")], [Episode("a", []), Episode("b", [])]
+
+    def raising(exc: BaseException):
+        def fn(task, episode):
+            raise exc
+        return fn
+
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C still stops the run
+        score_samples(raising(KeyboardInterrupt()), tasks, episodes)
+    with pytest.raises(UserError, match="judge unreachable"):  # a mistake the user must fix stops it too
+        score_samples(raising(UserError("judge unreachable")), tasks, episodes)
+
+    class Batched:
+        """A batch that raises for one sample is scored again one by one: only that one is wrong."""
+
+        def score_batch(self, ts, es):
+            raise ValueError("one bad sample")
+
+        def __call__(self, task, episode):
+            if task.id == "b":
+                raise ValueError("bad b")
+            from arlecli.types import Score
+            return Score(1.0, True)
+
+    scores = score_samples(Batched(), tasks, episodes)
+    assert [s.correct for s in scores] == [True, False]
+    assert scores[1].details == {"reward_error": "ValueError: bad b"}

@@ -144,9 +144,15 @@ def test_resume_of_a_folder_that_never_held_a_run_is_refused(tmp_path):
         rundir.prepare(run, _meta(), resume=True, compare=COMPARED, may_change=RESUMABLE)
     assert f"cannot resume {run}: it has no meta.json" in _error(excinfo)
     assert not (run / "meta.json").exists()
-    # A folder that does not exist yet (or is empty) simply starts the run.
-    rundir.prepare(tmp_path / "new", _meta(), resume=True, compare=COMPARED, may_change=RESUMABLE)
-    assert (tmp_path / "new" / "meta.json").exists()
+    # An empty folder never held a run either; nor does one that does not exist (a typo in
+    # --output must not quietly start a fresh run): both refused, and nothing is created.
+    (tmp_path / "empty").mkdir()
+    for folder, why in ((tmp_path / "empty", "it has no meta.json"), (tmp_path / "new", "no such directory")):
+        with pytest.raises(UserError) as excinfo:
+            rundir.prepare(folder, _meta(), resume=True, compare=COMPARED, may_change=RESUMABLE)
+        assert f"cannot resume {folder}: {why}" in _error(excinfo)
+        assert not (folder / "meta.json").exists()
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{not json"], ids=["list", "string", "broken"])

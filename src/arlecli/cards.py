@@ -50,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from arlecli import safeio
 from arlecli.errors import ParamError, UserError
 
 SOURCE_KINDS = ("hub", "files", "package", "generator")
@@ -412,13 +413,14 @@ def _check_metrics(card: Card, path: Path | str) -> None:
 
 
 def load_card_file(path: Path) -> Card:
-    """Read, parse and validate one card file; its hash covers the file's exact bytes."""
+    """Read, parse and validate one card file; its hash covers the file's exact bytes.
+
+    The YAML goes through `safeio.load_yaml`: an alias (a "billion laughs" description) or
+    nesting past safeio.MAX_DEPTH is a one-line error like any other YAML mistake."""
+    raw = safeio.read_bytes(path, "card")
+    text = safeio.decode(raw, path, "card")
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read card {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(raw)
+        data = safeio.load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from arlecli import safeio
 from arlecli.efficiency import check_price, make_prices
 from arlecli.errors import UserError
 
@@ -211,12 +212,15 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
         return {}, None
     import yaml
 
+    text = safeio.read_text(path, "model profiles file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        # Aliases and deep nesting are refused (safeio): a hand-edited profile cannot expand to gigabytes.
+        data = safeio.load_yaml(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise UserError(f"{path}: not valid YAML{where}: fix the file or delete it and rerun `arle model setup`") from None
+        why = "; ".join(filter(None, [f"line {mark.line + 1}" if mark else "", getattr(exc, "problem", None)]))
+        raise UserError(f"{path}: not valid YAML{f' ({why})' if why else ''}: fix the file or "
+                        f"delete it and rerun `arle model setup`") from None
     if not isinstance(data, dict) or not isinstance(data.get("profiles", {}), dict):
         raise UserError(f"{path}: expected `default:` and a `profiles:` mapping: fix the file or delete it")
     profiles = {}

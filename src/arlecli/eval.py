@@ -26,8 +26,8 @@ from arlecli.envs import env_kind
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
 from arlecli.fewshot import Exemplars
-from arlecli.results import META, RESULTS, SampleWriter, aggregate, read_samples, write_json
-from arlecli.rewards import check_task_fields, check_tasks, get_reward
+from arlecli.results import META, RESULTS, SAMPLES, SampleWriter, aggregate, read_samples, write_json
+from arlecli.rewards import REWARD_ERROR, check_task_fields, check_tasks, get_reward, score_samples
 from arlecli.sandbox import card_runs_code, ensure_isolation
 from arlecli.types import Episode, Score, Task
 
@@ -142,8 +142,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     chunk_size = max(1, int(getattr(score, "batch_size", 1))) if score_batch else 1
 
     def finish(chunk: list[tuple[Task, int, Episode]]) -> None:
-        results = (score_batch([t for t, _, _ in chunk], [e for _, _, e in chunk]) if score_batch
-                   else [score(t, e) for t, _, e in chunk])
+        # A reward that raises on a sample scores it wrong with the error (score_samples).
+        results = score_samples(score, [t for t, _, _ in chunk], [e for _, _, e in chunk])
         for (task, k, episode), result in zip(chunk, results, strict=True):
             record(task, k, episode, result)
 
@@ -203,7 +203,12 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         if hasattr(score, "close"):  # a reward holding a judge engine releases it
             score.close()
 
-    return close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices)
+    results = close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices)
+    if results.get("reward_errors"):
+        print(f"warning: reward '{card.reward}' raised on {results['reward_errors']} of {results['n_samples']} "
+              f"samples; they are scored wrong, and details.{REWARD_ERROR} in {run_dir / SAMPLES} says why",
+              file=sys.stderr)
+    return results
 
 
 def open_run(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool,

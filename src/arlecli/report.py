@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arlecli import rundir
+from arlecli import rundir, safeio
 from arlecli.errors import UserError
 from arlecli.results import RESULTS, SAMPLES, read_json
 from arlecli.rundir import EvalRun
@@ -85,8 +85,8 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     rows = []
     for n, raw in enumerate(lines, 1):
         try:
-            row = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            row = safeio.loads(raw)
+        except ValueError:  # broken, not UTF-8, or nested deeper than safeio.MAX_DEPTH
             row = None
         if not isinstance(row, dict):
             if n == len(lines) and not data.endswith(b"\n"):
@@ -164,7 +164,7 @@ def _cap_text(value: Any) -> Any:
 
 def _script_json(data: Any) -> str:
     """JSON that is safe inside <script>: no '<', '>' or '&' can close the element or open a comment."""
-    text = json.dumps(_clean(data), ensure_ascii=False, separators=(",", ":"))
+    text = safeio.dumps(_clean(data), separators=(",", ":"))  # lone surrogates escaped: the page is UTF-8
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 

@@ -9,7 +9,6 @@ the last line, which `read_samples` drops (and `SampleWriter` truncates) on resu
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 from arlecli import efficiency, safeio
 from arlecli.efficiency import Prices
 from arlecli.errors import UserError
+from arlecli.rewards import REWARD_ERROR
 
 META = "meta.json"
 SAMPLES = "samples.jsonl"
@@ -50,8 +50,8 @@ def read_samples(run_dir: Path) -> list[dict[str, Any]]:
             if not raw.endswith(b"\n"):
                 break  # torn tail: the sample was not finished, it will be redone
             try:
-                sample = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+                sample = safeio.loads(raw)
+            except ValueError:  # broken, not UTF-8, or nested deeper than safeio.MAX_DEPTH: damaged
                 sample = None
             if not isinstance(sample, dict) or any(k not in sample for k in _SAMPLE_KEYS):
                 raise UserError(f"{path}: line {n} is not a sample (damaged or edited); nothing was changed: "
@@ -102,11 +102,13 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """Read a JSON file written by `write_json`."""
+    """Read a JSON file written by `write_json`; UserError (one line) when it cannot be read,
+    is not UTF-8, is not JSON or is nested deeper than safeio.MAX_DEPTH."""
+    text = safeio.read_text(path, "run file")
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+        return safeio.loads(text)
+    except ValueError as exc:
+        raise UserError(f"cannot read {path}: {safeio.clean_text(str(exc))}") from None
 
 
 @dataclass
@@ -172,7 +174,8 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
     Always reports `accuracy` (the reward's `correct`); each name in `metrics` is read
     from the samples' `details`; with several samples per task, pass@k and pass^k for the k
     values of `pass_ks` (pass^k over the tasks with at least k samples). `group_by` adds the
-    same breakdown per group. Then the efficiency blocks (arlecli.efficiency): `tokens`,
+    same breakdown per group; `reward_errors` counts the samples whose reward raised (only
+    when there are any). Then the efficiency blocks (arlecli.efficiency): `tokens`,
     `time`, `agents` (multi-turn runs), `games` (game cards), `consistency` (several samples per task) and `cost`
     (only with `prices`); a block with nothing to report is left out.
     """
@@ -205,6 +208,10 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
 
     task_ids = sorted(by_task)
     result: dict[str, Any] = {"metrics": summarize(task_ids), "n_tasks": len(task_ids), "n_samples": len(samples)}
+    # Samples whose reward raised are in the metrics as wrong; the count says how many (rewards.score_samples).
+    errors = sum(1 for s in samples if isinstance(s["details"], dict) and REWARD_ERROR in s["details"])
+    if errors:
+        result["reward_errors"] = errors
     if group_by:
         groups: dict[str, list[str]] = {}
         for tid in task_ids:

@@ -13,7 +13,6 @@ status, a finished eval run checked whole) is the last section here.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -24,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterable
 
-from arlecli import __version__
+from arlecli import __version__, safeio
 from arlecli.errors import UserError
 from arlecli.results import META, RESULTS, SAMPLES, read_json, read_samples, write_json
 
@@ -87,9 +86,24 @@ def versions() -> dict[str, str]:
 
 
 def check_fresh(run_dir: Path, resume: bool) -> None:
-    """Refuse to start a new run over an existing one (a rerun without --resume would mix them)."""
-    if (run_dir / META).exists() and not resume:
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
+    """Refuse to start a new run over an existing one (a rerun without --resume would mix
+    them), and to resume a directory that never held a run: `--resume --output DIR` with a
+    typo in DIR must not quietly start over. Reads only, so a command calls it before it
+    loads a model, and `prepare` calls it again."""
+    run_dir = Path(run_dir)
+    if (run_dir / META).exists():
+        if not resume:
+            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
+        return
+    if not resume:
+        return
+    if not run_dir.exists():
+        raise UserError(f"cannot resume {run_dir}: no such directory, so there is no run to continue; "
+                        f"check the --output path, or drop --resume to start a new run there")
+    if not run_dir.is_dir():
+        raise UserError(f"cannot resume {run_dir}: it is a file, not a run directory; choose another --output")
+    raise UserError(f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
+                    f"drop --resume or choose another --output")
 
 
 def prepare(run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Iterable[str],
@@ -99,8 +113,8 @@ def prepare(run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Itera
     On resume, every key of `compare` must hold the value stored in meta.json; a key whose value
     is a dict (options, trainer) is compared field by field. Keys or fields in `may_change` are
     not compared: their new values are written back, and the resume's time is appended to
-    "resumed". All differences are reported in one line. A resume of a directory that does not
-    exist yet, or is empty, starts the run."""
+    "resumed". All differences are reported in one line. A resume of a directory without
+    meta.json (missing, empty, or someone else's folder) is refused (`check_fresh`)."""
     run_dir = Path(run_dir)
     check_fresh(run_dir, resume)
     try:
@@ -109,9 +123,6 @@ def prepare(run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Itera
             return
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir} is a file, not a run directory; choose another --output")
-        if resume and run_dir.exists() and any(run_dir.iterdir()):
-            raise UserError(f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
-                            f"drop --resume or choose another --output")
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / META, meta)
     except OSError as exc:  # a parent that is a file, no permission, a full or read-only disk
@@ -142,9 +153,9 @@ def _fields(value: Any) -> dict[str, Any]:
 
 def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change: set[str]) -> None:
     try:
-        old = json.loads((run_dir / META).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot resume {run_dir}: its {META} is not valid JSON ({exc}); "
+        old = safeio.loads((run_dir / META).read_bytes())
+    except ValueError as exc:  # broken, not UTF-8, or nested deeper than safeio.MAX_DEPTH
+        raise UserError(f"cannot resume {run_dir}: its {META} is not valid JSON ({safeio.clean_text(str(exc))}); "
                         f"choose a new --output") from None
     except OSError as exc:  # a folder named meta.json, or no permission to read it
         raise UserError(f"cannot resume {run_dir}: cannot read its {META} ({exc.strerror or exc}); "
@@ -199,7 +210,7 @@ def _state_complete(folder: Path) -> bool:
     state = folder / "trainer_state.json"
     if state.exists():
         try:
-            return isinstance(json.loads(state.read_text()), dict)
+            return isinstance(safeio.loads(state.read_bytes()), dict)
         except (OSError, ValueError):
             return False
     # torch.save writes a zip whose central directory comes last (and PPO renames a finished

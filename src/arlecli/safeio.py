@@ -28,6 +28,9 @@ from arlecli.errors import UserError
 
 MAX_DEPTH = 200  # nesting of a card, a profile, a data row or a run file: far beyond any real one
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# In JSON text a surrogate can only come from an escape (UTF-8 cannot encode one).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def dumps(value: Any, **kwargs: Any) -> str:
@@ -46,16 +49,41 @@ def clean_text(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-def loads(text: str | bytes) -> Any:
+def loads(text: str | bytes, *, clean: bool = False) -> Any:
     """`json.loads`, with nesting deeper than `MAX_DEPTH` (or than Python's recursion limit)
-    refused as ValueError (json.JSONDecodeError is one too)."""
+    refused as ValueError (json.JSONDecodeError is one too, and so is UnicodeDecodeError
+    for bytes that are not UTF-8): callers catch ValueError for every kind of bad line.
+
+    `clean`: lone surrogates (`"\\ud800"` escapes) in strings and keys become U+FFFD, for
+    data that goes on to a model: no tokenizer or HTTP client encodes a lone surrogate."""
     try:
         value = json.loads(text)
     except RecursionError:
         raise ValueError(f"JSON nested more than {MAX_DEPTH} deep") from None
-    if _too_deep(value):
+    if _openers(text) > MAX_DEPTH and _too_deep(value):
         raise ValueError(f"JSON nested more than {MAX_DEPTH} deep")
+    escape = _SURROGATE_ESCAPE if isinstance(text, str) else _SURROGATE_ESCAPE_BYTES
+    if clean and escape.search(text):  # type: ignore[arg-type]
+        value = _cleaned(value)
     return value
+
+
+def _cleaned(value: Any) -> Any:
+    # Recursion is safe: `loads` refused anything nested deeper than MAX_DEPTH.
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(k): _cleaned(v) for k, v in value.items()}
+    return value
+
+
+def _openers(text: str | bytes) -> int:
+    # An upper bound on the nesting (brackets inside strings count too): most values need no walk.
+    if isinstance(text, (bytes, bytearray)):
+        return text.count(b"[") + text.count(b"{")
+    return text.count("[") + text.count("{")
 
 
 def _too_deep(value: Any) -> bool:
@@ -75,24 +103,41 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def read_text(path: Path | str, what: str = "file") -> str:
-    """The file's text as UTF-8; UserError (one line naming the file) when it cannot be read
-    or is not UTF-8."""
+def read_bytes(path: Path | str, what: str = "file") -> bytes:
+    """The file's bytes; UserError (one line naming the file) when it cannot be read (missing,
+    a folder, no permission)."""
     try:
-        data = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def decode(data: bytes, path: Path | str, what: str = "file") -> str:
+    """`data` (the bytes of file `path`) as UTF-8 text; UserError naming the file and the
+    first bad byte when it is not UTF-8 (for a caller that needs the bytes too: a card's hash)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8 and rerun") from None
 
 
+def read_text(path: Path | str, what: str = "file") -> str:
+    """The file's text as UTF-8; UserError (one line naming the file) when it cannot be read
+    or is not UTF-8."""
+    return decode(read_bytes(path, what), path, what)
+
+
 def load_yaml(text: str | bytes) -> Any:
     """YAML through a safe loader that refuses aliases and nesting deeper than MAX_DEPTH.
 
     Raises yaml.YAMLError (with a problem_mark where the parser knows one) for both, like
-    any other YAML mistake, so callers keep one error path."""
+    any other YAML mistake, so callers keep one error path; so is a scalar PyYAML cannot
+    build (`2001-13-14` read as a date, an integer of 5,000 digits), which plain
+    `yaml.safe_load` lets out as a ValueError.
+
+    Merge keys: `<<: {a: 1}` (an inline mapping) merges as in any YAML 1.1 loader; `<<: *base`
+    is refused like every alias (the merge itself is harmless, but an alias is how a small
+    file expands to gigabytes, and no card or recipe arle ships needs one)."""
     loader = _strict_loader()(text)
     try:
         return loader.get_single_data()
@@ -104,6 +149,7 @@ def load_yaml(text: str | bytes) -> Any:
 def _strict_loader() -> type:
     import yaml
     from yaml.composer import ComposerError
+    from yaml.constructor import ConstructorError
 
     class StrictLoader(yaml.SafeLoader):
         """SafeLoader without aliases, and with a depth limit."""
@@ -123,5 +169,11 @@ def _strict_loader() -> type:
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:  # noqa: D401 (PyYAML's hook)
+            try:
+                return super().construct_object(node, deep)
+            except (ValueError, OverflowError) as exc:  # a timestamp out of range, too many digits
+                raise ConstructorError(None, None, f"cannot read this value ({exc})", node.start_mark) from None
 
     return StrictLoader

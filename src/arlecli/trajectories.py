@@ -31,12 +31,12 @@ end-of-turn token the model never produced, and training would teach it to stop 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from arlecli import safeio
 from arlecli.errors import UserError
 from arlecli.results import SAMPLES
 from arlecli.rundir import EvalRun, load_eval
@@ -65,12 +65,11 @@ class Trajectory:
 
     def key(self) -> str:
         """Equal for identical conversations (what --dedupe compares)."""
-        return json.dumps([self.messages, self.tools], sort_keys=True, ensure_ascii=False)
+        return safeio.dumps([self.messages, self.tools], sort_keys=True)
 
     def prompt_key(self) -> str:
         """Equal for episodes that started from the same prompt and tools (pairs need one)."""
-        return json.dumps([self.benchmark, self.task_id, self.prompt, self.tools], sort_keys=True,
-                          ensure_ascii=False)
+        return safeio.dumps([self.benchmark, self.task_id, self.prompt, self.tools], sort_keys=True)
 
 
 @dataclass
@@ -322,7 +321,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.write(safeio.dumps(row) + "\n")  # valid UTF-8 whatever the model wrote
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -150,6 +150,7 @@ def eval_command(
     vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
     opponent_engine = None
     if opponent_spec is not None:

@@ -238,6 +238,7 @@ def train_command(
         except UserError:
             raise typer.Exit(2) from None  # the main process prints the error once
         return
+    rundir.check_fresh(run_dir, resume)  # before any model loads: a resume of a folder that never ran is refused
     view = _View()
     err_console().print(f"training {spec.name} on {card.name} with {cfg.options.algo}"
                         f"{' + LoRA r=' + str(cfg.options.lora_rank) if cfg.options.lora_rank else ''} "

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
+from arlecli import safeio
 from arlecli.cards import Card
 from arlecli.errors import UserError
 from arlecli.types import Task
@@ -35,7 +36,7 @@ def read_rows_file(path: Path) -> list[Row]:
             with opener(path, "rt", encoding="utf-8") as f:
                 return _jsonl_rows(f, path)
         if name.endswith(".json"):
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = safeio.loads(safeio.read_text(path, "data file"), clean=True)
             if isinstance(data, dict):
                 data = data.get("rows") or data.get("data")
             if not isinstance(data, list):
@@ -53,8 +54,11 @@ def read_rows_file(path: Path) -> list[Row]:
         if name.endswith(".csv"):
             with open(path, newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
-    # EOFError and zlib.error: a .gz cut off or damaged (BadGzipFile is an OSError).
-    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, zlib.error, OSError) as exc:
+    except UnicodeDecodeError:  # a .jsonl or .csv read as text, block by block
+        raise UserError(f"data file {path} is not UTF-8 text: save it as UTF-8 and rerun") from None
+    # EOFError and zlib.error: a .gz cut off or damaged (BadGzipFile is an OSError); ValueError:
+    # a .json file's JSON broken or nested deeper than safeio.MAX_DEPTH.
+    except (ValueError, EOFError, zlib.error, OSError) as exc:
         raise UserError(f"cannot read {path}: {_first_line(exc)}; repair or replace the file") from None
     except csv.Error as exc:
         raise UserError(f"cannot read {path}: not valid CSV ({_first_line(exc)}); repair or replace the file") from None
@@ -67,9 +71,11 @@ def _jsonl_rows(lines: Iterator[str], path: Path) -> list[Any]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: line {n} is not valid JSON ({exc.msg}); fix or remove that line") from None
+            # clean: a "\ud800" in a row becomes U+FFFD, or no engine could encode the prompt
+            rows.append(safeio.loads(line, clean=True))
+        except ValueError as exc:  # broken, or nested deeper than safeio.MAX_DEPTH
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else _first_line(exc)
+            raise UserError(f"{path}: line {n} is not valid JSON ({why}); fix or remove that line") from None
     return rows
 
 

@@ -34,7 +34,7 @@ from typing import Any, Coroutine, Iterator, TypeVar
 
 import httpx
 
-from arlecli import config
+from arlecli import config, safeio
 from arlecli.engine.base import (
     Completion,
     EngineRequestError,
@@ -333,7 +333,11 @@ class OpenAIEngine:
     ) -> tuple[int, httpx.Headers, bytes]:
         """POST and read the whole reply, refusing one past _MAX_RESPONSE_BYTES."""
         assert self._client is not None
-        async with self._client.stream("POST", url, json=body, headers=headers) as resp:
+        # Encoded here, not by httpx: a lone surrogate (in an earlier turn's reply, a tool's
+        # output) becomes U+FFFD instead of a UnicodeEncodeError that would stop the run.
+        content = safeio.clean_text(json.dumps(body, ensure_ascii=False, separators=(",", ":"))).encode("utf-8")
+        headers = {"Content-Type": "application/json", **headers}
+        async with self._client.stream("POST", url, content=content, headers=headers) as resp:
             return resp.status_code, resp.headers, await _read_capped(resp)
 
     def _gave_up(self, url: str, attempts: int, problem: str, timed_out: bool) -> EngineRequestError:

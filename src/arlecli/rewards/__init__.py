@@ -12,9 +12,12 @@ rather than reading as 0.0. `accuracy` (the Score's `correct`) and `pass@k` are 
 
 A reward's params are declared by its factory's signature: each keyword argument, with its
 type hint and default, is a param a card may set. `check_params` holds a card's params to
-that declaration when the card is loaded, and `FIELDS_NEEDED` (below) names the task fields
-a reward cannot score without, so `check_task_fields` can refuse bad rows before any
-generation rather than in the middle of a run.
+that declaration when the card is loaded. The task fields a reward cannot score without are
+declared at `@register(..., fields=[...])` too, so `check_task_fields` refuses bad rows
+before any generation rather than in the middle of a run (after all of it was spent).
+
+Scoring a sample never stops a run for that sample's sake: `score_samples` records a reward
+that raises as a wrong sample carrying the error (see its docstring for what still stops).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import inspect
 import re
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
+from arlecli.safeio import clean_text
 from arlecli.types import Episode, Score, Task
 
 RewardFn = Callable[[Task, Episode], Score]
@@ -44,29 +49,44 @@ _REWARDS = REWARDS  # indexable by name, as tests and older callers do
 ALWAYS_METRICS = ("accuracy",)
 _PASS_AT_K = re.compile(r"pass@[1-9][0-9]*")
 
-# The task fields each reward reads and cannot score without, named by the param that holds
-# the field's name (so a card that points the param at another column is checked against
-# that column). A param whose value is a list names alternatives: any one of them will do
-# (code_io reads whichever of public and private tests a row has).
-FIELDS_NEEDED: dict[str, tuple[str, ...]] = {
-    "code_tests": ("prompt_field", "test_field", "entry_point_field"),
-    "code_unittest": ("prompt_field", "test_field", "entry_point_field"),
-    "code_io": ("tests_fields",),
-}
+
+
+@dataclass(frozen=True)
+class Field:
+    """A task field a reward cannot score without: any one of `names` will do. `param` is the
+    card param that named them (a card that points it at another column is checked against
+    that column, and the error says which param to fix), or None for a fixed name."""
+
+    names: tuple[str, ...]
+    param: str | None = None
+
+
+# What `fields=` declares: a list of field specs (see `register`), or a function of the
+# card's params giving specs or Fields (a reward that wraps another needs the inner one's).
+Fields = Sequence[str] | Callable[[dict[str, Any]], Iterable["str | Field"]]
+_PARAM_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def register(name: str | None = None, *, metrics: Metrics | None = None,
-             needs_target: bool | Callable[[dict[str, Any]], bool] = True) -> Callable[[RewardFactory], RewardFactory]:
+             needs_target: bool | Callable[[dict[str, Any]], bool] = True,
+             fields: Fields = ()) -> Callable[[RewardFactory], RewardFactory]:
     """Register a reward factory under `name` (default: the function's name); its keyword args
     are the card's params, and `metrics` the names its Scores' `details` carry (a list, or a
     function of the card's params; [] for none beyond accuracy). `needs_target` False (or a
     function of the params) says the reward scores a row without its gold answer, so a row
-    with an empty target is not refused at load (code tests, ifeval, a judge)."""
+    with an empty target is not refused at load (code tests, ifeval, a judge).
+
+    `fields` names the task fields the reward reads and cannot score without, checked on
+    every task before anything is generated (`check_task_fields`). Each spec is a field
+    name ("numbers"), alternatives of which any one will do ("numbers|metadata"), or
+    "{param}": the field the card's param `param` names (a list-valued param names
+    alternatives). A function of the card's params may give specs or `Field`s instead."""
 
     def deco(factory: RewardFactory) -> RewardFactory:
         if metrics is not None:
             factory.__arle_metrics__ = metrics  # type: ignore[attr-defined]
         factory.__arle_needs_target__ = needs_target  # type: ignore[attr-defined]
+        factory.__arle_fields__ = fields  # type: ignore[attr-defined]
         REWARDS.add(name or factory.__name__, factory)
         return factory
 
@@ -125,6 +145,76 @@ def reward_factory(name: str) -> RewardFactory:
 
 
 _factory = reward_factory
+
+
+REWARD_ERROR = "reward_error"  # the detail a sample whose reward raised carries
+MAX_ERROR_CHARS = 300
+
+
+def score_samples(score: RewardFn, tasks: Sequence[Task], episodes: Sequence[Episode]) -> list[Score]:
+    """Score each episode against the task at the same position: through the reward's
+    `score_batch` when it has one (the judge grades a batch in one engine call), else one
+    call per sample. The one scoring path of eval and training.
+
+    A sample whose reward raises (any Exception: a row the reward cannot read, a bug in a
+    plugin, model text that trips a checker) or returns something that is no Score is that
+    sample's problem: it scores 0.0, wrong, with `details["reward_error"]` naming the error,
+    and the run goes on. A batch that raises is scored again one sample at a time, so only
+    the samples that raise are marked.
+
+    A UserError still stops the run: a reward raises one for a mistake the user must fix
+    (a judge that cannot be reached after its retries, a column the card maps that the
+    rows lack), which would fail every sample alike; samples already written are kept, and
+    once it is fixed `--resume` continues. Mistakes a reward can see before generation are
+    refused up front instead (`check_params`, `check_task_fields`, `check_tasks`).
+    KeyboardInterrupt and SystemExit are not Exceptions: they stop the run as always."""
+    batch = getattr(score, "score_batch", None)
+    if batch is not None and len(tasks) > 1:
+        try:
+            results = list(batch(list(tasks), list(episodes)))
+            if len(results) == len(tasks) and all(_is_score(r) for r in results):
+                return results
+        except UserError:
+            raise
+        except Exception:
+            pass  # one sample's error fails its whole batch: score them alone, below
+    return [_score_one(score, t, e) for t, e in zip(tasks, episodes, strict=True)]
+
+
+def _score_one(score: RewardFn, task: Task, episode: Episode) -> Score:
+    try:
+        result = score(task, episode)
+        if not _is_score(result):
+            raise TypeError(f"the reward returned {type(result).__name__}, not a Score")
+        return result
+    except UserError:
+        raise
+    except Exception as exc:
+        return failed_score(exc)
+
+
+def _is_score(result: Any) -> bool:
+    # What eval and training read from it must convert, or the sample would fail later.
+    if not isinstance(result, Score) or not isinstance(result.details, dict):
+        return False
+    try:
+        float(result.reward)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def failed_score(exc: BaseException) -> Score:
+    """The Score of a sample whose reward raised `exc`: 0.0, wrong, and the error (its type
+    and a clipped message, safe to write as UTF-8) in `details["reward_error"]`."""
+    try:
+        message = clean_text(str(exc))
+    except Exception:  # an exception whose own __str__ raises
+        message = "(its message could not be read)"
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "..."
+    return Score(0.0, False, None, {REWARD_ERROR: f"{type(exc).__name__}: {message}" if message
+                                    else type(exc).__name__})
 
 
 def check_tasks(score: Any, card: Any, tasks: list[Task]) -> None:
@@ -211,22 +301,56 @@ _TYPE_WORDS: dict[Any, tuple[str, str]] = {
 }
 
 
+def declared_fields(factory: RewardFactory) -> Fields:
+    """What `factory` declares with `@register(..., fields=...)` (nothing for a plain function)."""
+    return getattr(factory, "__arle_fields__", ())
+
+
+def spec_params(spec: str) -> list[str]:
+    """The card params a field spec refers to ("{test_field}" -> ["test_field"])."""
+    return [p for alt in spec.split("|") if (p := _param_ref(alt)) is not None]
+
+
+def _param_ref(alt: str) -> str | None:
+    m = _PARAM_REF.fullmatch(alt.strip())
+    return m.group(1) if m else None
+
+
+def reward_fields(name: str, params: dict[str, Any] | None = None) -> list[Field]:
+    """The task fields reward `name` with the card's `params` cannot score without, each
+    "{param}" resolved to the column the param (or its default) names."""
+    factory = _factory(name)
+    params = params or {}
+    declared = declared_fields(factory)
+    specs = declared(params) if callable(declared) else declared
+    defaults = {n: p.default for n, p in inspect.signature(factory).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return [s if isinstance(s, Field) else _resolve(s, params, defaults) for s in specs]
+
+
+def _resolve(spec: str, params: dict[str, Any], defaults: dict[str, Any]) -> Field:
+    names: list[str] = []
+    param = None
+    for alt in spec.split("|"):
+        ref = _param_ref(alt)
+        if ref is None:
+            names.append(alt.strip())
+            continue
+        param = param or ref
+        value = params.get(ref, defaults.get(ref))  # a reward's declaration names its own params (tested)
+        names.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    return Field(tuple(names), param)
+
+
 def check_task_fields(name: str, params: dict[str, Any], tasks: Sequence[Task], origin: str) -> None:
-    """Refuse tasks that lack a field reward `name` reads (see FIELDS_NEEDED), before generation.
+    """Refuse tasks that lack a field reward `name` reads (`@register(fields=...)`), before
+    generation.
 
     The error names the first such task, the field, where the rows came from, and the fix."""
-    needed = FIELDS_NEEDED.get(name, ())
-    if not needed:
-        return
-    defaults = {n: p.default for n, p in inspect.signature(_factory(name)).parameters.items()}
-    for param in needed:
-        if param not in defaults:  # renamed in the reward; test_bad_input holds the table to the signatures
-            continue
-        value = params.get(param, defaults[param])
-        names = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    for need in reward_fields(name, params):
         for task in tasks:
-            if not any(n in task.fields for n in names):
-                which = " or ".join(repr(n) for n in names)
-                raise UserError(
-                    f"task {task.id!r} of {origin} has no field {which}, which reward '{name}' needs; "
-                    f"give rows with that column, or point the card's reward param {param} at the right one")
+            if not any(n in task.fields for n in need.names):
+                which = " or ".join(repr(n) for n in need.names)
+                fix = f", or point the card's reward param {need.param} at the right one" if need.param else ""
+                raise UserError(f"task {task.id!r} of {origin} has no field {which}, which reward '{name}' needs; "
+                                f"give rows with that column{fix}")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from arlecli.rewards import RewardFn, get_reward, register, reward_metrics
+from arlecli.rewards import Field, RewardFn, get_reward, register, reward_fields, reward_metrics
 from arlecli.types import Episode, Score, Task
 
 
-@register("frozenlake", metrics=["reached_goal", "fell_in_hole", "moves"])
+@register("frozenlake", metrics=["reached_goal", "fell_in_hole", "moves"], fields=["map"])
 def frozenlake() -> RewardFn:
     """FrozenLake: 1 when the player reached the goal, else 0.
 
@@ -43,7 +43,8 @@ def _replayed(task: Task, episode: Episode) -> dict[str, Any]:
 
 
 @register("solver_judge", metrics=lambda p: [*reward_metrics(p.get("reward", "countdown"), p.get("reward_params")),
-                                            "solver_correct", "judge_fixed"])
+                                            "solver_correct", "judge_fixed"],
+          fields=lambda p: _inner_fields(p.get("reward", "countdown"), p.get("reward_params")))
 def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None = None) -> RewardFn:
     """A solver-then-judge episode (envs/judge.py) scored by `reward` on the final (judge's)
     answer, with the solver's own first answer scored by the same reward as a detail.
@@ -63,6 +64,11 @@ def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None
         return Score(final.reward, final.correct, final.extracted, details)
 
     return score
+
+
+def _inner_fields(reward: str, params: dict[str, Any] | None) -> list[Field]:
+    # The wrapped reward reads the same task: its fields, with its params named as the card writes them.
+    return [Field(f.names, f"reward_params.{f.param}" if f.param else None) for f in reward_fields(reward, params)]
 
 
 GAME_METRICS = ["win", "draw", "loss", "invalid_move", "invalid_moves", "turns"]

@@ -77,7 +77,8 @@ class CodeTestsParams:
     call_check: bool = True
 
 
-@register("code_tests", metrics=[], needs_target=False)
+@register("code_tests", metrics=[], needs_target=False,
+          fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
 def code_tests(
     prompt_field: str = "prompt",
     test_field: str = "test",
@@ -137,7 +138,8 @@ def score_batch(
     return [_to_score(code, verdict) for (_, code), verdict in zip(built, verdicts)]
 
 
-@register("code_unittest", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False)
+@register("code_unittest", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False,
+          fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
 def code_unittest(
     prompt_field: str = "complete_prompt",
     test_field: str = "test",
@@ -180,7 +182,8 @@ def code_unittest(
     return _with_batch(batch)
 
 
-@register("code_io", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False)
+@register("code_io", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False,
+          fields=["{tests_fields}"])
 def code_io(
     tests_fields: str | list[str] = "tests",
     fn_name_field: str = "fn_name",

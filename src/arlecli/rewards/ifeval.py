@@ -144,7 +144,8 @@ def check(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str,
 
 
 @register("ifeval", metrics=["prompt_level_strict_acc", "prompt_level_loose_acc", "inst_level_strict_acc",
-                              "inst_level_loose_acc", "n_instructions"], needs_target=False)
+                              "inst_level_loose_acc", "n_instructions"], needs_target=False,
+          fields=["instruction_id_list"])
 def ifeval() -> RewardFn:
     """IFEval scored by lm-eval's own checks (lm-eval 0.4.13 `ifeval` task).
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arlecli import safeio
 from arlecli.errors import UserError
 from arlecli.rewards import RewardFn, register
 from arlecli.types import Episode, Score, Task
@@ -153,7 +154,7 @@ class JudgeCache:
     def get(self, key: str) -> str | None:
         """The cached reply for `key`, or None (missing or unreadable: ask the judge again)."""
         try:
-            entry = json.loads(self._path(key).read_text(encoding="utf-8"))
+            entry = safeio.loads(self._path(key).read_bytes())
         except (OSError, ValueError):
             return None
         reply = entry.get("reply") if isinstance(entry, dict) else None
@@ -167,7 +168,7 @@ class JudgeCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}-", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"judge": judge, "reply": reply}, f, ensure_ascii=False)
+                f.write(safeio.dumps({"judge": judge, "reply": reply}))
             os.replace(tmp, path)
         except OSError as exc:
             if tmp is not None:
@@ -224,9 +225,11 @@ class JudgeReward:
         return [self._score(replies[key]) for key in keys]
 
     def _key(self, prompt: str) -> str:
-        material = json.dumps({"v": PROMPT_VERSION, "judge": self.identity, "rubric": self.rubric,
-                               "scale": self.scale.text, "prompt": prompt, "max_tokens": self.max_tokens,
-                               "temperature": self.temperature}, sort_keys=True, ensure_ascii=False)
+        # safeio.dumps: the same text as json.dumps (so cached keys stay valid) unless a lone
+        # surrogate would make .encode() fail.
+        material = safeio.dumps({"v": PROMPT_VERSION, "judge": self.identity, "rubric": self.rubric,
+                                 "scale": self.scale.text, "prompt": prompt, "max_tokens": self.max_tokens,
+                                 "temperature": self.temperature}, sort_keys=True)
         return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
     def _ask(self, prompts: dict[str, str]) -> dict[str, str]:

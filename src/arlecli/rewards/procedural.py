@@ -13,6 +13,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
+from arlecli import safeio
 from arlecli.errors import UserError
 from arlecli.rewards import RewardFn, register
 from arlecli.types import Episode, Score, Task
@@ -121,7 +122,7 @@ def _countdown_problem(task: Task) -> tuple[list[int], Any]:
     fields = task.fields
     meta = fields.get("metadata") or {}
     if isinstance(meta, str):
-        meta = json.loads(meta)
+        meta = safeio.loads(meta)
     # Our rows carry numbers/target at the top; reasoning_gym:countdown rows in metadata.
     numbers = fields.get("numbers", meta.get("numbers"))
     target = fields.get("target", meta.get("target", task.target))
@@ -130,7 +131,7 @@ def _countdown_problem(task: Task) -> tuple[list[int], Any]:
     return [int(n) for n in numbers], target
 
 
-@register("countdown", metrics=["accuracy", "valid_expression"])
+@register("countdown", metrics=["accuracy", "valid_expression"], fields=["numbers|metadata"])
 def countdown() -> RewardFn:
     """Countdown: an arithmetic expression that uses each given number exactly once and
     equals the target.
@@ -281,7 +282,7 @@ def _rg_entry(task: Task, name: str | None) -> dict[str, Any]:
     fields = task.fields
     metadata = fields.get("metadata") or {}
     if isinstance(metadata, str):  # a row that went through a flat file
-        metadata = json.loads(metadata)
+        metadata = safeio.loads(metadata)
     name = name or metadata.get("source_dataset")
     if name in _RESTORE:
         metadata = _RESTORE[name](metadata)
@@ -330,7 +331,8 @@ def _sandbox_value(stdout: str, nonce: str) -> float:
     return 0.0
 
 
-@register("reasoning_gym", metrics=["accuracy"])
+# Without the `task` param the row's metadata names its dataset (and every checker reads it).
+@register("reasoning_gym", metrics=["accuracy"], fields=lambda p: [] if p.get("task") else ["metadata"])
 def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: int = 2048,
                   workers: int | None = None) -> RewardFn:
     """Score with reasoning-gym's own checker (`score_answer`) for the row's dataset.
@@ -430,7 +432,7 @@ def parse_grid(text: str) -> Grid | None:
     tagged = answer_tag(text)
     body = (tagged if tagged is not None else text)[:MAX_GRID_CHARS]
     try:
-        data = json.loads(body)
+        data = safeio.loads(body)  # model text: "[[[[..." is no grid, not a RecursionError
     except ValueError:
         data = None
     if isinstance(data, list) and data and all(

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from arlecli import safeio
 from arlecli.errors import UserError
 
 ALGOS = ("grpo", "rloo", "ppo", "sft", "dpo", "rft")
@@ -138,7 +139,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise UserError(f"--set {item!r}: write --set key=value, e.g. --set beta=0.04")
         try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+            out[key] = safeio.load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             out[key] = raw  # not YAML (e.g. an unbalanced bracket): the plain string
     return out
@@ -161,14 +162,13 @@ def find_recipe(name_or_path: str) -> Path:
 def load_recipe(name_or_path: str) -> tuple[Path, dict[str, Any]]:
     """Read a recipe: a flat YAML mapping of arle and trainer fields."""
     path = find_recipe(name_or_path)
+    text = safeio.read_text(path, "recipe")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safeio.load_yaml(text)  # no aliases, no deep nesting: one line, like any YAML mistake
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise UserError(f"cannot read recipe {path}: {exc.strerror}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):

@@ -12,13 +12,14 @@ those steps run again, and the file keeps one line per step.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from arlecli import safeio
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -67,7 +68,7 @@ class MetricsLog:
         self._last_time, self._last_step = now, step
         self._last_tokens = tokens if isinstance(tokens, (int, float)) else None
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            f.write(safeio.dumps(row, default=str) + "\n")
         return row
 
 
@@ -81,9 +82,12 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         if not raw.endswith(b"\n"):
             break
         try:
-            rows.append(json.loads(raw))
-        except json.JSONDecodeError:
+            row = safeio.loads(raw)
+        except ValueError:  # damaged (or nested too deep): nothing after it is trusted
             break
+        if not isinstance(row, dict):
+            break
+        rows.append(row)
     return rows
 
 
@@ -93,7 +97,7 @@ def truncate_metrics(run_dir: Path, after_step: int) -> None:
     if not path.exists():
         return
     keep = [r for r in read_metrics(run_dir) if int(r.get("step", 0)) <= after_step]
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep), encoding="utf-8")
+    path.write_text("".join(safeio.dumps(r, default=str) + "\n" for r in keep), encoding="utf-8")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from arlecli import rundir
+from arlecli import rundir, safeio
 from arlecli.cards import Card
 from arlecli.errors import UserError
 from arlecli.models import ModelSpec
@@ -96,9 +96,10 @@ def read_rows(path: str | Path, algo: str) -> list[dict[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{n}: not valid JSON ({exc.msg}); a --data file holds one JSON "
+                    row = safeio.loads(line, clean=True)  # rows go to a tokenizer: no lone surrogates
+                except ValueError as exc:  # broken, or nested deeper than safeio.MAX_DEPTH
+                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                    raise UserError(f"{path}:{n}: not valid JSON ({why}); a --data file holds one JSON "
                                     f"object per line: fix or delete that line") from None
                 problem = "not a JSON object" if not isinstance(row, dict) else check(row)
                 if problem is None and row.get("tools") is not None and not isinstance(row["tools"], list):

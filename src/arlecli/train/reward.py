@@ -8,14 +8,14 @@ reward functions; PPO calls `score` directly. Each verdict is one line of reward
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from arlecli import safeio
 from arlecli.cards import Card
 from arlecli.envs import env_kind
-from arlecli.rewards import check_tasks, get_reward
+from arlecli.rewards import check_tasks, get_reward, score_samples
 from arlecli.types import Episode, Score, Task
 
 REWARDS_FILE = "rewards.jsonl"
@@ -59,10 +59,9 @@ class CardReward:
         scores: list[Score] = []
         lines: list[str] = []
         tasks = [self.tasks[int(index)] for index in indices]
-        # A reward that grades many at once (the judge: one batch of requests) gets the batch.
-        score_batch = getattr(self.score_fn, "score_batch", None)
-        results = (score_batch(tasks, episodes) if score_batch is not None
-                   else [self.score_fn(t, e) for t, e in zip(tasks, episodes, strict=True)])
+        # A reward that grades many at once (the judge) gets the batch; one that raises on a
+        # completion scores it 0 with the error in its details, and the step goes on (score_samples).
+        results = score_samples(self.score_fn, tasks, episodes)
         for episode, index, task, result in zip(episodes, indices, tasks, results, strict=True):
             scores.append(result)
             line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": episode.completion,
@@ -71,7 +70,7 @@ class CardReward:
                     "finish_reason": episode.turns[-1].finish_reason if episode.turns else None}
             if self.multi_turn:
                 line.update(turns=len(episode.turns), end_reason=episode.end_reason, env_info=episode.info)
-            lines.append(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+            lines.append(safeio.dumps(line, default=str) + "\n")  # valid UTF-8 whatever the model wrote
         if self.gather is not None:
             lines = self.gather(lines)
         with self._lock:
@@ -110,8 +109,8 @@ def truncate_rewards(run_dir: Path, after_step: int) -> None:
         if not raw.endswith(b"\n"):
             break  # torn by a kill mid-write
         try:
-            step = json.loads(raw).get("step")
-        except json.JSONDecodeError:
+            step = safeio.loads(raw).get("step")
+        except (ValueError, AttributeError):  # damaged (or not an object): keep nothing after it
             break
         if step is None or step <= after_step:
             keep.append(raw)

@@ -31,13 +31,13 @@ metrics.jsonl and rewards.jsonl; a round cut short is sampled and trained again 
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from arlecli import safeio
 from arlecli.cards import Card
 from arlecli.envs import env_kind
 from arlecli.envs.episodes import collect
@@ -347,8 +347,12 @@ def round_line(row: dict[str, Any], rounds: int) -> str:
 
 
 def _read_state(checkpoint: Path) -> dict[str, Any]:
-    state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-    if "round" not in state:
+    try:
+        state = safeio.loads(safeio.read_text(checkpoint / STATE_FILE, "rft state"))
+    except ValueError as exc:  # broken, or nested deeper than safeio.MAX_DEPTH
+        raise UserError(f"cannot resume from {checkpoint}: its {STATE_FILE} is damaged ({exc}); delete that "
+                        f"checkpoint folder to resume from the one before, or choose a new --output") from None
+    if not isinstance(state, dict) or "round" not in state:
         raise UserError(f"{checkpoint} is not an rft round (no 'round' in its {STATE_FILE}); it was written by "
                         f"another --algo: resume with that algo, or choose a new --output")
     return state

@@ -7,9 +7,9 @@ not decode every problem's tests up front.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from arlecli import safeio
 from arlecli.data.transforms import Row, transform
 from arlecli.rewards.code import called_function
 
@@ -103,7 +103,7 @@ def _first(solutions: Any) -> str:
     # APPS `solutions` is a JSON list of programs, or "" for some problems.
     if isinstance(solutions, str):
         try:
-            solutions = json.loads(solutions) if solutions.strip() else []
+            solutions = safeio.loads(solutions) if solutions.strip() else []
         except ValueError:
             return ""
     return str(solutions[0]) if isinstance(solutions, list) and solutions else ""
@@ -112,7 +112,7 @@ def _first(solutions: Any) -> str:
 def _json_get(value: Any, key: str) -> Any:
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else {}
+            value = safeio.loads(value) if value.strip() else {}
         except ValueError:
             return None
     return value.get(key) if isinstance(value, dict) else None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+from arlecli import safeio
 from arlecli.data.transforms import Row, transform
 
 
@@ -150,7 +150,7 @@ def _json_answer(answer: Any) -> Any:
     if not isinstance(answer, str):
         return answer
     try:
-        value = json.loads(answer)
+        value = safeio.loads(answer)
     except ValueError:
         return answer
     if isinstance(value, list) or type(value) is int or (type(value) is float and math.isfinite(value)):
