@@ -20,7 +20,7 @@ import pytest
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
 from arlecli.serve.app import create_app
-from arlecli.serve.record import session_file_name
+from arlecli.serve.record import read_records, session_file_name
 from arlecli.serve.server import BackgroundServer
 
 ARLE = [sys.executable, "-m", "arlecli"]
@@ -47,6 +47,15 @@ def served(tiny_model, tmp_path_factory):
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as client:
         yield SimpleNamespace(url=srv.base_url, root=srv.base_url.removesuffix("/v1"), app=app, record=record,
                               client=client)
+
+
+def _open(served) -> str:
+    """A new recording session, opened as a client does (POST /sessions)."""
+    resp = served.client.post(served.root + "/sessions")
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert body["base_url"] == f"{served.root}/s/{body['id']}/v1"
+    return body["id"]
 
 
 def _direct(engine: HFEngine, request: GenerationRequest):
@@ -192,8 +201,7 @@ def test_streaming_deltas_add_up_to_the_non_streaming_answer(served, chat):
 
 
 def test_recording_keeps_each_session_apart_with_the_engine_token_ids(served, reference):
-    path_session = "agent-" + uuid.uuid4().hex[:8]
-    header_session = f"team/{uuid.uuid4().hex[:8]} x"  # unsafe for a file name: sanitised
+    path_session, header_session = _open(served), _open(served)
     c = served.client
     by_path = [
         c.post(f"{served.root}/s/{path_session}/v1/chat/completions",
@@ -207,8 +215,8 @@ def test_recording_keeps_each_session_apart_with_the_engine_token_ids(served, re
 
     def lines(session: str) -> list[dict]:
         file = served.record / session_file_name(session)
-        assert file.parent == served.record
-        return [json.loads(line) for line in file.read_text().splitlines()]
+        assert file.parent == served.record and file.name == session + ".jsonl"  # minted ids are file-safe
+        return read_records(file)
 
     for session, responses, asked in ((path_session, by_path, [("messages", CHATS[0]), ("prompt", PROMPTS[0])]),
                                       (header_session, by_header, [("messages", CHATS[2])])):
@@ -232,21 +240,21 @@ def test_recording_keeps_each_session_apart_with_the_engine_token_ids(served, re
 def test_a_recorded_session_continues_its_earlier_reply_with_the_exact_ids(served):
     """An agent re-sends its conversation as text; the server starts the new prompt with the
     earlier prompt's ids + the reply's ids as generated, and says so in the record."""
-    session = "agent-" + uuid.uuid4().hex[:8]
+    session, other_session = _open(served), _open(served)
     url = f"{served.root}/s/{session}/v1/chat/completions"
     ask = {"max_tokens": 6, "temperature": 1.0, "seed": 3, "return_token_ids": True}
     first = served.client.post(url, json={**ask, "messages": CHATS[0]}).json()
     reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
     convo = [*CHATS[0], reply, {"role": "user", "content": "Are you sure?"}]
     second = served.client.post(url, json={**ask, "messages": convo}).json()
-    elsewhere = served.client.post(f"{served.root}/s/other-{session}/v1/chat/completions",
+    elsewhere = served.client.post(f"{served.root}/s/{other_session}/v1/chat/completions",
                                    json={**ask, "messages": convo}).json()  # another session: encoded afresh
     sent = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
     assert second["prompt_token_ids"][:len(sent)] == sent
-    records = [json.loads(x) for x in (served.record / session_file_name(session)).read_text().splitlines()]
+    records = read_records(served.record / session_file_name(session))
     assert records[0]["continues"] is None
     assert records[1]["continues"] == {"id": first["id"], "choice": 0, "seamless": True}
-    other = json.loads((served.record / session_file_name(f"other-{session}")).read_text())
+    [other] = read_records(served.record / session_file_name(other_session))
     assert other["continues"] is None and other["choices"][0]["prompt_token_ids"] == elsewhere["prompt_token_ids"]
 
 

@@ -20,9 +20,10 @@ and any other params are passed to the function as keyword arguments.
 
 How an episode runs (`run_rollout_episodes`, for eval and training alike): arle serves its
 engine in-process through the recording gateway (arlecli.serve, on a free localhost port),
-gives each episode its own session (`client.base_url` ends in /s/<session>/v1), and calls
-the function on a thread pool, so many agents run at once and the server batches their
-requests. When a function returns, its session's recorded requests become the Episode's
+gives each episode its own session (`client.base_url` ends in /s/<session>/v1; the server
+mints the id, so no other client can write into the episode), and calls the function on a
+thread pool, so many agents run at once and the server batches their requests. When a
+function returns, its session is closed and its recorded requests become the Episode's
 turns, with the engine's own prompt/completion token ids and logprobs. Because the server
 continues a session's earlier reply with its exact ids (serve/continuation.py), an agent
 that re-sends its conversation yields one unbroken id sequence that GRPO trains on as is
@@ -32,17 +33,16 @@ an empty answer (reward 0); the run goes on.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import threading
 import traceback
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
+from arlecli.cli.output import terminal_text
 from arlecli.envs import Step, register_env
 from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
@@ -203,6 +203,7 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
     if not jobs:
         return
     from arlecli.serve.app import create_app
+    from arlecli.serve.record import read_records
     from arlecli.serve.server import BackgroundServer
 
     with tempfile.TemporaryDirectory(prefix="arle-rollout-") as record_dir:
@@ -210,25 +211,27 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
         # does for batch mates, as one generate call per batch is what makes this fast.
         app = create_app(engine, model_name=SERVED_MODEL, record_dir=Path(record_dir),
                          max_concurrency=max(16, min(len(jobs), 256)), batch_wait_s=0.02)
-        recorder = app.state.recorder
+        recorder, sessions = app.state.recorder, app.state.sessions
         warned = threading.Event()
         with BackgroundServer(app) as server:
             root = server.base_url.removesuffix("/v1")
             pool = ThreadPoolExecutor(max_workers=min(len(jobs), max_agents), thread_name_prefix="arle-agent")
-            futures: dict[Future[Any], tuple[int, str]] = {}
+            futures: dict[Future[Any], int] = {}
             try:
                 for i, job in enumerate(jobs):
-                    session = f"ep{i}-{uuid.uuid4().hex[:12]}"
-                    futures[pool.submit(_call, job, _client(job, root, session))] = (i, session)
+                    futures[pool.submit(_episode, job, i, root, sessions)] = i
                 for fut in as_completed(futures):
-                    i, session = futures[fut]
-                    answer, error = fut.result()
+                    i = futures[fut]
+                    session, answer, error = fut.result()
                     if error is not None and not warned.is_set():
                         warned.set()
-                        print(f"arle: rollout function '{jobs[i].env.name}' raised {error} (task {jobs[i].task.id}; "
-                              "the episode ends with end_reason 'error'; later errors are in each sample's "
-                              "env_info)", file=sys.stderr)
-                    records = _read_records(recorder.path(session))
+                        print(terminal_text(f"arle: rollout function '{jobs[i].env.name}' raised {error} (task "
+                                            f"{jobs[i].task.id}; the episode ends with end_reason 'error'; later "
+                                            "errors are in each sample's env_info)"), file=sys.stderr)
+                    # Closed first: a thread the agent left behind can no longer add to the episode.
+                    sessions.close(session)
+                    records = read_records(recorder.path(session))
+                    records.sort(key=lambda r: r["received_at"])  # the order the agent asked in
                     yield i, build_episode(jobs[i], records, answer, error, engine)
             finally:
                 # On an early exit (an interrupt, a scoring error) don't start the agents still
@@ -247,6 +250,13 @@ def _client(job: Job, root: str, session: str) -> ClientConfig:
                         seed=p.seed, prompt=job.env.reset(), session=session)
 
 
+def _episode(job: Job, i: int, root: str, sessions: Any) -> tuple[str, str | None, str | None]:
+    """(session, answer, error) of job `i`'s episode, in a session opened when it starts (so only
+    the agents running, and the episodes not read yet, hold one)."""
+    session = sessions.open(label=f"ep{i}")
+    return (session, *_call(job, _client(job, root, session)))
+
+
 def _call(job: Job, client: ClientConfig) -> tuple[str | None, str | None]:
     """(answer, error): what the function returned, or why it failed (never raises, so one bad
     episode does not end the run)."""
@@ -259,13 +269,6 @@ def _call(job: Job, client: ClientConfig) -> tuple[str | None, str | None]:
     except Exception as exc:
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return None, tail
-
-
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return sorted(records, key=lambda r: r["received_at"])  # the order the agent asked in
 
 
 def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, error: str | None,

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from arlecli.cli.output import console, print_json
+from arlecli.cli.output import console, plain, print_json
 from arlecli.errors import UserError
 
 app = typer.Typer(help="Browse benchmark cards.", no_args_is_help=True)
@@ -45,7 +45,7 @@ def list_command(
     for col in ("name", "category", "source", "reward"):
         table.add_column(col)
     for c in cards:
-        table.add_row(c.name, c.category, _source_text(c), c.reward)
+        table.add_row(*map(plain, (c.name, c.category, _source_text(c), c.reward)))  # card text, shown as is
     out = console()
     out.print(table)
     for b in broken:  # one unwrapped line each, so the reason reads whole in a log or a grep
@@ -84,7 +84,10 @@ def show_command(
         print_json(info)
         return
     out = console()
-    out.print(f"[bold]{card.name}[/bold] v{card.version}  ({card.category})  {card.path}")
+    from rich.markup import escape
+
+    # Card text is data: its brackets are not markup (terminal_text escapes control characters).
+    out.print(f"[bold]{escape(card.name)}[/bold] {escape(f'v{card.version}  ({card.category})  {card.path}')}")
     out.print(card.description, markup=False)
     for key in ("source", "splits", "default_split", "reward", "reward_params", "metrics", "format", "stop",
                 "max_tokens", "fewshot"):

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from arlecli.cli import options
-from arlecli.cli.output import console, err_console, print_json
+from arlecli.cli.output import console, err_console, plain, print_json, terminal_text
 from arlecli.cli.report import report_hint
 from arlecli.errors import UserError
 
@@ -37,7 +37,10 @@ class _Progress:
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("acc {task.fields[acc]}"), TimeRemainingColumn(), console=err_console())
             self.bar.start()
-            self.task = self.bar.add_task(self.label, total=total, completed=done, acc="-")
+            from rich.markup import escape
+
+            # The bar renders its description as markup, past the console's own escaping.
+            self.task = self.bar.add_task(escape(terminal_text(self.label)), total=total, completed=done, acc="-")
         self.next_report = done + max(1, total // 10)
 
     def sample(self, sample: dict[str, Any]) -> None:
@@ -47,7 +50,7 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(self.task, advance=1, acc=f"{self.correct / self.new:.3f}")
         elif self.done >= self.next_report or self.done == self.total:
-            err_console().print(f"{self.label}: {self.done}/{self.total} samples", highlight=False)
+            err_console().print(f"{self.label}: {self.done}/{self.total} samples", markup=False, highlight=False)
             self.next_report = self.done + max(1, self.total // 10)
 
     def stop(self) -> None:
@@ -188,7 +191,7 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
 
     out = console()
     out.print(f"{results['benchmark']} · {results['model']} · {results['n_tasks']} tasks · "
-              f"{results['n_samples']} samples", highlight=False)
+              f"{results['n_samples']} samples", markup=False, highlight=False)
     table = Table()
     table.add_column("group")
     table.add_column("metric")
@@ -197,7 +200,7 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
     rows = [("all", results["metrics"])] + list(results.get("groups", {}).items())
     for group, metrics in rows:
         for name, stat in metrics.items():
-            table.add_row(group, name, f"{stat['value']:.4f}", f"{stat['stderr']:.4f}")
+            table.add_row(plain(group), plain(name), f"{stat['value']:.4f}", f"{stat['stderr']:.4f}")
     out.print(table)
     for line in efficiency_lines(results):
         out.print(line, highlight=False)

@@ -59,7 +59,9 @@ def main() -> None:
         # exiting, and lets UserError through to us.
         rc = app(standalone_mode=False)
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        from arlecli.cli.output import terminal_text
+
+        typer.echo(f"error: {terminal_text(str(exc))}", err=True)  # it may quote a card, a row, a path
         sys.exit(2)
     except typer.Abort:
         typer.echo("aborted", err=True)

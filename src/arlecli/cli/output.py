@@ -1,31 +1,89 @@
-"""Terminal and log output: Rich when stdout is a terminal, plain lines when it is not."""
+"""Terminal and log output: Rich when stdout is a terminal, plain lines when it is not.
+
+Model output, task ids, card text and run files reach the terminal, and a terminal acts on
+some characters instead of showing them: ESC and CSI (U+009B) start sequences that write the
+clipboard (OSC 52), retitle the window, move the cursor or rewrite what is on screen. So every
+string printed goes through `terminal_text`, which shows such characters as escapes (`\\x1b`):
+the consoles here apply it to everything they render, and anything written past them (plain
+`typer.echo`, a server's log line) calls it itself. `--json` output keeps JSON's own escapes
+and also escapes the characters JSON leaves raw (C1 controls, U+2028/U+2029, bidi controls).
+"""
 
 from __future__ import annotations
 
-import json
+import re
 import sys
 from functools import lru_cache
 from typing import Any
+
+# Shown escaped: C0 controls but \n and \t; DEL and the C1 controls (U+0080-U+009F; U+009B is
+# CSI by itself); the line and paragraph separators; the bidi embeddings, overrides, isolates and
+# marks, which reorder what is shown ("Trojan Source"); lone surrogates, which stdout cannot encode.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
+# In JSON the C0 controls are escaped already; these are what json.dumps leaves raw.
+_JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(text: str) -> str:
+    """`text` safe to print: every character a terminal would act on instead of showing is
+    written as an escape (ESC as the four characters `\\x1b`, U+2028 as `\\u2028`); newlines
+    and tabs are kept."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+@lru_cache(maxsize=None)
+def _console_class() -> type:
+    from rich.console import Console
+
+    class SafeConsole(Console):
+        """A Console that passes every string it renders (print arguments, table cells,
+        titles) through terminal_text before markup and styling."""
+
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            return super().render_str(terminal_text(text), **kwargs)
+
+    return SafeConsole
 
 
 @lru_cache(maxsize=None)
 def console():
     """The stdout console (Rich decides colour and width from whether it is a TTY)."""
-    from rich.console import Console
-
     # Off a terminal (logs, pipes) Rich would assume 80 columns and crop table cells.
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    return _console_class()() if sys.stdout.isatty() else _console_class()(width=200)
 
 
 @lru_cache(maxsize=None)
 def err_console():
     """The stderr console, for progress and status lines."""
-    from rich.console import Console
+    return _console_class()(stderr=True)
 
-    return Console(stderr=True)
+
+def plain(value: Any) -> Any:
+    """A table cell or line for text from a run, a card or a model: shown as it is (Rich markup
+    such as `[link=...]` in it is not interpreted), through terminal_text like all the rest."""
+    from rich.text import Text
+
+    return Text(terminal_text(value if isinstance(value, str) else str(value)))
+
+
+def json_text(data: Any, **kwargs: Any) -> str:
+    """`data` as JSON that is safe on a terminal and still parses to the same value: UTF-8
+    whatever it holds (safeio.dumps) and with every character terminal_text escapes written
+    as a JSON escape."""
+    from arlecli import safeio
+
+    text = safeio.dumps(data, default=str, **kwargs)
+    # Outside strings JSON is plain ASCII, so these only ever occur inside strings.
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
 def print_json(data: Any) -> None:
     """JSON on stdout for scripts (no Rich markup or wrapping)."""
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.write(json_text(data, indent=2) + "\n")
     sys.stdout.flush()

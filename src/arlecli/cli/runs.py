@@ -2,6 +2,10 @@
 
 Reading is rundir's (find_runs, describe, load_eval) and the statistics are compare.py's;
 this module only prints. Nothing here writes to a run directory.
+
+Everything a run holds (completions, ids, model and benchmark names, paths) was written by a
+model or by whoever made the folder: it is printed through cli/output (terminal_text, and
+`plain` for table cells, so neither control characters nor Rich markup in it take effect).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from arlecli.cli.output import console, err_console, print_json
+from arlecli.cli.output import console, err_console, plain, print_json
 from arlecli.errors import UserError
 
 app = typer.Typer(help="List and inspect run directories.", no_args_is_help=True)
@@ -73,7 +77,8 @@ def list_command(
         return
     out = console()
     if not infos:
-        out.print(f"no runs under {base} (arle eval and arle train write them there)", highlight=False)
+        out.print(f"no runs under {base} (arle eval and arle train write them there)", markup=False,
+                  highlight=False)
         return
     from rich.table import Table
 
@@ -83,8 +88,8 @@ def list_command(
     for i in infos:
         metric = _stat_text(i.value, i.stderr) + (f" ({i.metric.split('@', 1)[1]})" if i.metric and "@" in i.metric
                                                   else "")
-        table.add_row(i.kind, i.benchmark or "-", i.model or "-", metric, _done_text(i), _status_text(i),
-                      i.started or "-", i.path)
+        table.add_row(*map(plain, (i.kind, i.benchmark or "-", i.model or "-", metric, _done_text(i),
+                                   _status_text(i), i.started or "-", i.path)))
     out.print(table)
 
 
@@ -142,11 +147,12 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for group, metrics in [("all", res["metrics"]), *(res.get("groups") or {}).items()]:
         for name, stat in metrics.items():
-            table.add_row(group, name, _num(stat.get("value")), _num(stat.get("stderr")), _num(stat.get("n")))
+            table.add_row(plain(group), plain(name), _num(stat.get("value")), _num(stat.get("stderr")),
+                          _num(stat.get("n")))
     out.print(table)
     _print_blocks(out, res, _RESULTS_CORE)
     if wrong and failed:
-        out.print(f"failed samples (first {min(failed, len(wrong))} of {len(wrong)}):", highlight=False)
+        out.print(f"failed samples (first {min(failed, len(wrong))} of {len(wrong)}):", markup=False, highlight=False)
         for s in wrong[:failed]:
             out.print(f"  {s['id']}  target {_one_line(s.get('target'), 60)}  extracted "
                       f"{_one_line(s.get('extracted'), 60)}  finish {s.get('finish_reason')}", markup=False,
@@ -184,8 +190,8 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
             table.add_column(col)
         for label, res in evals.items():
             stat = (res.get("metrics") or {}).get("accuracy") or {}
-            table.add_row(label, _num(stat.get("value")), _num(stat.get("stderr")), _num(res.get("n_tasks")),
-                          str(run_dir / rundir.HELD_OUT / label))
+            table.add_row(plain(label), _num(stat.get("value")), _num(stat.get("stderr")), _num(res.get("n_tasks")),
+                          plain(run_dir / rundir.HELD_OUT / label))
         out.print(table)
     if steps:
         last = steps[-1]
@@ -236,7 +242,7 @@ def _print_comparison(cmp: Any, flips: int) -> None:
     for group, rows in [("all", cmp.metrics), *cmp.groups.items()]:
         for m in rows:
             ci = "-" if not math.isfinite(m.stderr) else f"[{m.ci_low:+.4f}, {m.ci_high:+.4f}]"
-            table.add_row(group, m.metric, _num(m.a), _num(m.b), f"{m.diff:+.4f}", _num(m.stderr), ci,
+            table.add_row(plain(group), plain(m.metric), _num(m.a), _num(m.b), f"{m.diff:+.4f}", _num(m.stderr), ci,
                           f"{m.won}/{m.lost}/{m.tied}", _num(m.mcnemar_p))
     out.print(table)
     for label, ids in (("B right, A wrong", cmp.gained), ("A right, B wrong", cmp.lost)):

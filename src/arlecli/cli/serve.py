@@ -34,8 +34,15 @@ def serve_command(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model name clients "
                                                     "send and /v1/models lists (default: the model's name)."),
     record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
-                                          "ids, logprobs, text) to DIR/SESSION.jsonl; a session is the URL prefix "
-                                          "/s/SESSION/v1 or the X-Arle-Session header."),
+                                          "ids, logprobs, text) to DIR/SESSION.jsonl. A client opens a session "
+                                          "with POST /sessions, which answers its id and base URL (/s/ID/v1; or "
+                                          "send the X-Arle-Session header); ids the server did not open are "
+                                          "refused. Requests naming no session go to DIR/default.jsonl."),
+    record_memory_mb: float = typer.Option(1024.0, "--record-memory-mb", min=1.0, help="Most memory (MB) all "
+                                           "recorded sessions together may hold in replies kept to continue them "
+                                           "with the exact token ids; past it the least recently used session's "
+                                           "oldest replies are dropped (a later call continuing one is encoded "
+                                           "afresh)."),
     max_choices: int = typer.Option(256, "--max-choices", min=1, help="Most generations one request may ask for "
                                     "(prompts x n); more is answered 400."),
     max_connections: Optional[int] = typer.Option(None, "--max-connections", min=1, help="Most open connections; "
@@ -53,6 +60,7 @@ def serve_command(
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
 ) -> None:
     """Serve a model with an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    from arlecli.cli.output import terminal_text
     from arlecli.engine import make_engine
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import resolve_model
@@ -79,12 +87,16 @@ def serve_command(
     concurrency = max_concurrency or DEFAULT_CONCURRENCY.get(engine.name, DEFAULT_CONCURRENCY["hf"])
     name = served_model_name or spec.name
     limits = ServeLimits(max_choices=max_choices, max_connections=max_connections,
-                         max_body_bytes=int(max_body_mb * 2**20), header_timeout_s=header_timeout)
+                         max_body_bytes=int(max_body_mb * 2**20), header_timeout_s=header_timeout,
+                         record_memory_bytes=int(record_memory_mb * 2**20))
     app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency,
                      limits=limits, max_model_len=max_model_len)
 
     def ready() -> None:
-        typer.echo(f"serving {name} on {server.url(sock)}")
+        typer.echo(terminal_text(f"serving {name} on {server.url(sock)}"))
+        if record is not None:
+            root = server.url(sock).removesuffix("/v1")
+            typer.echo(terminal_text(f"recording to {record}: open a session with POST {root}/sessions"))
         sys.stdout.flush()
 
     batcher = app.state.batcher

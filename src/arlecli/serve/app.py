@@ -4,9 +4,12 @@
     POST /v1/chat/completions       chat, streaming or not
     POST /v1/completions            raw prompts, streaming or not
     GET  /health                    200 when up (no key needed)
+    POST /sessions                  open a recording session: {"id", "base_url"} (sessions.py)
+    DELETE /sessions/{id}           close one
 
 Every /v1 route also answers under /s/{session}/v1/..., which names the recording session
-(else the X-Arle-Session header, else "default"). Requests go through a Batcher, which
+(else the X-Arle-Session header, else "default"); a session must be open (opened by this
+server), any other id is a 404. Requests go through a Batcher, which
 groups concurrent ones into single engine.generate calls. When recording over an engine with
 a tokenizer, a chat request that continues an earlier reply of its session gets that reply's
 exact ids as its prompt's start (see continuation.py), so a recorded agent trajectory is one
@@ -14,7 +17,9 @@ unbroken id sequence.
 
 Limits (limits.py): a body too big, too slow or not valid Unicode JSON, more generations than
 --max-choices, a prompt beyond the model's context or a max_tokens beyond what is left of it
-are refused (4xx, OpenAI's error shape) before anything is queued. A client that goes away
+are refused (4xx, OpenAI's error shape) before anything is queued, and so is a prompt that
+encodes to no tokens (the engine cannot start from nothing, and a failed batch is retried one
+request at a time, which would slow its batch mates). A client that goes away
 while its request waits or generates has the request cancelled (Batcher.cancel), so the engine
 does not generate for nobody.
 
@@ -29,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
+import sys
 import time
 import traceback
 from concurrent.futures import Future
@@ -42,6 +47,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from arlecli import safeio
+from arlecli.cli.output import terminal_text
 from arlecli.engine.base import Engine, GenerationRequest
 from arlecli.errors import UserError
 from arlecli.serve import protocol
@@ -50,9 +57,17 @@ from arlecli.serve.batcher import SHUTDOWN, Batcher, Finished
 from arlecli.serve.continuation import Continuations
 from arlecli.serve.limits import ServeLimits
 from arlecli.serve.protocol import ApiError, ApiRequest
-from arlecli.serve.record import DEFAULT_SESSION, Recorder, build_record
+from arlecli.serve.record import Recorder, build_record
+from arlecli.serve.sessions import DEFAULT_SESSION, Sessions
 
 SESSION_HEADER = "x-arle-session"
+
+
+class _Json(JSONResponse):
+    """A JSON response that encodes whatever it holds (a reply with a lone surrogate included)."""
+
+    def render(self, content: Any) -> bytes:
+        return safeio.dumps(content, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 class _Api:
@@ -68,8 +83,9 @@ class _Api:
         self.created = int(time.time())
         tokenizer = getattr(engine, "tokenizer", None)
         # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
-        self.continuations = Continuations(tokenizer) if (
+        self.continuations = Continuations(tokenizer, limits.record_memory_bytes) if (
             recorder is not None and getattr(tokenizer, "chat_template", None)) else None
+        self.sessions = Sessions(on_close=self.continuations.forget if self.continuations is not None else None)
         # Context checks need the context and the engine's own prompt encoding; an engine
         # without them (a remote endpoint) leaves the checks to whoever serves the model.
         self.encode = getattr(engine, "encode", None)
@@ -79,7 +95,22 @@ class _Api:
     async def models(self, request: Request) -> Response:
         self._authorize(request)
         card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "arle"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return _Json({"object": "list", "data": [card]})
+
+    async def open_session(self, request: Request) -> Response:
+        """POST /sessions: a new recording session, with the base URL that records into it."""
+        self._authorize(request)
+        sid = self.sessions.open()
+        root = str(request.base_url).rstrip("/")
+        return _Json({"id": sid, "object": "session", "base_url": f"{root}/s/{sid}/v1"}, status_code=201)
+
+    async def close_session(self, request: Request) -> Response:
+        """DELETE /sessions/{id}: later requests naming it are refused; its record stays on disk."""
+        self._authorize(request)
+        sid = request.path_params["sid"]
+        self.sessions.check(sid)  # 404 when not open
+        self.sessions.close(sid)
+        return _Json({"id": sid, "object": "session", "deleted": True})
 
     async def chat(self, request: Request) -> Response:
         return await self._complete(request, chat=True)
@@ -96,7 +127,7 @@ class _Api:
             raise ApiError(404, f"The model `{req.model}` does not exist (this server serves "
                            f"`{self.model_name}`).", "model_not_found", "model")
         lim.check_choices(req, self.limits)
-        session = request.path_params.get("session") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+        session = self.sessions.check(request.path_params.get("session") or request.headers.get(SESSION_HEADER))
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         rid = protocol.new_id(chat)
         continued, continues = None, None
@@ -129,7 +160,7 @@ class _Api:
             gathered.cancel()  # after: its results (or errors) are nobody's to read
         completions = [f.completion for f in finished]
         self._record(session, rid, endpoint, req, finished, received, continues)
-        return JSONResponse(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
+        return _Json(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
 
     async def _fit_context(self, req: ApiRequest, continued: list[int] | None
                            ) -> tuple[list[list[int] | None] | None, list[int] | None]:
@@ -140,6 +171,8 @@ class _Api:
         Encoding here, once, is what the engine would do anyway (the ids go with the request);
         it runs in a worker thread, so a long prompt does not stall other connections."""
         if self.context is None or self.encode is None:
+            if any(p == "" for p in req.prompts):  # nothing to check the ids with: the text is all there is
+                raise _empty_prompt()
             return ([continued] if continued is not None else None), None
         if self.longest_token is not None:
             lim.too_long_by_chars(req, self.context, self.longest_token)
@@ -160,6 +193,8 @@ class _Api:
                                f"{'conversation' if req.chat else 'prompt'}: {type(exc).__name__}: {first}",
                                "invalid_request_error", "messages" if req.chat else "prompt") from None
         lengths = [len(x) for x in ids if x is not None]
+        if 0 in lengths:
+            raise _empty_prompt()
         return ids, lim.check_context(req, lengths, self.context)
 
     async def _stream(self, req: ApiRequest, futures: list[Future[Finished]],
@@ -202,8 +237,8 @@ class _Api:
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
                 received: float, continues: dict[str, Any] | None = None) -> None:
-        if self.recorder is None:
-            return
+        if self.recorder is None or (session != DEFAULT_SESSION and session not in self.sessions):
+            return  # closed while this request ran: its episode was read already
         completions = [f.completion for f in finished]
         record = build_record(rid=rid, endpoint=endpoint, model=self.model_name, request=req, finished=finished,
                               received_at=received, usage=protocol.usage(req, completions), continues=continues)
@@ -239,14 +274,19 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
         max_model_len: the context prompts and max_tokens are checked against (default: the
             engine's, see limits.context_length).
 
-    `app.state.batcher` holds the Batcher (its counters show how requests were batched). The
-    app does not close the engine: whoever made it does, after the server stops.
+    `app.state.batcher` holds the Batcher (its counters show how requests were batched),
+    `app.state.sessions` the open recording sessions (`open()` one in-process, as the rollout
+    driver does), `app.state.continuations` the replies kept to continue them (None unless
+    recording over a chat model). The app does not close the engine: whoever made it does,
+    after the server stops.
     """
     batcher = Batcher(engine, max_batch=max_concurrency, wait_s=batch_wait_s)
     recorder = Recorder(record_dir) if record_dir is not None else None
     limits = limits or ServeLimits()
     api = _Api(engine, batcher, model_name, api_key, recorder, limits, max_model_len)
-    routes = [Route("/health", _health, methods=["GET"])]
+    routes = [Route("/health", _health, methods=["GET"]),
+              Route("/sessions", api.open_session, methods=["POST"]),
+              Route("/sessions/{sid}", api.close_session, methods=["DELETE"])]
     for prefix in ("", "/s/{session}"):
         routes += [
             Route(prefix + "/v1/models", api.models, methods=["GET"]),
@@ -264,11 +304,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
     app.state.batcher = batcher
     app.state.recorder = recorder
     app.state.limits = limits
+    app.state.sessions = api.sessions
+    app.state.continuations = api.continuations
     return app
 
 
 async def _health(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return _Json({"status": "ok"})
 
 
 async def _disconnected(request: Request) -> None:
@@ -279,7 +321,12 @@ async def _disconnected(request: Request) -> None:
 
 
 def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {safeio.dumps(data)}\n\n"
+
+
+def _empty_prompt() -> ApiError:
+    return ApiError(400, "the prompt is empty: it encodes to no tokens, and the model needs at least one to "
+                    "start from", "invalid_request_error", "prompt")
 
 
 def _engine_error(exc: BaseException) -> ApiError:
@@ -294,7 +341,7 @@ def _engine_error(exc: BaseException) -> ApiError:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return _Json(exc.body(), status_code=exc.status)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -303,11 +350,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         message = f"{request.method} {request.url.path} not found (the API is under /v1 or /s/SESSION/v1)"
     else:
         message = f"{request.method} {request.url.path}: {exc.detail}"
-    return JSONResponse(ApiError(exc.status_code, message, "not_found" if exc.status_code == 404 else None).body(),
+    return _Json(ApiError(exc.status_code, message, "not_found" if exc.status_code == 404 else None).body(),
                         status_code=exc.status_code, headers=exc.headers)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    traceback.print_exception(exc)
-    return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body(),
+    # The message may quote what the client sent: escaped, so it cannot drive the log's terminal.
+    sys.stderr.write(terminal_text("".join(traceback.format_exception(exc))))
+    return _Json(ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body(),
                         status_code=500)

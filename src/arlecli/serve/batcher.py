@@ -18,6 +18,7 @@ import traceback
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
+from arlecli.cli.output import terminal_text
 from arlecli.engine.base import Completion, Engine, GenerationRequest
 from arlecli.errors import UserError
 
@@ -56,6 +57,7 @@ class Batcher:
         self.generate_calls = 0
         self.requests_done = 0
         self.cancelled = 0  # requests given up on because their client went away
+        self.retried = 0  # requests run again alone because their batch raised
         self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=1024)
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._closed = False
@@ -161,6 +163,9 @@ class Batcher:
             else:
                 # One bad request (say, a prompt the tokenizer rejects) must not fail its batch
                 # mates: retry the unfinished ones alone, so only the culprit gets the error.
+                # That is slow (one call each), so the app refuses what it knows the engine would
+                # raise on before it is batched (app._fit_context).
+                self.retried += len(pending)
                 for it in pending:
                     if self._closed:
                         break
@@ -187,7 +192,8 @@ class Batcher:
         exc = sys.exc_info()[1]
         assert exc is not None
         if not isinstance(exc, UserError):  # a bug or a device error: leave a trace in the server log
-            traceback.print_exc()
+            # Escaped: the message may quote a prompt, which must not drive the log's terminal.
+            sys.stderr.write(terminal_text(traceback.format_exc()))
         for it in items:
             _settle(it.future, exc=exc)
 

@@ -12,37 +12,65 @@ whatever the chat template adds after them (`engine.tokens.continue_ids`), exact
 multi-turn episode driver does (envs.episodes). Where the template's text does not extend
 the decoded ids (it rewrote history, or a stop string cut the text short of the ids) the
 request is encoded afresh, and its record says so (a seam).
+
+Memory is bounded in bytes, not replies: all sessions together hold at most `max_bytes`
+(`arle serve --record-memory-mb`), counted as Python holds them (ids as 4-byte arrays, text and
+messages at their `sys.getsizeof`). Past it, the least recently used session's oldest requests
+are dropped first, so the sessions agents are working in keep theirs; a call that continues a
+dropped reply is encoded afresh (a seam in the record, never an error). A reply bigger than the
+whole budget is not kept at all.
 """
 
 from __future__ import annotations
 
+import array
 import collections
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
-# Bounds, so a long-running `arle serve --record` does not grow without limit: the most
-# recent sessions, and per session the most recent replies (an agent continues one of its
-# last few calls; older ones are re-encoded, which is correct, just not id-exact).
+# Bounds besides the byte budget: the most sessions remembered, and per session the most recent
+# requests (an agent continues one of its last few calls; older ones are re-encoded, which is
+# correct, just not id-exact).
 MAX_SESSIONS = 4096
 PER_SESSION = 16
+DEFAULT_MAX_BYTES = 1024 * 2**20
+# What a remembered request costs beyond its strings and id arrays: its record, list and tuples.
+_OVERHEAD = 512
 
 
 @dataclass
-class _Reply:
+class _Call:
+    """One remembered chat request: its messages and prompt ids, shared by all its choices, and
+    each choice's reply text and completion ids (as generated)."""
+
     rid: str
-    choice: int
-    conversation: list[dict[str, Any]]   # the request's messages + {"role": "assistant", "content": text}
-    ids: list[int]                       # its prompt ids + the completion ids, as generated
+    messages: list[dict[str, Any]]
+    prompt_ids: array.array
+    replies: list[tuple[int, str, array.array]]  # (choice, text, completion ids)
+    size: int  # bytes, as counted against the budget
+
+    def ids(self, choice: int) -> list[int]:
+        """The prompt ids + choice `choice`'s completion ids: the sequence a continuation extends."""
+        reply = next(r for r in self.replies if r[0] == choice)
+        return [*self.prompt_ids, *reply[2]]
 
 
 class Continuations:
     """Per session, recent chat replies with their exact ids; see the module docstring.
 
-    Used from the event loop only (one thread), so it needs no lock."""
+    Locked: the event loop reads and adds replies while the rollout driver's thread closes
+    sessions. `bytes` is what the kept replies hold now, `evicted` how many requests were
+    dropped to stay within `max_bytes`."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.tokenizer = tokenizer
-        self._sessions: collections.OrderedDict[str, collections.deque[_Reply]] = collections.OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.evicted = 0
+        self._sessions: collections.OrderedDict[str, collections.deque[_Call]] = collections.OrderedDict()
+        self._lock = threading.Lock()
 
     def prompt_ids(self, session: str, messages: list[dict[str, Any]]
                    ) -> tuple[list[int] | None, dict[str, Any] | None]:
@@ -53,30 +81,87 @@ class Continuations:
         could not be continued and the prompt was encoded afresh (ids None then too)."""
         from arlecli.engine.tokens import continue_ids
 
-        reply = self._find(session, messages)
-        if reply is None:
-            return None, None
-        ids, seamless = continue_ids(self.tokenizer, reply.ids, messages)
-        info = {"id": reply.rid, "choice": reply.choice, "seamless": seamless}
+        with self._lock:
+            found = self._find(session, messages)
+            if found is None:
+                return None, None
+            call, choice = found
+            so_far = call.ids(choice)
+        # Outside the lock: tokenising a long conversation takes a while.
+        ids, seamless = continue_ids(self.tokenizer, so_far, messages)
+        info = {"id": call.rid, "choice": choice, "seamless": seamless}
         return (ids if seamless else None), info
 
     def remember(self, session: str, rid: str, messages: list[dict[str, Any]], completions: list[Any]) -> None:
         """Keep each choice of a finished chat request as a reply later requests may continue."""
-        replies = self._sessions.pop(session, None) or collections.deque(maxlen=PER_SESSION)
-        self._sessions[session] = replies  # most recently used last
-        for i, comp in enumerate(completions):
-            if not comp.prompt_token_ids:  # an engine without ids (a remote endpoint): nothing to continue
-                continue
-            conversation = [*messages, {"role": "assistant", "content": comp.text}]
-            replies.append(_Reply(rid, i, conversation, [*comp.prompt_token_ids, *comp.token_ids]))
-        while len(self._sessions) > MAX_SESSIONS:
-            self._sessions.popitem(last=False)
+        with_ids = [(i, c) for i, c in enumerate(completions) if c.prompt_token_ids]
+        if not with_ids:  # an engine without ids (a remote endpoint): nothing to continue
+            return
+        prompt_ids = _ids(with_ids[0][1].prompt_token_ids)  # every choice of a request has the same prompt
+        replies = [(i, c.text, _ids(c.token_ids)) for i, c in with_ids]
+        call = _Call(rid, messages, prompt_ids, replies, _size(messages, prompt_ids, replies))
+        with self._lock:
+            calls = self._sessions.pop(session, None) or collections.deque()
+            self._sessions[session] = calls  # most recently used last
+            calls.append(call)
+            self.bytes += call.size
+            while len(calls) > PER_SESSION:
+                self.bytes -= calls.popleft().size
+            while len(self._sessions) > MAX_SESSIONS:
+                self._drop(next(iter(self._sessions)))
+            self._evict()
 
-    def _find(self, session: str, messages: list[dict[str, Any]]) -> _Reply | None:
+    def forget(self, session: str) -> None:
+        """Drop what `session` holds (it was closed)."""
+        with self._lock:
+            self._drop(session)
+
+    def __len__(self) -> int:
+        """How many sessions hold replies."""
+        return len(self._sessions)
+
+    def _drop(self, session: str) -> None:
+        for call in self._sessions.pop(session, ()):
+            self.bytes -= call.size
+
+    def _evict(self) -> None:
+        # Oldest requests of the least recently used session first: whoever is mid-episode
+        # (the most recent sessions) keeps the replies it is about to continue.
+        while self.bytes > self.max_bytes and self._sessions:
+            session, calls = next(iter(self._sessions.items()))
+            self.bytes -= calls.popleft().size
+            self.evicted += 1
+            if not calls:
+                del self._sessions[session]
+
+    def _find(self, session: str, messages: list[dict[str, Any]]) -> tuple[_Call, int] | None:
         # The newest reply whose conversation the new messages extend (newest first: an agent
         # usually continues its last call).
-        for reply in reversed(self._sessions.get(session, ())):
-            n = len(reply.conversation)
-            if len(messages) > n and messages[:n] == reply.conversation:
-                return reply
+        for call in reversed(self._sessions.get(session, ())):
+            n = len(call.messages)
+            if len(messages) <= n + 1 or messages[:n] != call.messages:
+                continue
+            for choice, text, _ in reversed(call.replies):
+                if messages[n] == {"role": "assistant", "content": text}:
+                    return call, choice
         return None
+
+
+def _ids(ids: Any) -> array.array:
+    """Token ids as a compact array (4 bytes an id; a Python list of ints takes ~36)."""
+    try:
+        return array.array("i", ids)
+    except OverflowError:  # an id past 2**31: no vocabulary has one, but don't fail a request over it
+        return array.array("q", ids)
+
+
+def _size(messages: list[dict[str, Any]], prompt_ids: array.array, replies: list[tuple[int, str, array.array]]
+          ) -> int:
+    """The bytes one remembered request holds, as Python stores them (an upper bound: strings
+    shared with other requests are counted each time)."""
+    size = _OVERHEAD + sys.getsizeof(messages) + sys.getsizeof(prompt_ids)
+    for m in messages:
+        size += sys.getsizeof(m) + sum(sys.getsizeof(v) for v in m.values())
+    for _, text, ids in replies:
+        size += 64 + sys.getsizeof(text) + sys.getsizeof(ids)
+    return size

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from arlecli.serve.continuation import DEFAULT_MAX_BYTES
 from arlecli.serve.protocol import ApiError, ApiRequest
 
 # A JSON string can carry a lone UTF-16 surrogate ("\ud800"); Python decodes it into a str
@@ -28,7 +29,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 @dataclass(frozen=True)
 class ServeLimits:
-    """What one request or connection may take. Defaults fit a server on one machine.
+    """What one request or connection, and the recorded sessions, may take. Defaults fit a server
+    on one machine.
 
     Args:
         max_choices: most generations one request may ask for (prompts x n).
@@ -42,6 +44,9 @@ class ServeLimits:
             longest-idle one (one with no request in flight), or is closed if all are busy.
             None: from the file-descriptor limit (see server.connection_cap).
         max_header_bytes: largest request line + headers.
+        record_memory_bytes: most memory recorded sessions may hold, all together, in the
+            replies kept to continue them with exact ids (see continuation.py); past it the
+            least recently used session's oldest replies are dropped.
     """
 
     max_choices: int = 256
@@ -51,6 +56,7 @@ class ServeLimits:
     keep_alive_s: float = 5.0
     max_connections: int | None = None
     max_header_bytes: int = 64 * 1024
+    record_memory_bytes: int = DEFAULT_MAX_BYTES
 
 
 async def read_json(request: Any, limits: ServeLimits) -> Any:

@@ -27,6 +27,10 @@ MAX_STOP_CHARS = 1024
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 1024
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+# Dividing logits by a temperature near 0 overflows them (1e-40 makes the hf engine's sampler
+# raise on inf/nan; fp16 overflows far sooner): a smaller positive one is raised to this, as
+# vLLM does. It samples as greedily as anyone asking for 1e-9 can have meant.
+MIN_TEMPERATURE = 0.01
 
 TokenText = Callable[[list[int]], list[str]]
 
@@ -169,6 +173,8 @@ def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens:
     if model is not None and not isinstance(model, str):
         raise _bad("`model` must be a string", "model")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if 0 < temperature < MIN_TEMPERATURE:
+        temperature = MIN_TEMPERATURE
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p <= 0:
         raise _bad("`top_p` must be greater than 0", "top_p")

@@ -1,24 +1,28 @@
 """The recording gateway's store: one JSONL file per session, one line per request.
 
-A session is named by the URL prefix `/s/{session}/v1/...` or the `X-Arle-Session` header
-(default "default"). Each line is written whole, under a lock, and flushed, so concurrent
-requests never interleave and a crash loses at most the line being written. The token ids
-and logprobs recorded are the engine's own (never re-tokenised text), which is what RL
-training on recorded agent traffic needs.
+A session is named by the URL prefix `/s/{session}/v1/...` or the `X-Arle-Session` header,
+and must have been opened by the server (sessions.py); a request naming none is recorded
+in "default". Each line is written whole, under a lock, and flushed, so concurrent requests
+never interleave and a crash loses at most the line being written. The token ids and
+logprobs recorded are the engine's own (never re-tokenised text), which is what RL training
+on recorded agent traffic needs.
+
+Lines end in `\n` and nothing else does: `safeio.dumps` escapes every character below
+U+0020 (lone surrogates too), and `read_records` splits on `\n` only. Model text is free to
+hold U+2028, U+2029, U+0085 or \x1c-\x1e, which `str.splitlines()` would also split on.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 from pathlib import Path
 from typing import Any
 
+from arlecli import safeio
 from arlecli.serve.protocol import finite
 
-DEFAULT_SESSION = "default"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -45,13 +49,35 @@ class Recorder:
 
     def write(self, session: str, record: dict[str, Any]) -> None:
         """Append one record as one line (written whole and flushed before returning)."""
-        line = json.dumps({"session": session, **record}, ensure_ascii=False) + "\n"
+        line = (safeio.dumps({"session": session, **record}) + "\n").encode("utf-8")
         with self._lock:
             # Open per write: no file handle per session to leak, and the cost is nothing
-            # next to a generation.
-            with open(self.path(session), "a", encoding="utf-8") as f:
+            # next to a generation. Binary: the bytes are the line, with no newline translation.
+            with open(self.path(session), "ab") as f:
                 f.write(line)
                 f.flush()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of one session file, in the order they were written ([] when there is no
+    file). Split on `\n` only, the way `Recorder.write` ends them; a torn last line (a crash
+    mid-write) is left out."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    lines = data.split(b"\n")
+    for k, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            records.append(safeio.loads(raw))
+        except ValueError:
+            if k == len(lines) - 1:  # no newline after it: the line being written when it stopped
+                continue
+            raise
+    return records
 
 
 def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished: list[Any],
