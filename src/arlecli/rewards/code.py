@@ -35,6 +35,7 @@ import io
 import json
 import pickle
 import re
+import sys
 import textwrap
 import zlib
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class CodeTestsParams:
     memory_mb: int = 2048
     workers: int | None = None
     call_check: bool = True
+    packages: tuple[str, ...] = ()
 
 
 @register("code_tests", metrics=[], needs_target=False,
@@ -87,6 +89,7 @@ def code_tests(
     memory_mb: int = 2048,
     workers: int | None = None,
     call_check: bool = True,
+    packages: list[str] | None = None,
 ) -> RewardFn:
     """Reward 1.0 when the completion passes the task's unit tests in the sandbox, else 0.0.
 
@@ -99,12 +102,14 @@ def code_tests(
         workers: programs run at once by the batch path (default: CPU count).
         call_check: append `check(entry_point)`; false when the test source is a script
             of asserts that runs by itself (MBPP).
+        packages: installed packages the program and tests may import (e.g. [numpy]); the
+            standard library is always there, nothing else of site-packages is.
 
     The returned `score(task, episode)` also carries `score.batch(tasks, episodes)`,
     which runs a whole batch in parallel; prefer it when scoring many samples.
     """
     params = CodeTestsParams(
-        prompt_field, test_field, entry_point_field, timeout_s, memory_mb, workers, call_check
+        prompt_field, test_field, entry_point_field, timeout_s, memory_mb, workers, call_check, tuple(packages or ())
     )
 
     def batch(tasks: Sequence[Task], episodes: Sequence[Episode]) -> list[Score]:
@@ -130,7 +135,7 @@ def score_batch(
         for t, e in zip(tasks, episodes)
     ]
     verdicts = run_tests(
-        [job for job, _ in built],
+        [{**job, "packages": params.packages} for job, _ in built],
         workers=params.workers,
         timeout_s=params.timeout_s,
         memory_mb=params.memory_mb,
@@ -148,6 +153,7 @@ def code_unittest(
     timeout_s: float = 60.0,
     memory_mb: int = 4096,
     workers: int | None = None,
+    packages: list[str] | None = None,
 ) -> RewardFn:
     """Reward 1.0 when every test of the task's `unittest.TestCase` class passes, else 0.0.
 
@@ -164,17 +170,23 @@ def code_unittest(
         timeout_s: wall-clock limit for the whole program and its tests.
         memory_mb: memory limit (data-science libraries need more than plain Python).
         workers: programs run at once by the batch path (default: CPU count).
+        packages: installed packages the program may import beyond those the task's prompt
+            and test source import (which are bound by themselves: BigCodeBench's pandas,
+            numpy, ...); the standard library is always there.
     """
 
     def batch(tasks: Sequence[Task], episodes: Sequence[Episode]) -> list[Score]:
         _same_length(tasks, episodes)
         jobs, codes = [], []
         for t, e in zip(tasks, episodes):
+            prompt = _field(t, prompt_field, "prompt_field", "code_unittest")
             solution, code = build_solution(
-                _field(t, prompt_field, "prompt_field", "code_unittest"), e.completion,
-                _field(t, entry_point_field, "entry_point_field", "code_unittest"))
+                prompt, e.completion, _field(t, entry_point_field, "entry_point_field", "code_unittest"))
             test = _field(t, test_field, "test_field", "code_unittest")
-            jobs.append({"mode": "unittest", "program": solution + "\n" + test, "test_class": test_class})
+            # The task's own text names what to bind; the completion never does.
+            wanted = sorted({*(packages or ()), *imported_packages(prompt, test)})
+            jobs.append({"mode": "unittest", "program": solution + "\n" + test, "test_class": test_class,
+                         "packages": wanted})
             codes.append(code)
         verdicts = run_tests(jobs, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb)
         return [_to_score(code, v, counts=True) for code, v in zip(codes, verdicts)]
@@ -195,6 +207,7 @@ def code_io(
     float_tol: float = 0.0,
     max_tests: int | None = None,
     workers: int | None = None,
+    packages: list[str] | None = None,
 ) -> RewardFn:
     """Reward 1.0 when the program passes all of the task's input/output tests, else 0.0.
 
@@ -220,6 +233,8 @@ def code_io(
         float_tol: tolerance for numeric tokens and float return values; 0 = exact.
         max_tests: run at most this many tests per problem (the first ones); None = all.
         workers: programs run at once by the batch path (default: CPU count).
+        packages: installed packages the program may import (judges give none: the
+            default); the standard library is always there.
 
     `details` carries status, tests_passed, tests_total, test_pass_rate and error.
     """
@@ -239,13 +254,30 @@ def code_io(
             jobs.append({
                 "mode": "io", "program": code, "tests": tests[:max_tests] if max_tests else tests,
                 "fn_name": fn_name, "prelude": CALL_PRELUDE, "test_timeout_s": test_timeout_s,
-                "stop_on_failure": stop_on_failure, "float_tol": float_tol,
+                "stop_on_failure": stop_on_failure, "float_tol": float_tol, "packages": list(packages or ()),
             })
         verdicts = iter(run_tests(jobs, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb))
         return [_no_tests_score(code) if none else _to_score(code, next(verdicts), counts=True)
                 for code, none in zip(codes, empty)]
 
     return _with_batch(batch)
+
+
+def imported_packages(*sources: str) -> list[str]:
+    """The installed top-level packages that trusted `sources` (a task's prompt and test
+    source) import, standard modules left out: what a jail must bind for them."""
+    names: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source or "")
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return sorted(n for n in names if n not in sys.stdlib_module_names and n != "__future__")
 
 
 def task_tests(task: Task, fields: Sequence[str], fn_name_field: str = "fn_name",

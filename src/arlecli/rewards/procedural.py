@@ -317,7 +317,7 @@ def sandbox_checks(
         for (name, answer, entry), nonce in zip(jobs, nonces)
     ]
     results = run_programs([_CHECKER_PROGRAM] * len(jobs), stdins=stdins, timeout_s=timeout_s,
-                           memory_mb=memory_mb, workers=workers)
+                           memory_mb=memory_mb, workers=workers, packages=[("reasoning_gym",)] * len(jobs))
     return [_sandbox_value(r.stdout, nonce) if r.passed else 0.0 for r, nonce in zip(results, nonces)]
 
 

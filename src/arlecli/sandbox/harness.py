@@ -64,6 +64,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from arlecli.safeio import clean_text
 from arlecli.sandbox.jail import SandboxResult, run_programs
 
 DIGEST_HEX = 12  # hex digits of an output digest: 48 bits; the program never sees the target
@@ -413,6 +414,7 @@ def solution_process(job, rfd, wfd):
         os.dup2(null, 0)  # stdin held the job; the secret part must stay out of reach
         close_fds({0, 1, 2, rfd, wfd})
         drop_privileges()
+        os.chdir(PROGRAM_CWD)  # the harness left it for the read-only root
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
         chan = Channel(rfd, wfd)
@@ -512,7 +514,6 @@ def run_unittest(namespace, class_name):
 
 # --- the harness's process (T): runs the tests, decides the verdict ------------------
 
-MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 EXIT_KINDS = {"compile_error", "runtime_error", "exit"}
 
 
@@ -563,10 +564,22 @@ def rebuilt_exception(kind, message):
     return RuntimeError(f"{clip(kind, 60)}: {clip(message)}")
 
 
+# The only modules the harness imports because the solution's side named them (a test that
+# uses `math` the solution imported, as MBPP's do; a function the solution took from one):
+# standard modules that run nothing when imported. Any other name would let the solution
+# choose code for this process to run: `unittest.__main__` runs test discovery in the cwd,
+# `antigravity` opens a browser, `this` prints; a solution must never pick those.
+BINDABLE_MODULES = frozenset({
+    "array", "bisect", "calendar", "cmath", "collections", "collections.abc", "copy", "dataclasses", "datetime",
+    "decimal", "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
+    "operator", "random", "re", "statistics", "string", "textwrap", "typing", "unicodedata",
+})
+
+
 def trusted_import(name):
     """The module of that name as this process imports it (the jail's read-only system
-    path), or None; never the solution's object."""
-    if type(name) is not str or not MODULE_NAME.fullmatch(name):
+    path) when it is one of BINDABLE_MODULES, else None; never the solution's object."""
+    if type(name) is not str or name not in BINDABLE_MODULES:
         return None
     try:
         return importlib.import_module(name)
@@ -750,6 +763,7 @@ def child(compiled, prelude, test, files, fn_name):
     redirect(files["err"], 2, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     close_fds({0, 1, 2})
     drop_privileges()
+    os.chdir(PROGRAM_CWD)
     sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
@@ -968,11 +982,32 @@ def kill_the_rest():
         pass
 
 
+PROGRAM_CWD = os.getcwd()  # the jail's /sandbox: where the model's code runs
+
+
+def out_of_reach():
+    """Keep the solution's files away from this process's imports: the cwd (the jail's
+    writable /sandbox, PROGRAM_CWD) becomes the read-only root, and no directory the solution
+    could write stays on sys.path (so nothing it leaves there can shadow what the prompt or
+    test imports). The solution's processes go back to PROGRAM_CWD."""
+    try:
+        os.chdir("/")
+    except OSError:
+        pass
+    # In the jail (bubblewrap sets ARLE_SANDBOX_NET to one of these) only the three tmpfs
+    # mounts are writable, and access() says which. A degraded run, as a plain child, has no
+    # such line to draw (as root everything is writable): it contains accidents only.
+    if os.environ.get("ARLE_SANDBOX_NET") in ("namespaces", "host"):
+        sys.path[:] = [p for p in sys.path if p and not os.access(p, os.W_OK)]
+        sys.path_importer_cache.clear()
+
+
 def main():
     verdict_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints (the test's, the prompt's) must not crowd the verdict
     make_undumpable()
     sys.dont_write_bytecode = True
+    out_of_reach()
     secret = None
     try:
         job = read_public()
@@ -1047,6 +1082,8 @@ def run_tests(
       - {"mode": "io", "program", "tests", "fn_name"?, "prelude"?, "test_timeout_s",
         "stop_on_failure"?, "float_tol"?}: tests are {"kind": "stdin", "input", "output"}
         or {"kind": "call", "args", "expected", "unwrap"?}; only inputs enter the jail.
+    Any job may carry "packages": installed packages its programs may import (see
+    `jail.run_program`; from trusted text only, never from the program).
     `timeout_s` bounds one jail; the harness stops starting tests a second before it.
     """
     budget = max(0.5, timeout_s - 1.0)
@@ -1069,12 +1106,17 @@ def run_tests(
     results = run_programs(
         [_HARNESS] * len(stdins), workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
         max_file_mb=file_mb, max_procs=max_procs, stdins=stdins,
+        packages=[tuple(jobs[index].get("packages") or ()) for index, _ in owners],
     )
     runs: list[list[tuple[int, SandboxResult, dict[str, Any] | None]]] = [[] for _ in jobs]
     for (index, first), result, marker in zip(owners, results, markers):
         runs[index].append((first, result, _read_verdict(result, marker)))
-    return [_io_verdict(job, parts) if job.get("mode") == "io" else _verdict(job, *parts[0])
-            for job, parts in zip(jobs, runs)]
+    verdicts = [_io_verdict(job, parts) if job.get("mode") == "io" else _verdict(job, *parts[0])
+                for job, parts in zip(jobs, runs)]
+    for verdict in verdicts:  # messages quote the program's names: a lone surrogate is not text
+        if verdict.failure and isinstance(verdict.failure.get("message"), str):
+            verdict.failure["message"] = clean_text(verdict.failure["message"])
+    return verdicts
 
 
 def _split(job: dict[str, Any], budget: float) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:

