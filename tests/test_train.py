@@ -258,6 +258,39 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
         (tmp_path / "rewards.jsonl").unlink()
 
 
+@register("test_flaky")
+def _flaky_reward():
+    """Raises on the task with id "bad" (with a lone surrogate in the message), else right."""
+
+    def score(task, episode):
+        if task.id == "bad":
+            raise ValueError("no \udcff here")
+        return Score(1.0, True, episode.completion, {})
+
+    return score
+
+
+def test_the_training_reward_scores_a_raising_sample_wrong_and_writes_valid_utf8(tmp_path):
+    # One completion whose reward raises must not kill the step (and every step after it): it
+    # scores 0 with the error, and rewards.jsonl stays valid UTF-8 whatever the model wrote.
+    from dataclasses import replace
+
+    from arlecli.registry import load_card
+    from arlecli.train.reward import CardReward
+    from arlecli.types import Episode, Task, Turn
+
+    card = replace(load_card("gsm8k"), reward="test_flaky", reward_params={})
+    tasks = [Task("ok", "q", "1"), Task("bad", "q", "2")]
+    episodes = [Episode(t.id, [Turn("q", f"answer \ud800 {t.id}")]) for t in tasks]
+    adapter = CardReward(card, tasks, tmp_path)
+    rewards = adapter(["q", "q"], ["x", "y"], task_index=[0, 1], episode=episodes)
+    assert rewards == [1.0, 0.0]
+    lines = [json.loads(line) for line in (tmp_path / "rewards.jsonl").read_bytes().decode("utf-8").splitlines()]
+    assert [line["task_id"] for line in lines] == ["ok", "bad"]
+    assert lines[0]["completion"] == "answer \ud800 ok"  # escaped in the file, the same string read back
+    assert lines[1]["correct"] is False and lines[1]["details"] == {"reward_error": "ValueError: no \ufffd here"}
+
+
 def test_unknown_set_key_is_a_one_line_error():
     out = arle("train", "countdown", "--set", "lerning_rate=1e-5")
     assert out.returncode == 2
