@@ -11,11 +11,11 @@ import os
 import sys
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from arlecli import config, efficiency
 from arlecli.cli import options
+from arlecli.cli.output import make_console
 from arlecli.errors import UserError
 
 app = typer.Typer(help="Set up and manage named models (local folders, hub ids, endpoints).", no_args_is_help=True)
@@ -27,13 +27,13 @@ def _stdin_is_tty() -> bool:
 
 
 def _print_table(table: Table) -> None:
-    console = Console(highlight=False)
+    console = make_console(highlight=False)  # profile fields are shown with control characters escaped
     if console.is_terminal:
         console.print(table)
         return
     # In a pipe or a log: no colour, no folding of long paths at 80 columns, no padding at
     # line ends, so grep/awk see one whole record per line.
-    plain = Console(highlight=False, width=1000, no_color=True)
+    plain = make_console(highlight=False, width=1000, no_color=True)
     with plain.capture() as captured:
         plain.print(table)
     for line in captured.get().splitlines():

@@ -51,17 +51,22 @@ def _console_class() -> type:
     return SafeConsole
 
 
+def make_console(**kwargs: Any) -> Any:
+    """A rich Console (same arguments) that shows control characters in what it prints escaped."""
+    return _console_class()(**kwargs)
+
+
 @lru_cache(maxsize=None)
 def console():
     """The stdout console (Rich decides colour and width from whether it is a TTY)."""
     # Off a terminal (logs, pipes) Rich would assume 80 columns and crop table cells.
-    return _console_class()() if sys.stdout.isatty() else _console_class()(width=200)
+    return make_console() if sys.stdout.isatty() else make_console(width=200)
 
 
 @lru_cache(maxsize=None)
 def err_console():
     """The stderr console, for progress and status lines."""
-    return _console_class()(stderr=True)
+    return make_console(stderr=True)
 
 
 def plain(value: Any) -> Any:

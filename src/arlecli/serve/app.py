@@ -108,8 +108,8 @@ class _Api:
         """DELETE /sessions/{id}: later requests naming it are refused; its record stays on disk."""
         self._authorize(request)
         sid = request.path_params["sid"]
-        self.sessions.check(sid)  # 404 when not open
-        self.sessions.close(sid)
+        if not self.sessions.close(sid):
+            self.sessions.check(sid)  # not open: the 404
         return _Json({"id": sid, "object": "session", "deleted": True})
 
     async def chat(self, request: Request) -> Response:
