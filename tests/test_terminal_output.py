@@ -216,3 +216,16 @@ def test_an_error_line_quoting_a_path_shows_it_escaped(tmp_path):
     assert out.returncode == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert_safe(err)
     assert r"no\x1b]0;pwned\x1b\such" in err
+
+
+def test_eval_progress_and_summary_show_a_card_name_escaped(tmp_path, tiny_model):
+    card = yaml.safe_load((ROOT / "benchmarks" / "countdown.yaml").read_text())
+    card["name"] = f"count{TITLE}down"
+    card.pop("fixture")
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(card))
+    out = arle("eval", str(tmp_path / "card.yaml"), "--model", str(tiny_model), "--limit", "2", "--max-tokens", "4",
+               "--output", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr.decode()
+    for stream in (out.stdout.decode("utf-8"), out.stderr.decode("utf-8")):
+        assert_safe(stream)
+        assert "count\\x1b]0;pwned\\x1b\\down" in stream  # the summary's first line; the progress lines
