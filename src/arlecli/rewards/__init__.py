@@ -50,7 +50,6 @@ ALWAYS_METRICS = ("accuracy",)
 _PASS_AT_K = re.compile(r"pass@[1-9][0-9]*")
 
 
-
 @dataclass(frozen=True)
 class Field:
     """A task field a reward cannot score without: any one of `names` will do. `param` is the
@@ -325,7 +324,8 @@ def reward_fields(name: str, params: dict[str, Any] | None = None) -> list[Field
     specs = declared(params) if callable(declared) else declared
     defaults = {n: p.default for n, p in inspect.signature(factory).parameters.items()
                 if p.default is not inspect.Parameter.empty}
-    return [s if isinstance(s, Field) else _resolve(s, params, defaults) for s in specs]
+    fields = [s if isinstance(s, Field) else _resolve(s, params, defaults) for s in specs]
+    return [f for f in fields if f.names]  # a param set to null names no column: nothing to check
 
 
 def _resolve(spec: str, params: dict[str, Any], defaults: dict[str, Any]) -> Field:
@@ -338,7 +338,7 @@ def _resolve(spec: str, params: dict[str, Any], defaults: dict[str, Any]) -> Fie
             continue
         param = param or ref
         value = params.get(ref, defaults.get(ref))  # a reward's declaration names its own params (tested)
-        names.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+        names.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None)
     return Field(tuple(names), param)
 
 
