@@ -56,6 +56,14 @@ def test_tool_call_parsing_tolerates_what_models_write():
     assert parse_tool_calls("no calls here") == []
 
 
+def test_a_tool_call_nested_past_the_json_limit_is_a_bad_call_not_a_crash():
+    # Model text: a RecursionError here would end the whole run, not this one call.
+    calls = parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>")
+    assert [c.name for c in calls] == [None] and "nested more than 200 deep" in calls[0].error
+    deep_args = '{"name": "python", "arguments": "' + "[" * 100_000 + "]" * 100_000 + '"}'
+    assert parse_tool_calls(f"<tool_call>{deep_args}</tool_call>")[0].error is not None
+
+
 @pytest.mark.parametrize("text, expected", [
     ("<tool_call>{not json}</tool_call>", "error: the tool call is not valid JSON"),
     ('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', "error: unknown tool 'shell'"),

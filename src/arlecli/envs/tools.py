@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from arlecli import safeio
 from arlecli.envs import Step, register_env
 from arlecli.envs.single_turn import reset as render_prompt
 from arlecli.errors import ParamError, UserError
@@ -108,9 +109,10 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     calls = []
     for body in _CALL.findall(text):
         try:
-            data = json.loads(body.strip())
-        except json.JSONDecodeError as exc:
-            calls.append(ToolCall(None, error=f"the tool call is not valid JSON ({exc.msg})"))
+            data = safeio.loads(body.strip())  # model text: "[[[[..." 100k deep is a bad call, not a RecursionError
+        except ValueError as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            calls.append(ToolCall(None, error=f"the tool call is not valid JSON ({why})"))
             continue
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             calls.append(ToolCall(None, error='a tool call needs {"name": ..., "arguments": {...}}'))
@@ -118,8 +120,8 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         args = data.get("arguments", data.get("parameters", {}))
         if isinstance(args, str):  # some models double-encode the arguments
             try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
+                args = safeio.loads(args)
+            except ValueError:
                 pass
         if not isinstance(args, dict):
             calls.append(ToolCall(data["name"], error="the tool call's arguments must be a JSON object"))
