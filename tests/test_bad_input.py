@@ -461,7 +461,8 @@ def _card_text(description: str) -> str:
 
 @pytest.mark.parametrize("command", [["bench", "show"], ["eval"]], ids=["bench-show", "eval"])
 @pytest.mark.parametrize("description, shown", [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"),
-                                                (DEEP_YAML, "nested more than 200 deep")], ids=["alias-bomb", "20k-deep"])
+                                                (DEEP_YAML, "nested more than 200 deep")],
+                         ids=["alias-bomb", "20k-deep"])
 def test_a_card_that_would_expand_or_nest_without_end(tmp_path, command, description, shown):
     card = tmp_path / "mine.yaml"
     card.write_text(_card_text(description))
