@@ -28,6 +28,7 @@ from arlecli.errors import UserError
 from arlecli.fewshot import Exemplars
 from arlecli.results import META, RESULTS, SAMPLES, SampleWriter, aggregate, read_samples, write_json
 from arlecli.rewards import REWARD_ERROR, check_task_fields, check_tasks, get_reward, score_samples
+from arlecli.safeio import terminal_text
 from arlecli.sandbox import card_runs_code, ensure_isolation
 from arlecli.types import Episode, Score, Task
 
@@ -205,9 +206,9 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
     results = close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices)
     if results.get("reward_errors"):
-        print(f"warning: reward '{card.reward}' raised on {results['reward_errors']} of {results['n_samples']} "
-              f"samples; they are scored wrong, and details.{REWARD_ERROR} in {run_dir / SAMPLES} says why",
-              file=sys.stderr)
+        print(terminal_text(f"warning: reward '{card.reward}' raised on {results['reward_errors']} of "
+                            f"{results['n_samples']} samples; they are scored wrong, and details.{REWARD_ERROR} "
+                            f"in {run_dir / SAMPLES} says why"), file=sys.stderr)
     return results
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
-from arlecli.cli.output import terminal_text
+from arlecli.safeio import terminal_text
 from arlecli.envs import Step, register_env
 from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry

@@ -1,7 +1,7 @@
 """Reading and writing text that arle does not control: model output, data rows, cards,
 profiles, run files.
 
-Three promises, kept in one place so every reader and writer keeps them the same way:
+Four promises, kept in one place so every reader and writer keeps them the same way:
 
 - What arle writes is valid UTF-8 JSON whatever it holds. Python strings may carry lone
   surrogates (a model's output decoded with errors="surrogateescape", a class name
@@ -12,6 +12,10 @@ Three promises, kept in one place so every reader and writer keeps them the same
   RecursionError traceback.
 - YAML is read with a safe loader that refuses aliases (a "billion laughs" card or
   profile expands to gigabytes) and nesting deeper than `MAX_DEPTH`.
+
+- Text shown on a terminal is shown, not obeyed: `terminal_text` writes ESC, CSI and the
+  other characters a terminal acts on (clipboard writes, window titles, cursor moves, bidi
+  reordering) as escapes. The consoles of cli/output.py apply it to everything they print.
 
 `read_text` turns a file that is not UTF-8 into one UserError line naming it.
 """
@@ -47,6 +51,24 @@ def clean_text(text: str) -> str:
     """`text` with lone surrogates replaced by U+FFFD: for text shown to a person or put in a
     message, where an escape would be noise."""
     return _SURROGATE.sub("\ufffd", text)
+
+
+# Shown escaped: C0 controls but \n and \t; DEL and the C1 controls (U+0080-U+009F; U+009B is
+# CSI by itself); the line and paragraph separators; the bidi embeddings, overrides, isolates and
+# marks, which reorder what is shown ("Trojan Source"); lone surrogates, which stdout cannot encode.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
+
+def terminal_text(text: str) -> str:
+    """`text` safe to print: every character a terminal would act on instead of showing is
+    written as an escape (ESC as the four characters `\\x1b`, U+2028 as `\\u2028`); newlines
+    and tabs are kept."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def loads(text: str | bytes, *, clean: bool = False) -> Any:

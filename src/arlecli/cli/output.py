@@ -5,7 +5,8 @@ some characters instead of showing them: ESC and CSI (U+009B) start sequences th
 clipboard (OSC 52), retitle the window, move the cursor or rewrite what is on screen. So every
 string printed goes through `terminal_text`, which shows such characters as escapes (`\\x1b`):
 the consoles here apply it to everything they render, and anything written past them (plain
-`typer.echo`, a server's log line) calls it itself. `--json` output keeps JSON's own escapes
+`typer.echo`, a server's log line) calls it itself (it lives in safeio.py, beside the
+other rules for text arle does not control, so the server and engines use it too). `--json` output keeps JSON's own escapes
 and also escapes the characters JSON leaves raw (C1 controls, U+2028/U+2029, bidi controls).
 """
 
@@ -16,25 +17,10 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-# Shown escaped: C0 controls but \n and \t; DEL and the C1 controls (U+0080-U+009F; U+009B is
-# CSI by itself); the line and paragraph separators; the bidi embeddings, overrides, isolates and
-# marks, which reorder what is shown ("Trojan Source"); lone surrogates, which stdout cannot encode.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-                     "\ud800-\udfff]")
+from arlecli.safeio import terminal_text
+
 # In JSON the C0 controls are escaped already; these are what json.dumps leaves raw.
 _JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def terminal_text(text: str) -> str:
-    """`text` safe to print: every character a terminal would act on instead of showing is
-    written as an escape (ESC as the four characters `\\x1b`, U+2028 as `\\u2028`); newlines
-    and tabs are kept."""
-    return _UNSAFE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 @lru_cache(maxsize=None)

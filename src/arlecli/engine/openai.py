@@ -364,10 +364,10 @@ class OpenAIEngine:
         if now - self._last_warning < _WARN_EVERY_S:
             return
         self._last_warning = now
-        print(
+        print(safeio.terminal_text(  # the problem quotes the endpoint's own error text
             f"warning: openai engine: POST {url}: {problem}; retrying (attempt {next_attempt} of "
             f"{self.max_retries + 1}, each up to {self.timeout_s:g} s; see --request-timeout "
-            "and --max-retries)",
+            "and --max-retries)"),
             file=sys.stderr,
             flush=True,
         )

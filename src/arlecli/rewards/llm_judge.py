@@ -175,8 +175,8 @@ class JudgeCache:
                 Path(tmp).unlink(missing_ok=True)
             if not self._warned:
                 self._warned = True
-                print(f"warning: judge cache {self.folder} not written ({exc.strerror or exc}); "
-                      "reruns will ask the judge again", file=sys.stderr)
+                print(safeio.terminal_text(f"warning: judge cache {self.folder} not written ({exc.strerror or exc}); "
+                                    "reruns will ask the judge again"), file=sys.stderr)
 
 
 class JudgeReward:
@@ -279,9 +279,9 @@ class JudgeReward:
     def close(self) -> None:
         """Stop the judge engine; say how many replies had no verdict (they scored 0)."""
         if self.failed:
-            print(f"warning: judge {self.spec.name}: {self.failed} of {self.graded} replies had no usable verdict "
-                  "and scored 0 (see details.judge_error in the samples); check the rubric, the scale and "
-                  "the judge's max_tokens", file=sys.stderr)
+            print(safeio.terminal_text(f"warning: judge {self.spec.name}: {self.failed} of {self.graded} replies had no "
+                                "usable verdict and scored 0 (see details.judge_error in the samples); check the "
+                                "rubric, the scale and the judge's max_tokens"), file=sys.stderr)
             self.failed = self.graded = 0
         with self._lock:
             engine, self._engine = self._engine, None

@@ -48,7 +48,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from arlecli import safeio
-from arlecli.cli.output import terminal_text
+from arlecli.safeio import terminal_text
 from arlecli.engine.base import Engine, GenerationRequest
 from arlecli.errors import UserError
 from arlecli.serve import protocol

@@ -18,7 +18,7 @@ import traceback
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
-from arlecli.cli.output import terminal_text
+from arlecli.safeio import terminal_text
 from arlecli.engine.base import Completion, Engine, GenerationRequest
 from arlecli.errors import UserError
 
