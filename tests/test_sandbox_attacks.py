@@ -2082,32 +2082,28 @@ def test_batch_run_survives(arena, run):
     assert not out.run_problems, f"{run}:" + _report(out.run_problems)
 
 
+def _every_problem(out: Outcome) -> list[str]:
+    """The run's problems and each attack's, named."""
+    return list(out.run_problems) + [f"{name}: {p}" for name, more in out.attack_problems.items() for p in more]
+
+
 @pytest.mark.parametrize("run", TRAIN_RUNS)
 def test_train_reward_holds(arena, run):
     """The batch runs scored by `arle train`'s reward (CardReward under --sandbox require):
     every hostile program scores 0, the controls 1, rewards.jsonl is whole, nothing leaks."""
-    out = arena.outcome(run, "train")
-    problems = list(out.run_problems)
-    for name, more in out.attack_problems.items():
-        problems += [f"{name}: {p}" for p in more]
+    problems = _every_problem(arena.outcome(run, "train"))
     assert not problems, f"{run} through the train reward:" + _report(problems)
 
 
 @pytest.mark.parametrize("run", TRAIN_RUNS)
 def test_unprivileged_train_reward(nobody_arena, run):
     """The same, as uid 65534 (the memory watchdog and fd tricks matter there)."""
-    out = nobody_arena.outcome(run, "train")
-    problems = list(out.run_problems)
-    for name, more in out.attack_problems.items():
-        problems += [f"{name}: {p}" for p in more]
+    problems = _every_problem(nobody_arena.outcome(run, "train"))
     assert not problems, f"{run} through the train reward as uid {NOBODY}:" + _report(problems)
 
 
 @pytest.mark.parametrize("run", NOBODY_RUNS)
 def test_unprivileged_user(nobody_arena, run):
     """The same attacks as uid 65534 (symlink and chmod traps matter most there)."""
-    out = nobody_arena.outcome(run)
-    problems = list(out.run_problems)
-    for name, more in out.attack_problems.items():
-        problems += [f"{name}: {p}" for p in more]
+    problems = _every_problem(nobody_arena.outcome(run))
     assert not problems, f"{run} as uid {NOBODY}:" + _report(problems)

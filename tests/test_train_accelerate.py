@@ -147,12 +147,15 @@ def test_launch_flag_mistakes_are_one_line_errors(tiny_model):
     check(LaunchOptions(num_processes=2), "rloo")
 
 
-def test_child_command_line_drops_launch_flags(tiny_model):
+def test_child_command_line_drops_launch_flags(tiny_model, tmp_path):
     import typer
 
     from arlecli.cli import train as train_cli
 
     seen = {}
+    earlier = tmp_path / "somewhere"  # --resume needs a run there (an empty folder is refused)
+    earlier.mkdir()
+    (earlier / "meta.json").write_text('{"benchmark": "countdown"}\n')
 
     def spy(ctx: typer.Context) -> list[str]:
         seen["args"] = real(ctx)
@@ -165,7 +168,7 @@ def test_child_command_line_drops_launch_flags(tiny_model):
     try:
         app(args=["countdown", "--model", str(tiny_model), "--num-processes", "2", "--main-process-port", "1",
                   "--set", "beta=0.1",
-                  "--set", "seed=3", "--lr", "0.001", "--resume", "--output", "somewhere", "--json"],
+                  "--set", "seed=3", "--lr", "0.001", "--resume", "--output", str(earlier), "--json"],
             standalone_mode=False)
     finally:
         train_cli._child_args = real
