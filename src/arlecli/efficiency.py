@@ -105,6 +105,41 @@ def sample_counts(turns: list[Any]) -> dict[str, Any]:
             "latency_s": _sum_or_none([t.latency_s for t in turns])}
 
 
+def thinking_counts(turns: list[Any]) -> dict[str, Any]:
+    """What a sample records of its thinking (nothing when no turn thought): the last turn's
+    `thinking` text and whether it was cut (`thinking_cut`: no answer), and over all turns
+    `thinking_tokens` and `answer_tokens` (None where the engine gave no counts)."""
+    if not any(t.thinking is not None for t in turns):
+        return {}
+    thought = _sum_or_none([t.thinking_tokens if t.thinking is not None else 0 for t in turns])
+    generated = _sum_or_none([t.completion_count() for t in turns])
+    answer = generated - thought if thought is not None and generated is not None else None
+    return {"thinking": turns[-1].thinking, "thinking_cut": turns[-1].thinking_cut,
+            "thinking_tokens": thought, "answer_tokens": answer}
+
+
+def reasoning_stats(samples: list[Sample]) -> dict[str, Any] | None:
+    """`reasoning`: how the samples that thought did: how many (`n`), their thinking tokens
+    (mean, median; over those with counts), the share cut inside their thinking (no answer),
+    and the accuracy of the cut and of the others (what a bigger thinking budget could win
+    back). None when no sample thought."""
+    thought = [s for s in samples if "thinking_cut" in s]
+    if not thought:
+        return None
+    tokens = _known(thought, "thinking_tokens")
+    cut = [s for s in thought if s.get("thinking_cut")]
+    whole = [s for s in thought if not s.get("thinking_cut")]
+
+    def accuracy(group: list[Sample]) -> float | None:
+        return sum(bool(s.get("correct")) for s in group) / len(group) if group else None
+
+    return {"n": len(thought), "share_of_samples": len(thought) / len(samples),
+            "thinking_tokens": ({"mean": sum(tokens) / len(tokens), "median": percentile(tokens, 50),
+                                 "n": len(tokens)} if tokens else None),
+            "cut": len(cut), "cut_share": len(cut) / len(thought),
+            "accuracy_cut": accuracy(cut), "accuracy_answered": accuracy(whole)}
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) with linear interpolation between ranks (numpy's default)."""
     xs = sorted(values)

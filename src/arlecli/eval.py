@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from arlecli import fewshot, rundir
 from arlecli.cards import Card
-from arlecli.efficiency import Prices, sample_counts
+from arlecli.efficiency import Prices, sample_counts, thinking_counts
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.engine.base import Engine
 from arlecli.envs import env_kind
@@ -159,12 +159,15 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             "details": result.details, "finish_reason": last.finish_reason if last else None,
             "num_tokens": sum(len(t.token_ids or []) for t in episode.turns),
             **sample_counts(episode.turns),
+            **thinking_counts(episode.turns),
         }
         if multi_turn:  # every turn, with what the environment answered
             sample["turns"] = [{"completion": t.completion, "observation": t.observation,
                                 "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids or []),
                                 "prompt_tokens": t.prompt_count(), "completion_tokens": t.completion_count(),
-                                "latency_s": t.latency_s}
+                                "latency_s": t.latency_s,
+                                **({"thinking": t.thinking, "thinking_cut": t.thinking_cut,
+                                    "thinking_tokens": t.thinking_tokens} if t.thinking is not None else {})}
                                for t in episode.turns]
             sample["num_turns"] = len(episode.turns)
             for key in ("tool_calls", "tool_errors"):  # where the env counts them (envs/tools.py)

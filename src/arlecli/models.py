@@ -58,6 +58,7 @@ class ModelSpec:
     max_retries: int | None = None   # openai: retries after a failed attempt; None: the engine's default
     price_input: float | None = None   # the profile's USD per 1M prompt tokens (arle eval may override)
     price_output: float | None = None  # the profile's USD per 1M completion tokens
+    think_tags: str | None = None    # how the model's thinking is delimited (thinking.parse_option); None: detect
 
     @property
     def is_local(self) -> bool:

@@ -225,6 +225,7 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
         "consistency": ({"samples_per_task": num_samples, **efficiency.all_agree(by_task, task_ids)}
                         if num_samples > 1 else None),
         "cost": efficiency.cost_stats(samples, len(task_ids), prices),
+        "reasoning": efficiency.reasoning_stats(samples),
     }
     result.update({name: block for name, block in blocks.items() if block is not None})
     return result

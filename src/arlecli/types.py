@@ -44,6 +44,15 @@ class Turn:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
+    # Thinking (thinking.py): what the model wrote before its answer (None: it did not think;
+    # `completion` is the answer alone either way, what rewards score and envs read), whether
+    # it thought and gave no answer (scored wrong), and how many of `token_ids` are thinking.
+    thinking: str | None = None
+    thinking_cut: bool = False
+    thinking_tokens: int | None = None
+    # Positions in `token_ids` that arle wrote rather than the model sampled (the end tag that
+    # budget forcing inserts); training keeps them out of the loss.
+    forced: list[int] = field(default_factory=list)
 
     def prompt_count(self) -> int | None:
         """Prompt tokens this turn sent: the engine's count, else the prompt ids' length, else None."""
@@ -79,8 +88,13 @@ class Episode:
 
     @property
     def completion(self) -> str:
-        """The final model output, which single-turn rewards score."""
+        """The final turn's answer (its thinking left out), which single-turn rewards score."""
         return self.turns[-1].completion if self.turns else ""
+
+    @property
+    def thinking_cut(self) -> bool:
+        """Whether the final turn thought and gave no answer: nothing to score."""
+        return bool(self.turns) and self.turns[-1].thinking_cut
 
     @property
     def cut(self) -> bool:

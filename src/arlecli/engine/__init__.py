@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
+from arlecli import thinking
 from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
 from arlecli.errors import UserError
 from arlecli.plugins import Registry
@@ -81,7 +82,8 @@ def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
     changed = vllm_options.changed() if vllm_options is not None else []
     if changed and backend != "vllm":
         print(f"warning: {', '.join(changed)} only apply to the vllm backend; ignored by {backend}", file=sys.stderr)
-    return factory(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
+    engine = factory(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
+    return thinking.configure(engine, thinking.parse_option(spec.think_tags, "the think tags"))
 
 
 @register_engine("openai")

@@ -61,6 +61,11 @@ class Completion:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None  # wall seconds this request took to generate, where the backend knows
+    # An endpoint's reasoning parser returns the thinking apart (`reasoning_content`); `text` is
+    # then the answer. None: the thinking, if any, is in `text` (thinking.split takes it apart).
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None  # the endpoint's count of them (usage.completion_tokens_details)
+    forced: list[int] = field(default_factory=list)  # positions of token_ids arle wrote (budget forcing)
 
 
 @dataclass
@@ -120,7 +125,8 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 
 class Engine(Protocol):
-    """Every backend implements this."""
+    """Every backend implements this. `make_engine` also gives each engine `think_tags` (how
+    the model's thinking is delimited; see thinking.tags_for)."""
 
     name: str
 

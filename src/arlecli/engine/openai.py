@@ -534,8 +534,13 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
         if not isinstance(message, dict):
             raise _Malformed(f"choices[0].message is {_kind(message)}, not an object")
         text = _text(message.get("content"), "choices[0].message.content")
+        # A reasoning parser's thinking, apart from the answer (vLLM: `reasoning`, earlier and
+        # SGLang / DeepSeek: `reasoning_content`).
+        key = next((k for k in ("reasoning_content", "reasoning") if message.get(k) is not None), None)
+        reasoning = _text(message[key], f"choices[0].message.{key}") if key else None
     else:
         text = _text(choice.get("text"), "choices[0].text")
+        reasoning = None
     usage = data.get("usage")
     if usage is not None and not isinstance(usage, dict):
         raise _Malformed(f"usage is {_kind(usage)}, not an object")
@@ -558,7 +563,16 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
         # What the server bills and counts, which is what token and cost metrics report.
         prompt_tokens=_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
         completion_tokens=_count(usage.get("completion_tokens"), "usage.completion_tokens"),
+        reasoning=reasoning,
+        reasoning_tokens=_reasoning_tokens(usage),
     )
+
+
+def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
+    details = usage.get("completion_tokens_details")
+    if not isinstance(details, dict):
+        return None
+    return _count(details.get("reasoning_tokens"), "usage.completion_tokens_details.reasoning_tokens")
 
 
 class _NoPromptLogprobs(UserError):

@@ -32,6 +32,7 @@ from arlecli.engine.base import Engine, GenerationRequest, SamplingParams
 from arlecli.engine.tokens import continue_ids, template_renders_tools
 from arlecli.envs import Env, env_kind, make_env
 from arlecli.fewshot import Exemplars, exemplars_for
+from arlecli.thinking import ThinkTags, prompt_opens, split, tags_for, thinking_token_count
 from arlecli.types import Episode, Task, Turn
 
 
@@ -92,13 +93,20 @@ class Transcript:
     prompt_ids: list[int] | None = None
     seams: list[int] = field(default_factory=list)
 
-    def record(self, comp: Any) -> None:
-        """Append the turn `comp` (an engine Completion) answered the current prompt with."""
-        turn = Turn(prompt=self.prompt, completion=comp.text, prompt_token_ids=comp.prompt_token_ids,
+    def record(self, comp: Any, tags: ThinkTags | None = None, tokenizer: Any = None) -> Turn:
+        """Append (and return) the turn `comp` (an engine Completion) answered the current prompt
+        with: its thinking (delimited by `tags`) apart from its answer (thinking.split)."""
+        opened = prompt_opens(tokenizer, comp.prompt_token_ids, tags)
+        thought = split(comp.text, tags, reasoning=comp.reasoning, opened=opened)
+        counted = (comp.reasoning_tokens if comp.reasoning is not None else
+                   thinking_token_count(tokenizer, comp.token_ids, tags, thought.thinking, thought.cut))
+        turn = Turn(prompt=self.prompt, completion=thought.answer, prompt_token_ids=comp.prompt_token_ids,
                     token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason,
                     prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
-                    latency_s=comp.latency_s)
+                    latency_s=comp.latency_s, thinking=thought.thinking, thinking_cut=thought.cut,
+                    thinking_tokens=counted, forced=list(comp.forced))
         self.episode.turns.append(turn)
+        return turn
 
     def extend(self, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
         """The next prompt: the conversation so far, the last turn's completion and the
@@ -133,6 +141,7 @@ def native_tools(engine: Engine) -> bool:
 def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
     """Run every job's episode to its end; yield (job index, Episode) as each finishes."""
     tokenizer = getattr(engine, "tokenizer", None)
+    tags = tags_for(engine)
     states = {i: Transcript(job.env.reset(), Episode(job.task.id, tools=job.env.tools))
               for i, job in enumerate(jobs)}
     active = list(states)
@@ -142,8 +151,8 @@ def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode
         for r, comp in engine.generate(requests):
             i = active[r]
             state, env = states[i], jobs[i].env
-            state.record(comp)
-            step = env.step(comp.text)
+            turn = state.record(comp, tags, tokenizer)
+            step = env.step(turn.completion)  # the answer: a tool call written in a thought is none
             limit = getattr(env, "max_turns", 1)
             if step.done or len(state.episode.turns) >= limit or isinstance(state.prompt, str):
                 state.episode.end_reason = step.reason if step.done else "turn_limit"

@@ -54,6 +54,7 @@ from arlecli.envs import register_env
 from arlecli.envs.episodes import Job, Transcript
 from arlecli.envs.single_turn import reset as render_prompt
 from arlecli.errors import ParamError, UserError
+from arlecli.thinking import tags_for
 from arlecli.types import Episode, Task
 
 EXTRA = "pip install 'arle[games]' (TextArena 0.7.4)"
@@ -424,10 +425,11 @@ def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
         for key, batch in by_engine.items():
             seats = [m.seats[m.waiting] for m in batch]  # type: ignore[index]
             requests = [s.transcript.request(s.params, None) for s in seats]  # type: ignore[union-attr]
+            tags = tags_for(engines[key])
             for r, comp in engines[key].generate(requests):
                 match, seat = batch[r], seats[r]
-                seat.transcript.record(comp)  # type: ignore[union-attr]
-                seat.invalid += match.game.act(comp.text)
+                turn = seat.transcript.record(comp, tags, tokenizers[key])  # type: ignore[union-attr]
+                seat.invalid += match.game.act(turn.completion)  # the answer, not a move thought about
         live = waiting
 
 

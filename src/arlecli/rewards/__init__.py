@@ -166,7 +166,15 @@ def score_samples(score: RewardFn, tasks: Sequence[Task], episodes: Sequence[Epi
     rows lack), which would fail every sample alike; samples already written are kept, and
     once it is fixed `--resume` continues. Mistakes a reward can see before generation are
     refused up front instead (`check_params`, `check_task_fields`, `check_tasks`).
-    KeyboardInterrupt and SystemExit are not Exceptions: they stop the run as always."""
+    KeyboardInterrupt and SystemExit are not Exceptions: they stop the run as always.
+
+    An episode whose final turn thought and gave no answer (`Episode.thinking_cut`: its
+    budget ran out inside the thought) is not shown to the reward at all: it scores 0.0,
+    wrong, nothing extracted, `details["no_answer"]` set, whatever its thought mentions."""
+    if any(e.thinking_cut for e in episodes):
+        answered = [i for i, e in enumerate(episodes) if not e.thinking_cut]
+        scored = iter(score_samples(score, [tasks[i] for i in answered], [episodes[i] for i in answered]))
+        return [no_answer_score() if e.thinking_cut else next(scored) for e in episodes]
     batch = getattr(score, "score_batch", None)
     if batch is not None and len(tasks) > 1:
         try:
@@ -201,6 +209,14 @@ def _is_score(result: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+NO_ANSWER = "no_answer"  # the detail of a sample whose turn ended inside its thinking
+
+
+def no_answer_score() -> Score:
+    """The Score of a sample that thought and gave no answer: 0.0, wrong, nothing extracted."""
+    return Score(0.0, False, None, {NO_ANSWER: "the turn ended inside its thinking"})
 
 
 def failed_score(exc: BaseException) -> Score:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from arlecli import safeio
 from arlecli.cards import Card
+from arlecli.efficiency import thinking_counts
 from arlecli.envs import env_kind
 from arlecli.rewards import check_tasks, get_reward, score_samples
 from arlecli.types import Episode, Score, Task
@@ -67,7 +68,8 @@ class CardReward:
             line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": episode.completion,
                     "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
                     "correct": bool(result.correct), "details": result.details,
-                    "finish_reason": episode.turns[-1].finish_reason if episode.turns else None}
+                    "finish_reason": episode.turns[-1].finish_reason if episode.turns else None,
+                    **thinking_counts(episode.turns)}
             if self.multi_turn:
                 line.update(turns=len(episode.turns), end_reason=episode.end_reason, env_info=episode.info)
             lines.append(safeio.dumps(line, default=str) + "\n")  # valid UTF-8 whatever the model wrote
