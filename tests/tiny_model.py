@@ -17,6 +17,31 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# A thinking model's chat template, shaped like Qwen3's and DeepSeek-R1's: the generation prompt
+# opens the thought (`<think>\n`, as R1's does), `enable_thinking=false` gives an empty thought
+# instead (Qwen3's switch), and earlier assistant turns are rendered without their thinking
+# (Qwen3 drops it from the history), the last one after the last user turn with it
+# (`reasoning_content`).
+THINKING_TEMPLATE = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}"
+    "{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}"
+    "{% set content = m['content'] or '' %}"
+    "{% if '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\n') %}{% endif %}"
+    "<|im_start|>assistant\n"
+    "{% if m.get('reasoning_content') and loop.index0 > ns.last_user %}"
+    "<think>\n{{ m['reasoning_content'] }}\n</think>\n\n"
+    "{% endif %}"
+    "{{ content }}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+THINK_TAGS = ["<think>", "</think>"]
 
 
 def _corpus() -> list[str]:
@@ -32,8 +57,9 @@ def _corpus() -> list[str]:
     return code + words * 50
 
 
-def build_tiny_model(out: Path, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2 chat model + tokenizer to `out` and return it."""
+def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False) -> Path:
+    """Write a tiny random Qwen2 chat model + tokenizer to `out` and return it. `thinking`: a
+    model that thinks (THINKING_TEMPLATE; `<think>` and `</think>` are tokens of their own)."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -51,6 +77,11 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   bos_token=None, unk_token=None)
     tok.chat_template = CHAT_TEMPLATE
+    if thinking:
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TAGS])
+        tok.chat_template = THINKING_TEMPLATE
     tok.save_pretrained(out)
 
     torch.manual_seed(seed)
