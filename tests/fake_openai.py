@@ -25,7 +25,21 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-Responder = Callable[[dict[str, Any]], str]
+
+
+@dataclass
+class Reply:
+    """What a responder may return instead of plain text: the answer (`content`), a reasoning
+    parser's thinking (`reasoning_content`, as vLLM's and DeepSeek's servers send it beside
+    the content; `reasoning_tokens` in usage), and a finish reason to force ("length": the
+    model ran out of tokens, e.g. inside its thinking)."""
+
+    content: str
+    reasoning_content: str | None = None
+    finish_reason: str | None = None
+
+
+Responder = Callable[[dict[str, Any]], "str | Reply"]
 
 # Fields only vLLM understands; `strict=True` rejects them like api.openai.com does.
 VLLM_ONLY_FIELDS = ("return_token_ids",)
@@ -47,7 +61,8 @@ class FakeOpenAIServer:
     """Threaded OpenAI-compatible server on 127.0.0.1 (random port), used as a context manager.
 
     Args:
-        responder: `responder(request_json) -> completion text`; called concurrently from
+        responder: `responder(request_json) -> completion text` (or a `Reply`, for a thinking
+            model's reasoning_content or a forced finish reason); called concurrently from
             handler threads. Default answers "ok". If it raises, the server answers 500.
         model: the name GET /v1/models lists.
         check_model: answer 404 (like vLLM) when a request names another model.
@@ -214,7 +229,8 @@ class FakeOpenAIServer:
             except Exception as exc:  # surface test bugs as a server error, visibly
                 traceback.print_exc()
                 return _error(500, f"responder raised {type(exc).__name__}: {exc}", "server_error")
-            reply = _completion(body, chat, str(text), number)
+            reply = (_completion(body, chat, text.content, number, text.reasoning_content, text.finish_reason)
+                     if isinstance(text, Reply) else _completion(body, chat, str(text), number))
             if not chat and body.get("echo") and body.get("logprobs") is not None and self.echo_logprobs:
                 _echo(reply, body["prompt"], self.echo_logprobs(body["prompt"]))
             if not self.usage:
@@ -260,8 +276,9 @@ def _validate(body: dict[str, Any] | None, chat: bool, bad_json: bool) -> str | 
     return None
 
 
-def _completion(body: dict[str, Any], chat: bool, text: str, number: int) -> dict[str, Any]:
-    """A standard (vLLM-flavoured) response for `text`."""
+def _completion(body: dict[str, Any], chat: bool, text: str, number: int, reasoning: str | None = None,
+                forced_finish: str | None = None) -> dict[str, Any]:
+    """A standard (vLLM-flavoured) response for `text` (and a reasoning parser's `reasoning`)."""
     finish = "stop"
     max_tokens = body.get("max_tokens")
     words = text.split(" ")
@@ -287,8 +304,16 @@ def _completion(body: dict[str, Any], chat: bool, text: str, number: int) -> dic
             "total_tokens": len(prompt_ids) + len(token_ids),
         },
     }
+    if forced_finish is not None:
+        choice["finish_reason"] = forced_finish
+    if reasoning is not None:
+        response["usage"]["completion_tokens"] += len(reasoning)
+        response["usage"]["total_tokens"] += len(reasoning)
+        response["usage"]["completion_tokens_details"] = {"reasoning_tokens": len(reasoning)}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            choice["message"]["reasoning_content"] = reasoning
         if body.get("logprobs"):
             choice["logprobs"] = {"content": [_chat_logprob(c) for c in text]}
     else:
