@@ -115,9 +115,9 @@ def split(text: str, tags: ThinkTags | None, *, reasoning: str | None = None, op
     with the start tag, so the text begins inside the thought. Otherwise a thought is a text
     that starts (after whitespace) with the start tag, or one that holds the end tag with no
     start tag before it (a template opened it and the prompt was not seen: an endpoint).
-    The answer is what follows the first end tag, leading whitespace dropped."""
+    The answer is what follows the first end tag, the line breaks after the tag dropped."""
     if reasoning is not None:
-        return Split(reasoning, text.lstrip(), cut=not text.strip())
+        return Split(reasoning, text, cut=not text.strip())
     if tags is None:
         return Split(None, text)
     body = text.lstrip()
@@ -130,7 +130,10 @@ def split(text: str, tags: ThinkTags | None, *, reasoning: str | None = None, op
     if tags.end not in rest:
         return Split(_thought(rest), "", cut=True)
     thought, answer = rest.split(tags.end, 1)
-    return Split(_thought(thought), answer.lstrip(), cut=not answer.strip())
+    # Only the line breaks after the tag go: an answer's own indentation (a function body in
+    # completion format) is part of it.
+    answer = answer.lstrip("\r\n")
+    return Split(_thought(thought), answer, cut=not answer.strip())
 
 
 def _thought(text: str) -> str:
