@@ -148,9 +148,12 @@ def assert_same(trained: list, evaluated: dict, samples: dict, rewards: list[dic
         ev = evaluated[(tasks[i].id, k)]
         assert [(t.prompt_token_ids, t.token_ids, t.completion, t.finish_reason) for t in episode.turns] == \
             [(t.prompt_token_ids, t.token_ids, t.completion, t.finish_reason) for t in ev.turns]
+        assert [(t.thinking, t.thinking_cut, t.thinking_tokens) for t in episode.turns] == \
+            [(t.thinking, t.thinking_cut, t.thinking_tokens) for t in ev.turns]
         assert (prompt_ids, completion_ids) == flatten_episode(ev)[:2]
         sample = samples[(tasks[i].id, k)]
         assert sample["completion"] == episode.completion and sample["finish_reason"] == episode.turns[-1].finish_reason
+        assert sample.get("thinking") == episode.turns[-1].thinking
     by_task = {}
     for line in rewards:
         if line["step"] == 1:
@@ -300,3 +303,28 @@ def test_tasks_travel_by_index_even_when_their_prompts_are_identical(tiny_model)
         episode.turns[0].completion = "#### 5"
     scores = CardReward(card, tasks).score(episodes, [1, 0, 1])
     assert [s.correct for s in scores] == [True, False, True]
+
+
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
+def test_training_samples_the_eval_thinking(tmp_path, tiny_thinking_model, monkeypatch, backend, vllm_environment):
+    """A thinking model (its template opens the thought): GRPO's rollouts are the eval's samples,
+    thinking and all (the same split, the same cut thoughts scored the same), and the thinking
+    tokens are in the sequence trained on."""
+    from arlecli.eval import EvalOptions, load_tasks
+    from arlecli.registry import load_card
+    from arlecli.train.run import train_split
+
+    card = ROOT / "benchmarks" / "countdown.yaml"
+    loaded = load_card(str(card))
+    tasks, _ = load_tasks(loaded, EvalOptions(split=train_split(loaded, None), limit=4, num_fewshot=0))
+    evaluated, samples = eval_episodes(card, tiny_thinking_model, backend, 1.0, monkeypatch, tmp_path / "eval")
+    assert all(s["thinking_cut"] for s in samples.values())  # its weights never close the thought
+    recorder = Recorder(monkeypatch)
+    run = tmp_path / "train-grpo"
+    _train_one_step(card, tiny_thinking_model, "grpo", backend, run)
+    rewards = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
+    assert_same(recorder.rows(), evaluated, samples, rewards, tasks)
+    for _, _, completion_ids, episode in recorder.rows():
+        assert episode.turns[-1].thinking and completion_ids == episode.turns[-1].token_ids
+        assert all(line["thinking_cut"] and line["details"] == {"no_answer": "the turn ended inside its thinking"}
+                   for line in rewards)
