@@ -124,6 +124,35 @@ def test_continued_ids_are_the_sampled_ones_not_a_re_tokenisation(tiny_model):
     assert fresh != second.prompt_token_ids and tok.decode(fresh) == tok.decode(second.prompt_token_ids)
 
 
+def test_a_thinking_models_turns_carry_the_split_eval_makes(tiny_thinking_model, tmp_path):
+    """The tiny thinking model behind the gateway (its every reply a thought cut short): each
+    recorded turn's answer, thinking, cut flag and thinking tokens are what the in-process
+    episode driver records for the same completion (envs.episodes.Transcript.record), the agent
+    got no answer (content null), and eval scores the episode as one with no answer."""
+    from arlecli.engine.hf import HFEngine
+    from arlecli.envs.episodes import Transcript
+    from arlecli.rewards import NO_ANSWER
+    from arlecli.thinking import tags_for
+    from arlecli.types import Episode
+
+    engine = Spy(HFEngine(str(tiny_thinking_model), batch_size=4))
+    episodes = dict(run_rollout_episodes(engine, example_jobs(2, SamplingParams(temperature=1.0, max_tokens=8,
+                                                                                seed=3))))
+    for episode in episodes.values():
+        assert len(episode.turns) == 2 and episode.thinking_cut and episode.completion == ""
+        for turn in episode.turns:
+            [comp] = [c for c in engine.completions if c.prompt_token_ids == turn.prompt_token_ids]
+            want = Transcript(None, Episode("x")).record(comp, tags_for(engine.engine), engine.tokenizer)
+            assert (turn.completion, turn.thinking, turn.thinking_cut, turn.thinking_tokens) == \
+                (want.completion, want.thinking, want.thinking_cut, want.thinking_tokens) == ("", want.thinking, True, 8)
+            assert turn.thinking and turn.token_ids == comp.token_ids
+
+    run_eval(load_card(CARD), engine, EvalOptions(limit=1, max_tokens=8), model="tiny", run_dir=tmp_path)
+    [sample] = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert sample["thinking_cut"] and NO_ANSWER in sample["details"] and sample["reward"] == 0
+    assert [t["thinking_cut"] for t in sample["turns"]] == [True, True] and sample["thinking_tokens"] == 16
+
+
 @rollout(name="test_flaky")
 def flaky(task: Any, client: ClientConfig, fail: str = "before") -> str:
     """Fails before calling the model, or after one call."""

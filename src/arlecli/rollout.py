@@ -29,6 +29,11 @@ continues a session's earlier reply with its exact ids (serve/continuation.py), 
 that re-sends its conversation yields one unbroken id sequence that GRPO trains on as is
 (train/rollout.py). A function that raises ends its episode with end_reason "error" and
 an empty answer (reward 0); the run goes on.
+
+A model that thinks answers the agent with its thought apart (`reasoning_content`, see
+serve/reasoning.py), and each turn is rebuilt from the record's split: `Turn.completion` is the
+answer the agent got, `Turn.thinking`, `thinking_cut` and `thinking_tokens` the thought, with
+the token ids covering both, exactly as the episode driver records an in-process turn.
 """
 
 from __future__ import annotations
@@ -144,6 +149,12 @@ class RolloutEpisode(Episode):
         if self.answer is not None:
             return self.answer
         return self.turns[-1].completion if self.turns else ""
+
+    @property
+    def thinking_cut(self) -> bool:
+        """Whether there is no answer to score: the function returned none and the last reply
+        was a thought cut short (an answer the function returned is scored as it is)."""
+        return self.answer is None and bool(self.turns) and self.turns[-1].thinking_cut
 
 
 @dataclass
@@ -285,17 +296,20 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         # The gateway stamps each request's arrival and each choice's end: the turn's latency.
         start, end = record.get("received_at"), choice.get("finished_at")
         latency = end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
-        turns.append(Turn(prompt=record.get("messages", record.get("prompt")), completion=choice["text"],
+        turns.append(Turn(prompt=record.get("messages", record.get("prompt")), completion=_answer(choice),
                           prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
                           logprobs=choice["logprobs"], finish_reason=choice["finish_reason"],
-                          latency_s=latency))
+                          latency_s=latency, thinking=choice.get("reasoning_content"),
+                          thinking_cut=bool(choice.get("thinking_cut")),
+                          thinking_tokens=choice.get("thinking_tokens")))
         link = record.get("continues")
         if k and not (link and link["seamless"] and link["id"] == records[k - 1]["id"]):
             seams.append(k)
     for turn, after in zip(turns, turns[1:]):  # what came between two calls: tool results, a nudge
         before = [*turn.prompt, {"role": "assistant", "content": turn.completion}] if isinstance(turn.prompt, list) \
             else None
-        if before is not None and isinstance(after.prompt, list) and after.prompt[:len(before)] == before:
+        if before is not None and isinstance(after.prompt, list) and \
+                _without_thinking(after.prompt[:len(before)]) == _without_thinking(before):
             turn.observation = after.prompt[len(before):]
     if not turns:  # the function failed (or answered) without calling the model
         turns.append(_empty_turn(job, engine, "error" if error else "stop"))
@@ -308,6 +322,20 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         info["answer"] = answer
     return RolloutEpisode(job.task.id, turns, end_reason="error" if error else "done", info=info,
                           answer="" if error else answer)
+
+
+def _answer(choice: dict[str, Any]) -> str:
+    """A recorded choice's answer: its `content` (the split the client got), else its text (a
+    record written before replies were split)."""
+    content = choice.get("content")
+    return content if isinstance(content, str) else choice["text"]
+
+
+def _without_thinking(messages: list[Any]) -> list[Any]:
+    # An agent may send its earlier replies back with their reasoning_content or without it:
+    # the conversation is the same either way.
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} if isinstance(m, dict) else m
+            for m in messages]
 
 
 def _empty_turn(job: Job, engine: Any, finish_reason: str) -> Turn:

@@ -23,10 +23,14 @@ request at a time, which would slow its batch mates). A client that goes away
 while its request waits or generates has the request cancelled (Batcher.cancel), so the engine
 does not generate for nobody.
 
+Thinking (reasoning.py): a chat reply of a model that thinks carries its answer in `content`
+and its thought in `reasoning_content`, as vLLM's reasoning parsers answer; `reasoning_format:
+"none"` in the request keeps the raw text in `content`. /v1/completions returns the raw text.
+
 Streaming: the engine protocol yields whole completions, not tokens, so a stream sends the
-role delta at once, then each choice's whole text as one content delta when it finishes,
-then its finish delta (then usage, then [DONE]). Clients see valid OpenAI SSE; they just do
-not see tokens trickle in.
+role delta at once, then, when a choice finishes, its thinking as one reasoning_content delta
+(if it thought), its answer as one content delta and its finish delta (then usage, then
+[DONE]). Clients see valid OpenAI SSE; they just do not see tokens trickle in.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from arlecli.serve.batcher import SHUTDOWN, Batcher, Finished
 from arlecli.serve.continuation import Continuations
 from arlecli.serve.limits import ServeLimits
 from arlecli.serve.protocol import ApiError, ApiRequest
+from arlecli.serve.reasoning import Reasoning, Reply, reasoning_tokens
 from arlecli.serve.record import Recorder, build_record
 from arlecli.serve.sessions import DEFAULT_SESSION, Sessions
 
@@ -80,6 +85,7 @@ class _Api:
         self.api_key = api_key
         self.recorder = recorder
         self.token_text = protocol.token_text_for(engine)
+        self.reasoning = Reasoning(engine)
         self.created = int(time.time())
         tokenizer = getattr(engine, "tokenizer", None)
         # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
@@ -158,9 +164,11 @@ class _Api:
             # On an error, a dropped client or a cancelled handler: don't generate for nobody.
             self.batcher.cancel([f for f in futures if not f.done()])
             gathered.cancel()  # after: its results (or errors) are nobody's to read
-        completions = [f.completion for f in finished]
-        self._record(session, rid, endpoint, req, finished, received, continues)
-        return _Json(protocol.response(req, rid, int(received), self.model_name, completions, self.token_text))
+        replies = [self.reasoning.reply(f.completion) for f in finished]
+        self._record(session, rid, endpoint, req, finished, received, continues, replies)
+        thought = reasoning_tokens(replies) if req.chat and not req.raw_reasoning else None
+        return _Json(protocol.response(req, rid, int(received), self.model_name, replies, self.token_text,
+                                       thought))
 
     async def _fit_context(self, req: ApiRequest, continued: list[int] | None
                            ) -> tuple[list[list[int] | None] | None, list[int] | None]:
@@ -206,6 +214,7 @@ class _Api:
 
         index = {fut: i for i, fut in enumerate(waiting)}
         finished: list[Finished | None] = [None] * len(waiting)
+        replies: list[Reply | None] = [None] * len(waiting)
         try:
             if req.chat:  # the role goes out at once, so clients know the request is being served
                 yield event([protocol.first_delta(req, i) for i in range(len(waiting))])
@@ -216,16 +225,23 @@ class _Api:
                 for fut in sorted(done, key=index.__getitem__):
                     i, fin = index[fut], fut.result()
                     finished[i] = fin
+                    reply_i = replies[i] = self.reasoning.reply(fin.completion)
                     extra = {}
                     if req.chat and req.return_token_ids and not prompt_ids_sent:
                         extra["prompt_token_ids"] = list(fin.completion.prompt_token_ids)
                         prompt_ids_sent = True
-                    yield event([protocol.content_delta(req, i, fin.completion, self.token_text)], **extra)
+                    thought = protocol.reasoning_delta(req, i, reply_i)
+                    if thought is not None:  # the thinking before the answer, as vLLM streams it
+                        yield event([thought], **extra)
+                        extra = {}
+                    yield event([protocol.content_delta(req, i, reply_i, self.token_text)], **extra)
                     yield event([protocol.finish_delta(req, i, fin.completion)])
             done_all = [f for f in finished if f is not None]
+            split = [r for r in replies if r is not None]
             if req.include_usage:
-                yield event([], usage=protocol.usage(req, [f.completion for f in done_all]))
-            self._record(session, rid, endpoint, req, done_all, received, continues)
+                thinking = reasoning_tokens(split) if req.chat and not req.raw_reasoning else None
+                yield event([], usage=protocol.usage(req, [f.completion for f in done_all], thinking))
+            self._record(session, rid, endpoint, req, done_all, received, continues, split)
         except Exception as exc:  # headers are gone already: report in-band, as vLLM does
             yield _sse(_engine_error(exc).body())
         finally:
@@ -236,16 +252,17 @@ class _Api:
         yield "data: [DONE]\n\n"
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
-                received: float, continues: dict[str, Any] | None = None) -> None:
+                received: float, continues: dict[str, Any] | None, replies: list[Reply]) -> None:
         if self.recorder is None or (session != DEFAULT_SESSION and session not in self.sessions):
             return  # closed while this request ran: its episode was read already
         completions = [f.completion for f in finished]
+        usage = protocol.usage(req, completions, reasoning_tokens(replies))
         record = build_record(rid=rid, endpoint=endpoint, model=self.model_name, request=req, finished=finished,
-                              received_at=received, usage=protocol.usage(req, completions), continues=continues)
+                              received_at=received, usage=usage, continues=continues, replies=replies)
         self.recorder.write(session, record)
         if req.chat and self.continuations is not None:
             # Before the response goes out, so the client's next call finds this reply.
-            self.continuations.remember(session, rid, req.prompts[0], completions)
+            self.continuations.remember(session, rid, req.prompts[0], completions, replies)
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:

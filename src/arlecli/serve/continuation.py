@@ -13,6 +13,13 @@ multi-turn episode driver does (envs.episodes). Where the template's text does n
 the decoded ids (it rewrote history, or a stop string cut the text short of the ids) the
 request is encoded afresh, and its record says so (a seam).
 
+A thinking model's reply reaches the client as its answer (`content`) with its thinking apart
+(`reasoning_content`, reasoning.py), and that is what the agent sends back: an assistant message
+continues a reply when its content is the reply's answer (or its whole text, for a client that
+asked for it raw) and any reasoning_content it carries is the reply's thinking. The ids continued
+are still the generated ones, thought included; whether the template's render of the history
+extends them (Qwen3's drops earlier turns' thinking) decides seamless, as above.
+
 Memory is bounded in bytes, not replies: all sessions together hold at most `max_bytes`
 (`arle serve --record-memory-mb`), counted as Python holds them (ids as 4-byte arrays, text and
 messages at their `sys.getsizeof`). Past it, the least recently used session's oldest requests
@@ -48,7 +55,8 @@ class _Call:
     rid: str
     messages: list[dict[str, Any]]
     prompt_ids: array.array
-    replies: list[tuple[int, str, array.array]]  # (choice, text, completion ids)
+    replies: list[tuple[int, str, array.array, str | None, str | None]]  # (choice, text, completion ids,
+    #                                                                       answer, thinking: None unless it thought)
     size: int  # bytes, as counted against the budget
 
     def ids(self, choice: int) -> list[int]:
@@ -92,13 +100,20 @@ class Continuations:
         info = {"id": call.rid, "choice": choice, "seamless": seamless}
         return (ids if seamless else None), info
 
-    def remember(self, session: str, rid: str, messages: list[dict[str, Any]], completions: list[Any]) -> None:
-        """Keep each choice of a finished chat request as a reply later requests may continue."""
+    def remember(self, session: str, rid: str, messages: list[dict[str, Any]], completions: list[Any],
+                 split: list[Any] | None = None) -> None:
+        """Keep each choice of a finished chat request as a reply later requests may continue;
+        `split` holds each choice's reasoning.Reply (its answer and thinking), if it was split."""
         with_ids = [(i, c) for i, c in enumerate(completions) if c.prompt_token_ids]
         if not with_ids:  # an engine without ids (a remote endpoint): nothing to continue
             return
         prompt_ids = _ids(with_ids[0][1].prompt_token_ids)  # every choice of a request has the same prompt
-        replies = [(i, c.text, _ids(c.token_ids)) for i, c in with_ids]
+
+        def parts(i: int) -> tuple[str | None, str | None]:
+            reply = split[i] if split is not None else None
+            return (reply.answer, reply.thinking) if reply is not None and reply.thought else (None, None)
+
+        replies = [(i, c.text, _ids(c.token_ids), *parts(i)) for i, c in with_ids]
         call = _Call(rid, messages, prompt_ids, replies, _size(messages, prompt_ids, replies))
         with self._lock:
             calls = self._sessions.pop(session, None) or collections.deque()
@@ -141,10 +156,21 @@ class Continuations:
             n = len(call.messages)
             if len(messages) <= n + 1 or messages[:n] != call.messages:
                 continue
-            for choice, text, _ in reversed(call.replies):
-                if messages[n] == {"role": "assistant", "content": text}:
+            for choice, text, _, answer, thinking in reversed(call.replies):
+                if _is_reply(messages[n], text, answer, thinking):
                     return call, choice
         return None
+
+
+def _is_reply(message: dict[str, Any], text: str, answer: str | None, thinking: str | None) -> bool:
+    """Whether `message` is the reply sent back: its raw text, or its answer with at most its
+    own thinking beside it (see the module docstring)."""
+    if message.get("role") != "assistant" or set(message) - {"role", "content", "reasoning_content"}:
+        return False
+    content, sent = message.get("content"), message.get("reasoning_content")
+    if content == text and sent is None:
+        return True
+    return answer is not None and content == answer and sent in (None, thinking)
 
 
 def _ids(ids: Any) -> array.array:
@@ -155,13 +181,15 @@ def _ids(ids: Any) -> array.array:
         return array.array("q", ids)
 
 
-def _size(messages: list[dict[str, Any]], prompt_ids: array.array, replies: list[tuple[int, str, array.array]]
-          ) -> int:
+def _size(messages: list[dict[str, Any]], prompt_ids: array.array,
+          replies: list[tuple[int, str, array.array, str | None, str | None]]) -> int:
     """The bytes one remembered request holds, as Python stores them (an upper bound: strings
     shared with other requests are counted each time)."""
     size = _OVERHEAD + sys.getsizeof(messages) + sys.getsizeof(prompt_ids)
     for m in messages:
         size += sys.getsizeof(m) + sum(sys.getsizeof(v) for v in m.values())
-    for _, text, ids in replies:
+    for _, text, ids, answer, thinking in replies:
         size += 64 + sys.getsizeof(text) + sys.getsizeof(ids)
+        if thinking is not None:  # the split's strings are copies of parts of the text
+            size += 48 + sys.getsizeof(answer) + sys.getsizeof(thinking)
     return size

@@ -3,7 +3,9 @@
 Pure functions over dicts and the engine's dataclasses, so the shapes can be read (and
 tested) without a server. Field placement follows vLLM where OpenAI has no field: the
 `token_ids` of each choice and `prompt_token_ids` (on the response for chat, on the choice
-for completions) when the request sets `return_token_ids`.
+for completions) when the request sets `return_token_ids`, and a thinking model's
+`reasoning_content` beside `content` (see reasoning.py; `reasoning_format: "none"` in a chat
+request, llama.cpp's switch, asks for the raw text in `content` instead).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.serve.reasoning import Reply
 
 MAX_N = 128
 # Stop strings are checked at every decode step, so their number and length cost every
@@ -27,6 +30,9 @@ MAX_STOP_CHARS = 1024
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 1024
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+# A chat request's `reasoning_format` (llama.cpp's name): "parsed", the default, returns a thinking
+# model's thought in `reasoning_content`; "none" returns the raw text, thought and all, in `content`.
+REASONING_FORMATS = ("parsed", "none")
 # Dividing logits by a temperature near 0 overflows them (1e-40 makes the hf engine's sampler
 # raise on inf/nan; fp16 overflows far sooner): a smaller positive one is raised to this, as
 # vLLM does. It samples as greedily as anyone asking for 1e-9 can have meant.
@@ -77,6 +83,7 @@ class ApiRequest:
     logprobs: bool = False           # the client wants logprobs in the response
     return_token_ids: bool = False
     max_tokens_explicit: bool = False  # the client set max_tokens (a default may be cut to fit)
+    raw_reasoning: bool = False      # reasoning_format "none": the thought stays in `content`
 
     def engine_requests(self, force_logprobs: bool = False, prompt_ids: list[list[int] | None] | None = None,
                         max_tokens: list[int] | None = None) -> list[GenerationRequest]:
@@ -134,9 +141,15 @@ def parse_chat(body: Any) -> ApiRequest:
     rf = body.get("response_format")
     if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
         raise _bad("only `response_format: {type: text}` is supported by arle serve", "response_format")
+    fmt = body.get("reasoning_format")
+    if fmt is not None and fmt not in REASONING_FORMATS:
+        raise _bad("`reasoning_format` must be \"parsed\" (the thinking in `reasoning_content`) or \"none\" "
+                   "(the raw text in `content`)", "reasoning_format")
     max_tokens = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, "max_completion_tokens", "max_tokens")
-    return _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs,
-                   explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")))
+    req = _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs,
+                  explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")))
+    req.raw_reasoning = fmt == "none"
+    return req
 
 
 def parse_completion(body: Any) -> ApiRequest:
@@ -209,7 +222,19 @@ def _object(body: Any) -> dict[str, Any]:
 def _message(i: int, m: Any) -> dict[str, str]:
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise _bad(f"messages[{i}] must be an object with a string `role`", "messages")
-    content = m.get("content")
+    out = {"role": m["role"], "content": _content(i, m.get("content"))}
+    if m["role"] == "assistant":
+        # An earlier reply's thinking, sent back as it came (vLLM: `reasoning` or `reasoning_content`):
+        # kept for the chat template, which may render it (Qwen3's does after the last user turn).
+        key = next((k for k in ("reasoning_content", "reasoning") if m.get(k) is not None), None)
+        if key is not None:
+            if not isinstance(m[key], str):
+                raise _bad(f"messages[{i}].{key} must be a string", "messages")
+            out["reasoning_content"] = m[key]
+    return out
+
+
+def _content(i: int, content: Any) -> str:
     if content is None:
         text = ""
     elif isinstance(content, str):
@@ -223,7 +248,7 @@ def _message(i: int, m: Any) -> dict[str, str]:
         text = "".join(parts)
     else:
         raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    return {"role": m["role"], "content": text}
+    return text
 
 
 def _stop(body: dict[str, Any]) -> list[str]:
@@ -284,21 +309,43 @@ def new_id(chat: bool) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
 
 
-def usage(req: ApiRequest, completions: list[Completion]) -> dict[str, int]:
-    """Token counts from the engine's ids; each prompt counts once however many choices it has."""
+def usage(req: ApiRequest, completions: list[Completion], reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """Token counts from the engine's ids; each prompt counts once however many choices it has.
+    `reasoning_tokens` (those of a thinking model's thoughts) goes where OpenAI puts it,
+    `completion_tokens_details`, which is left out when nothing thought."""
     prompt = sum(len(completions[p * req.n].prompt_token_ids) for p in range(len(req.prompts)))
     completion = sum(len(c.token_ids) for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
-def response(req: ApiRequest, rid: str, created: int, model: str, completions: list[Completion],
-             token_text: TokenText) -> dict[str, Any]:
-    """The non-streaming response body for `completions` (one per choice, in choice order)."""
+def _parsed(req: ApiRequest, reply: Reply) -> bool:
+    # Whether this chat reply goes out with its thinking apart (reasoning.py).
+    return req.chat and reply.thought and not (req.raw_reasoning and reply.completion.reasoning is None)
+
+
+def message(req: ApiRequest, reply: Reply) -> dict[str, Any]:
+    """A chat reply's message: the answer in `content` and the thinking in `reasoning_content`
+    (content null when the model thought and gave no answer, as vLLM's parsers answer);
+    a reply without a thought, or one asked for raw, is the text as generated."""
+    if not _parsed(req, reply):
+        return {"role": "assistant", "content": reply.completion.text}
+    return {"role": "assistant", "content": reply.answer or None, "reasoning_content": reply.thinking}
+
+
+def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[Reply],
+             token_text: TokenText, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """The non-streaming response body for `replies` (one per choice, in choice order)."""
     choices = []
-    for i, comp in enumerate(completions):
+    completions = [r.completion for r in replies]
+    for i, reply in enumerate(replies):
+        comp = reply.completion
         choice: dict[str, Any] = {"index": i}
         if req.chat:
-            choice["message"] = {"role": "assistant", "content": comp.text}
+            choice["message"] = message(req, reply)
         else:
             choice["text"] = comp.text
         choice["logprobs"] = logprobs(req, comp, token_text)
@@ -307,7 +354,7 @@ def response(req: ApiRequest, rid: str, created: int, model: str, completions: l
         choices.append(choice)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.chat else "text_completion",
                             "created": created, "model": model, "choices": choices,
-                            "usage": usage(req, completions)}
+                            "usage": usage(req, completions, reasoning_tokens)}
     if req.chat and req.return_token_ids:
         body["prompt_token_ids"] = completions[0].prompt_token_ids
     return body
@@ -363,11 +410,21 @@ def first_delta(req: ApiRequest, index: int) -> dict[str, Any]:
     return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
-def content_delta(req: ApiRequest, index: int, comp: Completion, token_text: TokenText) -> dict[str, Any]:
-    """A choice's whole completion as one delta (the engine yields completions, not tokens)."""
+def reasoning_delta(req: ApiRequest, index: int, reply: Reply) -> dict[str, Any] | None:
+    """A chat choice's whole thinking as one `reasoning_content` delta, sent before its content
+    (vLLM's order); None when the reply goes out without a thought apart."""
+    if not _parsed(req, reply):
+        return None
+    return {"index": index, "delta": {"reasoning_content": reply.thinking}, "logprobs": None, "finish_reason": None}
+
+
+def content_delta(req: ApiRequest, index: int, reply: Reply, token_text: TokenText) -> dict[str, Any]:
+    """A choice's whole answer as one delta (the engine yields completions, not tokens); its
+    logprobs and token ids cover everything generated, the thinking included."""
+    comp = reply.completion
     choice: dict[str, Any] = {"index": index}
     if req.chat:
-        choice["delta"] = {"content": comp.text}
+        choice["delta"] = {"content": reply.answer if _parsed(req, reply) else comp.text}
     else:
         choice["text"] = comp.text
     choice["logprobs"] = logprobs(req, comp, token_text)

@@ -5,7 +5,10 @@ and must have been opened by the server (sessions.py); a request naming none is 
 in "default". Each line is written whole, under a lock, and flushed, so concurrent requests
 never interleave and a crash loses at most the line being written. The token ids and
 logprobs recorded are the engine's own (never re-tokenised text), which is what RL training
-on recorded agent traffic needs.
+on recorded agent traffic needs. Each choice keeps the generated `text` whole and, taken apart
+as the client got it (reasoning.py), its answer (`content`) and, when the model thought, its
+`reasoning_content`, `thinking_cut` (no answer) and `thinking_tokens`: rollout.py rebuilds the
+episode's turns from these, so training and eval see the split the agent saw.
 
 Lines end in `\n` and nothing else does: `safeio.dumps` escapes every character below
 U+0020 (lone surrogates too), and `read_records` splits on `\n` only. Model text is free to
@@ -22,6 +25,7 @@ from typing import Any
 
 from arlecli import safeio
 from arlecli.serve.protocol import finite
+from arlecli.serve.reasoning import Reply
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -81,14 +85,15 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished: list[Any],
-                 received_at: float, usage: dict[str, int],
-                 continues: dict[str, Any] | None = None) -> dict[str, Any]:
+                 received_at: float, usage: dict[str, Any],
+                 continues: dict[str, Any] | None = None, replies: list[Reply] | None = None) -> dict[str, Any]:
     """The record of one request: what was asked (messages or prompt, sampling params) and, per
     choice, the engine's prompt and completion token ids, logprobs, text, finish reason and times.
 
     `request` is an ApiRequest, `finished` its batcher results in choice order. `continues`
     ({"id", "choice", "seamless"}, or None) names the earlier reply of the session whose ids
-    this request's prompt continues (see continuation.py).
+    this request's prompt continues (see continuation.py). `replies` are the choices taken
+    apart into thinking and answer (None: recorded as the text alone).
     """
     params = request.params
     asked: dict[str, Any] = {"messages": request.prompts[0]} if request.chat else {
@@ -107,15 +112,25 @@ def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished:
             "started_at": fin.started_at,
             "finished_at": fin.finished_at,
             "batch_size": fin.batch_size,
+            **(_thinking(replies[i]) if replies is not None else {}),
         })
     return {
         "id": rid, "endpoint": endpoint, "model": model, **asked,
         "params": {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens,
                    "stop": list(params.stop), "seed": params.seed, "n": request.n,
-                   "logprobs": request.logprobs, "stream": request.stream},
+                   "logprobs": request.logprobs, "stream": request.stream,
+                   "reasoning_format": "none" if getattr(request, "raw_reasoning", False) else "parsed"},
         "received_at": received_at,
         "finished_at": max((fin.finished_at for fin in finished), default=received_at),
         "usage": usage,
         "continues": continues,
         "choices": choices,
     }
+
+
+def _thinking(reply: Reply) -> dict[str, Any]:
+    """A choice's answer and, when the model thought, its thinking (the record's split)."""
+    if not reply.thought:
+        return {"content": reply.answer}
+    return {"content": reply.answer, "reasoning_content": reply.thinking, "thinking_cut": reply.cut,
+            "thinking_tokens": reply.thinking_tokens}
