@@ -387,3 +387,134 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
     refused(str(unfinished), "-o", str(out), needles=("no results.json",))
 
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file left behind
+
+
+# Thinking (issue 24) -----------------------------------------------------------------------
+
+
+def thinking_sample(task: str, k: int, thinking: str, *, correct: bool, cut: bool = False, **extra: Any
+                    ) -> dict[str, Any]:
+    """A samples.jsonl line of a model that thought (eval.py's fields); a cut thought has no answer."""
+    s = sample(task, k, correct=correct, reply="" if cut else None, **extra)
+    s.update(thinking=thinking, thinking_cut=cut, thinking_tokens=len(thinking.split()), answer_tokens=0 if cut else 4)
+    return s
+
+
+def thinking_agent_sample(task: str, k: int, correct: bool, answer: str, cut_first: bool = False) -> dict[str, Any]:
+    """A two-turn tools-env sample whose turns thought (the first cut, with no answer, if `cut_first`)."""
+    s = agent_sample(task, k, correct, answer)
+    s["turns"][0].update(thinking="I should call the calculator", thinking_cut=cut_first, thinking_tokens=5)
+    if cut_first:
+        s["turns"][0]["completion"] = ""
+    s["turns"][1].update(thinking="the tool said 6", thinking_cut=False, thinking_tokens=4)
+    s.update(thinking="the tool said 6", thinking_cut=False, thinking_tokens=9, answer_tokens=6)
+    return s
+
+
+def test_rows_keep_the_thinking_unless_dropped_and_cut_thoughts_are_never_rows(tmp_path, monkeypatch, capsys):
+    run = write_run(tmp_path / "run", [
+        thinking_sample("a", 0, "a is one more than zero", correct=True),
+        thinking_sample("a", 1, "a is, hmm, let me check again", correct=False, cut=True, finish_reason="length"),
+        thinking_sample("b", 0, "b is two", correct=False),
+        thinking_sample("b", 1, "b is three", correct=True),
+        thinking_sample("b", 2, "b is, wait", correct=False, cut=True, finish_reason="length"),
+        thinking_agent_sample("c", 0, True, "#### 6"),
+        thinking_agent_sample("c", 1, True, "#### 6", cut_first=True),
+    ])
+    out = tmp_path / "rows.jsonl"
+
+    def rows(*args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        code, stdout, err = from_eval(monkeypatch, capsys, str(run), "-o", str(out), "--json", *args)
+        assert code == 0, err
+        return read_rows(out), json.loads(stdout)
+
+    kept, report = rows()
+    assert [f"{r['task_id']}#{r['sample']}" for r in kept] == ["a#0", "b#1", "c#0"]
+    assert kept[0]["messages"] == [{"role": "user", "content": "What is a?"},
+                                   {"role": "assistant", "content": "answer 0 to a",
+                                    "reasoning_content": "a is one more than zero"}]
+    agent = kept[2]["messages"]
+    assert [(m["role"], m.get("reasoning_content")) for m in agent] == [
+        ("user", None), ("assistant", "I should call the calculator"), ("tool", None),
+        ("assistant", "the tool said 6")]
+    assert ("answered", 4, 7) in [(f["filter"], f["kept"], f["of"]) for f in report["filters"]]
+
+    dropped, _ = rows("--drop-thinking")
+    assert [r["messages"] for r in dropped] == [[{k: v for k, v in m.items() if k != "reasoning_content"}
+                                                 for m in r["messages"]] for r in kept]
+    assert not any("reasoning_content" in m for r in dropped for m in r["messages"])
+
+    # Not even --keep-cut --all makes a row of a thought with no answer.
+    everything, _ = rows("--all", "--keep-cut")
+    assert [f"{r['task_id']}#{r['sample']}" for r in everything] == ["a#0", "b#0", "b#1", "c#0"]
+
+    # Pairs: a cut thought is neither chosen nor rejected; both sides keep their thinking.
+    code, _, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "-o", str(out))
+    assert code == 0, err
+    [pair] = read_rows(out)
+    assert (pair["task_id"], pair["chosen"], pair["rejected"]) == (
+        "b", [{"role": "assistant", "content": "answer 1 to b", "reasoning_content": "b is three"}],
+        [{"role": "assistant", "content": "answer 0 to b", "reasoning_content": "b is two"}])
+
+    only_cut = write_run(tmp_path / "cut", [thinking_sample("a", 0, "hmm", correct=False, cut=True)])
+    code, _, err = from_eval(monkeypatch, capsys, str(only_cut), "--all", "--keep-cut", "-o", str(out))
+    one_line(code, err, "answered kept 0 of 1", "inside its thinking", "--max-tokens")
+
+
+def test_a_real_eval_of_a_thinking_endpoint_exports_its_thinking(tmp_path, monkeypatch, capsys):
+    """`arle eval` against an endpoint that returns reasoning_content (answers to additions,
+    thoughts cut short for subtractions): the rows hold each answered sample's thinking as
+    recorded, and none of the cut ones."""
+    import re
+    import subprocess
+
+    from fake_openai import FakeOpenAIServer, Reply
+
+    def reply(body: dict[str, Any]) -> Reply:
+        a, op, b = re.search(r"(\d) ([+-]) (\d) =", json.dumps(body["messages"])).groups()
+        if op == "+":
+            return Reply(str(int(a) + int(b)), reasoning_content=f"{a} plus {b} is {int(a) + int(b)}")
+        return Reply("", reasoning_content=f"{a} minus {b} is, let me see", finish_reason="length")
+
+    run = tmp_path / "run"
+    with FakeOpenAIServer(reply) as srv:
+        done = subprocess.run([sys.executable, "-m", "arlecli", "eval", "one_digit_sums", "--base-url", srv.base_url,
+                               "--limit", "8", "--output", str(run)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    samples = read_rows(run / "samples.jsonl")
+    answered = [s for s in samples if not s["thinking_cut"]]
+    assert answered and len(answered) < len(samples)
+    code, _, err = from_eval(monkeypatch, capsys, str(run), "--all", "-o", str(tmp_path / "sft.jsonl"))
+    assert code == 0, err
+    rows = read_rows(tmp_path / "sft.jsonl")
+    assert [r["messages"][-1] for r in rows] == [
+        {"role": "assistant", "content": s["completion"], "reasoning_content": s["thinking"]} for s in answered]
+    assert all(" plus " in r["messages"][-1]["reasoning_content"] for r in rows)
+    assert f"answered: kept {len(answered)} of {len(samples)} samples" in err
+
+
+@pytest.mark.parametrize("thinks", [True, False], ids=["template-renders-it", "template-ignores-it"])
+def test_a_trainer_renders_a_rows_thinking_and_trains_on_it(thinks, tiny_model, tiny_thinking_model):
+    """SFT/DPO tokenise rows through trajectories.for_template: a template that renders
+    reasoning_content (Qwen3's shape) gets the row as written; for one that ignores it the
+    thinking goes inline between think tags. Either way the thinking carries loss."""
+    from transformers import AutoTokenizer
+
+    from arlecli.train.sft import tokenize_conversation
+    from arlecli.trajectories import for_template, template_renders_reasoning
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_thinking_model if thinks else tiny_model))
+    row = [{"role": "user", "content": "What is 2 + 2?"},
+           {"role": "assistant", "content": "4", "reasoning_content": "two and two make four"}]
+    assert template_renders_reasoning(tok) is thinks
+    messages = for_template(tok, row)
+    if thinks:
+        assert messages is row
+    else:
+        assert messages[1] == {"role": "assistant", "content": "<think>\ntwo and two make four\n</think>\n\n4"}
+    ids, mask = tokenize_conversation(tok, messages)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert trained == ("" if thinks else "<think>\n") + "two and two make four\n</think>\n\n4<|im_end|>"
+    # The answer alone when the row has no thinking (--drop-thinking): nothing changes.
+    plain = [row[0], {"role": "assistant", "content": "4"}]
+    assert for_template(tok, plain) is plain

@@ -27,6 +27,19 @@ to `max_per_task` pairs per task.
 An episode with a model turn cut at its token limit (finish_reason "length") makes no SFT row
 and is never `chosen`, unless `keep_cut`: the chat template would close that turn with an
 end-of-turn token the model never produced, and training would teach it to stop mid-sentence.
+
+Thinking. A turn of a model that thought is written as
+
+    {"role": "assistant", "content": ANSWER, "reasoning_content": THINKING}
+
+(the shape Qwen3-style templates render and vLLM's parsers return), so the rows train the
+thinking as well as the answer; `drop_thinking` (`--drop-thinking`) writes the answer alone. An
+episode a turn of which thought and gave no answer (`thinking_cut`) is never a row, not even
+with `keep_cut` (nor a side of a pair): there is no answer to learn or to prefer against.
+How a trainer renders such a message is `for_template`'s: a chat template that renders
+reasoning_content renders it; for one that does not, the thinking is written inline, between
+the model's think tags, before the answer (`<think>\nTHINKING\n</think>\n\nANSWER`), as the
+model generated it. `arle train --algo sft|dpo` tokenises rows through it.
 """
 
 from __future__ import annotations
@@ -57,6 +70,7 @@ class Trajectory:
     continuation: list[dict[str, Any]]  # its turns (assistant) and the env's answers in between
     tools: list[dict[str, Any]] | None
     cut: bool = False                   # a model turn stopped at its token limit (finish_reason "length")
+    thinking_cut: bool = False          # a model turn thought and gave no answer
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -119,13 +133,14 @@ def load_runs(paths: Iterable[Path], *, force: bool = False) -> list[EvalRun]:
     return runs
 
 
-def trajectories(run: EvalRun) -> list[Trajectory]:
-    """Every sample of `run` as a Trajectory, in samples.jsonl's order. A sample without turns
-    (a game's seat the other ended the game before it moved) holds nothing the model said."""
-    return [_trajectory(run, s, n) for n, s in enumerate(run.samples, 1) if s.get("num_turns") != 0]
+def trajectories(run: EvalRun, *, drop_thinking: bool = False) -> list[Trajectory]:
+    """Every sample of `run` as a Trajectory, in samples.jsonl's order (assistant turns with their
+    thinking as `reasoning_content` unless `drop_thinking`). A sample without turns (a game's
+    seat the other ended the game before it moved) holds nothing the model said."""
+    return [_trajectory(run, s, n, drop_thinking) for n, s in enumerate(run.samples, 1) if s.get("num_turns") != 0]
 
 
-def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:
+def _trajectory(run: EvalRun, sample: dict[str, Any], line: int, drop_thinking: bool = False) -> Trajectory:
     where = f"{run.path / SAMPLES} line {line}"
     prompt = sample.get("prompt")
     if isinstance(prompt, str):
@@ -136,8 +151,9 @@ def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:
     turns = sample.get("turns")
     tools = None
     if turns is None:  # single-turn: one reply
-        continuation = [_assistant(sample.get("completion"), where)]
+        continuation = [_assistant(sample.get("completion"), where, None if drop_thinking else sample.get("thinking"))]
         cut = sample.get("finish_reason") == "length"
+        thinking_cut = bool(sample.get("thinking_cut"))
     else:
         info = sample.get("env_info") if isinstance(sample.get("env_info"), dict) else {}
         if "rollout" in info:
@@ -155,31 +171,38 @@ def _trajectory(run: EvalRun, sample: dict[str, Any], line: int) -> Trajectory:
             observation = turn.get("observation") if isinstance(turn, dict) else None
             if not isinstance(observation, list) or not all(isinstance(m, dict) and "role" in m for m in observation):
                 raise UserError(f"{where}: a turn has no list of observation messages; the file was edited or damaged")
-            continuation += [_assistant(turn.get("completion"), where), *observation]
+            thought = None if drop_thinking else turn.get("thinking")
+            continuation += [_assistant(turn.get("completion"), where, thought), *observation]
         cut = any(turn.get("finish_reason") == "length" for turn in turns)
+        thinking_cut = any(bool(turn.get("thinking_cut")) for turn in turns) or bool(sample.get("thinking_cut"))
     return Trajectory(run=str(run.path), benchmark=str(run.meta.get("benchmark")), model=str(run.meta.get("model")),
                       task_id=str(sample["task_id"]), sample=int(sample.get("sample") or 0),
                       reward=float(sample.get("reward") or 0.0), correct=bool(sample["correct"]),
-                      prompt=prompt, continuation=continuation, tools=tools, cut=cut)
+                      prompt=prompt, continuation=continuation, tools=tools, cut=cut, thinking_cut=thinking_cut)
 
 
-def _assistant(completion: Any, where: str) -> dict[str, Any]:
-    if not isinstance(completion, str):
-        raise UserError(f"{where}: a completion is not text; the file was edited or damaged")
-    return {"role": "assistant", "content": completion}
+def _assistant(completion: Any, where: str, thinking: Any = None) -> dict[str, Any]:
+    if not isinstance(completion, str) or (thinking is not None and not isinstance(thinking, str)):
+        raise UserError(f"{where}: a completion or its thinking is not text; the file was edited or damaged")
+    message = {"role": "assistant", "content": completion}
+    if thinking is not None:
+        message["reasoning_content"] = thinking
+    return message
 
 
 # SFT rows ----------------------------------------------------------------------------------
 
 
 def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: float | None = None,
-             max_per_task: int | None = None, dedupe: bool = False, keep_cut: bool = False) -> Export:
-    """SFT rows from `runs`' episodes: those no turn of which was cut at its token limit
-    (unless `keep_cut`), that are correct (`correct_only`) and reach `min_reward`, identical
-    conversations once (`dedupe`), at most `max_per_task` per task (the highest rewards;
-    ties: the runs' order, then sample number). Rows keep the runs' order. UserError naming
-    the filter when none is left."""
-    found = [t for run in runs for t in trajectories(run)]
+             max_per_task: int | None = None, dedupe: bool = False, keep_cut: bool = False,
+             drop_thinking: bool = False) -> Export:
+    """SFT rows from `runs`' episodes: those with an answer to every turn's thought, no turn of
+    which was cut at its token limit (unless `keep_cut`), that are correct (`correct_only`) and
+    reach `min_reward`, identical conversations once (`dedupe`), at most `max_per_task` per
+    task (the highest rewards; ties: the runs' order, then sample number); their thinking kept
+    unless `drop_thinking`. Rows keep the runs' order. UserError naming the filter when none
+    is left."""
+    found = [t for run in runs for t in trajectories(run, drop_thinking=drop_thinking)]
     for t in found:
         if any(m.get("role") == "assistant" for m in t.prompt):
             raise UserError(f"{t.run}: its prompts hold few-shot exemplars as assistant turns, which an SFT row "
@@ -187,6 +210,7 @@ def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: floa
                             f"(--pairs keeps them in the prompt)")
     export = Export("sft", [], _run_list(runs))
     kept = _count(export, "read", found, found, "the runs hold no samples")
+    kept = _answered(export, kept)
     if not keep_cut:
         kept = _count(export, "complete", kept, [t for t in kept if not t.cut], _ALL_CUT)
     if correct_only:
@@ -236,6 +260,16 @@ def _top_per_task(items: list[Trajectory], k: int) -> list[Trajectory]:
 
 _ALL_CUT = ("each was cut at its token limit, and a row would end the turn where the model did not; "
             "evaluate with a larger --max-tokens, or pass --keep-cut")
+_ALL_THOUGHT = ("each ended inside its thinking with no answer; evaluate with a larger --max-tokens "
+                "(or a smaller --max-thinking-tokens, which leaves room for the answer)")
+
+
+def _answered(export: Export, kept: list[Trajectory]) -> list[Trajectory]:
+    """Leave out the episodes that thought and gave no answer (counted only when a run has some,
+    so runs of models that do not think report what they always did)."""
+    if not any(t.thinking_cut for t in kept):
+        return kept
+    return _count(export, "answered", kept, [t for t in kept if not t.thinking_cut], _ALL_THOUGHT)
 
 
 def _count(export: Export, name: str, before: list[Trajectory], after: list[Trajectory],
@@ -256,13 +290,15 @@ def _run_list(runs: list[EvalRun]) -> list[dict[str, Any]]:
 
 
 def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: bool = False,
-              keep_cut: bool = False) -> Export:
+              keep_cut: bool = False, drop_thinking: bool = False) -> Export:
     """DPO rows: within each task, the i-th correct episode paired with the i-th wrong one
     (each used once, at most `max_per_task` pairs a task); see the module docstring. A correct
-    episode cut at its token limit is chosen only with `keep_cut` (a wrong one may be rejected)."""
-    found = [t for run in runs for t in trajectories(run)]
+    episode cut at its token limit is chosen only with `keep_cut` (a wrong one may be rejected);
+    one that thought and gave no answer is neither chosen nor rejected."""
+    found = [t for run in runs for t in trajectories(run, drop_thinking=drop_thinking)]
     export = Export("dpo", [], _run_list(runs))
     kept = _count(export, "read", found, found, "the runs hold no samples")
+    kept = _answered(export, kept)
     if dedupe:
         kept = _count(export, "dedupe", kept, _dedupe(kept), "")
     if not keep_cut:
@@ -328,3 +364,45 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {path}: {exc.strerror or exc}; choose another --output") from None
+
+
+# Rendering rows for a trainer --------------------------------------------------------------
+
+_PROBE = "arle-reasoning-probe"
+
+
+def template_renders_reasoning(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template writes an assistant message's `reasoning_content`
+    (Qwen3's does, for the turns after the last user message); False for a template that
+    ignores it or refuses the probe."""
+    from arlecli.engine.tokens import render_chat
+
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": _PROBE}]
+    try:
+        return _PROBE in render_chat(tokenizer, probe, generation_prompt=False)
+    except Exception:  # no template, or one that raises on an unknown key: nothing rendered
+        return False
+
+
+def for_template(tokenizer: Any, messages: list[dict[str, Any]], *, renders: bool | None = None
+                 ) -> list[dict[str, Any]]:
+    """`messages` as a trainer renders them with `tokenizer`'s chat template, so that every
+    assistant turn's thinking is trained: unchanged where the template renders
+    reasoning_content (`renders`, default: `template_renders_reasoning`); else each such
+    turn's thinking is written inline before its answer, between the tokenizer's own think
+    tags (else `<think>`/`</think>`), as a thinking model writes it."""
+    if not any(isinstance(m.get("reasoning_content"), str) for m in messages if m.get("role") == "assistant"):
+        return messages
+    if renders if renders is not None else template_renders_reasoning(tokenizer):
+        return messages
+    from arlecli import thinking
+
+    tags = thinking.resolve(None, tokenizer) or thinking.DEFAULT
+    out = []
+    for m in messages:
+        thought = m.get("reasoning_content")
+        if m.get("role") == "assistant" and isinstance(thought, str):
+            m = {k: v for k, v in m.items() if k != "reasoning_content"}
+            m["content"] = f"{tags.start}\n{thought}\n{tags.end}\n\n{m.get('content') or ''}"
+        out.append(m)
+    return out

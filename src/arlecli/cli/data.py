@@ -57,12 +57,17 @@ def from_eval_command(
     keep_cut: bool = typer.Option(False, "--keep-cut", help="Keep episodes with a turn cut at its token limit "
                                                              "(left out by default: the row would end that "
                                                              "turn where the model did not)."),
+    drop_thinking: bool = typer.Option(False, "--drop-thinking",
+                                       help="Write each turn's answer alone, without the model's thinking "
+                                            "(kept by default as the assistant message's reasoning_content)."),
     force: bool = typer.Option(False, "--force", help="Mix runs of different benchmarks in one file."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON for scripts."),
 ) -> None:
     """Turn eval runs' episodes into chat-format training data: SFT rows (`messages`, with
     agent episodes' tool calls and results, and provenance) for `arle train --algo sft`, or
-    with --pairs DPO rows for `arle train --algo dpo`. Prints how many rows each filter kept."""
+    with --pairs DPO rows for `arle train --algo dpo`. A thinking model's turns keep their
+    thinking (`reasoning_content`) unless --drop-thinking; an episode that thought and gave no
+    answer is never a row. Prints how many rows each filter kept."""
     from arlecli import trajectories as tj
     from arlecli.errors import UserError
 
@@ -74,10 +79,12 @@ def from_eval_command(
     tj.check_output(output)
     loaded = tj.load_runs(runs, force=force)
     if pairs:
-        export = tj.dpo_pairs(loaded, max_per_task=max_per_task, dedupe=dedupe, keep_cut=keep_cut)
+        export = tj.dpo_pairs(loaded, max_per_task=max_per_task, dedupe=dedupe, keep_cut=keep_cut,
+                              drop_thinking=drop_thinking)
     else:
         export = tj.sft_rows(loaded, correct_only=correct_only if correct_only is not None else min_reward is None,
-                             min_reward=min_reward, max_per_task=max_per_task, dedupe=dedupe, keep_cut=keep_cut)
+                             min_reward=min_reward, max_per_task=max_per_task, dedupe=dedupe, keep_cut=keep_cut,
+                             drop_thinking=drop_thinking)
     tj.write_jsonl(output, export.rows)
     for c in export.counts:  # plain lines: they go to logs as often as to a terminal
         typer.echo(f"read {c.of} samples from {len(loaded)} run(s)" if c.filter == "read" else
