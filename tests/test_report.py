@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -290,3 +291,108 @@ def test_bad_input_is_one_line_exit_2_and_untouched(runs, tmp_path, damage):
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: "), out.stderr
     assert str(run) in out.stderr
     assert (_snapshot(run) if run.exists() else None) == before  # nothing written, nothing changed
+
+
+# Thinking (issue 24) -----------------------------------------------------------------------
+
+THINK_LIMIT = 12
+
+
+def _thinker(body: dict) -> "Reply":
+    """A reasoning endpoint (reasoning_content beside content) whose thought grows with the
+    numbers and is cut where it passes the request's max_tokens: then no answer. One thought
+    tries to become markup."""
+    from fake_openai import Reply
+
+    a, op, b = (int(x) if x.isdigit() else x for x in re.search(r"(\d) ([+-]) (\d) =",
+                                                                  json.dumps(body["messages"])).groups())
+    answer = a + b if op == "+" else a - b
+    thought = f"{a} {op} {b}: " + "hm, " * (a + b) + ("<img src=x onerror=alert(1)>" if a == b else "")
+    budget = body.get("max_tokens") or 10**6
+    if len(thought) > budget:
+        return Reply("", reasoning_content=thought[:budget], finish_reason="length")
+    return Reply(f"{answer}", reasoning_content=thought)
+
+
+@pytest.fixture(scope="module")
+def thinking_runs(tmp_path_factory):
+    """The same tasks against a thinking endpoint at two budgets (max_tokens 60 and 400)."""
+    from fake_openai import FakeOpenAIServer
+
+    root = tmp_path_factory.mktemp("thinking")
+    with FakeOpenAIServer(_thinker) as srv:
+        for budget in (60, 400):
+            out = arle("eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", str(THINK_LIMIT),
+                       "--max-tokens", str(budget), "--output", str(root / f"budget-{budget}"))
+            assert out.returncode == 0, out.stderr
+    return {"short": root / "budget-60", "long": root / "budget-400"}
+
+
+def test_thinking_is_folded_above_each_answer_with_a_chart_of_accuracy_against_its_length(thinking_runs, browser):
+    run = thinking_runs["short"]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().split("\n") if line]
+    assert all(isinstance(s["thinking"], str) for s in samples)
+    assert any(s["thinking_cut"] for s in samples) and not all(s["thinking_cut"] for s in samples)
+    page = clean_page(browser, report(str(run)))
+    assert page.evaluate("document.querySelectorAll('img, iframe').length") == 0
+    # One folded thought per sample, closed, right above the answer, saying its tokens and cut.
+    folded = page.evaluate("""[...document.querySelectorAll('details.sample')].map(d => {
+        const t = d.querySelector('.body details.thinking');
+        return t && {open: t.open, summary: t.querySelector('summary').textContent,
+                     text: t.querySelector('pre').textContent, cut: t.dataset.cut,
+                     next: t.nextElementSibling.textContent, after: t.nextElementSibling.nextElementSibling.textContent};
+    })""")
+    assert len(folded) == len(samples)
+    for s, shown in zip(samples, folded):
+        assert shown is not None and shown["open"] is False
+        assert shown["text"] == s["thinking"]  # exactly the model's text, markup and all
+        assert f"{s['thinking_tokens']} tokens" in shown["summary"]
+        assert ("cut: no answer" in shown["summary"]) == s["thinking_cut"] == (shown["cut"] == "1")
+        assert shown["next"] == "answer" and shown["after"] == s["completion"]
+    cut_rows = page.evaluate("[...document.querySelectorAll('details.sample summary .cut')].length")
+    assert cut_rows == sum(s["thinking_cut"] for s in samples)
+    # The search finds a sample by its thinking.
+    set_filter(page, "all", samples[0]["thinking"][:12])
+    assert visible_rows(page) >= 1
+    set_filter(page)
+
+    drawn = charts(page)
+    assert drawn == {"groups": 1, "thinking-length": 1}
+    fig = page.evaluate("(() => { const d = document.querySelector('[data-name=\"thinking-length\"]').data[0];"
+                        " return {x: d.x, y: d.y, n: d.customdata.map(c => c[0])}; })()")
+    table = page.evaluate("[...document.querySelectorAll('table.thinking-buckets tbody tr')]"
+                          ".map(r => [...r.cells].map(c => c.textContent))")
+    assert [row[0] for row in table] == fig["x"] and 2 <= len(table) <= 6
+    assert sum(fig["n"]) == len(samples) == sum(int(row[1]) for row in table)
+    by_tokens = sorted(samples, key=lambda s: s["thinking_tokens"])
+    # The shortest thoughts answered, the longest were cut: accuracy falls along the axis.
+    assert fig["y"][0] > fig["y"][-1]
+    assert by_tokens[0]["correct"] and by_tokens[-1]["thinking_cut"]
+
+
+def test_two_thinking_budgets_side_by_side_show_accuracy_against_compute(thinking_runs, browser, tmp_path):
+    path = report(str(thinking_runs["short"]), str(thinking_runs["long"]), "-o", str(tmp_path / "budgets.html"))
+    page = clean_page(browser, path)
+    rows = page.evaluate("[...document.querySelectorAll('table.compute tbody tr')]"
+                         ".map(r => [...r.cells].map(c => c.textContent))")
+    head = page.evaluate("[...document.querySelectorAll('table.compute thead th')].map(c => c.textContent)")
+    assert len(rows) == 2 and "thinking tokens (mean)" in head
+    col = head.index("thinking tokens (mean)")
+    assert float(rows[0][col].replace(",", "")) < float(rows[1][col].replace(",", ""))
+    assert rows[0][-1] == "" and rows[1][-1].startswith("+")  # the longer budget gained, paired with the first
+    assert charts(page)["compute"] == 1
+    xs = page.evaluate("document.querySelector('[data-name=compute]').data[0].x")
+    assert len(xs) == 2 and xs[0] < xs[1]
+
+
+def test_a_training_runs_step_completions_fold_their_thinking():
+    """rewards.jsonl lines that thought show their thinking folded above the completion."""
+    from arlecli.report import _step_completions
+
+    run = SimpleNamespace(rewards=[
+        {"step": 1, "task_id": "t", "reward": 0.0, "correct": False, "completion": "", "thinking": "<b>hm</b>",
+         "thinking_cut": True, "thinking_tokens": 7},
+        {"step": 1, "task_id": "u", "reward": 1.0, "correct": True, "completion": "42"}], path=Path("run"))
+    html = _step_completions(run)
+    assert html.count('<details class="thinking"') == 1
+    assert "<summary>thinking (7 tokens, cut: no answer)</summary><pre>&lt;b&gt;hm&lt;/b&gt;</pre>" in html

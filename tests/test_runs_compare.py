@@ -322,3 +322,102 @@ def test_bad_run_directory_is_one_line_and_untouched(tmp_path, damage, needle, c
     if damage is not _not_a_run:
         assert "--resume" in line  # what to do about it
     assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Thinking budgets: accuracy against compute (issue 24)
+
+ESC_THOUGHT = "thought \x1b]52;c;cHduZWQ=\x07 of task"
+# (correct, thinking tokens, cut) per task at each budget: the bigger budget answers more.
+BUDGETS = {
+    64: [(True, 40, False), (False, 64, True), (False, 64, True), (True, 50, False), (False, 64, True),
+         (False, 30, False)],
+    256: [(True, 40, False), (True, 120, False), (False, 200, False), (True, 50, False), (False, 256, True),
+          (True, 30, False)],
+    1024: [(True, 40, False), (True, 120, False), (True, 400, False), (True, 50, False), (True, 700, False),
+           (True, 30, False)],
+}
+
+
+def write_thinking_run(run: Path, budget: int) -> Path:
+    """An eval run of a thinking model at thinking budget `budget` (samples as eval.py writes them)."""
+    run.mkdir(parents=True)
+    samples = []
+    for i, (correct, tokens, cut) in enumerate(BUDGETS[budget]):
+        s = sample(str(i), correct)
+        answer = 0 if cut else 5
+        s.update(completion="" if cut else "answer", thinking=f"{ESC_THOUGHT} {i}", thinking_cut=cut,
+                 thinking_tokens=tokens, answer_tokens=answer, completion_tokens=tokens + answer,
+                 num_tokens=tokens + answer)
+        samples.append(s)
+    meta = {"command": ["arle", "eval", "gsm8k"], "benchmark": "gsm8k", "card_version": 1, "card_hash": "abc",
+            "model": "thinker", "engine": "hf", "created": "2025-01-02T03:04:05+0000",
+            "options": {"split": "test", "limit": None, "num_samples": 1, "temperature": 0.0, "seed": 1234,
+                        "data": None, "max_tokens": budget + 64, "max_thinking_tokens": budget}, "data_hash": None}
+    (run / "meta.json").write_text(json.dumps(meta))
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    results = {"benchmark": "gsm8k", "card_version": 1, "model": "thinker", "split": "test", "num_samples": 1,
+               **aggregate(samples, ["accuracy"], 1, None)}
+    (run / "results.json").write_text(json.dumps(results))
+    return run
+
+
+def test_compare_two_thinking_budgets_is_accuracy_against_compute(tmp_path):
+    a, b = write_thinking_run(tmp_path / "t64", 64), write_thinking_run(tmp_path / "t256", 256)
+    out = arle("compare", str(a), str(b), "--json")
+    assert out.returncode == 0, out.stderr
+    cmp = json.loads(out.stdout)
+    short, long = cmp["compute"]
+    assert (short["run"], long["run"]) == (str(a), str(b))
+    assert short["accuracy"] == pytest.approx(2 / 6) and long["accuracy"] == pytest.approx(4 / 6)
+    assert short["thinking_tokens"] == pytest.approx(312 / 6) and long["thinking_tokens"] == pytest.approx(696 / 6)
+    assert short["cut_share"] == pytest.approx(3 / 6) and long["cut_share"] == pytest.approx(1 / 6)
+    assert short["completion_tokens_total"] == 312 + 15 and long["completion_tokens_total"] == 696 + 25
+    assert (short["max_thinking_tokens"], long["max_thinking_tokens"]) == (64, 256)
+    acc = cmp["metrics"][0]
+    assert acc["metric"] == "accuracy" and acc["diff"] == pytest.approx(2 / 6) and (acc["won"], acc["lost"]) == (2, 0)
+
+    text = arle("compare", str(a), str(b))
+    assert text.returncode == 0, text.stderr
+    table = text.stdout[text.stdout.index("accuracy against compute"):]
+    for needle in ("thinking tokens", "total completion", "52.0", "116.0", "327", "721", "50.0%", "16.7%",
+                   "64/128", "256/320", "+0.3333 ±"):
+        assert needle in table, (needle, table)
+
+
+def test_compare_several_budgets_prints_the_curve(tmp_path):
+    runs = [write_thinking_run(tmp_path / f"t{n}", n) for n in (64, 256, 1024)]
+    out = arle("compare", *map(str, runs), "--json")
+    assert out.returncode == 0, out.stderr
+    curve = json.loads(out.stdout)
+    points = curve["points"]
+    assert [p["run"] for p in points] == list(map(str, runs))
+    assert [p["accuracy"] for p in points] == pytest.approx([2 / 6, 4 / 6, 1.0])
+    assert [p["thinking_tokens"] for p in points] == pytest.approx([312 / 6, 696 / 6, 1340 / 6])
+    assert points[0]["accuracy_diff"] is None
+    assert [p["accuracy_diff"]["diff"] for p in points[1:]] == pytest.approx([2 / 6, 4 / 6])
+    assert [(p["run_a"], p["run_b"]) for p in curve["pairs"]] == [(str(runs[0]), str(r)) for r in runs[1:]]
+
+    text = arle("compare", *map(str, runs))
+    assert text.returncode == 0, text.stderr
+    assert "3 runs, each paired with the first" in text.stdout
+    assert all(f"{label}: {run}" in text.stdout for label, run in zip("ABC", runs))
+    rows = [line.split() for line in text.stdout.splitlines() if line.strip()[:2] in ("│ ", "| ")]
+    rows = [r for r in rows if len(r) > 1 and r[1] in ("A", "B", "C")]
+    assert [r[1] for r in rows] == ["A", "B", "C"]
+    assert "223.3" in text.stdout and "+0.6667 ±" in text.stdout
+    assert_one_line_error(arle("compare", str(runs[0])), "pass two eval runs")
+
+
+def test_runs_show_prints_a_samples_thinking_above_its_answer_escaped(tmp_path):
+    run = write_thinking_run(tmp_path / "t64", 64)
+    out = arle("runs", "show", str(run), "--failed", "4")
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    lines = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("1#0"))
+    assert lines[at + 1].strip() == r"thinking (64 tokens, cut: no answer): thought \x1b]52;c;cHduZWQ=\x07 of task 1"
+    assert lines[at + 2].strip() == "answer:"
+    uncut = next(i for i, line in enumerate(lines) if line.strip().startswith("5#0"))
+    assert lines[uncut + 1].strip().startswith("thinking (30 tokens): thought")
+    assert lines[uncut + 2].strip() == "answer: answer"

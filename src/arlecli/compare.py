@@ -14,6 +14,13 @@ flipped either way, so the count that went B's way is Binomial(flips, 1/2).
 
 Direction: everything is "B versus A": a positive difference and a "won" task mean B scored
 higher there.
+
+Compute. Next to the scores, each run's cost in tokens (`ComputePoint`): accuracy, mean thinking
+tokens per sample (a sample that did not think counts 0), the share cut inside its thinking, and
+mean and total completion tokens (thinking + answer). Two runs of one model with different
+thinking budgets (`--max-thinking-tokens`) are then two points of the accuracy-vs-compute curve
+with their paired difference; `compute_curve` takes any number of runs and pairs each with the
+first.
 """
 
 from __future__ import annotations
@@ -106,6 +113,7 @@ class Comparison:
     gained: list[str] = field(default_factory=list)   # accuracy flipped in B's favour: task ids
     lost: list[str] = field(default_factory=list)     # ... and against it
     warnings: list[str] = field(default_factory=list)
+    compute: list["ComputePoint"] = field(default_factory=list)  # [A, B] (compare_runs fills it)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form; NaN (a stderr over fewer than two tasks) becomes null, which strict JSON readers accept."""
@@ -238,4 +246,111 @@ def compare_runs(run_a: Path | str, run_b: Path | str, *, force: bool = False) -
     if a.results.get("card_version") != b.results.get("card_version"):
         cmp.warnings.append(f"card versions differ ({a.results.get('card_version')} vs "
                             f"{b.results.get('card_version')}): the tasks may be scored differently")
+    cmp.compute = [compute_point(a, str(run_a)), compute_point(b, str(run_b))]
     return cmp
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy against compute
+
+
+@dataclass
+class ComputePoint:
+    """One run on the accuracy-vs-compute curve. Means are per sample; a token figure is None
+    when the run's samples carry no counts of it (thinking: when none of them thought)."""
+
+    run: str
+    model: str | None
+    accuracy: float
+    stderr: float
+    n_samples: int
+    thinking_tokens: float | None       # mean; a sample that did not think counts 0
+    thought_share: float                # samples that thought
+    cut_share: float | None             # samples cut inside their thinking (no answer); None: none thought
+    completion_tokens: float | None     # mean generated tokens (thinking + answer)
+    completion_tokens_total: int | None
+    max_thinking_tokens: int | None     # the run's thinking budget, where its options name one
+    max_tokens: int | None
+
+    @property
+    def thought(self) -> bool:
+        """Whether any of the run's samples thought."""
+        return self.thought_share > 0
+
+
+def _int_option(options: Any, key: str) -> int | None:
+    value = options.get(key) if isinstance(options, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(sample: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = sample.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def compute_point(run: rundir.EvalRun, label: str | None = None) -> ComputePoint:
+    """Where `run` sits on the accuracy-vs-compute curve (see the module docstring); accuracy is
+    results.json's (mean over tasks, with its stderr)."""
+    samples = run.samples
+    stat = (run.results.get("metrics") or {}).get("accuracy") or {}
+    accuracy = stat.get("value")
+    if not isinstance(accuracy, (int, float)):  # a run without the metric: the share of correct samples
+        accuracy = sum(bool(s.get("correct")) for s in samples) / len(samples) if samples else float("nan")
+    stderr = stat.get("stderr")
+    thought = [s for s in samples if "thinking_cut" in s]
+    # A sample that did not think spent no thinking tokens; one that thought counts where known.
+    thinking = [0 if "thinking_cut" not in s else _count(s, "thinking_tokens") for s in samples]
+    known = [t for t in thinking if t is not None]
+    generated = [_count(s, "completion_tokens", "num_tokens") for s in samples]
+    counted = [g for g in generated if g is not None]
+    options = run.meta.get("options")
+    n = len(samples)
+    return ComputePoint(
+        run=label if label is not None else str(run.path), model=run.results.get("model"),
+        accuracy=float(accuracy), stderr=float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
+        n_samples=n,
+        thinking_tokens=sum(known) / len(known) if thought and len(known) > n - len(thought) else None,
+        thought_share=len(thought) / n if n else 0.0,
+        cut_share=sum(bool(s.get("thinking_cut")) for s in thought) / len(thought) if thought else None,
+        completion_tokens=sum(counted) / len(counted) if counted else None,
+        completion_tokens_total=sum(counted) if counted else None,
+        max_thinking_tokens=_int_option(options, "max_thinking_tokens"), max_tokens=_int_option(options, "max_tokens"))
+
+
+@dataclass
+class Curve:
+    """Several runs as an accuracy-vs-compute curve: one point per run (in the order given) and
+    each later run's paired comparison with the first (`pairs[i]` is run i + 1 against run 0)."""
+
+    points: list[ComputePoint]
+    pairs: list[Comparison]
+
+    def accuracy_diff(self, i: int) -> MetricComparison | None:
+        """Run i's paired accuracy difference against the first run (None for the first, or when
+        accuracy is not a metric both report)."""
+        if i == 0:
+            return None
+        return next((m for m in self.pairs[i - 1].metrics if m.metric == "accuracy"), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form: the points, each with its paired accuracy difference against the first run."""
+        points = []
+        for i, point in enumerate(self.points):
+            diff = self.accuracy_diff(i)
+            points.append({**asdict(point), "accuracy_diff": None if diff is None else {
+                "diff": diff.diff, "stderr": diff.stderr, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
+                "n": diff.n, "mcnemar_p": diff.mcnemar_p}})
+        return _no_nan({"points": points, "pairs": [asdict(p) for p in self.pairs]})
+
+
+def compute_curve(runs: list[Path | str], *, force: bool = False) -> Curve:
+    """The accuracy-vs-compute curve of two or more finished eval runs: each run's ComputePoint
+    and every later run compared with the first (compare_runs: UserError for runs that do not
+    measure the same thing, unless `force`)."""
+    if len(runs) < 2:
+        raise UserError("pass at least two eval runs to compare")
+    pairs = [compare_runs(runs[0], other, force=force) for other in runs[1:]]
+    return Curve([pairs[0].compute[0], *(p.compute[1] for p in pairs)], pairs)

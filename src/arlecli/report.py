@@ -14,12 +14,17 @@ What a report shows:
     eval run       metrics with stderr, a chart of them and one per group, the efficiency /
                    cost / consistency blocks of results.json (or counts from samples.jsonl for
                    runs written before those blocks), and a sample browser (filter, search).
+                   When the model thought: each sample's thinking folded (a <details>) above
+                   its answer, with its token count and whether it was cut, and a chart of
+                   accuracy against thinking length (samples bucketed by thinking tokens).
     training run   curves of reward, accuracy, KL, loss and tokens/s from metrics.jsonl,
                    held-out accuracy at each eval under eval/step-N/, the before/after
                    comparison, a few completions per logged step from rewards.jsonl, and the
                    last held-out eval's sample browser.
-    several runs   a comparison table and a per-group chart with one bar per run, then each
-                   run's own section.
+    several runs   a comparison table, accuracy against compute (each run's accuracy, mean
+                   thinking and completion tokens, paired difference with the first run: the
+                   curve of a model at several thinking budgets) and a per-group chart with
+                   one bar per run, then each run's own section.
 At most `SAMPLE_CAP` samples per run are embedded; the rest are counted, and the page says so.
 """
 
@@ -42,6 +47,7 @@ SAMPLE_CAP = 2000          # samples embedded per run; more make the page slow t
 TEXT_CAP = 20_000          # characters kept of one text field (a runaway completion)
 STEP_SAMPLES = 4           # completions shown per logged training step
 STEP_ROWS_CAP = 400        # training steps whose completions are shown
+THINK_BUCKETS = 6          # bars of the accuracy-vs-thinking-length chart (at most)
 TRAIN_CURVES = [           # (metrics.jsonl key, title); the ones a trainer did not log are named as missing
     ("reward", "Reward"), ("accuracy", "Accuracy"), ("kl", "KL"), ("loss", "Loss"),
     ("tokens_per_second", "Tokens/s"),
@@ -329,6 +335,72 @@ def _efficiency(run: EvalRun) -> str:
             f'<div class="blocks">{"".join(tables)}</div>')
 
 
+def _tokens_of(sample: dict[str, Any]) -> int | None:
+    value = sample.get("thinking_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def thinking_buckets(samples: list[dict[str, Any]], buckets: int = THINK_BUCKETS) -> list[dict[str, Any]]:
+    """The samples that thought (and whose thinking tokens are counted), in at most `buckets`
+    ranges of thinking length holding about as many samples each (a count is never split
+    across two): [{lo, hi, n, correct, accuracy, stderr, cut}], shortest first."""
+    from arlecli.results import mean_stderr
+
+    points = sorted((t, bool(s.get("correct")), bool(s.get("thinking_cut")))
+                    for s in samples if "thinking_cut" in s and (t := _tokens_of(s)) is not None)
+    k = min(buckets, len({t for t, _, _ in points}))
+    out, start = [], 0
+    for b in range(k):
+        end = max(start + 1, round((b + 1) * len(points) / k)) if b < k - 1 else len(points)
+        while 0 < end < len(points) and points[end][0] == points[end - 1][0]:
+            end += 1  # ties stay together
+        chunk = points[start:end]
+        if not chunk:
+            continue
+        stat = mean_stderr([float(c) for _, c, _ in chunk])
+        out.append({"lo": chunk[0][0], "hi": chunk[-1][0], "n": len(chunk), "correct": sum(c for _, c, _ in chunk),
+                    "accuracy": stat.value, "stderr": stat.stderr, "cut": sum(x for _, _, x in chunk)})
+        start = end
+    return out
+
+
+def _bucket_label(b: dict[str, Any]) -> str:
+    return f"{b['lo']:,}" if b["lo"] == b["hi"] else f"{b['lo']:,}–{b['hi']:,}"
+
+
+def _thinking(run: EvalRun, figs: _Figures) -> str:
+    """A run whose model thought: how many samples did, and accuracy against thinking length
+    (a chart and its table); nothing for a run without thinking."""
+    import plotly.graph_objects as go
+
+    thought = [s for s in run.samples if "thinking_cut" in s]
+    if not thought:
+        return ""
+    cut = sum(bool(s.get("thinking_cut")) for s in thought)
+    head = (f'<h3>Thinking</h3><p class="note">{len(thought):,} of {len(run.samples):,} samples thought; '
+            f'{cut:,} of them ended inside their thinking with no answer (scored wrong).</p>')
+    buckets = thinking_buckets(run.samples)
+    if not buckets:
+        return head + '<p class="note">No thinking token counts in this run (the endpoint gave none), so no chart of ' \
+                      'accuracy against thinking length.</p>'
+    labels = [_bucket_label(b) for b in buckets]
+    fig = go.Figure(go.Bar(x=labels, y=[b["accuracy"] for b in buckets], name="accuracy",
+                           text=[f"n={b['n']}" for b in buckets], textposition="outside",
+                           customdata=[[b["n"], b["cut"]] for b in buckets],
+                           hovertemplate="%{x} thinking tokens<br>accuracy %{y:.3f}<br>%{customdata[0]} samples, "
+                                         "%{customdata[1]} cut<extra></extra>",
+                           error_y=dict(type="data", array=[b["stderr"] if math.isfinite(b["stderr"]) else 0
+                                                            for b in buckets], visible=True)))
+    fig.update_layout(title="Accuracy against thinking length", xaxis_title="thinking tokens (per sample)",
+                      yaxis_title="accuracy", showlegend=False)
+    fig.update_yaxes(range=[0, 1.1])
+    rows = [[_esc(label), _fmt(b["n"]), _fmt(b["correct"]), _fmt(b["accuracy"]), _fmt(b["cut"])]
+            for label, b in zip(labels, buckets)]
+    table = _table(["thinking tokens", "samples", "correct", "accuracy", "cut (no answer)"], rows,
+                   "thinking-buckets")
+    return head + f'<div class="overview">{table}{figs.add(fig, "thinking-length")}</div>'
+
+
 def _browser_payload(run: EvalRun, cap: int) -> tuple[dict[str, Any], str]:
     """The samples the sample browser embeds, and a note about the ones left out."""
     shown = run.samples[:cap]
@@ -367,7 +439,8 @@ def _eval_section(run: EvalRun, label: str, figs: _Figures, browsers: list[dict[
     if isinstance(command, list):
         head += f'<p class="meta"><code>{_esc(" ".join(map(str, command)))}</code></p>'
     parts = [head, '<div class="overview"><div>', "<h3>Metrics</h3>", _metrics_table(res), "</div>",
-             _group_chart(figs, [(label, res)], ""), "</div>", _efficiency(run), _sample_browser(run, browsers, cap)]
+             _group_chart(figs, [(label, res)], ""), "</div>", _thinking(run, figs), _efficiency(run),
+             _sample_browser(run, browsers, cap)]
     return "".join(parts)
 
 
@@ -473,6 +546,23 @@ def _paired(a: EvalRun, b: EvalRun) -> str:
             f"on the {cmp.shared:,} tasks both hold</h4>{warn}{table}{''.join(flips)}")
 
 
+def _thinking_summary(row: dict[str, Any]) -> str:
+    about = [f"{_fmt(t)} tokens"] if (t := _tokens_of(row)) is not None else []
+    if row.get("thinking_cut"):
+        about.append("cut: no answer")
+    return "thinking" + (f" ({', '.join(about)})" if about else "")
+
+
+def _folded_thinking(row: dict[str, Any]) -> str:
+    """A row's thinking as a closed <details> (static, escaped); "" when it did not think."""
+    thinking = row.get("thinking")
+    if not isinstance(thinking, str):
+        return ""
+    cut = "1" if row.get("thinking_cut") else "0"
+    return (f'<details class="thinking" data-cut="{cut}"><summary>{_esc(_thinking_summary(row))}</summary>'
+            f'<pre>{_esc(_cap_text(thinking))}</pre></details>')
+
+
 def _step_completions(run: TrainRun) -> str:
     """A few completions per logged step (rewards.jsonl), as static escaped text."""
     if not run.rewards:
@@ -488,7 +578,7 @@ def _step_completions(run: TrainRun) -> str:
             text = text if isinstance(text, str) else json.dumps(text)
             rows.append([_esc(step), _esc(r.get("task_id")), _fmt(r.get("reward")),
                          "✓" if r.get("correct") else "✗", _esc(r.get("extracted")), _esc(r.get("target")),
-                         f"<pre>{_esc(_cap_text(text))}</pre>"])
+                         f"{_folded_thinking(r)}<pre>{_esc(_cap_text(text))}</pre>"])
     left = len(by_step) - len(steps)
     note = (f'<p class="omitted">Completions of the first {left:,} logged steps are left out (the last '
             f'{len(steps):,} are shown); all are in {_esc(run.path / "rewards.jsonl")}.</p>') if left else ""
@@ -531,7 +621,65 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
     if not paired:
         paired = ('<p class="note">Side by side only; `arle compare RUN_A RUN_B` gives the paired difference, its '
                   'interval and the tasks that flipped.</p>')
-    return f"<h2>Comparison</h2>{note}{table}{paired}{chart}"
+    compute = _compute(runs, labels, figs) if len(benchmarks) == 1 else ""
+    return f"<h2>Comparison</h2>{note}{table}{paired}{compute}{chart}"
+
+
+def _compute(runs: list[Run], labels: list[str], figs: _Figures) -> str:
+    """Accuracy against compute: one row per run (a training run: its last held-out eval) with
+    its accuracy, mean thinking and completion tokens and its paired accuracy difference with
+    the first run, and the curve (accuracy against mean thinking tokens, or completion tokens
+    when no run thought)."""
+    import plotly.graph_objects as go
+
+    from arlecli.compare import compare_runs, compute_point
+
+    shown: list[tuple[str, EvalRun]] = []
+    for run, label in zip(runs, labels):
+        if isinstance(run, TrainRun):
+            if not run.evals:
+                continue
+            run = run.evals[list(run.evals)[-1]]
+        shown.append((label, run))
+    if len(shown) < 2:
+        return ""
+    points = [compute_point(run, label) for label, run in shown]
+    thought = any(p.thought for p in points)
+    rows = []
+    for i, (point, (_, run)) in enumerate(zip(points, shown)):
+        diff = ""
+        if i:
+            try:
+                acc = next((m for m in compare_runs(shown[0][1].path, run.path).metrics if m.metric == "accuracy"),
+                           None)
+            except UserError:  # different splits or data: side by side only
+                acc = None
+            diff = "" if acc is None else _esc(f"{acc.diff:+.4f}") + " ± " + _fmt(acc.stderr)
+        budget = "/".join(_fmt(b) for b in (point.max_thinking_tokens, point.max_tokens) if b is not None)
+        rows.append([_esc(point.run), f"{_fmt(point.accuracy)} ± {_fmt(point.stderr)}",
+                     *([_fmt(point.thinking_tokens, 1), _fmt(point.cut_share)] if thought else []),
+                     _fmt(point.completion_tokens, 1), _fmt(point.completion_tokens_total), _esc(budget), diff])
+    head = ["run", "accuracy", *(["thinking tokens (mean)", "cut share"] if thought else []),
+            "completion tokens (mean)", "completion tokens (total)", "budget (thinking/max)",
+            "accuracy - first run ± paired stderr"]
+    table = _table(head, rows, "compute")
+    xs = [p.thinking_tokens if thought else p.completion_tokens for p in points]
+    order = sorted((i for i, x in enumerate(xs) if x is not None), key=lambda i: xs[i])  # type: ignore[arg-type,return-value]
+    chart = ""
+    if order:
+        fig = go.Figure(go.Scatter(x=[xs[i] for i in order], y=[points[i].accuracy for i in order],
+                                   mode="lines+markers+text", text=[_plot_text(points[i].run) for i in order],
+                                   textposition="top center", name="accuracy",
+                                   error_y=dict(type="data", visible=True,
+                                                array=[points[i].stderr if math.isfinite(points[i].stderr) else 0
+                                                       for i in order])))
+        what = "thinking" if thought else "completion"
+        fig.update_layout(title=f"Accuracy against {what} tokens", xaxis_title=f"{what} tokens (mean per sample)",
+                          yaxis_title="accuracy", showlegend=False)
+        fig.update_yaxes(range=[-0.02, 1.1])
+        chart = figs.add(fig, "compute")
+    title = "Accuracy against compute" if thought else "Accuracy and tokens"
+    return f"<h4>{title}</h4>{table}{chart}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,6 +707,8 @@ white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#cf222e;font-weight:600}.sid{font-family:monospace;margin:0 8px}
 .preview{color:#6a737d}.body{padding:4px 12px 12px}.label{font-weight:600;font-size:12px;color:#4a5561;margin-top:6px}
 .turn{border-left:3px solid #d0d7de;padding-left:8px;margin:6px 0}.shown{color:#4a5561;font-size:12px}
+details.thinking{margin:6px 0;color:#4a5561}details.thinking>summary{cursor:pointer;font-size:12px;font-weight:600}
+details.thinking pre{background:#f3f0fa;color:#4a5561}.cut{color:#9a6700}
 """
 
 # Plain JS. Every piece of run data reaches the page through textContent (never innerHTML),
@@ -575,18 +725,28 @@ function block(parent, label, value){ if(value===undefined){return;} parent.appe
 function promptText(p){ if(typeof p==="string"){return p;} if(Array.isArray(p)){return p.map(function(m){
   return "["+(m&&m.role)+"] "+str(m&&m.content);}).join("\n\n");} return str(p); }
 var KNOWN = {id:1,task_id:1,sample:1,prompt:1,completion:1,extracted:1,target:1,reward:1,correct:1,details:1,turns:1,
-  env_info:1,group:1};
+  env_info:1,group:1,thinking:1,thinking_cut:1,thinking_tokens:1};
+var TURN_SHOWN = ["completion","observation","finish_reason","tool_calls","thinking","thinking_cut","thinking_tokens"];
+// A turn's thinking, folded (closed <details>) above its answer, with its token count and whether it was cut.
+function thinking(parent, t){ if(typeof t.thinking!=="string"){return false;}
+  var about=[]; if(typeof t.thinking_tokens==="number"){about.push(t.thinking_tokens+" tokens");}
+  if(t.thinking_cut){about.push("cut: no answer");}
+  var d=el("details","thinking"); d.dataset.cut=t.thinking_cut?"1":"0";
+  if(typeof t.thinking_tokens==="number"){d.dataset.tokens=String(t.thinking_tokens);}
+  d.appendChild(el("summary","","thinking"+(about.length?" ("+about.join(", ")+")":"")));
+  d.appendChild(el("pre","",t.thinking)); parent.appendChild(d); return true; }
+function answer(parent, t){ var thought=thinking(parent, t); block(parent, thought?"answer":"completion", t.completion); }
 function sampleBody(s){
   var b = el("div","body");
   block(b, "prompt", promptText(s.prompt));
   if(Array.isArray(s.turns)){
     s.turns.forEach(function(t,i){ var d=el("div","turn"); d.appendChild(el("div","label","turn "+(i+1)+
-      (t.finish_reason?" ("+t.finish_reason+")":""))); block(d,"completion",t.completion);
+      (t.finish_reason?" ("+t.finish_reason+")":""))); answer(d,t);
       if(t.tool_calls!==undefined){block(d,"tool calls",t.tool_calls);}
       if(t.observation!==undefined&&t.observation!==null){block(d,"observation",promptText(t.observation));}
-      var extra={}; Object.keys(t).forEach(function(k){ if(["completion","observation","finish_reason","tool_calls"].indexOf(k)<0){extra[k]=t[k];}});
+      var extra={}; Object.keys(t).forEach(function(k){ if(TURN_SHOWN.indexOf(k)<0){extra[k]=t[k];}});
       if(Object.keys(extra).length){block(d,"turn fields",extra);} b.appendChild(d); });
-  } else { block(b, "completion", s.completion); }
+  } else { answer(b, s); }
   var ext = el("div","label","extracted vs target"); b.appendChild(ext);
   b.appendChild(el("pre","", "extracted: "+str(s.extracted)+"\ntarget:    "+str(s.target)));
   block(b, "reward details", s.details);
@@ -610,10 +770,13 @@ function buildBrowser(host, payload){
     sm.appendChild(el("span","", "reward "+(typeof s.reward==="number"?s.reward.toFixed(3):str(s.reward))+
       (s.group!==undefined&&s.group!==""?" \u00b7 "+str(s.group):"")+" \u00b7 "));
     var last = Array.isArray(s.turns)&&s.turns.length ? s.turns[s.turns.length-1].completion : s.completion;
+    if(s.thinking_cut){ sm.appendChild(el("span","cut","no answer: cut inside its thinking \u00b7 ")); }
     sm.appendChild(el("span","preview", str(last).slice(0,160)));
     d.appendChild(sm); d.appendChild(sampleBody(s)); list.appendChild(d);
-    var hay = [s.id, promptText(s.prompt), str(s.completion), str(s.extracted), str(s.target), str(s.group)];
-    if(Array.isArray(s.turns)){ s.turns.forEach(function(t){ hay.push(str(t.completion)); hay.push(str(t.observation)); }); }
+    var hay = [s.id, promptText(s.prompt), str(s.completion), str(s.extracted), str(s.target), str(s.group),
+      str(s.thinking)];
+    if(Array.isArray(s.turns)){ s.turns.forEach(function(t){ hay.push(str(t.completion)); hay.push(str(t.observation));
+      hay.push(str(t.thinking)); }); }
     return {node:d, correct:!!s.correct, hay:hay.join("\n").toLowerCase()};
   });
   function apply(){ var f=sel.value, q=search.value.toLowerCase(), n=0;

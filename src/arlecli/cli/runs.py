@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -122,6 +122,19 @@ def _one_line(text: Any, width: int = 160) -> str:
     return text if len(text) <= width else text[:width] + "…"
 
 
+def _thinking_line(sample: dict[str, Any]) -> str | None:
+    """A sample's thinking as one line, with its token count and whether it was cut; None when
+    the model did not think."""
+    thinking = sample.get("thinking")
+    if not isinstance(thinking, str):
+        return None
+    tokens = sample.get("thinking_tokens")
+    about = [f"{tokens:,} tokens"] if isinstance(tokens, int) and not isinstance(tokens, bool) else []
+    if sample.get("thinking_cut"):
+        about.append("cut: no answer")
+    return f"    thinking{' (' + ', '.join(about) + ')' if about else ''}: {_one_line(thinking)}"
+
+
 def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
     from arlecli import rundir
 
@@ -157,7 +170,11 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
             out.print(f"  {s['id']}  target {_one_line(s.get('target'), 60)}  extracted "
                       f"{_one_line(s.get('extracted'), 60)}  finish {s.get('finish_reason')}", markup=False,
                       highlight=False)
-            out.print(f"    completion: {_one_line(s.get('completion'))}", markup=False, highlight=False)
+            thinking = _thinking_line(s)
+            if thinking is not None:  # the thought above its answer, dimmed: context, not the answer
+                out.print(thinking, markup=False, highlight=False, style="dim")
+            label = "answer" if thinking is not None else "completion"
+            out.print(f"    {label}: {_one_line(s.get('completion'))}", markup=False, highlight=False)
     elif not wrong:
         out.print("failed samples: none", highlight=False)
 
@@ -248,24 +265,78 @@ def _print_comparison(cmp: Any, flips: int) -> None:
     for label, ids in (("B right, A wrong", cmp.gained), ("A right, B wrong", cmp.lost)):
         shown = ", ".join(ids[:flips]) + (f", ... ({len(ids) - flips} more)" if len(ids) > flips else "")
         out.print(f"{label} ({len(ids)}): {shown or '-'}", markup=False, highlight=False)
+    _print_compute(cmp.compute, [None, next((m for m in cmp.metrics if m.metric == "accuracy"), None)],
+                   ["A", "B"])
     for warning in cmp.warnings:
         err_console().print(f"warning: {warning}", markup=False, highlight=False)
 
 
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _print_compute(points: list[Any], diffs: list[Any], labels: list[str]) -> None:
+    """Accuracy against compute, one row per run: accuracy, thinking and completion tokens per
+    sample (thinking columns only when a run thought) and the paired accuracy difference
+    against the first run."""
+    from rich.table import Table
+
+    if not points:
+        return
+    thought = any(p.thought for p in points)
+    table = Table(title="accuracy against compute" if thought else "accuracy and tokens",
+                  caption="tokens are means per sample; B - A: paired over shared tasks, against the first run")
+    cols = ["run", "accuracy", "± stderr"]
+    cols += ["thinking tokens", "cut"] if thought else []
+    cols += ["completion tokens", "total completion", "budget", "accuracy - first"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for label, p, diff in zip(labels, points, diffs):
+        budget = "/".join(str(b) for b in (p.max_thinking_tokens, p.max_tokens) if b is not None) or "-"
+        row = [plain(label), _num(p.accuracy), _num(p.stderr)]
+        if thought:
+            row += [_tokens(p.thinking_tokens), "-" if p.cut_share is None else f"{p.cut_share:.1%}"]
+        row += [_tokens(p.completion_tokens), _num(p.completion_tokens_total), budget,
+                "-" if diff is None else f"{diff.diff:+.4f} ± {_num(diff.stderr)}"]
+        table.add_row(*row)
+    console().print(table)
+
+
 def compare_command(
-    run_a: Path = typer.Argument(..., help="Eval run A (the baseline), e.g. RUN/eval/step-0."),
-    run_b: Path = typer.Argument(..., help="Eval run B, compared with A."),
+    runs: List[Path] = typer.Argument(..., help="Eval runs: A (the baseline, e.g. RUN/eval/step-0), B, and "
+                                                "optionally more (each compared with A)."),
     force: bool = typer.Option(False, "--force", help="Compare runs of different benchmarks, splits or --data "
                                "files anyway (on the task ids they share)."),
     flips: int = typer.Option(20, "--flips", min=0, help="How many flipped task ids to print per direction."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
     """Compare two eval runs task by task: per-metric difference B - A with paired stderr and 95%
-    interval, exact McNemar p-value, tasks won/lost/tied and the ones that flipped, per group."""
-    from arlecli.compare import compare_runs
+    interval, exact McNemar p-value, tasks won/lost/tied and the ones that flipped, per group,
+    and each run's accuracy against its tokens (thinking and completion). Given more runs (the
+    same model at several thinking budgets), print the accuracy-vs-compute curve: one row per
+    run, each paired with the first."""
+    from arlecli.compare import compare_runs, compute_curve
 
-    cmp = compare_runs(run_a, run_b, force=force)
+    if len(runs) < 2:
+        raise UserError("pass two eval runs to compare (A, then B), or more for the accuracy-vs-compute curve")
+    result = compare_runs(runs[0], runs[1], force=force) if len(runs) == 2 else compute_curve(runs, force=force)
     if as_json:
-        print_json(cmp.as_dict())
+        print_json(result.as_dict())
+    elif len(runs) == 2:
+        _print_comparison(result, flips)
     else:
-        _print_comparison(cmp, flips)
+        _print_curve(result)
+
+
+def _print_curve(curve: Any) -> None:
+    out = console()
+    first = curve.pairs[0]
+    out.print(f"{first.benchmark} · split {first.split} · {len(curve.points)} runs, each paired with the first",
+              markup=False, highlight=False)
+    labels = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(curve.points))]
+    for label, point in zip(labels, curve.points):
+        out.print(f"{label}: {point.run} ({point.model})", markup=False, highlight=False)
+    _print_compute(curve.points, [curve.accuracy_diff(i) for i in range(len(curve.points))], labels)
+    for pair in curve.pairs:
+        for warning in pair.warnings:
+            err_console().print(f"warning: {pair.run_b}: {warning}", markup=False, highlight=False)
