@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fake_judge import MUMBLE, judge_profile
+from fake_judge import MUMBLE, grade_by_reference, judge_profile
 from fake_openai import FakeOpenAIServer
 from arlecli.cards import load_card_file, resolve_references
 from arlecli.data.sources import read_rows_file, tasks_from_rows
@@ -336,3 +336,24 @@ def test_a_rubric_placeholder_that_is_not_a_column_names_the_param():
         with pytest.raises(UserError, match=r"'reward.params.rubric' uses \{best_answers\}.*best_answer"):
             score(task, episode(task, task.target))
         assert judge_requests(srv) == 0
+
+
+def test_a_thinking_judge_is_read_by_its_answer_not_its_thought():
+    # A judge that weighs the opposite verdict in its thought: the verdict it gives counts.
+    from fake_openai import FakeOpenAIServer
+
+    from arlecli import config
+
+    def thinking_judge(body):
+        verdict = grade_by_reference(body)
+        flipped = verdict.replace("PASS", "TMP").replace("FAIL", "PASS").replace("TMP", "FAIL")
+        return f"<think>\nFirst impression:\n{flipped}\n</think>\n\n{verdict}"
+
+    tasks = fixture_tasks()
+    with FakeOpenAIServer(thinking_judge) as srv:
+        config.save_profile(config.ModelProfile(name="judge", base_url=srv.base_url, model=srv.model))
+        score = get_reward("judge", judge_params())
+        results = score.score_batch(tasks[:2], [episode(tasks[0], tasks[0].target), episode(tasks[1], "no idea")])
+        score.close()
+    assert results[0].correct and not results[1].correct
+    assert "First impression" not in results[0].details["judge_reasoning"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arlecli import safeio
+from arlecli import safeio, thinking
 from arlecli.errors import UserError
 from arlecli.rewards import RewardFn, register
 from arlecli.types import Episode, Score, Task
@@ -245,10 +245,14 @@ class JudgeReward:
         else:
             with self._lock:
                 results = list(engine.generate(requests))
+        tags = thinking.tags_for(engine)
         for i, completion in results:
-            replies[keys[i]] = completion.text
+            # A thinking judge's verdict is in its answer: a score it weighed in its thought is
+            # not the one it gave (and a thought cut at the budget gave none).
+            reply = thinking.split(completion.text, tags, reasoning=completion.reasoning).answer
+            replies[keys[i]] = reply
             if self.cache is not None:
-                self.cache.put(keys[i], completion.text, self.spec.name)
+                self.cache.put(keys[i], reply, self.spec.name)
         return replies
 
     def _start(self) -> Any:
