@@ -111,9 +111,13 @@ def deltas(chunks: list[Any]) -> list[tuple[str, Any]]:
 # ------------------------------------------------------------------ the tiny models
 
 
-def test_the_thinking_model_answers_with_its_thought_in_reasoning_content(thinking_server):
+def test_reasoning_content_for_the_thinking_model_and_none_for_the_plain_one(thinking_server, tiny_model):
     """Every reply of the tiny thinking model is a thought its budget cut: all of it is
-    reasoning_content, content is null (no answer), and usage counts the thinking tokens."""
+    reasoning_content, content is null (no answer), the stream sends the thought before the
+    finish, and usage counts the thinking tokens. The plain tiny model's replies, streamed or
+    not, hold no reasoning_content at all."""
+    from arlecli.engine.hf import HFEngine
+
     reply = thinking_server.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=1.0,
                                                            seed=3, extra_body={"return_token_ids": True})
     choice = reply.choices[0]
@@ -131,18 +135,14 @@ def test_the_thinking_model_answers_with_its_thought_in_reasoning_content(thinki
     assert order[1][1] == message["reasoning_content"]  # the same seed: the same thought, streamed
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 8
 
-
-def test_a_plain_model_has_no_reasoning_content(tiny_model):
-    from arlecli.engine.hf import HFEngine
-
     engine = HFEngine(str(tiny_model), batch_size=4)
-    srv, info = serve(engine)
+    srv, plain = serve(engine)
     try:
-        reply = info.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8)
+        reply = plain.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8)
         message = reply.choices[0].message.model_dump(exclude_none=True)
         assert set(message) == {"role", "content"} and message["content"]
         assert reply.usage.completion_tokens_details is None
-        chunks = stream_chunks(info.client, max_tokens=8)
+        chunks = stream_chunks(plain.client, max_tokens=8)
         assert [k for k, _ in deltas(chunks)] == ["role", "content", "finish"]
         assert all("reasoning_content" not in c.model_dump_json() for c in chunks)
     finally:
