@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from chromium import Chromium, chromium_binary, png_colours
-from fake_openai import FakeOpenAIServer
+from fake_openai import FakeOpenAIServer, Reply
 
 ARLE = [sys.executable, "-m", "arlecli"]
 LIMIT = 6
@@ -298,12 +298,10 @@ def test_bad_input_is_one_line_exit_2_and_untouched(runs, tmp_path, damage):
 THINK_LIMIT = 12
 
 
-def _thinker(body: dict) -> "Reply":
+def _thinker(body: dict) -> Reply:
     """A reasoning endpoint (reasoning_content beside content) whose thought grows with the
     numbers and is cut where it passes the request's max_tokens: then no answer. One thought
     tries to become markup."""
-    from fake_openai import Reply
-
     a, op, b = (int(x) if x.isdigit() else x for x in re.search(r"(\d) ([+-]) (\d) =",
                                                                   json.dumps(body["messages"])).groups())
     answer = a + b if op == "+" else a - b
@@ -317,8 +315,6 @@ def _thinker(body: dict) -> "Reply":
 @pytest.fixture(scope="module")
 def thinking_runs(tmp_path_factory):
     """The same tasks against a thinking endpoint at two budgets (max_tokens 60 and 400)."""
-    from fake_openai import FakeOpenAIServer
-
     root = tmp_path_factory.mktemp("thinking")
     with FakeOpenAIServer(_thinker) as srv:
         for budget in (60, 400):
@@ -340,7 +336,8 @@ def test_thinking_is_folded_above_each_answer_with_a_chart_of_accuracy_against_i
         const t = d.querySelector('.body details.thinking');
         return t && {open: t.open, summary: t.querySelector('summary').textContent,
                      text: t.querySelector('pre').textContent, cut: t.dataset.cut,
-                     next: t.nextElementSibling.textContent, after: t.nextElementSibling.nextElementSibling.textContent};
+                     next: t.nextElementSibling.textContent,
+                     after: t.nextElementSibling.nextElementSibling.textContent};
     })""")
     assert len(folded) == len(samples)
     for s, shown in zip(samples, folded):

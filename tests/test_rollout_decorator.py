@@ -143,8 +143,9 @@ def test_a_thinking_models_turns_carry_the_split_eval_makes(tiny_thinking_model,
         for turn in episode.turns:
             [comp] = [c for c in engine.completions if c.prompt_token_ids == turn.prompt_token_ids]
             want = Transcript(None, Episode("x")).record(comp, tags_for(engine.engine), engine.tokenizer)
-            assert (turn.completion, turn.thinking, turn.thinking_cut, turn.thinking_tokens) == \
-                (want.completion, want.thinking, want.thinking_cut, want.thinking_tokens) == ("", want.thinking, True, 8)
+            got = (turn.completion, turn.thinking, turn.thinking_cut, turn.thinking_tokens)
+            assert got == (want.completion, want.thinking, want.thinking_cut, want.thinking_tokens)
+            assert got == ("", want.thinking, True, 8)
             assert turn.thinking and turn.token_ids == comp.token_ids
 
     run_eval(load_card(CARD), engine, EvalOptions(limit=1, max_tokens=8), model="tiny", run_dir=tmp_path)

@@ -664,7 +664,8 @@ def _compute(runs: list[Run], labels: list[str], figs: _Figures) -> str:
             "accuracy - first run ± paired stderr"]
     table = _table(head, rows, "compute")
     xs = [p.thinking_tokens if thought else p.completion_tokens for p in points]
-    order = sorted((i for i, x in enumerate(xs) if x is not None), key=lambda i: xs[i])  # type: ignore[arg-type,return-value]
+    known = {i: x for i, x in enumerate(xs) if x is not None}
+    order = sorted(known, key=known.__getitem__)
     chart = ""
     if order:
         fig = go.Figure(go.Scatter(x=[xs[i] for i in order], y=[points[i].accuracy for i in order],
@@ -735,7 +736,8 @@ function thinking(parent, t){ if(typeof t.thinking!=="string"){return false;}
   if(typeof t.thinking_tokens==="number"){d.dataset.tokens=String(t.thinking_tokens);}
   d.appendChild(el("summary","","thinking"+(about.length?" ("+about.join(", ")+")":"")));
   d.appendChild(el("pre","",t.thinking)); parent.appendChild(d); return true; }
-function answer(parent, t){ var thought=thinking(parent, t); block(parent, thought?"answer":"completion", t.completion); }
+function answer(parent, t){ var thought=thinking(parent, t);
+  block(parent, thought?"answer":"completion", t.completion); }
 function sampleBody(s){
   var b = el("div","body");
   block(b, "prompt", promptText(s.prompt));
