@@ -7,6 +7,8 @@ Profiles live in `<arle_home>/models.yaml`:
       local-qwen: {hub_id: Qwen/Qwen2.5-0.5B-Instruct, backend: hf}
       my-server:  {base_url: http://localhost:8000/v1, model: qwen, api_key_env: MY_KEY,
                    request_timeout: 120, max_retries: 2, price_input: 0.15, price_output: 0.6}
+      qwen3:      {hub_id: Qwen/Qwen3-0.6B, think_tags: "<think>,</think>",
+                   chat_template_kwargs: {enable_thinking: false}}
 
 An API key is never written anywhere: a profile stores only the NAME of the environment
 variable that holds it, and the engine reads the variable when it connects.
@@ -84,6 +86,8 @@ class ModelProfile:
     max_retries: int | None = None   # endpoint: retries after a failed attempt; None: the default
     price_input: float | None = None   # USD per 1M prompt tokens (results.json's cost block); None: no cost
     price_output: float | None = None  # USD per 1M completion tokens; set with price_input or not at all
+    think_tags: str | None = None    # START,END or none (thinking.parse_option); None: from the tokenizer
+    chat_template_kwargs: dict[str, Any] | None = None  # the chat template's switches (enable_thinking: false)
 
     @property
     def kind(self) -> str:
@@ -144,12 +148,54 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
     profile.price_input = check_price(profile.price_input, "--price-input")
     profile.price_output = check_price(profile.price_output, "--price-output")
     make_prices(profile.price_input, profile.price_output, f"profile {profile.name!r}")
+    if profile.think_tags is not None:
+        from arlecli.thinking import parse_option
+
+        parse_option(profile.think_tags)
+    profile.chat_template_kwargs = parse_template_kwargs(profile.chat_template_kwargs) or None
     if profile.api_key_env and not _ENV_NAME_RE.match(profile.api_key_env):
         # Also catches a pasted key ("sk-..."): we never want the value on disk.
         raise UserError(
             "--api-key-env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself"
         )
     return profile
+
+
+_KWARG_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_template_kwargs(value: Any, what: str = "--chat-template-kwargs") -> dict[str, Any]:
+    """Chat-template switches as a dict: from KEY=VALUE strings (the command line, repeatable;
+    a VALUE is a YAML scalar, so `enable_thinking=false` is False) or a mapping (a profile, a
+    recipe). A key that is no template variable name is a UserError naming `what`; whether
+    the model's template reads it is checked when the model loads (engine.tokens)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        items = [_template_kwarg(v, what) for v in value]
+    else:
+        raise UserError(f"{what} must be KEY=VALUE items or a mapping, e.g. enable_thinking=false (got {value!r})")
+    for key, _ in items:
+        if not isinstance(key, str) or not _KWARG_RE.match(key):
+            raise UserError(f"{what}: {key!r} is not a template variable name (letters, digits and '_'), "
+                            "e.g. enable_thinking=false")
+    return dict(items)
+
+
+def _template_kwarg(item: str, what: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"{what} {item!r}: write KEY=VALUE, e.g. enable_thinking=false")
+    try:
+        return key.strip(), safeio.load_yaml(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        return key.strip(), raw  # not YAML (an unbalanced bracket): the plain string
 
 
 def check_request_timeout(value: Any, what: str = "--request-timeout") -> float | None:
@@ -204,6 +250,7 @@ def _check_base_url(url: str) -> str:
 
 
 _NUMERIC_FIELDS = ("request_timeout", "max_retries", "price_input", "price_output")
+_MAPPING_FIELDS = ("chat_template_kwargs",)
 
 
 def _read() -> tuple[dict[str, ModelProfile], str | None]:
@@ -230,7 +277,8 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
             unknown = sorted(set(entry) - fields) if isinstance(entry, dict) else []
             raise UserError(f"{path}: profile {name!r} is malformed{f' (unknown keys {unknown})' if unknown else ''}: "
                             f"fix it or run `arle model remove {name}`")
-        values = {k: (None if v is None or k in _NUMERIC_FIELDS else str(v)) for k, v in entry.items()}
+        values = {k: (None if v is None or k in _NUMERIC_FIELDS + _MAPPING_FIELDS else str(v))
+                  for k, v in entry.items()}
         try:
             # Numbers stay numbers; a hand-edited bad value is named with its file and profile.
             values["request_timeout"] = check_request_timeout(entry.get("request_timeout"), "request_timeout")
@@ -238,6 +286,11 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
             values["price_input"] = check_price(entry.get("price_input"), "price_input")
             values["price_output"] = check_price(entry.get("price_output"), "price_output")
             make_prices(values["price_input"], values["price_output"], "it")
+            values["chat_template_kwargs"] = parse_template_kwargs(entry.get("chat_template_kwargs"),
+                                                                   "chat_template_kwargs") or None
+            from arlecli.thinking import parse_option
+
+            parse_option(values.get("think_tags"), "think_tags")
         except UserError as exc:
             raise UserError(f"{path}: profile {name!r}: {exc}") from None
         profiles[str(name)] = ModelProfile(name=str(name), **values)

@@ -47,6 +47,7 @@ class EvalOptions:
     seed: int = 1234
     data: str | None = None
     opponent: str | None = None  # two-player game cards: who plays the other seat (None: the card's)
+    max_thinking_tokens: int | None = None  # a thinking model's thought per turn, apart from max_tokens
 
 
 def sample_id(task_id: str, k: int) -> str:
@@ -116,7 +117,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         ensure_isolation()  # refuse (or warn) before generating anything
     done_ids = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
                         expected=len(tasks) * opts.num_samples, scoring="generate")
-    sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
+    sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed,
+                        max_thinking_tokens=opts.max_thinking_tokens)
     pending = [(i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples)
                if sample_id(task.id, k) not in done_ids]
     total = len(tasks) * opts.num_samples
@@ -228,6 +230,8 @@ def open_run(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         "model": model,
         "engine": engine.name,
         "options": asdict(opts),
+        # How the model was asked and read: they shape the prompts and the answers as much as the options.
+        "model_options": model_options(engine),
         # so a resume with the other --scoring is refused, not mixed in
         "scoring": scoring,
         **extra,
@@ -243,8 +247,18 @@ def open_run(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     rundir.check_fresh(run_dir, resume)
     previous = read_samples(run_dir) if (run_dir / META).exists() else None
     # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
-    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "data_hash", "scoring"))
+    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "model_options", "data_hash",
+                                                   "scoring"))
     return {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
+
+
+def model_options(engine: Engine) -> dict[str, Any]:
+    """The engine's think tags (`none`: not split) and chat-template switches, for meta.json."""
+    from arlecli.thinking import tags_for
+
+    tags = tags_for(engine)
+    return {"think_tags": tags.option() if tags is not None else "none",
+            "chat_template_kwargs": getattr(engine, "chat_template_kwargs", None) or {}}
 
 
 def close_run(card: Card, opts: EvalOptions, *, model: str, run_dir: Path, metrics: list[str],

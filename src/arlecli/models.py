@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from arlecli import config
 from arlecli.errors import UserError
@@ -59,6 +60,8 @@ class ModelSpec:
     price_input: float | None = None   # the profile's USD per 1M prompt tokens (arle eval may override)
     price_output: float | None = None  # the profile's USD per 1M completion tokens
     think_tags: str | None = None    # how the model's thinking is delimited (thinking.parse_option); None: detect
+    # The chat template's switches (`enable_thinking: false`), passed to every render of its prompts.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def is_local(self) -> bool:
@@ -73,6 +76,8 @@ def resolve_model(
     api_key_env: str | None = None,
     request_timeout: float | str | None = None,
     max_retries: int | str | None = None,
+    think_tags: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> ModelSpec:
     """Resolve --model/--base-url/--backend/--api-key-env into a ModelSpec.
 
@@ -80,8 +85,12 @@ def resolve_model(
     a profile name; an existing local folder; an `org/name` hub id; nothing at all: the
     default profile, else the embedded SmolLM2-135M-Instruct (converted on first use).
     Anything else is a UserError that names the accepted forms and suggests near profiles.
-    `request_timeout` and `max_retries` (endpoints only) override what an endpoint profile stores.
+    `request_timeout` and `max_retries` (endpoints only) override what an endpoint profile stores;
+    `think_tags` (--think-tags) and `chat_template_kwargs` (--chat-template-kwargs, key by key)
+    override a profile's.
     """
+    from arlecli.thinking import parse_option
+
     if backend is not None:
         from arlecli.engine import check_backend
 
@@ -89,6 +98,22 @@ def resolve_model(
     # Checked first: a bad value is the same one-line mistake whatever the model is.
     request_timeout = config.check_request_timeout(request_timeout)
     max_retries = config.check_max_retries(max_retries)
+    parse_option(think_tags)
+    spec = _resolve(model, base_url, backend, api_key_env, request_timeout, max_retries)
+    return with_model_options(spec, think_tags, chat_template_kwargs)
+
+
+def with_model_options(spec: ModelSpec, think_tags: str | None = None,
+                       chat_template_kwargs: dict[str, Any] | None = None) -> ModelSpec:
+    """`spec` with `think_tags` (when given) and `chat_template_kwargs` (key by key) over what
+    its profile set."""
+    kwargs = {**(spec.chat_template_kwargs or {}), **(chat_template_kwargs or {})}
+    return replace(spec, think_tags=think_tags if think_tags is not None else spec.think_tags,
+                   chat_template_kwargs=kwargs or None)
+
+
+def _resolve(model: str | None, base_url: str | None, backend: str | None, api_key_env: str | None,
+             request_timeout: float | None, max_retries: int | None) -> ModelSpec:
     if base_url:
         if backend not in (None, "openai"):
             raise UserError(f"--base-url is served through the openai backend, not {backend!r}: drop --backend")
@@ -178,13 +203,15 @@ def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env
         return ModelSpec(kind="openai", name=profile.name, base_url=profile.base_url, model=profile.model,
                          api_key_env=api_key_env or profile.api_key_env, backend="openai", profile=profile.name,
                          request_timeout=profile.request_timeout, max_retries=profile.max_retries,
-                         price_input=profile.price_input, price_output=profile.price_output)
+                         price_input=profile.price_input, price_output=profile.price_output,
+                         think_tags=profile.think_tags, chat_template_kwargs=profile.chat_template_kwargs)
     if profile.path and not Path(profile.path).is_dir():
         raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
                         f"rerun `arle model setup --name {profile.name} --path DIR` or `arle model remove {profile.name}`")
     return ModelSpec(kind="hf", name=profile.name, path_or_id=profile.path or profile.hub_id, backend=backend,
                      is_adapter=bool(profile.path) and is_adapter_folder(Path(profile.path)), profile=profile.name,
-                     price_input=profile.price_input, price_output=profile.price_output)
+                     price_input=profile.price_input, price_output=profile.price_output,
+                     think_tags=profile.think_tags, chat_template_kwargs=profile.chat_template_kwargs)
 
 
 # ---------------------------------------------------------------- the embedded default model

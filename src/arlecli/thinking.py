@@ -140,6 +140,23 @@ def _thought(text: str) -> str:
     return text.strip("\n")
 
 
+def answer_start(text: str, tags: ThinkTags | None, *, opened: bool = False) -> int | None:
+    """Where the answer begins in `text` as generated so far, by `split`'s rules: 0 when the
+    text is no thought (yet), just past the end tag when its thought is closed, None while it is
+    inside an open thought. What cuts at stop strings uses it to cut the answer only
+    (engine.base.cut_answer_at_stop, engine.phases)."""
+    if tags is None:
+        return 0
+    body = text.lstrip()
+    if body.startswith(tags.start):
+        at = text.find(tags.end, len(text) - len(body) + len(tags.start))
+    elif opened or (tags.end in text and tags.start not in text.split(tags.end, 1)[0]):
+        at = text.find(tags.end)
+    else:
+        return 0
+    return None if at < 0 else at + len(tags.end)
+
+
 def prompt_opens(tokenizer: Any, prompt_ids: list[int] | None, tags: ThinkTags | None) -> bool:
     """Whether the rendered prompt ends with the start tag (a template that opens the thought
     for the model, as DeepSeek-R1's does)."""
@@ -187,9 +204,29 @@ _UNSET: Any = object()
 
 def configure(engine: Any, option: ThinkTags | str | None) -> Any:
     """Give `engine` its `think_tags` (the option's, else its tokenizer's, else DEFAULT) and
-    return it; `make_engine` calls this for every engine it builds."""
-    engine.think_tags = resolve(option, getattr(engine, "tokenizer", None))
+    `thinks` (whether the model is known to think: `declared`), and return it; `make_engine`
+    and the training engines (train.rollout.PolicyEngine) call this for every engine they build."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    engine.think_tags = resolve(option, tokenizer)
+    engine.thinks = declared(option, tokenizer)
     return engine
+
+
+def thinks(engine: Any) -> bool:
+    """Whether `engine`'s model is known to think (see `configure`): what budget forcing and
+    answer-only stops need (engine.phases); an engine built without `configure` asks its
+    tokenizer."""
+    known = getattr(engine, "thinks", _UNSET)
+    return declared(None, getattr(engine, "tokenizer", None)) if known is _UNSET else bool(known)
+
+
+def check_budget(max_thinking_tokens: int | None, model_thinks: bool, model: str) -> None:
+    """Refuse `--max-thinking-tokens` for a model not known to think: there is no thought to
+    bound (a plain model's answer would be cut instead), so it is a mistake, not a no-op."""
+    if max_thinking_tokens is not None and not model_thinks:
+        raise UserError(f"--max-thinking-tokens: {model} is not known to think (its tokenizer declares no "
+                        "think tags); pass --think-tags START,END if it writes its thinking between them, "
+                        "or drop --max-thinking-tokens")
 
 
 def tags_for(engine: Any) -> ThinkTags | None:

@@ -79,6 +79,9 @@ def eval_command(
                                                 help="0 = greedy. Default: 0, or 0.8 when -n > 1."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Default: the card's."),
+    max_thinking_tokens: Optional[int] = options.MAX_THINKING_TOKENS,
+    think_tags: Optional[str] = options.THINK_TAGS,
+    chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Default: the card's."),
     scoring: Optional[str] = typer.Option(None, "--scoring", help="generate (the model answers; the reward "
                                           "scores it) or loglikelihood (multiple-choice cards: each option's "
@@ -120,6 +123,8 @@ def eval_command(
     from arlecli.cards import SCORINGS, resolve_references
     from arlecli import rundir
     from arlecli.efficiency import check_price, make_prices
+    from arlecli.config import parse_template_kwargs
+    from arlecli.thinking import check_budget, thinks
 
     card = load_card(bench)
     resolve_references(card)
@@ -133,7 +138,7 @@ def eval_command(
         temperature = 0.8 if num_samples > 1 else 0.0
     opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
-                       data=str(data) if data else None, opponent=opponent)
+                       data=str(data) if data else None, opponent=opponent, max_thinking_tokens=max_thinking_tokens)
     opponent_spec = None
     if opponent is not None:
         from arlecli.envs.textarena import OPPONENT_NAMES, with_opponent
@@ -144,7 +149,8 @@ def eval_command(
     # A bad price is refused before the model is resolved or loaded.
     cli_prices = (check_price(price_input, "--price-input"), check_price(price_output, "--price-output"))
     spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env,
-                         request_timeout=request_timeout, max_retries=max_retries)
+                         request_timeout=request_timeout, max_retries=max_retries, think_tags=think_tags,
+                         chat_template_kwargs=parse_template_kwargs(chat_template_kwargs))
     # Each price given on the command line overrides the profile's.
     prices = make_prices(cli_prices[0] if cli_prices[0] is not None else spec.price_input,
                          cli_prices[1] if cli_prices[1] is not None else spec.price_output,
@@ -155,6 +161,11 @@ def eval_command(
                                quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
+    try:
+        check_budget(max_thinking_tokens, thinks(engine), spec.name)
+    except UserError:
+        engine.close()
+        raise
     opponent_engine = None
     if opponent_spec is not None:
         try:  # a model plays the other seat: its own engine, closed with the eval's

@@ -69,6 +69,9 @@ def _print_profile(profile: config.ModelProfile, default: str | None) -> None:
     table.add_row("backend", profile.backend or "auto")
     if profile.price_input is not None and profile.price_output is not None:
         table.add_row("prices", f"${profile.price_input:g} in / ${profile.price_output:g} out per 1M tokens")
+    table.add_row("think tags", profile.think_tags or "auto (the tokenizer's own, else <think>,</think>)")
+    if profile.chat_template_kwargs:
+        table.add_row("chat template", " ".join(f"{k}={json.dumps(v)}" for k, v in profile.chat_template_kwargs.items()))
     _print_table(table)
 
 
@@ -113,6 +116,8 @@ def setup(
     max_retries: str | None = options.MAX_RETRIES,
     price_input: str | None = options.PRICE_INPUT,
     price_output: str | None = options.PRICE_OUTPUT,
+    think_tags: str | None = options.THINK_TAGS,
+    chat_template_kwargs: list[str] | None = options.CHAT_TEMPLATE_KWARGS,
     default: bool = typer.Option(False, "--default", help="Use this profile when --model is not given."),
 ) -> None:
     """Save a named model profile (asks for what is missing when run in a terminal)."""
@@ -122,12 +127,18 @@ def setup(
     prices = (efficiency.check_price(price_input, "--price-input"),
               efficiency.check_price(price_output, "--price-output"))
     efficiency.make_prices(*prices, "arle model setup")
+    template_kwargs = config.parse_template_kwargs(chat_template_kwargs) or None
+    if think_tags is not None:
+        from arlecli.thinking import parse_option
+
+        parse_option(think_tags)
     name, path, hub_id, base_url, model, api_key_env = _ask_missing(name, path, hub_id, base_url, model, api_key_env)
     replaced = name in config.load_profiles()
     profile = config.save_profile(
         config.ModelProfile(name=name, path=path, hub_id=hub_id, base_url=base_url, model=model,
                             api_key_env=api_key_env, backend=backend, request_timeout=timeout_s,
-                            max_retries=retries, price_input=prices[0], price_output=prices[1]),
+                            max_retries=retries, price_input=prices[0], price_output=prices[1],
+                            think_tags=think_tags, chat_template_kwargs=template_kwargs),
         make_default=default,
     )
     typer.echo(f"{'replaced' if replaced else 'saved'} profile {profile.name} in {config.profiles_path()}")

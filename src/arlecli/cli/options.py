@@ -27,3 +27,14 @@ PRICE_INPUT = typer.Option(None, "--price-input", metavar="USD_PER_1M",
                            "cost-of-pass (with --price-output).")
 PRICE_OUTPUT = typer.Option(None, "--price-output", metavar="USD_PER_1M",
                             help="USD per 1M completion tokens (with --price-input).")
+# Reasoning models (arlecli/thinking.py, engine/phases.py).
+THINK_TAGS = typer.Option(None, "--think-tags", metavar="START,END|none",
+                          help="How the model delimits its thinking, e.g. '<think>,</think>' (default: the "
+                          "profile's, else the tokenizer's own tags, else <think>); none: never split.")
+CHAT_TEMPLATE_KWARGS = typer.Option(None, "--chat-template-kwargs", metavar="KEY=VALUE",
+                                    help="A switch of the model's chat template, e.g. enable_thinking=false "
+                                    "(Qwen3); VALUE is a YAML scalar; repeatable; over the profile's.")
+MAX_THINKING_TOKENS = typer.Option(None, "--max-thinking-tokens", min=1, metavar="N",
+                                   help="A thinking model's thought per turn: at N tokens arle closes it and "
+                                   "the model answers within --max-tokens (budget forcing; endpoints get "
+                                   "vLLM's thinking_token_budget).")

@@ -33,6 +33,8 @@ def serve_command(
                                                   "generated at once, as one batch (default: 16 on hf, 256 on vllm)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model name clients "
                                                     "send and /v1/models lists (default: the model's name)."),
+    think_tags: Optional[str] = options.THINK_TAGS,
+    chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
     record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
                                           "ids, logprobs, text) to DIR/SESSION.jsonl. A client opens a session "
                                           "with POST /sessions, which answers its id and base URL (/s/ID/v1; or "
@@ -76,7 +78,11 @@ def serve_command(
             record.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"--record {record}: cannot create the folder ({exc.strerror or exc})") from None
-    spec = resolve_model(model, backend=backend)  # --api-key-env here is our key, not an endpoint's
+    from arlecli.config import parse_template_kwargs
+
+    # --api-key-env here is our key, not an endpoint's.
+    spec = resolve_model(model, backend=backend, think_tags=think_tags,
+                         chat_template_kwargs=parse_template_kwargs(chat_template_kwargs))
     sock = server.bind(host, port)  # before loading the model: a busy port fails at once
     vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

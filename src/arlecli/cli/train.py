@@ -131,6 +131,9 @@ def train_command(
                                              "`arle eval` (default: the card's)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Rollout sampling "
                                                 "temperature (default 1.0)."),
+    max_thinking_tokens: Optional[int] = options.MAX_THINKING_TOKENS,
+    think_tags: Optional[str] = options.THINK_TAGS,
+    chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
     quantization: Optional[str] = options.QUANTIZATION,
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
     vllm_server: Optional[str] = typer.Option(None, "--vllm-server", help="URL of a `trl vllm-serve` server: "
@@ -183,6 +186,7 @@ def train_command(
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
     from arlecli.sandbox import FORGEABLE_REWARDS, card_runs_code, ensure_isolation, set_policy
+    from arlecli.config import parse_template_kwargs
     from arlecli.train.config import load_recipe, parse_set, resolve
     from arlecli.train import launch
     from arlecli.train.run import TrainView, run_train
@@ -199,7 +203,9 @@ def train_command(
              "max_steps": max_steps, "num_generations": num_generations, "data": data, "learning_rate": learning_rate,
              "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
              "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
-             "vllm_server": vllm_server, "opponent": opponent}
+             "vllm_server": vllm_server, "opponent": opponent, "think_tags": think_tags,
+             "chat_template_kwargs": parse_template_kwargs(chat_template_kwargs) or None,
+             "max_thinking_tokens": max_thinking_tokens}
     cfg = resolve(recipe_data, flags, parse_set(sets or []), recipe_name=recipe_name)
     if not cfg.options.benchmark:
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
@@ -219,7 +225,10 @@ def train_command(
         err_console().print(f"warning: {card.name}'s reward ({card.reward}) decides its verdict inside the model's "
                             "own interpreter: code written to cheat can forge a pass there, and RL rewards it for "
                             "that. Read the high-reward completions in rewards.jsonl.", highlight=False)
-    spec = resolve_model(cfg.options.model)
+    spec = resolve_model(cfg.options.model, think_tags=cfg.options.think_tags,
+                         chat_template_kwargs=cfg.options.chat_template_kwargs)
+    if cfg.options.max_thinking_tokens is not None:
+        _check_thinking_budget(spec, cfg.options.max_thinking_tokens)
     run_dir = rundir.choose_dir(output, f"train-{card.name}", spec.name, resume)
     command = launch.original_command() or ["arle", *sys.argv[1:]]
     if launch_opts.wanted():
@@ -255,6 +264,23 @@ def train_command(
         print_summary(summary, run_dir)
     # What to do next with the run; on stderr under --json, so stdout stays one JSON document.
     (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
+
+
+def _check_thinking_budget(spec: Any, max_thinking_tokens: int) -> None:
+    """Refuse --max-thinking-tokens for a model not known to think, before any weights load
+    (its tokenizer says; thinking.check_budget)."""
+    from arlecli import thinking
+
+    tokenizer = None
+    if spec.kind == "hf" and spec.path_or_id:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id)
+        except (OSError, ValueError):
+            return  # no tokenizer to ask: loading the model will say what is wrong with it
+    option = thinking.parse_option(spec.think_tags, "--think-tags")
+    thinking.check_budget(max_thinking_tokens, thinking.declared(option, tokenizer), spec.name)
 
 
 _LAUNCH_PARAMS = {"num_processes", "deepspeed", "fsdp", "accelerate_config", "num_machines", "machine_rank",

@@ -82,8 +82,9 @@ def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
     changed = vllm_options.changed() if vllm_options is not None else []
     if changed and backend != "vllm":
         print(f"warning: {', '.join(changed)} only apply to the vllm backend; ignored by {backend}", file=sys.stderr)
+    tags = thinking.parse_option(spec.think_tags, "--think-tags")  # a bad value is refused before any model loads
     engine = factory(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
-    return thinking.configure(engine, thinking.parse_option(spec.think_tags, "the think tags"))
+    return thinking.configure(engine, tags)
 
 
 @register_engine("openai")
@@ -92,6 +93,7 @@ def _openai(spec: ModelSpec, *, concurrency: int = 8, **_: Any) -> Engine:
 
     limits = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
     return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency,
+                        chat_template_kwargs=spec.chat_template_kwargs,
                         **{k: v for k, v in limits.items() if v is not None})
 
 
@@ -101,11 +103,12 @@ def _vllm(spec: ModelSpec, *, vllm_options: VLLMOptions | None = None, **_: Any)
 
     from arlecli.engine.vllm import VLLMEngine, VLLMOptions
 
-    return VLLMEngine(spec.path_or_id or "", **asdict(vllm_options or VLLMOptions()))
+    return VLLMEngine(spec.path_or_id or "", chat_template_kwargs=spec.chat_template_kwargs,
+                      **asdict(vllm_options or VLLMOptions()))
 
 
 @register_engine("hf")
 def _hf(spec: ModelSpec, *, batch_size: int = 16, **_: Any) -> Engine:
     from arlecli.engine.hf import HFEngine
 
-    return HFEngine(spec.path_or_id or "", batch_size=batch_size)
+    return HFEngine(spec.path_or_id or "", batch_size=batch_size, chat_template_kwargs=spec.chat_template_kwargs)

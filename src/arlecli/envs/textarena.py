@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from arlecli.engine.phases import phased
 from arlecli.envs import register_env
 from arlecli.envs.episodes import Job, Transcript
 from arlecli.envs.single_turn import reset as render_prompt
@@ -425,8 +426,9 @@ def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
         for key, batch in by_engine.items():
             seats = [m.seats[m.waiting] for m in batch]  # type: ignore[index]
             requests = [s.transcript.request(s.params, None) for s in seats]  # type: ignore[union-attr]
-            tags = tags_for(engines[key])
-            for r, comp in engines[key].generate(requests):
+            engine = phased(engines[key])  # a thinking model's moves: stops and budget on the answer only
+            tags = tags_for(engine)
+            for r, comp in engine.generate(requests):
                 match, seat = batch[r], seats[r]
                 turn = seat.transcript.record(comp, tags, tokenizers[key])  # type: ignore[union-attr]
                 seat.invalid += match.game.act(turn.completion)  # the answer, not a move thought about

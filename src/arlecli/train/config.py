@@ -92,6 +92,13 @@ class TrainOptions:
     # seats trained, each with its own outcome), random or scripted. Held-out evals play the
     # card's own opponent.
     opponent: str | None = None
+    # Reasoning models, as `arle eval` takes them: the think tags (START,END or none; None: the
+    # profile's, else the tokenizer's), the chat template's switches (a mapping, e.g.
+    # {enable_thinking: false}; over the profile's) and the thought's budget per turn in rollouts
+    # and held-out evals (budget forcing; max_completion_length is then the answer's).
+    think_tags: str | None = None
+    chat_template_kwargs: Any = None
+    max_thinking_tokens: int | None = None
 
 
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
@@ -251,6 +258,18 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
     return TrainConfig(options=opts, trainer=trainer, recipe=recipe_name)
 
 
+def _validate_thinking(opts: TrainOptions) -> None:
+    """The reasoning-model options, normalised: think tags checked, template switches a dict."""
+    from arlecli.config import parse_template_kwargs
+    from arlecli.thinking import parse_option
+
+    parse_option(opts.think_tags, "think_tags")
+    opts.chat_template_kwargs = parse_template_kwargs(opts.chat_template_kwargs, "chat_template_kwargs") or None
+    budget = opts.max_thinking_tokens
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise UserError(f"max_thinking_tokens must be a whole number >= 1, got {budget!r}")
+
+
 def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
     if opts.backend not in TRAIN_BACKENDS:
         raise UserError(f"unknown rollout backend {opts.backend!r}: choose one of {', '.join(TRAIN_BACKENDS)}")
@@ -272,6 +291,7 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
                         f"--backend vllm): drop --vllm-server")
     if opts.lora_rank < 0:
         raise UserError("lora_rank must be >= 0 (0 is a full fine-tune)")
+    _validate_thinking(opts)
     if opts.eval_limit < 0 or opts.eval_every < 0:
         raise UserError("eval_limit and eval_every must be >= 0")
     if opts.limit is not None and opts.limit < 1:

@@ -165,7 +165,8 @@ def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, me
     else:
         from arlecli.train.sft import build_sft_trainer as build
     engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
-                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))))
+                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))),
+                          think_tags=spec.think_tags, chat_template_kwargs=spec.chat_template_kwargs)
     heldout = held_out(card, cfg, spec, run_dir, engine, view)
     started = time.monotonic()
     try:

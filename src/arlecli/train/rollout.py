@@ -124,11 +124,15 @@ class PolicyEngine:
     VLLMClient, set once the trainer exists), whose weights TRL's trainer syncs itself."""
 
     def __init__(self, backend: str, model_path: str, *, batch_size: int = 16,
-                 vllm_options: dict[str, Any] | None = None) -> None:
+                 vllm_options: dict[str, Any] | None = None, think_tags: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.backend = backend
         self.model_path = model_path
         self.batch_size = batch_size
         self.vllm_options = dict(vllm_options or {})
+        # The model's options, as `make_engine` gives them to an eval's engine (ModelSpec's).
+        self.think_tags = think_tags
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._vllm: Any = None
         self._version: int | None = None
         self.client: Any = None  # vllm-server: TRL's VLLMClient
@@ -145,12 +149,14 @@ class PolicyEngine:
             elif self.backend == "vllm-server":
                 from arlecli.engine.trl_server import TRLServerEngine
 
-                yield TRLServerEngine(self.client, tokenizer)
+                yield self._configured(TRLServerEngine(self.client, tokenizer,
+                                                       chat_template_kwargs=self.chat_template_kwargs))
             else:
                 from arlecli.engine.hf import HFEngine
 
-                yield HFEngine("", batch_size=self.batch_size, model_obj=model, tokenizer=tokenizer,
-                               device=str(next(model.parameters()).device))
+                yield self._configured(HFEngine("", batch_size=self.batch_size, model_obj=model, tokenizer=tokenizer,
+                                                device=str(next(model.parameters()).device),
+                                                chat_template_kwargs=self.chat_template_kwargs))
         finally:
             model.train(was_training)
 
@@ -165,7 +171,14 @@ class PolicyEngine:
     def _start_vllm(self) -> Any:
         from arlecli.engine.vllm import VLLMEngine
 
-        return VLLMEngine(base_model(self.model_path), **self.vllm_options)
+        return self._configured(VLLMEngine(base_model(self.model_path), chat_template_kwargs=self.chat_template_kwargs,
+                                           **self.vllm_options))
+
+    def _configured(self, engine: Any) -> Any:
+        """`engine` with the model's think tags (thinking.configure), as make_engine does."""
+        from arlecli import thinking
+
+        return thinking.configure(engine, thinking.parse_option(self.think_tags, "--think-tags"))
 
     def close(self) -> None:
         """Shut the vLLM engine down (the hf engine holds nothing of its own)."""

@@ -131,9 +131,11 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     reward = CardReward(card, tasks, run_dir if ranks.main else None,
                         gather=ranks.gather if ranks.world > 1 else None)
     engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
-                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))))
+                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))),
+                          think_tags=spec.think_tags, chat_template_kwargs=spec.chat_template_kwargs)
     # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
-    rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "") if opts.vllm_server else engine
+    rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "", think_tags=spec.think_tags,
+                                  chat_template_kwargs=spec.chat_template_kwargs) if opts.vllm_server else engine
     rollouts = Rollouts(played, tasks, exemplars, rollout_sampling(cfg, card), rollout_engine)
     heldout = held_out(card, cfg, spec, run_dir, engine, view)
 
@@ -189,6 +191,7 @@ def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engin
         return None
     eval_opts = EvalOptions(split=opts.eval_split or card.source.default_split, limit=opts.eval_limit,
                             temperature=0.0, max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
+                            max_thinking_tokens=opts.max_thinking_tokens,
                             seed=int(cfg.trainer.get("seed", 1234)))
     return HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample, view.eval_done)
 
@@ -241,7 +244,8 @@ def rollout_sampling(cfg: TrainConfig, card: Card) -> Sampling:
     t = cfg.trainer
     return Sampling(temperature=float(t.get("temperature", 1.0)), top_p=float(t.get("top_p", 1.0)),
                     max_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
-                    seed=int(t.get("seed", 1234)), logprobs=True)
+                    seed=int(t.get("seed", 1234)), logprobs=True,
+                    max_thinking_tokens=cfg.options.max_thinking_tokens)
 
 
 def vllm_options(opts: Any, seed: int) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""A scripted engine for tests of engine.phases: writes a fixed continuation as a model would."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from arlecli.engine.base import Completion, GenerationRequest, cut_at_stop
+
+
+class ScriptedEngine:
+    """Continues every request with `script` (after what it generated already, counted from
+    the end of `prompt`), token by token: ending at a stop string (its ids kept, its text cut),
+    at max_tokens, or at the script's end (EOS), as the in-process engines do."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, prompt: str, script: str) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+        self.script_ids = [*tokenizer.encode(script, add_special_tokens=False), tokenizer.eos_token_id]
+        self.calls: list[GenerationRequest] = []
+
+    def encode(self, request: GenerationRequest) -> list[int]:
+        return list(request.prompt_token_ids) if request.prompt_token_ids is not None else list(self.prompt_ids)
+
+    def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
+        for i, request in enumerate(requests):
+            self.calls.append(request)
+            prompt = self.encode(request)
+            rest = self.script_ids[len(prompt) - len(self.prompt_ids):]
+            p, out, why = request.params, [], "length"
+            for tok in rest:
+                out.append(tok)
+                if tok == self.tokenizer.eos_token_id:
+                    why = "stop"
+                    break
+                if any(s in self.tokenizer.decode(out, skip_special_tokens=True) for s in p.stop):
+                    why = "stop"
+                    break
+                if len(out) >= p.max_tokens:
+                    break
+            text = cut_at_stop(self.tokenizer.decode(out, skip_special_tokens=True), p.stop)
+            yield i, Completion(text=text, token_ids=out, prompt_token_ids=prompt, finish_reason=why,
+                                logprobs=[-1.0] * len(out) if p.logprobs else None)
+
+    def close(self) -> None:
+        pass

