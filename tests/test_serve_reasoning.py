@@ -234,3 +234,35 @@ def test_recorded_thinking_becomes_the_episodes_turns(thinker):
     assert episode.turns[0].thinking_tokens == records[0]["choices"][0]["thinking_tokens"] > 0
     assert episode.turns[0].observation == [{"role": "tool", "content": "42"}]
     assert episode.turns[0].token_ids == records[0]["choices"][0]["token_ids"]  # thought and answer, as generated
+
+
+def test_eval_through_serve_records_the_thinking_an_in_process_eval_does(thinking_server, tiny_thinking_model,
+                                                                          tmp_path):
+    """`arle eval` of the thinking model through arle serve (the openai engine reads
+    reasoning_content and usage's reasoning_tokens) writes the samples an in-process eval
+    writes: the same thinking, cut flags, thinking tokens and (empty) answers."""
+    from arlecli.engine.hf import HFEngine
+    from arlecli.engine.openai import OpenAIEngine
+    from arlecli.eval import EvalOptions, run_eval
+    from arlecli.registry import load_card
+
+    opts = EvalOptions(limit=3, max_tokens=8, temperature=1.0)
+    card = load_card("one_digit_sums")
+    run_eval(card, HFEngine(str(tiny_thinking_model), batch_size=4), opts, model="tiny", run_dir=tmp_path / "local")
+    remote = OpenAIEngine(thinking_server.url, model="tiny")
+    try:
+        run_eval(card, remote, opts, model="tiny", run_dir=tmp_path / "remote")
+    finally:
+        remote.close()
+
+    def samples(run: str) -> list[dict[str, Any]]:
+        import json
+
+        keep = ("id", "completion", "thinking", "thinking_cut", "thinking_tokens", "answer_tokens", "correct")
+        rows = [json.loads(line) for line in (tmp_path / run / "samples.jsonl").read_text().splitlines()]
+        return sorted(({k: row.get(k) for k in keep} for row in rows), key=lambda r: r["id"])
+
+    local = samples("local")
+    assert len(local) == 3 and all(s["thinking_cut"] and s["thinking_tokens"] == 8 for s in local)
+    assert any(s["thinking"] for s in local)
+    assert samples("remote") == local
