@@ -337,8 +337,8 @@ def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
     batches = []
     score = ppo.score_rollout
 
-    def recording(policy, episodes, indices, temperature, micro):
-        batch = score(policy, episodes, indices, temperature, micro)
+    def recording(policy, episodes, indices, temperature, micro, **kwargs):
+        batch = score(policy, episodes, indices, temperature, micro, **kwargs)
         batches.append(batch)
         return batch
 
@@ -359,7 +359,7 @@ def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
 
     for batch in batches:
         for r, episode in enumerate(batch.episodes):
-            _, completion, env_mask, _ = flatten_episode(episode)  # up to a seam, if the template rewrote history
+            _, completion, env_mask, _ = flatten_episode(episode)  # every segment, seams included
             attended = int(batch.attention_mask[r, batch.prompt_len:].sum())
             assert batch.mask[r, :len(env_mask)].tolist() == env_mask and int(batch.mask[r].sum()) == sum(env_mask)
             assert attended == len(completion) and batch.sequences[r, batch.prompt_len:][:attended].tolist() == completion

@@ -113,16 +113,27 @@ class Transcript:
         self.episode.turns.append(turn)
         return turn
 
-    def extend(self, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
-        """The next prompt: the conversation so far, the last turn's completion and the
-        environment's reply `messages`. With a tokenizer, its ids extend the last turn's ids
-        exactly as generated (a template that rewrites history leaves a seam)."""
+    def extend(self, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
+               template_kwargs: dict[str, Any] | None = None) -> None:
+        """The next prompt: the conversation so far, the last turn as an assistant message and
+        the environment's reply `messages`. The message holds the answer as `content` and the
+        thinking, if any, as `reasoning_content` (what vLLM's reasoning parsers return), so a
+        chat template that renders reasoning_content continues the history exactly, and one
+        that drops it (Qwen3's, for turns before the last user message; R1's always) renders
+        the next prompt without it. With a tokenizer, the next prompt's ids extend the last
+        turn's ids exactly as generated; where the template rewrote history they cannot, the
+        next prompt is encoded as rendered (what the model really sees next) and the turn is
+        recorded as a seam (`seams`; training then scores that turn on its own prompt)."""
         turn = self.episode.turns[-1]
         turn.observation = messages
-        self.prompt = [*self.prompt, {"role": "assistant", "content": turn.completion}, *messages]
+        said: dict[str, Any] = {"role": "assistant", "content": turn.completion}
+        if turn.thinking is not None:
+            said["reasoning_content"] = turn.thinking
+        self.prompt = [*self.prompt, said, *messages]
         if tokenizer is not None and turn.prompt_token_ids:
+            switches = {"template_kwargs": template_kwargs} if template_kwargs else {}  # the template's own switches
             self.prompt_ids, continued = continue_ids(
-                tokenizer, [*turn.prompt_token_ids, *(turn.token_ids or [])], self.prompt, tools)
+                tokenizer, [*turn.prompt_token_ids, *(turn.token_ids or [])], self.prompt, tools, **switches)
             if not continued:
                 self.seams.append(len(self.episode.turns))
 

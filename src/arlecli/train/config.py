@@ -13,8 +13,23 @@ command-line flags (`--max-steps` ...) and `--set key=value`. Every key is one o
   sample and keep (`arlecli.train.rft.RFT_FIELDS`: rounds, num_generations, tasks_per_round,
   min_reward, keep_cut, temperature, top_p, max_completion_length).
 
+- a DAPO control (`arlecli.train.dapo.DAPOOptions`: overlong_filter, overlong_buffer_len,
+  overlong_penalty_factor, dynamic_sampling, dynamic_sampling_rounds).
+
 One flat namespace, so a recipe reads like the trainer's own docs and `--set` reaches
 everything. An unknown key is a one-line UserError that names the nearest known keys.
+
+Stages (grpo, rloo): a recipe's `stages:` list trains in stages, each resuming the last
+one's checkpoint, DeepScaleR's staged context lengthening (8k -> 16k -> 24k tokens):
+
+    stages:
+      - {name: 8k, steps: 1040, max_completion_length: 8192}
+      - {name: 16k, steps: 480, max_completion_length: 16384, num_generations: 16}
+
+Each stage is `steps` optimizer steps (numbered on from the stage before) with its own
+settings over the recipe's; flags and `--set` win over every stage, and a `--max-steps` cuts
+the staged run short at that step. What a stage may not change (`STAGE_FIXED`: the model, the
+data, LoRA, the optimizer's schedule ...) is a one-line error.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import yaml
 
 from arlecli import safeio
 from arlecli.errors import UserError
+from arlecli.train.dapo import DAPO_FIELDS, DAPOOptions
 
 ALGOS = ("grpo", "rloo", "ppo", "sft", "dpo", "rft")
 # Algorithms that learn from a data file of recorded trajectories (`--data`), not from rollouts.
@@ -104,13 +120,49 @@ class TrainOptions:
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
 
 
+# Algorithms that train in stages (each stage resumes the trainer's own checkpoint).
+STAGED_ALGOS = ("grpo", "rloo")
+# What a stage cannot change: it would make the stages one run no longer (another model or
+# data), or the checkpoint being resumed would ignore it (the optimizer's and the scheduler's
+# state, restored on resume, keep the learning rate and its schedule).
+STAGE_FIXED = {"benchmark", "algo", "model", "backend", "split", "limit", "num_fewshot", "lora_rank", "lora_alpha",
+               "lora_dropout", "lora_target_modules", "data", "opponent", "vllm_server", "seed", "max_steps",
+               "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
+               "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "save_total_limit"}
+
+
+@dataclass
+class Stage:
+    """One stage of a staged run: `steps` optimizer steps ending at step `end`, trained with
+    `config` (the run's settings with the stage's `settings` over them)."""
+
+    name: str
+    steps: int
+    end: int
+    settings: dict[str, Any]
+    config: "TrainConfig"
+
+
 @dataclass
 class TrainConfig:
-    """A resolved run: arle's options and the trainer field overrides for its algorithm."""
+    """A resolved run: arle's options, the trainer field overrides for its algorithm, the DAPO
+    controls and, for a staged run, its stages (each a resolved TrainConfig of its own)."""
 
     options: TrainOptions
     trainer: dict[str, Any] = field(default_factory=dict)
     recipe: str | None = None
+    dapo: DAPOOptions = field(default_factory=DAPOOptions)
+    stages: list[Stage] = field(default_factory=list)
+    # The recipe's stages as written (name, steps, settings), before a --max-steps cut them
+    # short: what meta.json records, so a resume may lengthen the run as for any run.
+    stage_plan: list[dict[str, Any]] = field(default_factory=list)
+
+    def sessions(self) -> list[Stage]:
+        """The stages to train, in order; a run without stages is one stage of max_steps."""
+        if self.stages:
+            return self.stages
+        steps = int(self.trainer["max_steps"])
+        return [Stage("all", steps, steps, {}, self)]
 
 
 def trainer_fields(algo: str) -> dict[str, Any]:
@@ -167,7 +219,7 @@ def find_recipe(name_or_path: str) -> Path:
 
 
 def load_recipe(name_or_path: str) -> tuple[Path, dict[str, Any]]:
-    """Read a recipe: a flat YAML mapping of arle and trainer fields."""
+    """Read a recipe: a flat YAML mapping of arle and trainer fields (and `stages:`)."""
     path = find_recipe(name_or_path)
     text = safeio.read_text(path, "recipe")
     try:
@@ -222,21 +274,35 @@ def _fields_or_empty(algo: str) -> dict[str, Any]:
 
 def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any], *,
             recipe_name: str | None = None) -> TrainConfig:
-    """Merge recipe < flags < --set into a validated TrainConfig.
+    """Merge recipe < flags < --set into a validated TrainConfig; a recipe's `stages:` becomes
+    one TrainConfig per stage (recipe < stage < flags < --set).
 
     `flags` holds only the command-line options the user actually gave (None means unset)."""
-    layers = [(recipe, f"recipe {recipe_name}"), ({k: v for k, v in flags.items() if v is not None},
-                                                   "command line"), (sets, "--set")]
+    recipe = dict(recipe)
+    stages = recipe.pop("stages", None)
+    given = {k: v for k, v in flags.items() if v is not None}
+    layers = [(recipe, f"recipe {recipe_name}"), (given, "command line"), (sets, "--set")]
     algo = "grpo"
     for layer, _ in layers:
         algo = layer.get("algo", algo)
     if algo not in ALGOS:
         raise UserError(f"unknown algorithm {algo!r}: choose one of {', '.join(ALGOS)}")
+    cfg = _merge(layers, algo, recipe_name)
+    if stages is not None:
+        cap = given.get("max_steps", sets.get("max_steps"))
+        cfg.stages, cfg.stage_plan = _stages(stages, layers, algo, recipe_name, cap)
+        cfg.trainer["max_steps"] = cfg.stages[-1].end  # what the run trains in all
+    return cfg
+
+
+def _merge(layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str | None) -> TrainConfig:
+    """One TrainConfig from settings layers, lowest first (every key checked and coerced)."""
     declared = {f.name: f.type for f in dataclasses.fields(TrainOptions)}
     trainer_types = trainer_fields(algo)
-    known = sorted(set(ARLE_KEYS) | set(trainer_types))
+    known = sorted(set(ARLE_KEYS) | set(trainer_types) | set(DAPO_FIELDS))
 
     arle: dict[str, Any] = {}
+    dapo: dict[str, Any] = {}
     trainer: dict[str, Any] = dict(TRAINER_DEFAULTS)
     if algo == "rft":  # rounds, samples per task, tasks per round ... (so meta.json records them)
         from arlecli.train.rft import RFT_DEFAULTS
@@ -247,15 +313,66 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
             _check_key(key, known, algo, where)
             if key in declared:  # an arle field, even if the trainer has one of that name (ppo's lora_alpha)
                 arle[key] = _coerce(key, value, declared[key], where)
+            elif key in DAPO_FIELDS:
+                dapo[key] = _coerce(key, value, DAPO_FIELDS[key], where)
             else:
                 trainer[key] = _coerce(key, value, trainer_types[key], where)
     opts = TrainOptions(**arle)
     _validate(opts, trainer)
+    controls = _dapo(dapo, algo)
     if algo == "rft":
         from arlecli.train.rft import RFTSettings
 
         RFTSettings.of(trainer)  # checks them
-    return TrainConfig(options=opts, trainer=trainer, recipe=recipe_name)
+    return TrainConfig(options=opts, trainer=trainer, recipe=recipe_name, dapo=controls)
+
+
+def _dapo(values: dict[str, Any], algo: str) -> DAPOOptions:
+    """The DAPO controls among a run's settings, checked (one line naming the bad one)."""
+    wanted = {"bool": (bool, "true or false"), "int": (int, "a whole number"), "float": ((int, float), "a number")}
+    for key, value in values.items():
+        types, words = wanted[str(DAPO_FIELDS[key])]
+        if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
+            raise UserError(f"{key} must be {words}, got {value!r}")
+    controls = DAPOOptions(**values)
+    controls.check(algo)
+    return controls
+
+
+def _stages(raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str | None,
+            cap: Any) -> tuple[list[Stage], list[dict[str, Any]]]:
+    """The recipe's `stages:` as resolved stages, cut at step `cap` when the command line gave
+    --max-steps (a short run of a long recipe), and the plan as written."""
+    where = f"recipe {recipe_name}"
+    if algo not in STAGED_ALGOS:
+        raise UserError(f"{where}: stages resume the trainer's own checkpoints, which --algo "
+                        f"{' and '.join(STAGED_ALGOS)} write; not {algo}")
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
+        raise UserError(f"{where}: stages must be a list of mappings, e.g. "
+                        "[{name: 8k, steps: 100, max_completion_length: 8192}, ...]")
+    out: list[Stage] = []
+    plan: list[dict[str, Any]] = []
+    end = 0
+    for n, stage in enumerate(raw, 1):
+        settings = dict(stage)
+        name = str(settings.pop("name", f"stage-{n}"))
+        steps = settings.pop("steps", None)
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise UserError(f"{where}: stage {name} needs steps: N (a whole number >= 1), got {steps!r}")
+        for key in settings:
+            if key in STAGE_FIXED or key == "stages":
+                raise UserError(f"{where}: stage {name} sets {key}, which every stage shares (a stage resumes the "
+                                f"last one's checkpoint); set it at the top of the recipe")
+        plan.append({"name": name, "steps": steps, "settings": settings})
+        if isinstance(cap, int) and end >= cap:
+            continue
+        steps = min(steps, cap - end) if isinstance(cap, int) else steps
+        end += steps
+        stage_layers = [layers[0], (settings, f"{where} stage {name}"), *layers[1:]]
+        config = _merge(stage_layers, algo, recipe_name)
+        config.trainer["max_steps"] = end
+        out.append(Stage(name, steps, end, settings, config))
+    return out, plan
 
 
 def _validate_thinking(opts: TrainOptions) -> None:

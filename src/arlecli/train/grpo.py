@@ -30,7 +30,7 @@ from arlecli.train.heldout import HeldOut
 from arlecli.train.metrics import MetricsLog
 from arlecli.train.ranks import Ranks, barrier_callback, sharded
 from arlecli.train.reward import CardReward
-from arlecli.train.rollout import Rollouts, Sequences
+from arlecli.train.rollout import Rollouts, Sequences, pad_rows, rescore_segments
 
 
 def _no_vllm(min_version: str | None = None) -> bool:
@@ -159,7 +159,11 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
 
 
 def _indexed(base: type) -> type:
-    """`base` (a TRL trainer) that remembers its batch's task indices and draws arle rollouts for them."""
+    """`base` (a TRL trainer) that remembers its batch's task indices, draws arle rollouts for
+    them (dynamic sampling included, train.dapo) and scores every token of a segment after a
+    seam on its own context (train.rollout: one row per episode, each turn trained on the
+    prompt it was generated from)."""
+    import torch
 
     class Indexed(base):  # type: ignore[misc, valid-type]
         arle_rollouts: Rollouts
@@ -167,23 +171,74 @@ def _indexed(base: type) -> type:
 
         arle_seats: list[Any] = []
         arle_by_seat = False  # GRPO: advantages per (task, seat) when a batch holds a game's seats
+        _arle_seqs: Sequences | None = None  # the rows of the batch being generated and scored
+        _arle_generating = False
+        _arle_segment: Any = None            # the segment numbers of the rows in the loss (a batch key)
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
             self.arle_inputs = inputs  # the dataset rows of the prompts `_generate` gets, in order
-            out = super()._generate_and_score_completions(inputs)
+            self._arle_generating = True
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                self._arle_generating = False
             if self.arle_by_seat and len(set(self.arle_seats)) > 1:  # a game's seats: each against its own
                 rewards = self.reward_funcs[0].last
                 advantages = seat_advantages(rewards, self.arle_seats, self.num_generations, self.scale_rewards)
                 out["advantages"] = advantages.to(out["advantages"].device, out["advantages"].dtype)
+            if self._arle_seqs is not None and self._arle_seqs.seamed:
+                # Shuffled and split with the other tensors, so the loss knows each row's segments.
+                out["arle_segment"] = pad_rows(self._arle_seqs.segment, out["completion_ids"])
             return out
 
         def arle_rollout(self) -> Sequences:
             indices = [int(x["task_index"]) for x in self.arle_inputs]
-            seqs = self.arle_rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class)
+            rollouts = self.arle_rollouts
+            reward = self.reward_funcs[0] if rollouts.dapo.dynamic_sampling else None
+            seqs = rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class,
+                                      reward=reward, group=self.num_generations)
+            if seqs.indices is not None:  # dynamic sampling: rows of other tasks, scored already
+                mode = "train" if self.model.training else "eval"
+                for key, value in rollouts.last_stats.items():
+                    self._metrics[mode][key].append(value)
+            self._arle_seqs = seqs
             # A seat that never moved (the other seat ended the game first) produced no token to
             # train: kept out of its seat's baseline, in a group of its own.
             self.arle_seats = [episode.info.get("seat") if episode.turns else None for episode in seqs.episodes]
             return seqs
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            self._arle_segment = inputs.get("arle_segment")
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._arle_segment = None
+
+        def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
+                                               logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
+            score_rows = super()._get_per_token_logps_and_entropies
+            logps, entropies, *rest = score_rows(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            segment = self._arle_segments_like(logps)
+            if segment is None:
+                return (logps, entropies, *rest)
+
+            def score(ids: Any) -> list[Any]:  # one segment alone: its prompt, then its tokens
+                lp, ent, *_ = score_rows(model, ids, torch.ones_like(ids), ids.shape[1] - 1,
+                                         compute_entropy=entropies is not None)
+                return [lp, ent]
+
+            logps, entropies = rescore_segments([logps, entropies], input_ids[:, -logits_to_keep:], segment, score)
+            return (logps, entropies, *rest)
+
+        def _arle_segments_like(self, like: Any) -> Any:
+            # The rows being generated (old/reference logprobs), else those of the loss's batch.
+            if self._arle_generating:
+                seqs = self._arle_seqs
+                if seqs is None or not seqs.seamed or len(seqs.segment) != like.shape[0]:
+                    return None
+                return pad_rows(seqs.segment, like)
+            segment = self._arle_segment
+            return segment if segment is not None and tuple(segment.shape) == tuple(like.shape[:2]) else None
 
     Indexed.__name__ = base.__name__
     return Indexed
@@ -224,7 +279,6 @@ def _rloo_with_rollouts(base: type) -> type:
     class RLOO(_indexed(base)):  # type: ignore[misc, valid-type]
         arle_env_mask: list[list[int]] = []
         _arle_mask: Any = None          # the loss mask of the rows being scored, when known
-        _arle_generating = False
 
         def _generate(self, prompts: list[Any]) -> tuple[list[list[int]], list[list[int]], list[Any]]:
             if self.use_vllm and self.state.global_step != self._last_loaded_step:  # --vllm-server
@@ -232,8 +286,10 @@ def _rloo_with_rollouts(base: type) -> type:
                 self._last_loaded_step = self.state.global_step
             seqs = self.arle_rollout()
             self.arle_env_mask = seqs.env_mask
-            for row, episode in zip(self.arle_inputs, seqs.episodes, strict=True):
+            for i, (row, episode) in enumerate(zip(self.arle_inputs, seqs.episodes, strict=True)):
                 row["episode"] = episode  # reward functions get every input column
+                if seqs.indices is not None:  # dynamic sampling: another task's row, scored already
+                    row["task_index"], row["arle_score"] = seqs.indices[i], seqs.scores[i]
             mode = "train" if self.model.training else "eval"
             if mode == "train":
                 self.state.num_input_tokens_seen += sum(map(len, seqs.prompt_ids)) + sum(map(len, seqs.completion_ids))
@@ -253,11 +309,7 @@ def _rloo_with_rollouts(base: type) -> type:
             return mask
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
-            self._arle_generating = True
-            try:
-                out = super()._generate_and_score_completions(inputs)
-            finally:
-                self._arle_generating = False
+            out = super()._generate_and_score_completions(inputs)
             out["arle_loss_mask"] = self._mask_like(out["completion_ids"])
             return out
 

@@ -45,6 +45,7 @@ class MetricsLog:
         self._last_step = start_step
         # A resumed trainer restarts its token counter, so the first delta would be wrong.
         self._last_tokens: float | None = 0.0 if start_step == 0 else None
+        self.tags: dict[str, Any] = {}  # added to every line (a staged run's `stage`)
 
     def restart_clock(self) -> None:
         """Start timing now: model loading and the step-0 evaluation are not step time."""
@@ -57,7 +58,7 @@ class MetricsLog:
     def record(self, step: int, logs: dict[str, Any]) -> dict[str, Any]:
         """Write one line for `step` and return it (what the live view shows)."""
         now = time.monotonic()
-        row: dict[str, Any] = {"step": step, **{k: _plain(v) for k, v in logs.items()}}
+        row: dict[str, Any] = {"step": step, **self.tags, **{k: _plain(v) for k, v in logs.items()}}
         row["elapsed_s"] = round(now - self.start, 3)
         steps = step - self._last_step
         if steps > 0:

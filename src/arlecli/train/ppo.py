@@ -337,13 +337,33 @@ def load_policy(model_path: str, lora_rank: int, p: PPOParams, checkpoint: Path 
 
 def forward_pass(model: Any, value_head: torch.nn.Linear | None, sequences: torch.Tensor,
                  attention_mask: torch.Tensor, prompt_len: int, temperature: float, bf16: bool = False,
-                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                 with_entropy: bool = False, segment: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Logprobs (at `temperature`) of the completion tokens `sequences[:, prompt_len:]`, their
     values (if a head is given) and entropies (if asked), each [batch, completion_len].
 
     Position ids are rebuilt from the attention mask so left-padded prompts see the same
-    positions as in `generate`.
+    positions as in `generate`. `segment` ([batch, completion_len], train.rollout): tokens of a
+    segment after a seam are scored on that segment's own context (its prompt and what follows),
+    one more forward pass per segment.
     """
+    from arlecli.train.rollout import rescore_segments
+
+    out = _forward_rows(model, value_head, sequences, attention_mask, prompt_len, temperature, bf16, with_entropy)
+    if segment is None:
+        return out
+
+    def score(ids: torch.Tensor) -> list[torch.Tensor | None]:
+        return list(_forward_rows(model, value_head, ids, torch.ones_like(ids), 1, temperature, bf16, with_entropy))
+
+    logprobs, values, entropy = rescore_segments(list(out), sequences[:, prompt_len:], segment, score)
+    return logprobs, values, entropy  # type: ignore[return-value]
+
+
+def _forward_rows(model: Any, value_head: torch.nn.Linear | None, sequences: torch.Tensor,
+                  attention_mask: torch.Tensor, prompt_len: int, temperature: float, bf16: bool,
+                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`forward_pass` of whole rows, each token on everything before it in its row."""
     completion_len = sequences.shape[1] - prompt_len
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.autocast(sequences.device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -382,6 +402,7 @@ class Rollout:
     values: torch.Tensor           # [B, T] critic estimates
     prompt_indices: list[int]      # the task index of each row
     episodes: list[Any]            # what the reward scores (arlecli.types.Episode)
+    segment: torch.Tensor | None = None  # [B, T] the context each token was generated in (train.rollout)
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -405,12 +426,13 @@ def _right_pad(rows: list[list[Any]], pad: Any, dtype: torch.dtype, device: torc
 
 @torch.no_grad()
 def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], temperature: float,
-                  micro_batch_size: int) -> Rollout:
+                  micro_batch_size: int, no_loss: Callable[[Any], bool] | None = None) -> Rollout:
     """Turn sampled episodes into PPO's batch: their token sequences (train.rollout.Sequences)
-    and the policy's, reference's and critic's view of every completion token."""
+    and the policy's, reference's and critic's view of every completion token. An episode for
+    which `no_loss` is True (overlong filtering) keeps its tokens with no action among them."""
     from arlecli.train.rollout import Sequences
 
-    seqs = Sequences.of(episodes, policy.eos_ids[0])
+    seqs = Sequences.of(episodes, policy.eos_ids[0], no_loss=[no_loss(e) for e in episodes] if no_loss else None)
     prompt_ids, prompt_attn = _left_pad(seqs.prompt_ids, policy.pad_id, policy.device)
     completions = _right_pad(seqs.completion_ids, policy.pad_id, torch.long, policy.device)
     real = _right_pad([[1] * len(c) for c in seqs.completion_ids], 0, torch.long, policy.device)
@@ -418,6 +440,7 @@ def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], tempe
     sequences = torch.cat([prompt_ids, completions], dim=1)
     attention_mask = torch.cat([prompt_attn, real], dim=1)
     prompt_len = prompt_ids.shape[1]
+    segment = _right_pad(seqs.segment, 0, torch.long, policy.device) if seqs.seamed else None
 
     logprobs, ref_logprobs, values = [], [], []
     model = policy.model
@@ -425,15 +448,19 @@ def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], tempe
     ref_model, ref_context = policy.reference()
     for s in range(0, len(episodes), micro_batch_size):
         seq, attn = sequences[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size]
-        lp, v, _ = forward_pass(model, policy.value_head, seq, attn, prompt_len, temperature, policy.bf16)
+        seg = segment[s:s + micro_batch_size] if segment is not None else None
+        lp, v, _ = forward_pass(model, policy.value_head, seq, attn, prompt_len, temperature, policy.bf16,
+                                segment=seg)
         logprobs.append(lp)
         values.append(v)
     with ref_context:
         for s in range(0, len(episodes), micro_batch_size):
             seq, attn = sequences[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size]
-            ref_logprobs.append(forward_pass(ref_model, None, seq, attn, prompt_len, temperature, policy.bf16)[0])
+            seg = segment[s:s + micro_batch_size] if segment is not None else None
+            ref_logprobs.append(forward_pass(ref_model, None, seq, attn, prompt_len, temperature, policy.bf16,
+                                             segment=seg)[0])
     return Rollout(sequences, attention_mask, prompt_len, mask, torch.cat(logprobs) * mask,
-                   torch.cat(ref_logprobs) * mask, torch.cat(values) * mask, list(indices), list(episodes))
+                   torch.cat(ref_logprobs) * mask, torch.cat(values) * mask, list(indices), list(episodes), segment)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,7 +489,8 @@ def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout,
                 mask = batch.mask[idx]
                 logprobs, values, entropy = forward_pass(
                     policy.model, policy.value_head, batch.sequences[idx], batch.attention_mask[idx],
-                    batch.prompt_len, temperature, policy.bf16, with_entropy=True)
+                    batch.prompt_len, temperature, policy.bf16, with_entropy=True,
+                    segment=batch.segment[idx] if batch.segment is not None else None)
                 pg, clip_frac = policy_loss(logprobs, batch.logprobs[idx], advantages[idx], mask, p.cliprange)
                 vf, vf_clip_frac = value_loss(values, batch.values[idx], returns[idx], mask, p.cliprange_value)
                 # Weight each micro batch by its token share: the sum is the minibatch's token mean.
@@ -580,12 +608,14 @@ def train_ppo(model_path: str, num_tasks: int, rollout_fn: Callable[[Policy, lis
               reward_fn: Callable[[list[Any], list[int]], list[Any]], *, output_dir: Path, max_steps: int,
               learning_rate: float, lora_rank: int, num_generations: int, temperature: float,
               seed: int, save_steps: int, resume: bool, params: dict, on_log: Callable[[dict], None],
-              save_total_limit: int | None = None, on_step_end: Callable[[int, Policy], None] | None = None) -> Path:
+              save_total_limit: int | None = None, on_step_end: Callable[[int, Policy], None] | None = None,
+              no_loss: Callable[[Any], bool] | None = None) -> Path:
     """Train `model_path` with PPO and return `output_dir/final`.
 
     Each step takes the next `prompts_per_step` task indices (in order, cycling over
     `num_tasks`), each repeated `num_generations` times, and asks `rollout_fn(policy, indices,
-    step)` for one sampled Episode per entry (sampled from `policy` at `temperature`, top_p 1).
+    step)` for one sampled Episode per entry (sampled from `policy` at `temperature`, top_p 1);
+    an episode for which `no_loss(episode)` is True (overlong filtering) takes no action.
     `reward_fn(episodes, indices)` scores them (floats, or Score-like objects with `.reward`
     and `.correct`, which also give accuracy); then `ppo_epochs` PPO passes run. `lora_rank` 0
     is a full fine-tune. `params` overrides PPOParams. `on_log` gets one dict per step: step,
@@ -630,7 +660,7 @@ def train_ppo(model_path: str, num_tasks: int, rollout_fn: Callable[[Policy, lis
         position = (position + p.prompts_per_step) % num_tasks
         indices = [i for i in tasks for _ in range(num_generations)]
         episodes = rollout_fn(policy, indices, step)
-        batch = score_rollout(policy, episodes, indices, temperature, micro)
+        batch = score_rollout(policy, episodes, indices, temperature, micro, no_loss=no_loss)
 
         rewards_list, correct = _unpack_rewards(reward_fn(batch.episodes, batch.prompt_indices), len(indices))
         scores = torch.tensor(rewards_list, dtype=torch.float32, device=policy.device)

@@ -85,7 +85,8 @@ def run_ppo(card: Card, cfg: TrainConfig, spec: Any, num_tasks: int, rollouts: R
             learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6), lora_rank=opts.lora_rank,
             num_generations=t.get("num_generations", 1), temperature=rollouts.sampling.temperature, seed=t["seed"],
             save_steps=t["save_steps"], resume=checkpoint is not None, params=params, on_log=on_log,
-            save_total_limit=t.get("save_total_limit"), on_step_end=on_step_end)
+            save_total_limit=t.get("save_total_limit"), on_step_end=on_step_end,
+            no_loss=rollouts.no_loss if rollouts.dapo.overlong_filter else None)
     except ValueError as exc:  # train_ppo's checks on params and arguments
         raise UserError(f"invalid ppo settings: {exc}") from None
     finally:

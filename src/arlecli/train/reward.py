@@ -17,6 +17,7 @@ from arlecli.cards import Card
 from arlecli.efficiency import thinking_counts
 from arlecli.envs import env_kind
 from arlecli.rewards import check_tasks, get_reward, score_samples
+from arlecli.train.dapo import DAPOOptions, shaped
 from arlecli.types import Episode, Score, Task
 
 REWARDS_FILE = "rewards.jsonl"
@@ -26,7 +27,10 @@ class CardReward:
     """Scores episodes with the card's reward; callable as a TRL reward function.
 
     Per-sample verdicts are appended to `<run>/rewards.jsonl`, with each episode's finish
-    reason (and, for multi-turn cards, its turns and end reason).
+    reason (and, for multi-turn cards, its turns, end reason and env info: `seams` there
+    names the turns whose prompt the chat template rewrote, see train.rollout). With DAPO's
+    soft overlong punishment (`shaping`) the reward trained on is the card's plus the penalty;
+    a line keeps the card's `reward` and adds `overlong_penalty` and `trained_reward`.
 
     Under several processes each rank scores its own completions; `gather` (every rank's
     lines, in rank order, on every rank) lets the one rank given a `run_dir` write them all, so
@@ -34,7 +38,8 @@ class CardReward:
     as TRL's trainers do."""
 
     def __init__(self, card: Card, tasks: list[Task], run_dir: Path | None = None,
-                 gather: Callable[[list[str]], list[str]] | None = None) -> None:
+                 gather: Callable[[list[str]], list[str]] | None = None, *,
+                 shaping: DAPOOptions | None = None, max_tokens: int | None = None) -> None:
         self.card = card
         self.tasks = tasks
         self.score_fn = get_reward(card.reward, card.reward_params)
@@ -47,6 +52,9 @@ class CardReward:
         self.step: int | None = None    # the step label for callers that pass none (ppo)
         self.gather = gather
         self.last: list[float] = []     # the rewards of the latest TRL call (the seat advantages read them)
+        # DAPO's soft overlong punishment (train.dapo), against the per-turn budget `max_tokens`.
+        self.shaping = shaping if shaping is not None and shaping.overlong_buffer_len > 0 and max_tokens else None
+        self.max_tokens = max_tokens or 0
 
     def close(self) -> None:
         """Release what the reward holds (a judge's engine; it reports replies without a verdict)."""
@@ -54,40 +62,65 @@ class CardReward:
         if close is not None:
             close()
 
-    def score(self, episodes: list[Episode], indices: list[int], step: int | None = None) -> list[Score]:
-        """Score each episode against the task at the same position in `indices`."""
-        step = self.step if step is None else step
-        scores: list[Score] = []
-        lines: list[str] = []
+    def judge(self, episodes: list[Episode], indices: list[int]) -> list[Score]:
+        """The verdict on each episode against the task at the same position in `indices`,
+        with the soft overlong punishment added when the run has one (its penalty in
+        details). Writes nothing: `record` does."""
         tasks = [self.tasks[int(index)] for index in indices]
         # A reward that grades many at once (the judge) gets the batch; one that raises on a
         # completion scores it 0 with the error in its details, and the step goes on (score_samples).
         results = score_samples(self.score_fn, tasks, episodes)
-        for episode, index, task, result in zip(episodes, indices, tasks, results, strict=True):
-            scores.append(result)
+        if self.shaping is None:
+            return results
+        return [shaped(r, e, self.shaping, self.max_tokens) for r, e in zip(results, episodes, strict=True)]
+
+    def record(self, episodes: list[Episode], indices: list[int], scores: list[Score], step: int | None = None,
+               dropped: list[bool] | None = None) -> None:
+        """One rewards.jsonl line per verdict (`dropped`: dynamic sampling left that episode's
+        group out of the batch); `reward` is the card's, an overlong penalty rides beside it."""
+        step = self.step if step is None else step
+        lines: list[str] = []
+        for k, (episode, index, result) in enumerate(zip(episodes, indices, scores, strict=True)):
+            task = self.tasks[int(index)]
+            penalty = result.details.get("overlong_penalty") if isinstance(result.details, dict) else None
+            details = {k2: v for k2, v in result.details.items() if k2 != "overlong_penalty"} \
+                if penalty is not None else result.details
             line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": episode.completion,
-                    "extracted": result.extracted, "target": task.target, "reward": float(result.reward),
-                    "correct": bool(result.correct), "details": result.details,
-                    "finish_reason": episode.turns[-1].finish_reason if episode.turns else None,
+                    "extracted": result.extracted, "target": task.target,
+                    "reward": float(result.reward) - (penalty or 0.0), "correct": bool(result.correct),
+                    "details": details, "finish_reason": episode.turns[-1].finish_reason if episode.turns else None,
+                    "completion_tokens": sum(t.completion_count() or 0 for t in episode.turns),
                     **thinking_counts(episode.turns)}
+            if penalty is not None:
+                line.update(overlong_penalty=penalty, trained_reward=float(result.reward))
+            if dropped is not None:
+                line["dropped"] = bool(dropped[k])
             if self.multi_turn:
                 line.update(turns=len(episode.turns), end_reason=episode.end_reason, env_info=episode.info)
             lines.append(safeio.dumps(line, default=str) + "\n")  # valid UTF-8 whatever the model wrote
         if self.gather is not None:
             lines = self.gather(lines)
         with self._lock:
-            self._correct.extend(bool(s.correct) for s in scores)
+            self._correct.extend(bool(s.correct) for s, d in zip(scores, dropped or [False] * len(scores)) if not d)
             if self.path is not None:
                 with open(self.path, "a", encoding="utf-8") as f:
                     f.writelines(lines)
+
+    def score(self, episodes: list[Episode], indices: list[int], step: int | None = None) -> list[Score]:
+        """Score each episode against the task at the same position in `indices` (`judge`) and
+        record the verdicts; returns the rewards the trainer uses."""
+        scores = self.judge(episodes, indices)
+        self.record(episodes, indices, scores, step)
         return scores
 
     def __call__(self, prompts: list[Any], completions: list[Any], task_index: list[int], episode: list[Episode],
-                 trainer_state: Any = None, log_metric: Any = None, **_: Any) -> list[float]:
+                 trainer_state: Any = None, log_metric: Any = None, arle_score: list[Score] | None = None,
+                 **_: Any) -> list[float]:
         """TRL's reward-function signature: every dataset column and each rollout's `episode`
-        arrive as keywords (`completions` is TRL's decoding of the same ids, not scored)."""
+        arrive as keywords (`completions` is TRL's decoding of the same ids, not scored);
+        `arle_score`: the verdicts a rollout with dynamic sampling recorded already."""
         step = trainer_state.global_step + 1 if trainer_state is not None else None
-        scores = self.score(episode, task_index, step=step)
+        scores = list(arle_score) if arle_score is not None else self.score(episode, task_index, step=step)
         self.last = [float(s.reward) for s in scores]
         if log_metric is not None and scores:
             log_metric("accuracy", sum(s.correct for s in scores) / len(scores))

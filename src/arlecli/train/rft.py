@@ -10,8 +10,10 @@ Each round R (1, 2, ... `rounds`):
                 rewards.jsonl with step R)
     3. keep     the episodes the reward accepts: `correct`, or reward >= `min_reward` when set,
                 and none of whose turns was cut at its token limit (`keep_cut: true` keeps those)
-    4. SFT      on the kept episodes as SFT rows (the rows `arle data from-eval` writes), through
-                `train.sft`, continuing from the current weights (LoRA: the same adapter)
+    4. SFT      on the kept episodes' tokens as generated (thinking included; one sequence per
+                segment where a chat template rewrote the history, see train.rollout), through
+                `train.sft`, continuing from the current weights (LoRA: the same adapter); the
+                rows are also SFT rows as `arle data from-eval` writes them (`messages`)
 
 A round's tasks are the next `tasks_per_round` rows of the training split (wrapping around), so
 successive rounds see new tasks and a resumed round sees the same ones. A round that keeps
@@ -146,11 +148,16 @@ def round_tasks(round_no: int, per_round: int, num_tasks: int) -> list[int]:
 def trajectory(episode: Episode, task: Task, sample: int, score: Score, *, benchmark: str, run: str,
                model: str) -> Trajectory:
     """An episode as the conversation the model had: its first prompt, then each of its turns
-    and the env's answer to it (what trajectories.py rebuilds from an eval run's sample)."""
+    (the answer as `content`, the thinking as `reasoning_content`, as the env driver's next
+    prompt holds them) and the env's answer to it (what trajectories.py rebuilds from an eval
+    run's sample)."""
     first = episode.turns[0].prompt
     continuation: list[dict[str, Any]] = []
     for turn in episode.turns:
-        continuation += [{"role": "assistant", "content": turn.completion}, *turn.observation]
+        said: dict[str, Any] = {"role": "assistant", "content": turn.completion}
+        if turn.thinking is not None:
+            said["reasoning_content"] = turn.thinking
+        continuation += [said, *turn.observation]
     return Trajectory(run=run, benchmark=benchmark, model=model, task_id=task.id, sample=sample,
                       reward=float(score.reward), correct=bool(score.correct), prompt=list(first),
                       continuation=continuation, tools=episode.tools)
@@ -158,10 +165,32 @@ def trajectory(episode: Episode, task: Task, sample: int, score: Score, *, bench
 
 def to_rows(episodes: list[Episode], draws: list[tuple[int, int]], scores: list[Score], keep: list[bool],
             tasks: list[Task], *, benchmark: str, run: str, model: str) -> list[dict[str, Any]]:
-    """The kept episodes as SFT rows, in draw order (the rows `arle data from-eval` writes)."""
-    return [sft_row(trajectory(episode, tasks[index], k, score, benchmark=benchmark, run=run, model=model))
-            for episode, (index, k), score, kept in zip(episodes, draws, scores, keep, strict=True)
-            if kept and episode.turns]
+    """The kept episodes as SFT rows, in draw order (the rows `arle data from-eval` writes),
+    each with the token sequences SFT trains on (`sequences`, see `token_sequences`)."""
+    rows = []
+    for episode, (index, k), score, kept in zip(episodes, draws, scores, keep, strict=True):
+        if not kept or not episode.turns:
+            continue
+        row = sft_row(trajectory(episode, tasks[index], k, score, benchmark=benchmark, run=run, model=model))
+        sequences = token_sequences(episode)
+        if sequences:
+            row["sequences"] = sequences
+        rows.append(row)
+    return rows
+
+
+def token_sequences(episode: Episode) -> list[dict[str, list[int]]]:
+    """The episode's tokens as generated, for SFT: one {"input_ids", "completion_mask"} per
+    segment (train.rollout: a chat template that dropped a turn's thinking from the history
+    starts a new one), 1 on the model's own tokens (its thinking included, a forced end of
+    thought not), 0 on prompts and env replies. Empty when the engine gave no ids (then SFT
+    renders the messages: train.sft)."""
+    from arlecli.train.rollout import flatten_episode
+
+    if not all(t.prompt_token_ids and t.token_ids for t in episode.turns):
+        return []
+    return [{"input_ids": ids, "completion_mask": mask} for ids, mask in flatten_episode(episode).pieces()
+            if any(mask)]
 
 
 def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward: CardReward, run_dir: Path,
@@ -294,7 +323,8 @@ def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str,
     fields = sft_settings(cfg)
     batch = int(fields.get("per_device_train_batch_size", 8)) * int(fields.get("gradient_accumulation_steps", 1))
     epochs = float(fields.get("num_train_epochs", 1))
-    steps = min(int(fields["max_steps"]), max(1, math.ceil(epochs * math.ceil(len(rows) / batch))))
+    examples = sum(len(row.get("sequences") or [row]) for row in rows)  # a row with seams is several
+    steps = min(int(fields["max_steps"]), max(1, math.ceil(epochs * math.ceil(examples / batch))))
     # No checkpoints inside a round (a round cut short is redone whole), no reporting of each
     # round's SFT as a run of its own, and a seed of the round's own (its own shuffle).
     fields.update(max_steps=steps, save_strategy="no", report_to="none",

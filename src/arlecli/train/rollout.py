@@ -11,16 +11,32 @@ budgets, env turns, tool calls and @rollout agents behave exactly as in the eval
 
 where SEED is the trainer's seed and a task drawn twice in one step is samples 0 and 1.
 
-Each episode becomes one training sequence (`flatten_episode`):
+Each episode becomes one training sequence (`flatten_episode`), one row of the trainer's batch:
 
     prompt_ids      the first turn's prompt ids
     completion_ids  turn 1's ids | the env's reply | turn 2's ids | ... (one unbroken
                     sequence: later prompts extend earlier ones, see engine.tokens.continue_ids)
-    env_mask        1 on the model's tokens, 0 on the environment's (kept out of the loss)
+    env_mask        1 on the model's tokens, 0 on the environment's and on tokens arle wrote
+                    itself (`Turn.forced`: a budget-forced end of thought): no loss there
     logprobs        the engine's per-token sampling logprobs (0 on environment tokens)
+    segment         which context each completion token was generated in (below)
 
-Where a chat template rewrote history (a seam), the sequence stops before it: training on
-ids the model never conditioned on would teach the wrong thing.
+The tokens are the model's as generated: a reasoning model's thinking is part of them, the
+answer follows it (rewards read only the answer, training learns both).
+
+Seams. A chat template that drops earlier turns' thinking (Qwen3's, R1's) renders the next
+prompt without it, so turn k+1's prompt does not extend turn k's prompt + completion: the
+episode's ids have a seam there. The policy (issue 24): each turn is trained on exactly what
+the model saw when it generated it, its own thinking kept in its own turn. So at a seam the
+row goes on with the next turn's whole prompt, as the template rendered it (env_mask 0), and
+a new segment starts: segment 0 is generated after `prompt_ids`; segment k > 0 after its own
+prompt, which opens it. The trainers score a segment k > 0 on its own context, never on what
+precedes it in the row (`rescore_segments`: one more forward pass per segment), so every
+model token's logprob, loss and KL are taken on the prompt it was generated from. One row per
+episode keeps what GRPO needs: TRL's `rollout_func` returns one completion per prompt entry,
+its groups of `num_generations` rows are one task's episodes, and the episode's reward (one
+advantage) covers all its turns. The episode's `info["seams"]` (samples.jsonl, rewards.jsonl)
+names the turns that started a segment.
 """
 
 from __future__ import annotations
@@ -28,39 +44,79 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from arlecli.cards import Card
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.fewshot import Exemplars
+from arlecli.train.dapo import DAPOOptions, Filled, fill_groups, is_cut, refill_picker
 from arlecli.types import Episode, Task
 
+if TYPE_CHECKING:
+    import torch
 
-def flatten_episode(episode: Episode) -> tuple[list[int], list[int], list[int], list[float]]:
-    """(prompt_ids, completion_ids, env_mask, logprobs) of an episode run by an in-process engine
-    (all empty for an episode without turns: a game's seat the other ended the game before)."""
+
+@dataclass
+class Flat:
+    """One episode as a training row (see the module docstring); all empty for an episode
+    without turns (a game's seat the other ended the game before)."""
+
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    segment: list[int] = field(default_factory=list)
+
+    # Also the 4-tuple (prompt_ids, completion_ids, env_mask, logprobs) flatten_episode returned
+    # before segments existed, so `prompt, completion, mask, logprobs = flatten_episode(e)` holds.
+    def _row(self) -> tuple[list[int], list[int], list[int], list[float]]:
+        return self.prompt_ids, self.completion_ids, self.env_mask, self.logprobs
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._row())
+
+    def __getitem__(self, key: int | slice) -> Any:
+        return self._row()[key]
+
+    def __len__(self) -> int:
+        return 4
+
+    def pieces(self) -> list[tuple[list[int], list[int]]]:
+        """(ids, loss mask) of each segment as a sequence of its own: segment 0 after
+        `prompt_ids`, each later one from its own prompt on (what SFT trains on)."""
+        out = [(list(self.prompt_ids), [0] * len(self.prompt_ids))]
+        current = 0
+        for token, mask, seg in zip(self.completion_ids, self.env_mask, self.segment, strict=True):
+            if seg != current:
+                out.append(([], []))
+                current = seg
+            out[-1][0].append(token)
+            out[-1][1].append(mask)
+        return out
+
+
+def flatten_episode(episode: Episode) -> Flat:
+    """The training row of an episode run by an in-process engine (module docstring)."""
     if not episode.turns:
-        return [], [], [], []
+        return Flat()
     first = episode.turns[0]
-    prompt_ids = list(first.prompt_token_ids or [])
-    completion: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    so_far = list(prompt_ids)
+    flat = Flat(prompt_ids=list(first.prompt_token_ids or []))
+    so_far, seg = list(flat.prompt_ids), 0
     for turn in episode.turns:
         ids = list(turn.prompt_token_ids or [])
-        if ids[:len(so_far)] != so_far:
-            break  # a seam: this turn's prompt does not extend the sequence
-        env_tokens = ids[len(so_far):]
-        completion += env_tokens
-        mask += [0] * len(env_tokens)
-        logprobs += [0.0] * len(env_tokens)
+        if ids[:len(so_far)] == so_far:
+            context = ids[len(so_far):]  # the env's reply (and the template's turn markers)
+        else:  # a seam: the whole prompt this turn was generated from opens a new segment
+            context, seg = ids, seg + 1
         own = list(turn.token_ids or [])
-        completion += own
-        mask += [1] * len(own)
-        logprobs += list(turn.logprobs) if turn.logprobs and len(turn.logprobs) == len(own) else [0.0] * len(own)
+        forced = set(turn.forced)
+        flat.completion_ids += context + own
+        flat.env_mask += [0] * len(context) + [0 if j in forced else 1 for j in range(len(own))]
+        sampled = list(turn.logprobs) if turn.logprobs and len(turn.logprobs) == len(own) else [0.0] * len(own)
+        flat.logprobs += [0.0] * len(context) + sampled
+        flat.segment += [seg] * (len(context) + len(own))
         so_far = ids + own
-    return prompt_ids, completion, mask, logprobs
+    return flat
 
 
 @dataclass
@@ -72,28 +128,95 @@ class Sequences:
     env_mask: list[list[int]]
     logprobs: list[list[float]]
     episodes: list[Episode]
+    segment: list[list[int]] = field(default_factory=list)
+    indices: list[int] | None = None   # each row's task, when dynamic sampling chose other tasks
+    scores: list[Any] | None = None     # each row's verdict, when the rollout scored them already
 
     @classmethod
-    def of(cls, episodes: list[Episode], end_id: int) -> "Sequences":
+    def of(cls, episodes: list[Episode], end_id: int, *, no_loss: list[bool] | None = None) -> "Sequences":
         """Flatten each episode. One that has no completion token (a @rollout agent that failed
         before calling the model) gets one `end_id` token, masked out: trainers read each
-        completion's last id, and its reward (0) then teaches nothing either way."""
+        completion's last id, and its reward (0) then teaches nothing either way. A row whose
+        `no_loss` is True (overlong filtering, a filler group of dynamic sampling) keeps its
+        tokens, masked out of the loss."""
         out = cls([], [], [], [], list(episodes))
-        for episode in episodes:
-            prompt_ids, completion_ids, mask, logprobs = flatten_episode(episode)
-            if not completion_ids:
-                completion_ids, mask, logprobs = [end_id], [0], [0.0]
-            out.prompt_ids.append(prompt_ids)
-            out.completion_ids.append(completion_ids)
-            out.env_mask.append(mask)
-            out.logprobs.append(logprobs)
+        for i, episode in enumerate(episodes):
+            flat = flatten_episode(episode)
+            if not flat.completion_ids:
+                flat = Flat(flat.prompt_ids, [end_id], [0], [0.0], [0])
+            if no_loss is not None and no_loss[i]:
+                flat.env_mask = [0] * len(flat.env_mask)
+            out.prompt_ids.append(flat.prompt_ids)
+            out.completion_ids.append(flat.completion_ids)
+            out.env_mask.append(flat.env_mask)
+            out.logprobs.append(flat.logprobs)
+            out.segment.append(flat.segment)
         return out
+
+    @property
+    def seamed(self) -> bool:
+        """Whether some row has a segment after its first (a seam)."""
+        return any(any(row) for row in self.segment)
 
     def for_trl(self) -> dict[str, list[Any]]:
         """TRL's `rollout_func` output: the sequences, `env_mask`, and each `episode` (an extra
-        field, which TRL hands to the reward functions)."""
-        return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "env_mask": self.env_mask,
-                "logprobs": self.logprobs, "episode": self.episodes}
+        field, which TRL hands to the reward functions), with each row's `task_index` and
+        verdict (`arle_score`) when dynamic sampling replaced tasks and scored them already."""
+        out: dict[str, list[Any]] = {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
+                                     "env_mask": self.env_mask, "logprobs": self.logprobs,
+                                     "episode": self.episodes}
+        if self.indices is not None:
+            out["task_index"] = list(self.indices)
+        if self.scores is not None:
+            out["arle_score"] = list(self.scores)
+        return out
+
+
+def segment_spans(row: "torch.Tensor") -> list[tuple[int, int]]:
+    """(start, end) completion positions of each segment after the first in one row's
+    segment numbers (padding carries 0 and follows the last segment)."""
+    values = row.tolist()
+    spans: list[tuple[int, int]] = []
+    for pos, seg in enumerate(values):
+        if seg and (pos == 0 or values[pos - 1] != seg):
+            spans.append((pos, pos + 1))
+        elif seg:
+            spans[-1] = (spans[-1][0], pos + 1)
+    return spans
+
+
+def rescore_segments(outputs: list["torch.Tensor | None"], completion_ids: "torch.Tensor", segment: "torch.Tensor",
+                     score: Callable[["torch.Tensor"], list["torch.Tensor | None"]]) -> list["torch.Tensor | None"]:
+    """Per-token outputs of a batch ([B, C] logprobs, entropies, values ...) with every token
+    of a segment k > 0 scored on its own context: `score(ids)` runs the model over one
+    segment's ids ([1, n]: its prompt, then what follows) and returns the same outputs for
+    its tokens 1..n-1 ([1, n-1] each), which replace the batch's at those positions. A
+    segment's first token (its prompt's first) has no context of its own and carries no loss."""
+    if segment is None or not bool((segment > 0).any()):
+        return outputs
+    out = [None if t is None else t.clone() for t in outputs]
+    for row in range(segment.shape[0]):
+        for start, end in segment_spans(segment[row]):
+            if end - start < 2:
+                continue
+            fresh = score(completion_ids[row:row + 1, start:end])
+            for k, tensor in enumerate(fresh):
+                if out[k] is not None and tensor is not None:
+                    out[k][row, start + 1:end] = tensor[0].to(out[k].dtype)
+    return out
+
+
+def pad_rows(rows: list[list[int]], like: "torch.Tensor", fill: int = 0) -> "torch.Tensor":
+    """`rows` (ragged ints) as a [B, C] long tensor shaped and placed like `like` ([B, C, ...]),
+    cut or padded with `fill` on the right."""
+    import torch
+
+    out = torch.full(like.shape[:2], fill, dtype=torch.long, device=like.device)
+    for r, row in enumerate(rows):
+        row = row[:like.shape[1]]
+        if row:
+            out[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
 
 
 def end_id(tokenizer: Any) -> int:
@@ -215,13 +338,16 @@ def policy_weights(model: Any) -> Iterator[tuple[str, Any]]:
 
 @dataclass
 class Rollouts:
-    """A run's rollouts: the card's tasks, the trainer's sampling, the engine over the policy."""
+    """A run's rollouts: the card's tasks, the trainer's sampling, the engine over the policy,
+    and the DAPO controls that shape which rows carry loss (train.dapo)."""
 
     card: Card
     tasks: list[Task]
     exemplars: Exemplars
     sampling: Sampling
     engine: PolicyEngine
+    dapo: DAPOOptions = field(default_factory=DAPOOptions)
+    last_stats: dict[str, float] = field(default_factory=dict)  # the latest step's dynamic-sampling counts
     _step: int | None = None
     _drawn: Counter = field(default_factory=Counter)
 
@@ -246,6 +372,36 @@ class Rollouts:
                 out[j] = episode
         return out  # type: ignore[return-value]
 
-    def sequences(self, indices: list[int], step: int, model: Any, tokenizer: Any) -> Sequences:
-        """`episodes`, flattened into training sequences."""
-        return Sequences.of(self.episodes(indices, step, model, tokenizer), end_id(tokenizer))
+    def sequences(self, indices: list[int], step: int, model: Any, tokenizer: Any, *, reward: Any = None,
+                  group: int = 1) -> Sequences:
+        """`episodes`, flattened into training sequences; a cut episode carries no loss under
+        overlong filtering. With dynamic sampling, `reward` (the run's CardReward, which then
+        records the verdicts) and `group` (the trainer's num_generations) refill the batch
+        (`filled`)."""
+        if self.dapo.dynamic_sampling and reward is not None:
+            return self.filled(indices, step, model, tokenizer, reward, group)
+        episodes = self.episodes(indices, step, model, tokenizer)
+        return Sequences.of(episodes, end_id(tokenizer), no_loss=[self.no_loss(e) for e in episodes])
+
+    def no_loss(self, episode: Episode) -> bool:
+        """Whether overlong filtering keeps `episode` out of the loss."""
+        return self.dapo.overlong_filter and is_cut(episode)
+
+    def filled(self, indices: list[int], step: int, model: Any, tokenizer: Any, reward: Any,
+               group: int) -> Sequences:
+        """Dynamic sampling (train.dapo.fill_groups): the batch with every all-equal group
+        replaced by a group of another task where one was found; every episode sampled this
+        step is scored once and recorded (rewards.jsonl marks the dropped ones), each row's
+        task and verdict ride along (`Sequences.indices` / `.scores`), and the step's counts
+        are in `last_stats`."""
+        filled: Filled = fill_groups(
+            list(indices), group, lambda todo: self.episodes(todo, step, model, tokenizer), reward.judge,
+            refill_picker(len(self.tasks), self.sampling.seed, step), self.dapo.dynamic_sampling_rounds)
+        scored = filled.scored
+        reward.record([e for e, _, _, _ in scored], [i for _, i, _, _ in scored], [s for _, _, s, _ in scored],
+                      step=step + 1, dropped=[d for _, _, _, d in scored])
+        no_loss = [not trained or self.no_loss(e) for e, trained in zip(filled.episodes, filled.trained, strict=True)]
+        seqs = Sequences.of(filled.episodes, end_id(tokenizer), no_loss=no_loss)
+        seqs.indices, seqs.scores = filled.indices, filled.scores
+        self.last_stats = filled.stats
+        return seqs

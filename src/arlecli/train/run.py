@@ -52,7 +52,8 @@ FINAL = "final"
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
 # What a resume must keep (options and trainer field by field, all but RESUMABLE).
-COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer")
+COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer", "dapo",
+            "stages")
 
 
 @dataclass
@@ -75,7 +76,12 @@ def train_split(card: Card, requested: str | None) -> str:
 
 def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, resume: bool = False,
               command: list[str] | None = None, view: TrainView | None = None) -> dict[str, Any]:
-    """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content."""
+    """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content.
+
+    A staged run (cfg.stages) trains its stages one after the other in the same run
+    directory, each resuming the trainer's checkpoint at the end of the one before (so steps
+    and weights continue), with the stage's own settings; a resumed staged run starts in the
+    stage its checkpoint falls in."""
     view = view or TrainView()
     opts = cfg.options
     if spec.kind != "hf" or not spec.path_or_id:
@@ -87,33 +93,25 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
         "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
         "algo": opts.algo, "train_split": split, "eval_split": eval_split, "recipe": cfg.recipe,
-        "options": asdict(opts), "trainer": cfg.trainer, "versions": rundir.versions(),
+        "options": asdict(opts), "trainer": cfg.trainer, "dapo": asdict(cfg.dapo), "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if cfg.stages:
+        meta["stages"] = cfg.stage_plan
     if opts.algo in OFFLINE_ALGOS:  # sft, dpo: a data file of trajectories; no rollouts, no reward
         from arlecli.train.offline import run_offline
 
         return run_offline(card, cfg, spec, run_dir, meta, resume=resume, view=view)
     # Settings errors surface before the run directory exists, so a fixed rerun needs no new --output.
-    if opts.algo == "ppo":
-        from arlecli.train.ppo_run import ppo_params
-
-        trainer_args = None
-        ppo_params(cfg)
-    elif opts.algo == "rft":
-        from arlecli.train.rft import check_settings
-
-        trainer_args = None
-        check_settings(cfg, card, run_dir)
-    else:
-        from arlecli.train.grpo import trainer_args as make_args
-
-        trainer_args = make_args(cfg, run_dir, card.prompt.max_tokens)
+    sessions = cfg.sessions()
+    trainer_args = [check_settings(card, stage.config, run_dir) for stage in sessions]
+    if trainer_args[0] is not None:
         # Every field the trainer ran with, defaults included (resume compares only "trainer").
-        meta["trainer_resolved"] = trainer_args.to_dict()
+        meta["trainer_resolved"] = trainer_args[0].to_dict()
     # After trainer_args: its config set up the processes' shared state. PPO runs in one process.
     ranks = Ranks.current() if opts.algo not in ("ppo", "rft") else Ranks()
     played = rollout_card(card, cfg, ranks)  # before the run directory exists, like every settings error
+    check_dynamic_sampling(cfg, card, ranks)
     view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks)
 
     tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
@@ -128,23 +126,100 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         truncate_rewards(run_dir, start_step)
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
     ranks.barrier()
-    reward = CardReward(card, tasks, run_dir if ranks.main else None,
-                        gather=ranks.gather if ranks.world > 1 else None)
+    data = TrainData(played, tasks, exemplars, prompts)
+
+    started = time.monotonic()
+    heldout: HeldOut | None = None
+    evals: dict[str, dict[str, Any]] = {}
+    global_step = start_step
+    for n, (stage, args) in enumerate(zip(sessions, trainer_args, strict=True)):
+        if cfg.stages and start_step >= stage.end and n < len(sessions) - 1:
+            continue  # finished before this resume
+        if cfg.stages:
+            view.message(f"stage {stage.name} ({n + 1}/{len(sessions)}): steps {stage.end - stage.steps + 1}-"
+                         f"{stage.end}{_stage_changes(stage)}")
+            metrics.tags = {"stage": stage.name}
+        evals, global_step, heldout = train_session(card, stage.config, spec, run_dir, args, data, checkpoint,
+                                                    metrics, view, ranks)
+        checkpoint = rundir.latest_checkpoint(run_dir)
+        start_step = global_step
+
+    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started,
+                         ranks)
+
+
+@dataclass
+class TrainData:
+    """What every stage of a run trains on: the card rollouts play, its tasks, exemplars and
+    the prompts TRL logs (row i: task i's)."""
+
+    card: Card
+    tasks: list[Any]
+    exemplars: Any
+    prompts: list[Any]
+
+
+def check_settings(card: Card, cfg: TrainConfig, run_dir: Path) -> Any:
+    """Refuse bad settings of one stage (or of the run) before the run directory exists; the
+    GRPOConfig / RLOOConfig for grpo and rloo, None for the others."""
+    if cfg.options.algo == "ppo":
+        from arlecli.train.ppo_run import ppo_params
+
+        ppo_params(cfg)
+        return None
+    if cfg.options.algo == "rft":
+        from arlecli.train.rft import check_settings as check_rft
+
+        check_rft(cfg, card, run_dir)
+        return None
+    from arlecli.train.grpo import trainer_args as make_args
+
+    return make_args(cfg, run_dir, card.prompt.max_tokens)
+
+
+def check_dynamic_sampling(cfg: TrainConfig, card: Card, ranks: Ranks) -> None:
+    """Dynamic sampling refills groups in the process that sampled them: one process, and
+    groups of one task's completions (a self-play game's seats have baselines of their own)."""
+    if not any(stage.config.dapo.dynamic_sampling for stage in cfg.sessions()):
+        return
+    from arlecli.envs.textarena import is_multiplayer
+
+    if ranks.world > 1:
+        raise UserError("dynamic_sampling refills each process's own groups: train in one process "
+                        "(drop --num-processes) or drop dynamic_sampling")
+    if is_multiplayer(card):
+        raise UserError(f"dynamic_sampling is for groups of one task's completions; {card.name}'s self-play "
+                        "groups hold two seats with baselines of their own: drop dynamic_sampling")
+
+
+def _stage_changes(stage: Any) -> str:
+    shown = ", ".join(f"{k} {v}" for k, v in stage.settings.items())
+    return f" ({shown})" if shown else ""
+
+
+def train_session(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, trainer_args: Any, data: TrainData,
+                  checkpoint: Path | None, metrics: MetricsLog, view: TrainView,
+                  ranks: Ranks) -> tuple[dict[str, dict[str, Any]], int, HeldOut | None]:
+    """Train with one stage's settings up to its max_steps, from `checkpoint` when given; returns
+    (every evaluation's results by label, the last step, the held-out evaluations)."""
+    opts = cfg.options
+    sampling = rollout_sampling(cfg, card)
+    reward = CardReward(card, data.tasks, run_dir if ranks.main else None,
+                        gather=ranks.gather if ranks.world > 1 else None, shaping=cfg.dapo,
+                        max_tokens=sampling.max_tokens)
     engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
                           vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))),
                           think_tags=spec.think_tags, chat_template_kwargs=spec.chat_template_kwargs)
     # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
     rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "", think_tags=spec.think_tags,
                                   chat_template_kwargs=spec.chat_template_kwargs) if opts.vllm_server else engine
-    rollouts = Rollouts(played, tasks, exemplars, rollout_sampling(cfg, card), rollout_engine)
+    rollouts = Rollouts(data.card, data.tasks, data.exemplars, sampling, rollout_engine, dapo=cfg.dapo)
     heldout = held_out(card, cfg, spec, run_dir, engine, view)
-
-    started = time.monotonic()
     try:
         if opts.algo == "ppo":
             from arlecli.train.ppo_run import run_ppo
 
-            evals, global_step = run_ppo(card, cfg, spec, len(tasks), rollouts, reward, run_dir, checkpoint,
+            evals, global_step = run_ppo(card, cfg, spec, len(data.tasks), rollouts, reward, run_dir, checkpoint,
                                          metrics, heldout, view)
         elif opts.algo == "rft":
             from arlecli.train.rft import run_rft
@@ -154,14 +229,12 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         else:
             from arlecli.train.grpo import run_trl
 
-            evals, global_step = run_trl(cfg, trainer_args, spec, prompts, rollouts, reward, run_dir, checkpoint,
-                                         metrics, heldout, view, ranks)
+            evals, global_step = run_trl(cfg, trainer_args, spec, data.prompts, rollouts, reward, run_dir,
+                                         checkpoint, metrics, heldout, view, ranks)
     finally:
         engine.close()
         reward.close()
-
-    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started,
-                         ranks)
+    return evals, global_step, heldout
 
 
 def open_run(run_dir: Path, meta: dict[str, Any], resume: bool, view: TrainView, ranks: Ranks, *,

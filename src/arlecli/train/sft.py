@@ -14,7 +14,8 @@ environment's tokens out of its loss (train.rollout.flatten_episode):
 Each piece is tokenised on its own and the ids concatenated, the way a rollout's sequence is
 built (prompt ids, the model's ids, then the env's delta ids: engine.tokens.continue_ids).
 Where the chat template rewrites history (a later render does not extend the text so far), the
-conversation stops before it, as a rollout's sequence stops at such a seam.
+conversation stops before it. A row that carries its tokens as generated (`sequences`, rft's
+rows: one sequence per segment between such seams, see train.rollout) trains on those instead.
 
 SFTTrainer gets the rows pre-tokenised (`input_ids` and `labels`, -100 on untrained tokens),
 which it uses as they are (truncated to `max_length`; rows left with no trained token dropped).
@@ -71,8 +72,13 @@ def _turn_end(turn: str, message: dict[str, Any], markers: tuple[list[str], list
 def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
                           tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
     """(input_ids, completion_mask) of a conversation: mask 1 on every assistant message's own
-    tokens (through its end-of-turn token), 0 on everything else (see the module docstring)."""
+    tokens (through its end-of-turn token), 0 on everything else (see the module docstring).
+    An assistant message's thinking (`reasoning_content`) is trained too: rendered by a
+    template that renders it, else written inline between think tags (trajectories.for_template)."""
     from arlecli.engine.tokens import render_chat
+    from arlecli.trajectories import for_template
+
+    messages = for_template(tokenizer, messages)
 
     markers = _end_markers(tokenizer)
     ids: list[int] = []
@@ -102,14 +108,18 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
 
 def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]]) -> Any:
     """A pre-tokenised `datasets.Dataset` (input_ids, labels) of SFT rows; rows with no trained
-    token (a seam before the first assistant turn) are left out."""
+    token (a seam before the first assistant turn) are left out. A row that carries the tokens
+    it was generated as (`sequences`: [{"input_ids", "completion_mask"}], rft's rows) trains on
+    those, each sequence an example, rather than on a render of its messages."""
     from datasets import Dataset
 
     out = []
     for row in rows:
-        ids, mask = tokenize_conversation(tokenizer, row["messages"], row.get("tools") or None)
-        if any(mask):
-            out.append({"input_ids": ids, "labels": [t if m else IGNORE for t, m in zip(ids, mask)]})
+        pieces = [(s["input_ids"], s["completion_mask"]) for s in row.get("sequences") or []] or \
+            [tokenize_conversation(tokenizer, row["messages"], row.get("tools") or None)]
+        for ids, mask in pieces:
+            if any(mask):
+                out.append({"input_ids": ids, "labels": [t if m else IGNORE for t, m in zip(ids, mask)]})
     if not out:
         raise UserError("no row has an assistant turn the chat template can render after its prompt; "
                         "nothing to train on")
