@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from arlecli import rundir
 from arlecli.errors import UserError
@@ -346,7 +346,7 @@ class Curve:
         return _no_nan({"points": points, "pairs": [asdict(p) for p in self.pairs]})
 
 
-def compute_curve(runs: list[Path | str], *, force: bool = False) -> Curve:
+def compute_curve(runs: Sequence[Path | str], *, force: bool = False) -> Curve:
     """The accuracy-vs-compute curve of two or more finished eval runs: each run's ComputePoint
     and every later run compared with the first (compare_runs: UserError for runs that do not
     measure the same thing, unless `force`)."""
