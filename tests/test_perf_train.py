@@ -80,3 +80,22 @@ def test_train_rollouts_quick_times_each_phase_on_both_backends(tmp_path: Path, 
         assert [s["step"] for s in run["steps"]] == [1, 2]
         for step in run["steps"]:
             assert step["engine_s"] <= step["rollout_s"] <= step["step_s"]
+
+
+train_dynamic_sampling = _load("train_dynamic_sampling")
+
+
+def test_train_dynamic_sampling_quick_reports_both_sides(tmp_path: Path) -> None:
+    out = tmp_path / "train_dynamic_sampling.json"
+    train_dynamic_sampling.main(["--quick", "--steps", "2", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [(r["name"], r["dynamic_sampling"]) for r in result["runs"]] == [("off", False), ("on", True)]
+    for run in result["runs"]:
+        assert [s["step"] for s in run["steps"]] == [1, 2] and all(s["generated_tokens"] > 0 for s in run["steps"])
+    table = result["table"]
+    for key in ("seconds_per_step", "generated_tokens_per_step", "signal_groups_per_step", "dropped_token_share"):
+        assert set(table[key]) == {"off", "on", "on_over_off"}, key
+    # The tiny random model never answers a sum: every group is all-wrong, so with dynamic
+    # sampling every group is dropped, and without it every token went to zero-advantage groups.
+    assert table["dropped_token_share"]["on"] == 1.0 and table["zero_signal_token_share"]["off"] == 1.0
+    assert table["dropped_groups_per_step"]["on"] > 0 and table["dropped_groups_per_step"]["off"] == 0

@@ -123,7 +123,7 @@ def test_overlong_filtering_masks_cut_episodes_only():
     episodes = [Episode("a", [done]), Episode("b", [budget]), Episode("c", [no_answer])]
     assert [is_cut(e) for e in episodes] == [False, True, True]
     rollouts = Rollouts(None, [], None, None, None, dapo=DAPOOptions(overlong_filter=True))  # type: ignore[arg-type]
-    seqs = Sequences.of(episodes, 0, no_loss=[rollouts.no_loss(e) for e in episodes])
+    seqs = Sequences.of(episodes, 0).without_loss([rollouts.no_loss(e) for e in episodes])
     assert seqs.env_mask == [[1, 1], [0, 0], [0, 0]]
     assert seqs.completion_ids == [[5, 6]] * 3  # the tokens stay: attended to, not trained
 
@@ -339,7 +339,8 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
 
     assert [(step, budget) for step, budget, _ in starts] == [(0, 4), (1, 8)]
     rows = lines(run / "metrics.jsonl")
-    assert [(r["step"], r["stage"], r["completions/mean_length"]) for r in rows] == [(1, "short", 4.0), (2, "long", 8.0)]
+    assert [(r["step"], r["stage"], r["completions/mean_length"]) for r in rows] == [(1, "short", 4.0),
+                                                                                      (2, "long", 8.0)]
     saved = load_file(str(run / "checkpoint-1" / "model.safetensors"))
     base = load_file(str(tiny_model / "model.safetensors"))
     stage2 = starts[1][2]
@@ -352,12 +353,14 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
     assert (run / "checkpoint-2").is_dir() and (run / "final" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
 def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(tmp_path, tiny_thinking_model,
-                                                                          monkeypatch):
+                                                                          monkeypatch, algo):
     """math_tool on the tiny thinking model (its template drops earlier turns' thinking): turns 1
     and 2 think and call the calculator (scripted), turn 3 is the model's own. Every turn's
     prompt rewrites the history (two seams), so each turn is a segment of its own; the loss's
-    logprobs of every assistant token equal the model's on exactly that turn's prompt."""
+    logprobs of every assistant token equal the model's on exactly that turn's prompt (GRPO
+    and RLOO; PPO's scoring is test_ppo_scores_a_segment_on_its_own_context's)."""
     import torch
 
     thought = "I add the numbers first"
@@ -377,9 +380,9 @@ def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(tmp_pa
     card["source"] = {"kind": "files", "path": GSM8K_ROWS}
     (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))
     run = tmp_path / "run"
-    train_in_process(str(tmp_path / "math_tool.yaml"), "--model", str(tiny_thinking_model), "--limit", "1",
-                     "--num-generations", "2", "--max-tokens", "8", "--max-steps", "1", "--eval-limit", "0",
-                     "--set", "per_device_train_batch_size=2", "--output", str(run))
+    train_in_process(str(tmp_path / "math_tool.yaml"), "--algo", algo, "--model", str(tiny_thinking_model),
+                     "--limit", "1", "--num-generations", "2", "--max-tokens", "8", "--max-steps", "1",
+                     "--eval-limit", "0", "--set", "per_device_train_batch_size=2", "--output", str(run))
     assert checked == [6]  # 2 episodes x 3 turns, each compared token by token
     for line in lines(run / "rewards.jsonl"):
         assert line["turns"] == 3 and line["env_info"]["seams"] == [1, 2] and line["env_info"]["tool_calls"] == 2

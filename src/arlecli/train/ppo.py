@@ -432,7 +432,7 @@ def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], tempe
     which `no_loss` is True (overlong filtering) keeps its tokens with no action among them."""
     from arlecli.train.rollout import Sequences
 
-    seqs = Sequences.of(episodes, policy.eos_ids[0], no_loss=[no_loss(e) for e in episodes] if no_loss else None)
+    seqs = Sequences.of(episodes, policy.eos_ids[0]).without_loss([no_loss(e) for e in episodes] if no_loss else None)
     prompt_ids, prompt_attn = _left_pad(seqs.prompt_ids, policy.pad_id, policy.device)
     completions = _right_pad(seqs.completion_ids, policy.pad_id, torch.long, policy.device)
     real = _right_pad([[1] * len(c) for c in seqs.completion_ids], 0, torch.long, policy.device)

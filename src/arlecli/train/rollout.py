@@ -133,25 +133,29 @@ class Sequences:
     scores: list[Any] | None = None     # each row's verdict, when the rollout scored them already
 
     @classmethod
-    def of(cls, episodes: list[Episode], end_id: int, *, no_loss: list[bool] | None = None) -> "Sequences":
+    def of(cls, episodes: list[Episode], end_id: int) -> "Sequences":
         """Flatten each episode. One that has no completion token (a @rollout agent that failed
         before calling the model) gets one `end_id` token, masked out: trainers read each
-        completion's last id, and its reward (0) then teaches nothing either way. A row whose
-        `no_loss` is True (overlong filtering, a filler group of dynamic sampling) keeps its
-        tokens, masked out of the loss."""
+        completion's last id, and its reward (0) then teaches nothing either way."""
         out = cls([], [], [], [], list(episodes))
-        for i, episode in enumerate(episodes):
+        for episode in episodes:
             flat = flatten_episode(episode)
             if not flat.completion_ids:
                 flat = Flat(flat.prompt_ids, [end_id], [0], [0.0], [0])
-            if no_loss is not None and no_loss[i]:
-                flat.env_mask = [0] * len(flat.env_mask)
             out.prompt_ids.append(flat.prompt_ids)
             out.completion_ids.append(flat.completion_ids)
             out.env_mask.append(flat.env_mask)
             out.logprobs.append(flat.logprobs)
             out.segment.append(flat.segment)
         return out
+
+    def without_loss(self, rows: list[bool] | None) -> "Sequences":
+        """These sequences with the rows marked in `rows` (overlong filtering, a filler group of
+        dynamic sampling) masked out of the loss: their tokens stay, attended to."""
+        for r, off in enumerate(rows or []):
+            if off:
+                self.env_mask[r] = [0] * len(self.env_mask[r])
+        return self
 
     @property
     def seamed(self) -> bool:
@@ -381,7 +385,7 @@ class Rollouts:
         if self.dapo.dynamic_sampling and reward is not None:
             return self.filled(indices, step, model, tokenizer, reward, group)
         episodes = self.episodes(indices, step, model, tokenizer)
-        return Sequences.of(episodes, end_id(tokenizer), no_loss=[self.no_loss(e) for e in episodes])
+        return Sequences.of(episodes, end_id(tokenizer)).without_loss([self.no_loss(e) for e in episodes])
 
     def no_loss(self, episode: Episode) -> bool:
         """Whether overlong filtering keeps `episode` out of the loss."""
@@ -401,7 +405,7 @@ class Rollouts:
         reward.record([e for e, _, _, _ in scored], [i for _, i, _, _ in scored], [s for _, _, s, _ in scored],
                       step=step + 1, dropped=[d for _, _, _, d in scored])
         no_loss = [not trained or self.no_loss(e) for e, trained in zip(filled.episodes, filled.trained, strict=True)]
-        seqs = Sequences.of(filled.episodes, end_id(tokenizer), no_loss=no_loss)
+        seqs = Sequences.of(filled.episodes, end_id(tokenizer)).without_loss(no_loss)
         seqs.indices, seqs.scores = filled.indices, filled.scores
         self.last_stats = filled.stats
         return seqs
