@@ -146,6 +146,11 @@ def test_soft_overlong_punishment_and_its_rewards_lines(tmp_path):
     first, second = lines(tmp_path / "rewards.jsonl")
     assert first["reward"] == 1.0 and "overlong_penalty" not in first
     assert second["reward"] == 1.0 and second["overlong_penalty"] == -0.5 and second["trained_reward"] == 0.5
+    # Dynamic sampling reads the card's rewards: two right answers of different lengths are an
+    # all-equal group (DAPO filters on accuracy), though the penalty tells them apart.
+    from arlecli.train.dapo import flat_group
+
+    assert flat_group(scores) and not flat_group([scores[0], Score(0.0, False)])
 
 
 def test_clip_higher_and_token_level_loss_reach_the_trl_config(tmp_path):
@@ -274,6 +279,9 @@ def test_grpo_trains_the_thinking_and_filters_cut_samples(tmp_path, tiny_thinkin
     assert kinds == ["answered", "stop", "length", "length"]
     verdicts = lines(run / "rewards.jsonl")
     assert sorted(v["thinking_cut"] for v in verdicts) == [False, True, True, True]
+    (row,) = lines(run / "metrics.jsonl")
+    generated = sum(len(e.turns[0].token_ids) for e in episodes) / 4
+    assert row["overlong/filtered_share"] == 0.75 and row["completions/generated_mean_length"] == generated
 
 
 def test_dynamic_sampling_drops_an_all_equal_group_refills_it_and_counts_it(tmp_path, tiny_model, monkeypatch):

@@ -13,8 +13,8 @@ rollouts and live here, one documented field each (`DAPOOptions`), set in a reci
   thought does not show; this one reads the episode.
 - soft overlong punishment: a length-aware penalty added to the card's reward in the last
   `overlong_buffer_len` tokens of the per-turn budget (`overlong_penalty`).
-- dynamic sampling: a group whose rewards are all equal has zero advantage and teaches
-  nothing; it is dropped and replaced by a group of another task, sampled in up to
+- dynamic sampling: a group whose rewards are all equal (all right, all wrong) teaches nothing;
+  it is dropped and replaced by a group of another task, sampled in up to
   `dynamic_sampling_rounds` more rounds (`fill_groups`). The counts go to metrics.jsonl
   (rLLM's zero-advantage diagnostic) with the share of the step's generated tokens spent on
   dropped groups.
@@ -56,7 +56,8 @@ class DAPOOptions:
         The penalty at the end of the band (DAPO: 1.0, the size of its correct/wrong reward gap).
     dynamic_sampling (`bool`, defaults to `False`):
         Dynamic sampling (DAPO section 3.2): each step, a group (one task's `num_generations`
-        completions) whose rewards are all equal is dropped and refilled with a group of
+        completions) whose card rewards are all equal (all right or all wrong; the overlong
+        penalty aside, as DAPO filters on accuracy) is dropped and refilled with a group of
         another task (tasks not dropped this step, those outside the batch first), so the
         batch holds only groups with a learning signal. grpo and rloo, one process.
     dynamic_sampling_rounds (`int`, defaults to `4`):
@@ -130,9 +131,17 @@ class Filled:
 
 
 def flat_group(scores: Sequence[Score], tolerance: float = 1e-6) -> bool:
-    """Whether the rewards of one group are all equal (zero advantage for every member)."""
-    rewards = [float(s.reward) for s in scores]
+    """Whether the card's rewards of one group are all equal: all right or all wrong, as DAPO's
+    filter reads its accuracy. The soft overlong penalty is left out: it tells a group's
+    samples apart by their lengths alone, which is no signal about the task."""
+    rewards = [card_reward(s) for s in scores]
     return max(rewards) - min(rewards) <= tolerance
+
+
+def card_reward(score: Score) -> float:
+    """The card's reward in a (possibly shaped) Score: the overlong penalty taken back out."""
+    penalty = score.details.get("overlong_penalty", 0.0) if isinstance(score.details, dict) else 0.0
+    return float(score.reward) - float(penalty or 0.0)
 
 
 def fill_groups(indices: list[int], group: int, draw: Callable[[list[int]], list[Episode]],

@@ -197,10 +197,9 @@ def _indexed(base: type) -> type:
             reward = self.reward_funcs[0] if rollouts.dapo.dynamic_sampling else None
             seqs = rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class,
                                       reward=reward, group=self.num_generations)
-            if seqs.indices is not None:  # dynamic sampling: rows of other tasks, scored already
-                mode = "train" if self.model.training else "eval"
-                for key, value in rollouts.last_stats.items():
-                    self._metrics[mode][key].append(value)
+            mode = "train" if self.model.training else "eval"
+            for key, value in rollouts.last_stats.items():  # dynamic sampling's and overlong filtering's counts
+                self._metrics[mode][key].append(value)
             self._arle_seqs = seqs
             # A seat that never moved (the other seat ended the game first) produced no token to
             # train: kept out of its seat's baseline, in a group of its own.

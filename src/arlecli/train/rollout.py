@@ -351,7 +351,7 @@ class Rollouts:
     sampling: Sampling
     engine: PolicyEngine
     dapo: DAPOOptions = field(default_factory=DAPOOptions)
-    last_stats: dict[str, float] = field(default_factory=dict)  # the latest step's dynamic-sampling counts
+    last_stats: dict[str, float] = field(default_factory=dict)  # the latest step's DAPO counts (metrics.jsonl)
     _step: int | None = None
     _drawn: Counter = field(default_factory=Counter)
 
@@ -385,7 +385,22 @@ class Rollouts:
         if self.dapo.dynamic_sampling and reward is not None:
             return self.filled(indices, step, model, tokenizer, reward, group)
         episodes = self.episodes(indices, step, model, tokenizer)
-        return Sequences.of(episodes, end_id(tokenizer)).without_loss([self.no_loss(e) for e in episodes])
+        seqs = Sequences.of(episodes, end_id(tokenizer))
+        self.last_stats = self.filter_stats(seqs)
+        return seqs.without_loss([self.no_loss(e) for e in episodes])
+
+    def filter_stats(self, seqs: Sequences, rows: list[bool] | None = None) -> dict[str, float]:
+        """Overlong filtering's counts for a step's rows (those marked in `rows`, default all):
+        the share it keeps out of the loss and the tokens generated per row, filtered rows
+        included (TRL's completions/mean_length counts the tokens trained on)."""
+        if not self.dapo.overlong_filter:
+            return {}
+        picked = [r for r in range(len(seqs.episodes)) if rows is None or rows[r]]
+        if not picked:
+            return {}
+        cut = sum(self.no_loss(seqs.episodes[r]) for r in picked)
+        tokens = sum(sum(seqs.env_mask[r]) for r in picked)  # before without_loss: every model token
+        return {"overlong/filtered_share": cut / len(picked), "completions/generated_mean_length": tokens / len(picked)}
 
     def no_loss(self, episode: Episode) -> bool:
         """Whether overlong filtering keeps `episode` out of the loss."""
@@ -405,7 +420,8 @@ class Rollouts:
         reward.record([e for e, _, _, _ in scored], [i for _, i, _, _ in scored], [s for _, _, s, _ in scored],
                       step=step + 1, dropped=[d for _, _, _, d in scored])
         no_loss = [not trained or self.no_loss(e) for e, trained in zip(filled.episodes, filled.trained, strict=True)]
-        seqs = Sequences.of(filled.episodes, end_id(tokenizer)).without_loss(no_loss)
+        seqs = Sequences.of(filled.episodes, end_id(tokenizer))
+        self.last_stats = {**filled.stats, **self.filter_stats(seqs, filled.trained)}
+        seqs = seqs.without_loss(no_loss)
         seqs.indices, seqs.scores = filled.indices, filled.scores
-        self.last_stats = filled.stats
         return seqs
