@@ -9,8 +9,9 @@ harness). From each run's metrics.jsonl and rewards.jsonl, per step after the fi
 
   seconds_per_step        arle's own clock (metrics.jsonl)
   generated_tokens        model tokens sampled in the step (every group, dropped ones included)
-  signal_groups           groups of the trained batch whose rewards differ (non-zero advantage):
-                          (1 - TRL's frac_reward_zero_std) x groups per step
+  signal_groups           groups of the trained batch whose card rewards differ (rewards.jsonl;
+                          what dynamic sampling keeps: TRL's frac_reward_zero_std reads the
+                          rewards with the soft overlong penalty, which differ by length alone)
   dropped_groups          groups dynamic sampling sampled and dropped (all-equal rewards)
   dropped_token_share     the share of the step's generated tokens spent on dropped groups
   zero_signal_token_share without dynamic sampling: the share spent on groups that train at
@@ -53,6 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="OMP/torch threads per run (default 1)")
     p.add_argument("--keep", action="store_true", help="keep the run directories")
     p.add_argument("--out", type=Path, help="result JSON (default perf/results/train_dynamic_sampling[_quick].json)")
+    p.add_argument("--resummarize", type=Path, help=argparse.SUPPRESS)  # a result JSON: read its kept runs again
     return p.parse_args(argv)
 
 
@@ -64,26 +66,33 @@ def run(work: Path, name: str, model: str, steps: int, dynamic: bool, env: dict[
            "--max-steps", str(steps), "--eval-limit", "0",
            "--set", f"dynamic_sampling={'true' if dynamic else 'false'}", "--set", "save_steps=1000", *extra, "--output", str(out)]
     wall, rss = run_measured(cmd, work / f"{name}.log", env)
+    return {"name": name, "dynamic_sampling": dynamic, "wall_s": round(wall, 1), "peak_rss_mb": round(rss, 1),
+            "steps": read_steps(out)}
+
+
+def read_steps(out: Path) -> list[dict[str, Any]]:
+    """The per-step figures of a finished run directory."""
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     verdicts = [json.loads(x) for x in (out / "rewards.jsonl").read_text().splitlines()]
-    return {"name": name, "dynamic_sampling": dynamic, "wall_s": round(wall, 1), "peak_rss_mb": round(rss, 1),
-            "steps": [step_figures(m, [v for v in verdicts if v["step"] == m["step"]]) for m in metrics]}
+    return [step_figures(m, [v for v in verdicts if v["step"] == m["step"]]) for m in metrics]
 
 
 def step_figures(metrics: dict[str, Any], verdicts: list[dict[str, Any]]) -> dict[str, Any]:
     """One step's figures from its metrics line and its rewards.jsonl lines."""
-    groups = 4  # per_device_train_batch_size 16 / num_generations 4 (the recipe's)
     tokens = [int(v.get("completion_tokens") or 0) for v in verdicts]
     dropped = sum(t for t, v in zip(tokens, verdicts) if v.get("dropped"))
-    # Without dynamic sampling: the tokens of groups whose rewards were all equal.
+    # The trained batch's groups (a task's lines not dropped); with signal: card rewards that differ.
     by_task: dict[int, list[int]] = defaultdict(list)
     for i, v in enumerate(verdicts):
-        by_task[v["task_index"]].append(i)
+        if not v.get("dropped"):
+            by_task[v["task_index"]].append(i)
+    signal = sum(len({verdicts[i]["reward"] for i in idx}) > 1 for idx in by_task.values())
+    # Without dynamic sampling: the tokens of groups whose rewards were all equal.
     flat = sum(tokens[i] for idx in by_task.values() if len({verdicts[i]["reward"] for i in idx}) == 1 for i in idx)
     total = sum(tokens) or 1
     return {"step": metrics["step"], "seconds_per_step": metrics.get("seconds_per_step"),
             "generated_tokens": sum(tokens), "samples": len(verdicts),
-            "signal_groups": round((1 - float(metrics.get("frac_reward_zero_std") or 0.0)) * groups, 3),
+            "signal_groups": signal,
             "dropped_groups": metrics.get("dynamic_sampling/dropped_groups", 0.0),
             "refill_rounds": metrics.get("dynamic_sampling/refill_rounds", 0.0),
             "unfilled_groups": metrics.get("dynamic_sampling/unfilled_groups", 0.0),
@@ -129,6 +138,14 @@ def print_table(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.resummarize:  # the figures of kept runs again (after a change to what is read from them)
+        result = json.loads(args.resummarize.read_text())
+        for r in result["runs"]:
+            r["steps"] = read_steps(Path(result["work"]) / r["name"])
+        result["table"] = summarize(result)
+        print_table(result)
+        args.resummarize.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        return result
     steps = args.steps or (3 if args.quick else 6)
     work = Path(tempfile.mkdtemp(prefix="arle-perf-dynamic-"))
     src, source = snapshot_source(work)
@@ -150,7 +167,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                            "load_avg_at_end": os.getloadavg()},
               "versions": package_versions(("torch", "transformers", "trl")), "model": model_name,
               "recipe": str(RECIPE.relative_to(ROOT)), "steps": steps, "threads": args.threads, "source": source,
-              "command": " ".join(["python", "perf/train_dynamic_sampling.py", *(argv or [])]), "runs": runs}
+              "command": " ".join(["python", "perf/train_dynamic_sampling.py", *(argv or [])]), "runs": runs,
+              "work": str(work) if args.keep else None}
     result["table"] = summarize(result)
     print_table(result)
     out = args.out or RESULTS / ("train_dynamic_sampling_quick.json" if args.quick else "train_dynamic_sampling.json")
