@@ -192,6 +192,9 @@ def test_bad_dapo_and_stage_settings_are_one_line_errors():
     cfg = resolve(staged, {"max_steps": 4}, {"temperature": 0.7})  # a flag cuts the plan short
     assert [(s.end, s.config.trainer["max_completion_length"]) for s in cfg.stages] == [(3, 4), (4, 8)]
     assert cfg.trainer["max_steps"] == 4 and all(s.config.trainer["temperature"] == 0.7 for s in cfg.stages)
+    # Each stage's trainer schedules the whole run (its learning rate decays over every stage)
+    # and stops at its own end.
+    assert [(s.config.trainer["max_steps"], s.config.stop_at) for s in cfg.stages] == [(4, 3), (4, 4)]
     assert [p["steps"] for p in cfg.stage_plan] == [3, 5]  # meta.json keeps the plan as written
 
 
@@ -329,12 +332,14 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
     import arlecli.train.grpo as grpo
 
     starts: list[tuple[int, int, dict]] = []
+    schedules: list[int] = []
     build = grpo.build_trainer
 
     class Snapshot(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
             starts.append((state.global_step, args.max_completion_length, weights))
+            schedules.append(args.max_steps)  # the learning rate's schedule spans both stages
 
     monkeypatch.setattr(grpo, "build_trainer", lambda *a: build(*a[:-1], [*a[-1], Snapshot()]))
     recipe = {"benchmark": str(varied_card(tmp_path)), "model": str(tiny_model), "limit": 4, "eval_limit": 0,
@@ -345,7 +350,7 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
     run = tmp_path / "run"
     train_in_process("--recipe", str(tmp_path / "staged.yaml"), "--output", str(run))
 
-    assert [(step, budget) for step, budget, _ in starts] == [(0, 4), (1, 8)]
+    assert [(step, budget) for step, budget, _ in starts] == [(0, 4), (1, 8)] and schedules == [2, 2]
     rows = lines(run / "metrics.jsonl")
     assert [(r["step"], r["stage"], r["completions/mean_length"]) for r in rows] == [(1, "short", 4.0),
                                                                                       (2, "long", 8.0)]

@@ -28,7 +28,8 @@ one's checkpoint, DeepScaleR's staged context lengthening (8k -> 16k -> 24k toke
 
 Each stage is `steps` optimizer steps (numbered on from the stage before) with its own
 settings over the recipe's; flags and `--set` win over every stage, and a `--max-steps` cuts
-the staged run short at that step. What a stage may not change (`STAGE_FIXED`: the model, the
+the staged run short at that step. The learning rate's schedule spans the whole run, as one
+run's would (every stage's trainer has the run's max_steps and stops at its own end). What a stage may not change (`STAGE_FIXED`: the model, the
 data, LoRA, the optimizer's schedule ...) is a one-line error.
 """
 
@@ -156,6 +157,9 @@ class TrainConfig:
     # The recipe's stages as written (name, steps, settings), before a --max-steps cut them
     # short: what meta.json records, so a resume may lengthen the run as for any run.
     stage_plan: list[dict[str, Any]] = field(default_factory=list)
+    # A stage's last step. Its trainer's max_steps is the whole run's, so that the learning
+    # rate schedule spans every stage (as one run's would); training stops here instead.
+    stop_at: int | None = None
 
     def sessions(self) -> list[Stage]:
         """The stages to train, in order; a run without stages is one stage of max_steps."""
@@ -369,9 +373,10 @@ def _stages(raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recip
         steps = min(steps, cap - end) if isinstance(cap, int) else steps
         end += steps
         stage_layers = [layers[0], (settings, f"{where} stage {name}"), *layers[1:]]
-        config = _merge(stage_layers, algo, recipe_name)
-        config.trainer["max_steps"] = end
-        out.append(Stage(name, steps, end, settings, config))
+        out.append(Stage(name, steps, end, settings, _merge(stage_layers, algo, recipe_name)))
+    for stage in out:  # every stage's schedule is the whole run's; each stops at its own end
+        stage.config.trainer["max_steps"] = end
+        stage.config.stop_at = stage.end
     return out, plan
 
 

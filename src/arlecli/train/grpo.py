@@ -358,6 +358,19 @@ def make_callback(metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] 
     return ArleCallback()
 
 
+def stop_callback(step: int) -> Any:
+    """A TrainerCallback that ends training at `step` with a checkpoint (the next stage resumes it)."""
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= step:
+                control.should_training_stop = True
+                control.should_save = True
+
+    return StopAt()
+
+
 def run_trl(cfg: TrainConfig, args: Any, spec: Any, prompts: list[Any], rollouts: Rollouts, reward: CardReward,
             run_dir: Path, checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None, view: Any,
             ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
@@ -385,6 +398,8 @@ def train_loop(make_trainer: Callable[[list[Any]], Any], cfg: TrainConfig, spec:
         view.message("warning: --eval-every is not supported with ZeRO-3/FSDP; evaluating before and after only")
         every = 0
     callbacks = [make_callback(metrics, view.log, heldout, every)]
+    if cfg.stop_at is not None:  # a stage of a staged run: its end, in the whole run's schedule
+        callbacks.append(stop_callback(cfg.stop_at))
     if ranks.world > 1 and heldout is not None and every:
         callbacks.append(barrier_callback(ranks, every))  # runs after the main process's evaluation
     trainer = make_trainer(callbacks)
