@@ -115,6 +115,40 @@ def test_template_kwargs_change_the_eval_prompt_ids(tiny_thinking_model, hf, tmp
     assert meta["model_options"]["chat_template_kwargs"] == {"enable_thinking": False}
 
 
+class Nudge:
+    """Two turns: whatever the model says first, the env asks it to check again."""
+
+    tools = None
+    max_turns = 2
+
+    def reset(self):
+        return list(CHAT)
+
+    def step(self, completion: str):
+        from arlecli.envs import Step
+
+        return Step([{"role": "user", "content": "Check that again."}])
+
+    def info(self):
+        return {}
+
+
+def test_template_kwargs_reach_every_turns_prompt(tiny_thinking_model):
+    from arlecli.envs.episodes import Job, run_episodes
+    from arlecli.types import Task
+
+    engine = make_engine(resolve_model(str(tiny_thinking_model), backend="hf",
+                                       chat_template_kwargs={"enable_thinking": False}))
+    try:
+        jobs = [Job(Task("0", "x", ""), Nudge(), SamplingParams(max_tokens=4, max_thinking_tokens=2))]
+        [(_, episode)] = list(run_episodes(engine, jobs))
+    finally:
+        engine.close()
+    empty = ids_of(engine.tokenizer, EMPTY_THOUGHT)
+    assert len(episode.turns) == 2
+    assert all(turn.prompt_token_ids[-len(empty):] == empty for turn in episode.turns)
+
+
 def test_template_kwargs_change_a_grpo_rollouts_prompt_ids(tiny_thinking_model, tmp_path, monkeypatch):
     import typer
     from transformers import AutoTokenizer
@@ -230,6 +264,37 @@ def test_budget_forcing_closes_the_thought_and_the_answer_follows_on_hf(hf):
     assert [e.turns[0].token_ids for e in first] == [e.turns[0].token_ids for e in again]
 
 
+class Rounds:
+    """`engine` without chaining: engine.phases then runs each phase as a generate call of its own."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.tokenizer, self.name = engine, engine.tokenizer, engine.name
+
+    def encode(self, request):
+        return self.engine.encode(request)
+
+    def generate(self, requests):
+        return self.engine.generate(requests)
+
+
+def test_chained_phases_equal_phases_run_one_generate_call_each(hf):
+    # hf chains a phase onto the last in the batch (its KV cache kept, forced ids fed): the same
+    # tokens as a second prefill of the whole sequence, sampled or not.
+    msgs = [[{"role": "user", "content": f"What is {i} + 4?"}] for i in range(6)]
+    for params in (SamplingParams(max_tokens=8, max_thinking_tokens=12, logprobs=True),
+                   SamplingParams(max_tokens=8, max_thinking_tokens=12, temperature=1.0, seed=5, logprobs=True),
+                   SamplingParams(max_tokens=24, stop=["e"], temperature=1.0, seed=9)):
+        requests = [GenerationRequest(messages=m, params=params) for m in msgs]
+        chained = dict(phased(hf).generate(requests))
+        rounds = dict(phased(thinking.configure(Rounds(hf), None)).generate(requests))
+        for i in range(len(msgs)):
+            assert chained[i].token_ids == rounds[i].token_ids and chained[i].text == rounds[i].text
+            assert chained[i].forced == rounds[i].forced and chained[i].finish_reason == rounds[i].finish_reason
+            if params.logprobs:
+                assert chained[i].logprobs == pytest.approx(rounds[i].logprobs, abs=1e-4)
+        assert chained[0].forced == ([12, 13] if params.max_thinking_tokens else [])
+
+
 def test_phases_take_seeds_from_the_samples_seed_and_a_model_that_writes_its_start_tag(tiny_thinking_model):
     from transformers import AutoTokenizer
 
@@ -245,8 +310,14 @@ def test_phases_take_seeds_from_the_samples_seed_and_a_model_that_writes_its_sta
     # Stopped inside the thought (card stops on until a thought shows), thought on, then answered.
     assert [c.params.stop for c in engine.calls] == [["Question:", "</think>"], ["</think>"], ["Question:"]]
     assert [c.params.seed for c in engine.calls] == [11, phase_seed(11, 1), phase_seed(11, 2)]
-    assert engine.calls[1].prompt_token_ids == [*engine.prompt_ids, *comp.token_ids[:len(engine.calls[1].prompt_token_ids)
-                                                                                   - len(engine.prompt_ids)]]
+    continued = engine.calls[1].prompt_token_ids
+    assert continued == [*engine.prompt_ids, *comp.token_ids[:len(continued) - len(engine.prompt_ids)]]
+    # A model that ends its turn inside the thought, after a stop string there: cut, no answer.
+    engine = thinking.configure(ScriptedEngine(tok, "<|im_start|>assistant\n",
+                                               "<think>\nA Question: B Question: C"), None)
+    [(_, comp)] = list(phased(engine).generate([GenerationRequest(messages=CHAT, params=params)]))
+    assert thinking.split(comp.text, thinking.DEFAULT).cut and len(engine.calls) == 2
+    assert comp.token_ids[-1] == tok.eos_token_id and comp.finish_reason == "stop"
     # Budget forcing when the model opened the thought itself: N tokens from its start tag on.
     engine = thinking.configure(ScriptedEngine(tok, "<|im_start|>assistant\n", script), None)
     params = SamplingParams(max_tokens=64, stop=["Question:"], max_thinking_tokens=4)

@@ -71,7 +71,8 @@ def _print_profile(profile: config.ModelProfile, default: str | None) -> None:
         table.add_row("prices", f"${profile.price_input:g} in / ${profile.price_output:g} out per 1M tokens")
     table.add_row("think tags", profile.think_tags or "auto (the tokenizer's own, else <think>,</think>)")
     if profile.chat_template_kwargs:
-        table.add_row("chat template", " ".join(f"{k}={json.dumps(v)}" for k, v in profile.chat_template_kwargs.items()))
+        switches = profile.chat_template_kwargs.items()
+        table.add_row("chat template", " ".join(f"{k}={json.dumps(v)}" for k, v in switches))
     _print_table(table)
 
 

@@ -142,7 +142,10 @@ def cut_answer_at_stop(text: str, stop: list[str], tags: ThinkTags | None, *, op
 
 class Engine(Protocol):
     """Every backend implements this. `make_engine` also gives each engine `think_tags` (how
-    the model's thinking is delimited; see thinking.tags_for)."""
+    the model's thinking is delimited; see thinking.tags_for). An engine with `chains = True`
+    (hf, vllm) also takes `generate(requests, then=fn)`: `fn(index, completion)` returns the
+    request's follow-up (run at once under the same index, its completion yielded instead) or
+    None; engine.phases chains a thinking model's phases with it."""
 
     name: str
 

@@ -17,6 +17,11 @@ about 2x on a CPU eval (perf/eval_vs_lmeval.py: the same 64 greedy texts as befo
 Sampling uses one torch.Generator per request, seeded from the request's seed, so a
 sample's tokens do not depend on which other requests share its batch: a resumed eval
 draws the same samples as an uninterrupted one.
+
+Chaining (`generate(..., then=...)`, what engine.phases uses for a thinking model's phases):
+a finished row whose follow-up request continues its own ids stays in the batch with its KV
+cache, the ids the follow-up adds (a forced end of thought) fed one decode step each, so a
+phase costs neither a second prefill of the whole sequence nor a wait for the batch to drain.
 """
 
 from __future__ import annotations
@@ -24,13 +29,17 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 from arlecli.engine.base import (Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, cut_at_stop,
                                  encode_pair)
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
+
+
+# `then(index, completion) -> GenerationRequest | None`: a finished request's follow-up, if any.
+Then = Callable[[int, Completion], "GenerationRequest | None"]
 
 
 @dataclass
@@ -42,6 +51,7 @@ class _Row:
     out: list[int]
     logprobs: list[float]
     started: float = 0.0  # perf_counter when its prefill began: its latency runs from there
+    feed: list[int] = field(default_factory=list)  # ids to feed (not sample) before it samples again
 
 
 class HFEngine:
@@ -49,6 +59,7 @@ class HFEngine:
     every chat-template render of its prompts (engine.tokens)."""
 
     name = "hf"
+    chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
 
     def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
                  dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None,
@@ -86,27 +97,35 @@ class HFEngine:
         """Prompt token ids (shared with the vllm backend so both see the same ids)."""
         return encode_request(self.tokenizer, request, self.chat_template_kwargs)
 
-    def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
+    def generate(self, requests: list[GenerationRequest],
+                 then: Then | None = None) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes.
 
         Continuous batching: up to `batch_size` rows decode together; a finished row leaves
         the batch (and the KV cache) at once, and waiting requests (longest prompts first)
         are prefilled and merged in as soon as a quarter of the slots are free, so the batch
-        does not run on to the end of its longest row half empty."""
+        does not run on to the end of its longest row half empty.
+
+        `then(index, completion)`, when given, is asked as each request finishes: None yields
+        the completion; a GenerationRequest runs next under the same index instead (the
+        completion is not yielded), in the same batch slot when its prompt ids extend the
+        finished row's prompt and output."""
         encoded = [self.encode(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
-        waiting = deque(_Row(i, encoded[i], requests[i].params, self._generator(requests[i].params), [], [])
-                        for i in order)
+        waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
         if self._packed is not None:
-            yield from self._run(waiting)
+            yield from self._run(waiting, then)
             return
         # Same kernels as an engine that loaded these weights itself, so training rollouts
         # sample what `arle eval` would; unpacked after, before the weights change again.
         packed = pack_linears(self.model)
         try:
-            yield from self._run(waiting)
+            yield from self._run(waiting, then)
         finally:
             unpack_linears(packed)
+
+    def _row(self, index: int, prompt_ids: list[int], params: SamplingParams) -> _Row:
+        return _Row(index, prompt_ids, params, self._generator(params), [], [])
 
     def _generator(self, params: SamplingParams) -> object | None:
         if params.temperature <= 0:
@@ -148,8 +167,10 @@ class HFEngine:
                          use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
         return out.logits[:, -1, :].float(), cache, mask, positions[:, -1:] + 1
 
-    def _step(self, rows: list[_Row], logits) -> tuple[list[int], list[int], list[tuple[int, Completion]]]:
-        """Pick each row's next token; returns (tokens, surviving row positions, finished)."""
+    def _step(self, rows: list[_Row], logits, then: Then | None = None, waiting: deque[_Row] | None = None,
+              ) -> tuple[list[int], list[int], list[tuple[int, Completion]]]:
+        """Pick each row's next token; returns (tokens, surviving row positions, finished). A
+        row that is fed ids (a chained follow-up's) takes the next of them instead."""
         chosen, lps = self._pick(logits, rows)
         # One device-to-host copy per step, not one per row (a sync each on a GPU).
         tokens = chosen.tolist()
@@ -157,17 +178,36 @@ class HFEngine:
         keep: list[int] = []
         finished: list[tuple[int, Completion]] = []
         for b, r in enumerate(rows):
+            if r.feed:
+                tokens[b] = r.feed.pop(0)
+                keep.append(b)
+                continue
             r.out.append(tokens[b])
             if token_lps is not None and r.params.logprobs:
                 r.logprobs.append(token_lps[b])
             done = self._finished(r, tokens[b])
-            if done:
-                finished.append((r.index, self._completion(r, done)))
-            else:
+            if not done:
                 keep.append(b)
+                continue
+            completion = self._completion(r, done)
+            follow = then(r.index, completion) if then is not None else None
+            if follow is None:
+                finished.append((r.index, completion))
+                continue
+            prompt_ids = self.encode(follow)
+            so_far = [*r.prompt_ids, *r.out]
+            if done != "eos" and prompt_ids[:len(so_far)] == so_far:
+                # Continue in place: the KV cache holds everything but the token just sampled,
+                # which is fed next, then whatever the follow-up adds.
+                rows[b] = self._row(r.index, prompt_ids, follow.params)
+                rows[b].feed = prompt_ids[len(so_far):]
+                rows[b].started = time.perf_counter()
+                keep.append(b)
+            elif waiting is not None:
+                waiting.appendleft(self._row(r.index, prompt_ids, follow.params))
         return tokens, keep, finished
 
-    def _run(self, waiting: deque[_Row]) -> Iterator[tuple[int, Completion]]:
+    def _run(self, waiting: deque[_Row], then: Then | None = None) -> Iterator[tuple[int, Completion]]:
         torch = self.torch
         active: list[_Row] = []
         cache = mask = next_pos = last = None  # the running batch: KV cache, mask, positions, fed tokens
@@ -180,7 +220,7 @@ class HFEngine:
                     for r in rows:
                         r.started = now
                     logits, new_cache, new_mask, new_pos = self._prefill(rows)
-                    tokens, keep, finished = self._step(rows, logits)
+                    tokens, keep, finished = self._step(rows, logits, then, waiting)
                     yield from finished
                     if keep:
                         sel = torch.tensor(keep, device=self.device)
@@ -200,7 +240,7 @@ class HFEngine:
                 out = self.model(input_ids=last.view(-1, 1), attention_mask=mask, position_ids=next_pos,
                                  use_cache=True, **{self._cache_kw: cache})
                 next_pos = next_pos + 1
-                tokens, keep, finished = self._step(active, out.logits[:, -1, :].float())
+                tokens, keep, finished = self._step(active, out.logits[:, -1, :].float(), then, waiting)
                 yield from finished
                 last = torch.tensor(tokens, device=self.device)
                 if len(keep) < len(active):
@@ -225,7 +265,7 @@ class HFEngine:
         lps = torch.log_softmax(logits, dim=-1).gather(1, chosen.view(-1, 1)).squeeze(1) if want else None
         for b, r in enumerate(active):
             p = r.params
-            if p.temperature <= 0:
+            if p.temperature <= 0 or r.feed:  # a fed row samples nothing: its generator stays untouched
                 continue
             scaled = logits[b] / p.temperature
             probs = torch.softmax(scaled, dim=-1)

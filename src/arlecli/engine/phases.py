@@ -11,9 +11,13 @@ token ids (`GenerationRequest.prompt_token_ids`: hf, vllm, TRL's vLLM server):
 - a card's stop strings cut the answer only: inside a thought generation stops only at the end
   tag, so gsm8k's `Question:` written while thinking does not end the turn.
 
-A turn runs in phases, each one `generate` call batched across all the requests still going:
-the thinking phase (stops at the end tag, up to the thinking budget) and the answer phase (the
-card's stops, the answer budget). Where the chat template opens the thought (R1: the prompt
+A turn runs in phases: the thinking phase (stops at the end tag, up to the thinking budget) and
+the answer phase (the card's stops, the answer budget). An engine that chains (`chains`: hf,
+vllm) runs a request's next phase the moment its last one ends, as a follow-up (`generate(...,
+then=...)`: hf keeps the row and its KV cache in the batch, vLLM's prefix cache keeps the
+shared prefix), so phases cost neither a second prefill nor a batch drained at a phase
+boundary; on any other engine each phase is one `generate` call batched across the requests
+still going. Where the chat template opens the thought (R1: the prompt
 ends with `<think>`) the thinking phase starts at once. Where the model writes the start tag
 itself (Qwen3), the first phase stops at the card's stops too: one that stops inside a thought
 the model opened goes on thinking (the thought is detected as it is generated), and a model
@@ -99,6 +103,9 @@ class PhasedEngine:
             turn = _Turn(request, prompt_ids, prompt_opens(tokenizer, prompt_ids, self.tags), self)
             turns[i] = turn
             round_.append((i, turn.next_request()))
+        if getattr(self.engine, "chains", False):
+            yield from self._chained(round_, turns)
+            return
         while round_:
             later: list[tuple[int, GenerationRequest]] = []
             for r, comp in self.engine.generate([request for _, request in round_]):
@@ -111,6 +118,18 @@ class PhasedEngine:
                 else:
                     yield i, turn.completion()
             round_ = later
+
+    def _chained(self, first: list[tuple[int, GenerationRequest]],
+                 turns: dict[int, _Turn]) -> Iterator[tuple[int, Completion]]:
+        """Every phase as a follow-up of the one before, in one `generate` call."""
+        def then(i: int, comp: Completion) -> GenerationRequest | None:
+            turn = turns.get(first[i][0])
+            return turn.next_request() if turn is not None and turn.advance(comp) else None
+
+        for r, comp in self.engine.generate([request for _, request in first], then=then):
+            i = first[r][0]
+            turn = turns.get(i)
+            yield i, comp if turn is None else turn.completion()
 
     def close(self) -> None:
         """Close the engine underneath."""
@@ -132,6 +151,7 @@ class _Turn:
     last_text: str = ""        # the last phase's text as the engine cut it
     answer_from: int | None = None  # index in `ids` where the answer begins; None while thinking
     inside: bool = False       # known to be inside a thought (its card stops are off)
+    card_stops_on: bool = False  # whether the phase running now stops at the card's stops
     phase: int = 0
     latency_s: float = 0.0
     finish_reason: str = "stop"
@@ -156,6 +176,7 @@ class _Turn:
     def next_request(self) -> GenerationRequest:
         """The request of the next phase: the prompt and everything generated so far, as ids."""
         p = self.params
+        self.card_stops_on = not self.inside
         if self.answer_from is not None:
             budget, stop = self._answer_left(), list(p.stop)
         elif self.inside:
@@ -216,9 +237,9 @@ class _Turn:
         return True
 
     def _stopped_at_card(self, written: str) -> bool:
-        # With the card's stops on, a phase that ended inside the thought on "stop" either hit
-        # one of them (think on) or the model's end of turn.
-        return not self.opened and any(s and s in written for s in self.params.stop)
+        # A phase that ended inside the thought on "stop" hit one of the card's stops (think on),
+        # if they were on, or the model ended its turn (EOS) there.
+        return self.card_stops_on and any(s and s in written for s in self.params.stop)
 
     def _force(self) -> None:
         """Close the thought for the model (budget forcing)."""

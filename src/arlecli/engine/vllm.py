@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, fields
 from importlib import metadata, util
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from arlecli.engine.base import Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, encode_pair
 from arlecli.engine.tokens import check_template_kwargs, encode_request
@@ -351,38 +351,59 @@ class VLLMEngine:
             logprobs=0 if params.logprobs else None,
         )
 
-    def generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
-        """Yield (index, completion) as each request finishes."""
+    @property
+    def chains(self) -> bool:
+        """Whether generate() takes `then` (one in-process engine; replicas do not)."""
+        return self._replicas is None
+
+    def generate(self, requests: list[GenerationRequest],
+                 then: Callable[[int, Completion], GenerationRequest | None] | None = None,
+                 ) -> Iterator[tuple[int, Completion]]:
+        """Yield (index, completion) as each request finishes. `then(index, completion)`, when
+        given, is asked as each finishes: None yields the completion, a GenerationRequest is
+        enqueued at once under the same index instead (vLLM's prefix cache keeps what it shares
+        with the finished one), as engine.phases chains a thinking model's phases."""
         if self._replicas is not None:
             yield from self._replicas.generate(requests)
             return
         if not requests:
             return
-        from vllm.exceptions import VLLMClientError
-        from vllm.inputs import TokensPrompt
-
-        prompts = [TokensPrompt(prompt_token_ids=self.encode(r)) for r in requests]
-        started = time.perf_counter()  # latency: from enqueue to finished, as a server measures it
-        try:
-            with self._lock:
-                ids = self.llm.enqueue(prompts, [self.sampling_params(r.params) for r in requests],
-                                       lora_request=self._lora, use_tqdm=False)
-        except (ValueError, VLLMClientError) as exc:  # e.g. a prompt longer than the context
-            raise UserError(f"vLLM refused a request: {str(exc).strip().splitlines()[0]} "
-                            "(--max-model-len sets the context, up to the model's own)") from None
-        # enqueue returns vLLM's internal ids ("<ours>-<random suffix>"); outputs carry ours.
-        mine = {rid.split("-", 1)[0]: (i, rid) for i, rid in enumerate(ids)}
+        params = {i: r.params for i, r in enumerate(requests)}
+        started = dict.fromkeys(params, time.perf_counter())  # latency: enqueue to finished, as a server measures it
+        mine = self._enqueue(list(enumerate(requests)))
         try:
             while mine:
                 ready = self._collect(mine)
                 for i, out in ready:  # yielded outside the lock: other callers keep stepping meanwhile
-                    yield i, _completion(out, requests[i].params.logprobs, time.perf_counter() - started)
+                    completion = _completion(out, params[i].logprobs, time.perf_counter() - started[i])
+                    follow = then(i, completion) if then is not None else None
+                    if follow is None:
+                        yield i, completion
+                        continue
+                    params[i], started[i] = follow.params, time.perf_counter()
+                    mine.update(self._enqueue([(i, follow)]))
         finally:
             if mine:  # the caller stopped early (or an error): free the requests still queued
                 with self._lock:
                     self.llm.llm_engine.abort_request([rid for _, rid in mine.values()], internal=True)
                     for key in mine:
                         self._finished.pop(key, None)
+
+    def _enqueue(self, requests: list[tuple[int, GenerationRequest]]) -> dict[str, tuple[int, str]]:
+        """Enqueue (index, request) pairs; {our id: (index, vLLM's id)} (outputs carry our id)."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=self.encode(r)) for _, r in requests]
+        try:
+            with self._lock:
+                ids = self.llm.enqueue(prompts, [self.sampling_params(r.params) for _, r in requests],
+                                       lora_request=self._lora, use_tqdm=False)
+        except (ValueError, VLLMClientError) as exc:  # e.g. a prompt longer than the context
+            raise UserError(f"vLLM refused a request: {str(exc).strip().splitlines()[0]} "
+                            "(--max-model-len sets the context, up to the model's own)") from None
+        # enqueue returns vLLM's internal ids ("<ours>-<random suffix>").
+        return {rid.split("-", 1)[0]: (i, rid) for (i, _), rid in zip(requests, ids)}
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
         """Yield (index, Loglik) per (context, continuation): vLLM's prompt logprobs of the

@@ -178,6 +178,6 @@ def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode
                 state.episode.info = {**env.info(), **({"seams": state.seams} if state.seams else {})}
                 yield i, state.episode
                 continue
-            state.extend(step.messages, tokenizer, env.tools)
+            state.extend(step.messages, tokenizer, env.tools, getattr(engine, "chat_template_kwargs", None))
             waiting.append(i)
         active = waiting

@@ -362,7 +362,8 @@ def _advance(match: _Match, tokenizers: dict[int, Any]) -> None:
             match.end = "turn_limit"
             return
         else:
-            seat.transcript.extend([{"role": "user", "content": text}], tokenizers.get(id(seat.engine)), None)
+            seat.transcript.extend([{"role": "user", "content": text}], tokenizers.get(id(seat.engine)), None,
+                                   getattr(seat.engine, "chat_template_kwargs", None))
         match.waiting = pid
         return
 
