@@ -1,15 +1,16 @@
 """A scripted engine for tests of engine.phases: writes a fixed continuation as a model would."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from arlecli.engine.base import Completion, GenerationRequest, cut_at_stop
+from arlecli.engine.base import Completion, GenerationRequest, SamplingParams, cut_at_stop
 
 
 class ScriptedEngine:
     """Continues every request with `script` (after what it generated already, counted from
     the end of `prompt`), token by token: ending at a stop string (its ids kept, its text cut),
-    at max_tokens, or at the script's end (EOS), as the in-process engines do."""
+    a stop token id, max_tokens, or the script's end (EOS), as the in-process engines do."""
 
     name = "scripted"
 
@@ -26,21 +27,30 @@ class ScriptedEngine:
         for i, request in enumerate(requests):
             self.calls.append(request)
             prompt = self.encode(request)
-            rest = self.script_ids[len(prompt) - len(self.prompt_ids):]
-            p, out, why = request.params, [], "length"
-            for tok in rest:
-                out.append(tok)
-                if tok == self.tokenizer.eos_token_id:
-                    why = "stop"
-                    break
-                if any(s in self.tokenizer.decode(out, skip_special_tokens=True) for s in p.stop):
-                    why = "stop"
-                    break
-                if len(out) >= p.max_tokens:
-                    break
-            text = cut_at_stop(self.tokenizer.decode(out, skip_special_tokens=True), p.stop)
-            yield i, Completion(text=text, token_ids=out, prompt_token_ids=prompt, finish_reason=why,
-                                logprobs=[-1.0] * len(out) if p.logprobs else None)
+            yield i, continue_script(self.tokenizer, self.script_ids[len(prompt) - len(self.prompt_ids):],
+                                     request.params, prompt)
 
     def close(self) -> None:
         pass
+
+
+def continue_script(tokenizer: Any, rest: list[int], params: SamplingParams, prompt: list[int],
+                    budget: bool = True) -> Completion:
+    """The Completion a model that goes on with `rest` (its ids, EOS last) writes under
+    `params`: cut at a stop string (its ids kept, its text cut), a stop token id, EOS or, with
+    `budget`, max_tokens."""
+    out: list[int] = []
+    why = "length"
+    for tok in rest:
+        out.append(tok)
+        if tok == tokenizer.eos_token_id or tok in params.stop_token_ids:
+            why = "stop"
+            break
+        if any(s in tokenizer.decode(out, skip_special_tokens=True) for s in params.stop):
+            why = "stop"
+            break
+        if budget and len(out) >= params.max_tokens:
+            break
+    text = cut_at_stop(tokenizer.decode(out, skip_special_tokens=True), params.stop)
+    return Completion(text=text, token_ids=out, prompt_token_ids=prompt, finish_reason=why,
+                      logprobs=[-1.0] * len(out) if params.logprobs else None)

@@ -392,14 +392,25 @@ def test_engines_generators_and_the_old_decorators_share_the_registry(tmp_path):
     assert {"hf", "vllm", "openai"} <= set(ENGINES.names())
     made = []
 
+    class Recording:
+        name = "recording"
+
+        def generate(self, requests):
+            return iter(())
+
+        def close(self):
+            pass
+
     @register_engine("test_recording_engine")
     def recording(spec, **options):
         made.append((spec.name, options["batch_size"]))
-        return "an engine"
+        return Recording()
 
     spec = ModelSpec(kind="hf", name="m", path_or_id="/nowhere", backend="test_recording_engine")
     assert choose_backend(spec) == "test_recording_engine"
-    assert make_engine(spec, batch_size=3) == "an engine" and made == [("m", 3)]
+    engine = make_engine(spec, batch_size=3)
+    assert isinstance(engine, Recording) and made == [("m", 3)]
+    assert engine.think_tags.end == "</think>" and not engine.thinks  # make_engine configures a plugin's too
     assert {"countdown", "arc_agi", "frozenlake", "reasoning_gym"} <= set(GENERATORS.names())
     assert generate_rows("reasoning_gym:chain_sum", seed=1, size=2)[1]["id"] == "chain_sum-1-1"
     with pytest.raises(UserError, match=r"unknown generator 'countdwn' \(did you mean countdown"):

@@ -180,6 +180,47 @@ def test_template_kwargs_change_a_grpo_rollouts_prompt_ids(tiny_thinking_model, 
     assert meta["options"]["max_thinking_tokens"] == 3
 
 
+@pytest.mark.parametrize("algo", ["sft", "dpo"])
+def test_template_kwargs_change_what_sft_and_dpo_train_on(tiny_thinking_model, tmp_path, monkeypatch, algo):
+    """Rows without thinking on the thinking template: by default the trained tokens close the
+    thought the generation prompt opened; with enable_thinking=false the prompt holds the empty
+    thought and only the answer is trained (what Qwen3's non-thinking mode trains on)."""
+    from transformers import AutoTokenizer
+
+    from arlecli.train import dpo, sft
+    from test_train import train_in_process
+
+    seen: list = []
+    built = {"sft": sft.sft_dataset, "dpo": dpo.dpo_dataset}[algo]
+
+    def record(*args, **kwargs):
+        data = built(*args, **kwargs)
+        seen.append(data)
+        return data
+
+    monkeypatch.setattr({"sft": sft, "dpo": dpo}[algo], f"{algo}_dataset", record)
+    user = [{"role": "user", "content": "What is 2 + 4?"}]
+    row = ({"messages": [*user, {"role": "assistant", "content": "6"}]} if algo == "sft" else
+           {"prompt": user, "chosen": [{"role": "assistant", "content": "6"}],
+            "rejected": [{"role": "assistant", "content": "7"}]})
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
+    trained = []
+    for switches in ([], ["--chat-template-kwargs", "enable_thinking=false"]):
+        seen.clear()
+        train_in_process("countdown", "--algo", algo, "--data", str(data), "--model", str(tiny_thinking_model),
+                         *switches, "--max-steps", "1", "--eval-limit", "0",
+                         "--set", "per_device_train_batch_size=1", "--output", str(tmp_path / f"run{len(trained)}"))
+        (example,) = list(seen[0])
+        if algo == "sft":
+            ids = [t for t in example["labels"] if t != sft.IGNORE]
+        else:
+            ids = [t for t, m in zip(example["chosen_ids"], example["chosen_mask"]) if m]
+        trained.append(tok.decode(ids))
+    assert trained == ["\n</think>\n\n6<|im_end|>", "6<|im_end|>"]
+
+
 def test_template_kwargs_change_what_arle_serve_renders(tiny_thinking_model, tmp_path):
     from transformers import AutoTokenizer
 
@@ -308,7 +349,9 @@ def test_phases_take_seeds_from_the_samples_seed_and_a_model_that_writes_its_sta
     assert part.thinking == "Is it Question: 5? No, 6." and part.answer == "The answer is 6.\n"
     assert comp.finish_reason == "stop" and not comp.forced
     # Stopped inside the thought (card stops on until a thought shows), thought on, then answered.
-    assert [c.params.stop for c in engine.calls] == [["Question:", "</think>"], ["</think>"], ["Question:"]]
+    end = ids_of(tok, "</think>")  # one token of its own: a thought stops at its id
+    assert [c.params.stop for c in engine.calls] == [["Question:"], [], ["Question:"]]
+    assert [c.params.stop_token_ids for c in engine.calls] == [end, end, []]
     assert [c.params.seed for c in engine.calls] == [11, phase_seed(11, 1), phase_seed(11, 2)]
     continued = engine.calls[1].prompt_token_ids
     assert continued == [*engine.prompt_ids, *comp.token_ids[:len(continued) - len(engine.prompt_ids)]]

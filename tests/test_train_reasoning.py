@@ -18,6 +18,7 @@ import yaml
 from arlecli.engine.base import Completion
 from arlecli.rewards import register
 from arlecli.types import Episode, Score, Task, Turn
+from scripted_engine import continue_script
 from test_train import train_in_process, varied_card
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,22 +55,32 @@ def card_with_reward(tmp_path: Path, name: str, reward: str) -> Path:
 
 def scripted(monkeypatch, reply) -> None:
     """hf's generate answers request i of a call (at turn k) with `reply(i, k)` when that gives
-    a text, as the ids the tokenizer makes of it plus EOS (the model stopped); the model's own
-    otherwise."""
+    a text, as a model that writes that text then EOS would (scripted_engine.continue_script:
+    cut at stops and budgets, each phase of engine.phases continued through `then`); the
+    model's own otherwise."""
     from arlecli.engine import hf
 
     original = hf.HFEngine.generate
 
-    def generate(self, requests):
+    def generate(self, requests, then=None):
         own = []
         for i, request in enumerate(requests):
             text = reply(i, sum(m["role"] == "assistant" for m in request.messages or []))
             if text is None:
                 own.append(i)
                 continue
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            yield i, Completion(text, ids, self.encode(request), [0.0] * len(ids))
-        for j, comp in original(self, [requests[i] for i in own]):
+            script = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            prompt = self.encode(request)
+            while True:
+                done = len(self.encode(request)) - len(prompt)
+                comp = continue_script(self.tokenizer, script[done:], request.params, self.encode(request))
+                follow = then(i, comp) if then is not None else None
+                if follow is None:
+                    break
+                request = follow
+            yield i, comp
+        chained = (lambda j, comp: then(own[j], comp)) if then is not None else None
+        for j, comp in original(self, [requests[i] for i in own], then=chained):
             yield own[j], comp
 
     monkeypatch.setattr(hf.HFEngine, "generate", generate)
@@ -261,7 +272,7 @@ def test_grpo_trains_the_thinking_and_filters_cut_samples(tmp_path, tiny_thinkin
     recording_trainer(monkeypatch, _generate_and_score_completions=generate_and_score)
     run = tmp_path / "run"
     train_in_process(str(varied_card(tmp_path)), "--model", str(tiny_thinking_model), "--limit", "2",
-                     "--num-generations", "2", "--max-tokens", "8", "--max-steps", "1", "--eval-limit", "0",
+                     "--num-generations", "2", "--max-tokens", "16", "--max-steps", "1", "--eval-limit", "0",
                      "--set", "per_device_train_batch_size=4", "--set", "overlong_filter=true", "--output", str(run))
     from transformers import AutoTokenizer
 
@@ -394,7 +405,7 @@ def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(tmp_pa
     (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))
     run = tmp_path / "run"
     train_in_process(str(tmp_path / "math_tool.yaml"), "--algo", algo, "--model", str(tiny_thinking_model),
-                     "--limit", "1", "--num-generations", "2", "--max-tokens", "8", "--max-steps", "1",
+                     "--limit", "1", "--num-generations", "2", "--max-tokens", "72", "--max-steps", "1",
                      "--eval-limit", "0", "--set", "per_device_train_batch_size=2", "--output", str(run))
     assert checked == [6]  # 2 episodes x 3 turns, each compared token by token
     for line in lines(run / "rewards.jsonl"):

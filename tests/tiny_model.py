@@ -20,8 +20,8 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # A thinking model's chat template, shaped like Qwen3's and DeepSeek-R1's: the generation prompt
 # opens the thought (`<think>\n`, as R1's does), `enable_thinking=false` gives an empty thought
 # instead (Qwen3's switch), and earlier assistant turns are rendered without their thinking
-# (Qwen3 drops it from the history), the last one after the last user turn with it
-# (`reasoning_content`).
+# (Qwen3 drops it from the history), those after the last user turn with it (`reasoning_content`;
+# the last one always, its thought empty if it had none, as Qwen3's renders it).
 THINKING_TEMPLATE = (
     "{% set ns = namespace(last_user=-1) %}"
     "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}"
@@ -31,8 +31,8 @@ THINKING_TEMPLATE = (
     "{% set content = m['content'] or '' %}"
     "{% if '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\n') %}{% endif %}"
     "<|im_start|>assistant\n"
-    "{% if m.get('reasoning_content') and loop.index0 > ns.last_user %}"
-    "<think>\n{{ m['reasoning_content'] }}\n</think>\n\n"
+    "{% if loop.index0 > ns.last_user and (loop.last or m.get('reasoning_content')) %}"
+    "<think>\n{{ (m.get('reasoning_content') or '').strip('\n') }}\n</think>\n\n"
     "{% endif %}"
     "{{ content }}<|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"

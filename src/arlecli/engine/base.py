@@ -36,6 +36,9 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     max_thinking_tokens: int | None = None
+    # Token ids that end the generation like a stop string (kept in token_ids), checked without
+    # decoding: engine.phases stops a thought at an end tag that is one token of its own.
+    stop_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -283,6 +283,8 @@ class HFEngine:
     def _finished(self, r: _Row, tok: int) -> str | None:
         if tok in self.eos_ids:
             return "eos"
+        if tok in r.params.stop_token_ids:
+            return "stop"
         if r.params.stop:
             # Decode only a tail window: a stop string can only complete in the newest tokens,
             # and a token is at least one character, so len(stop) + slack tokens cover it.

@@ -76,6 +76,10 @@ class PhasedEngine:
         self.thinks = True
         tokenizer = getattr(engine, "tokenizer")
         self.forced_ids = list(tokenizer.encode(FORCED_CLOSE.format(end=tags.end), add_special_tokens=False))
+        # An end tag that is one token of its own (Qwen3's, R1's) stops a thought by its id: the
+        # engine need not decode every step to look for it.
+        end = list(tokenizer.encode(tags.end, add_special_tokens=False))
+        self.end_id = end[0] if len(end) == 1 else None
 
     def __getattr__(self, name: str) -> Any:
         # Everything but generate is the engine's own (name, tokenizer, encode, loglikelihood ...).
@@ -177,15 +181,18 @@ class _Turn:
         """The request of the next phase: the prompt and everything generated so far, as ids."""
         p = self.params
         self.card_stops_on = not self.inside
+        end, end_id = self.owner.tags.end, self.owner.end_id
+        end_stop = ([], [end_id]) if end_id is not None else ([end], [])  # (strings, token ids)
         if self.answer_from is not None:
-            budget, stop = self._answer_left(), list(p.stop)
+            budget, stop, stop_ids = self._answer_left(), list(p.stop), list(p.stop_token_ids)
         elif self.inside:
-            budget, stop = self._thinking_left(), [self.owner.tags.end]
+            budget, (stop, stop_ids) = self._thinking_left(), end_stop
         else:  # not known to think yet: the card's stops apply unless a thought turns up
             budget = min(self._thinking_left(), self._answer_left())
-            stop = [*p.stop, self.owner.tags.end]
+            stop, stop_ids = [*p.stop, *end_stop[0]], [*p.stop_token_ids, *end_stop[1]]
         seed = p.seed if self.phase == 0 or p.seed is None else phase_seed(p.seed, self.phase)
-        params = replace(p, max_tokens=budget, stop=stop, seed=seed, max_thinking_tokens=None)
+        params = replace(p, max_tokens=budget, stop=stop, stop_token_ids=stop_ids, seed=seed,
+                         max_thinking_tokens=None)
         return GenerationRequest(messages=self.request.messages, prompt=self.request.prompt, params=params,
                                  tools=self.request.tools, prompt_token_ids=[*self.prompt_ids, *self.ids])
 

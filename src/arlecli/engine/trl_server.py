@@ -55,6 +55,8 @@ class TRLServerEngine:
         extra: dict[str, Any] = {}
         if p.stop:
             extra["stop"] = list(p.stop)
+        if p.stop_token_ids:
+            extra["stop_token_ids"] = list(p.stop_token_ids)
         if p.seed is not None and p.temperature > 0:
             extra["seed"] = p.seed
         out = self.client.generate(prompts=[prompt_ids], n=1, temperature=p.temperature, top_p=p.top_p,

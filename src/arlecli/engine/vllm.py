@@ -347,6 +347,7 @@ class VLLMEngine:
             n=1, temperature=params.temperature,
             top_p=max(params.top_p, 1e-6),  # vLLM refuses 0; a tiny top_p keeps the top token, as hf does
             max_tokens=params.max_tokens, stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
             seed=(params.seed if params.seed is not None else self.seed) if sampled else None,
             logprobs=0 if params.logprobs else None,
         )

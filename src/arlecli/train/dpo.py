@@ -24,12 +24,14 @@ from arlecli.train.config import TrainConfig
 from arlecli.train.sft import _peft_config, tokenize_conversation
 
 
-def tokenize_pair(tokenizer: Any, row: dict[str, Any]) -> dict[str, list[int]] | None:
+def tokenize_pair(tokenizer: Any, row: dict[str, Any],
+                  template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]] | None:
     """A preference row's ids and loss masks, or None when a side has no trained token (the
     template rewrote history before its first assistant turn)."""
     tools = row.get("tools") or None
-    chosen, chosen_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["chosen"]], tools)
-    rejected, rejected_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["rejected"]], tools)
+    chosen, chosen_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["chosen"]], tools, template_kwargs)
+    rejected, rejected_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["rejected"]], tools,
+                                                     template_kwargs)
     if 1 not in chosen_mask or 1 not in rejected_mask:
         return None
     # The prompt is everything before the first trained token; both sides render it alike.
@@ -40,12 +42,13 @@ def tokenize_pair(tokenizer: Any, row: dict[str, Any]) -> dict[str, list[int]] |
             "rejected_ids": rejected[n:], "rejected_mask": rejected_mask[n:]}
 
 
-def dpo_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], max_length: int | None) -> Any:
+def dpo_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], max_length: int | None,
+                template_kwargs: dict[str, Any] | None = None) -> Any:
     """A pre-tokenised `datasets.Dataset` of preference rows. As TRL does, a pair whose prompt
     alone fills `max_length` is left out (truncation would leave it no completion)."""
     from datasets import Dataset
 
-    out = [pair for row in rows if (pair := tokenize_pair(tokenizer, row)) is not None
+    out = [pair for row in rows if (pair := tokenize_pair(tokenizer, row, template_kwargs)) is not None
            and (max_length is None or len(pair["prompt_ids"]) < max_length)]
     if not out:
         raise UserError("no preference pair has an assistant turn on both sides within max_length; "
@@ -93,8 +96,9 @@ def _trainer_class(base: type) -> type:
 
 
 def build_dpo_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
-                      callbacks: Iterable[Any] = ()) -> Any:
-    """A ready DPOTrainer over `rows` (preference rows) with `args` (a DPOConfig)."""
+                      callbacks: Iterable[Any] = (), template_kwargs: dict[str, Any] | None = None) -> Any:
+    """A ready DPOTrainer over `rows` (preference rows) with `args` (a DPOConfig); the rows are
+    rendered with the chat template's switches `template_kwargs`."""
     import datasets
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
@@ -114,7 +118,7 @@ def build_dpo_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, r
                                  truncation_mode=args.truncation_mode, pad_to_multiple_of=args.pad_to_multiple_of)
     trainer = _trainer_class(trl.DPOTrainer)(
         model=model, ref_model=ref, args=args, data_collator=collator,
-        train_dataset=dpo_dataset(tokenizer, rows, args.max_length), processing_class=tokenizer,
+        train_dataset=dpo_dataset(tokenizer, rows, args.max_length, template_kwargs), processing_class=tokenizer,
         peft_config=peft, callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)
     return trainer

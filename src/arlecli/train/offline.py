@@ -170,7 +170,8 @@ def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, me
     heldout = held_out(card, cfg, spec, run_dir, engine, view)
     started = time.monotonic()
     try:
-        evals, global_step = train_loop(lambda callbacks: build(cfg, args, model, tokenizer, rows, callbacks),
+        evals, global_step = train_loop(lambda callbacks: build(cfg, args, model, tokenizer, rows, callbacks,
+                                                                  spec.chat_template_kwargs),
                                         cfg, spec, run_dir, checkpoint, metrics, heldout, view, ranks)
     finally:
         engine.close()

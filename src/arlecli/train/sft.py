@@ -70,11 +70,13 @@ def _turn_end(turn: str, message: dict[str, Any], markers: tuple[list[str], list
 
 
 def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
-                          tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
+                          tools: list[dict[str, Any]] | None = None,
+                          template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:
     """(input_ids, completion_mask) of a conversation: mask 1 on every assistant message's own
     tokens (through its end-of-turn token), 0 on everything else (see the module docstring).
     An assistant message's thinking (`reasoning_content`) is trained too: rendered by a
-    template that renders it, else written inline between think tags (trajectories.for_template)."""
+    template that renders it, else written inline between think tags (trajectories.for_template).
+    `template_kwargs`: the chat template's switches (--chat-template-kwargs), in every render."""
     from arlecli.engine.tokens import render_chat
     from arlecli.trajectories import for_template
 
@@ -94,8 +96,9 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
     for i, message in enumerate(messages):
         if message.get("role") != "assistant" or i == 0:
             continue
-        head = render_chat(tokenizer, messages[:i], tools, generation_prompt=True)
-        full = render_chat(tokenizer, messages[:i + 1], tools, generation_prompt=False)
+        head = render_chat(tokenizer, messages[:i], tools, generation_prompt=True, template_kwargs=template_kwargs)
+        full = render_chat(tokenizer, messages[:i + 1], tools, generation_prompt=False,
+                           template_kwargs=template_kwargs)
         if not head.startswith(text) or not full.startswith(head):
             break  # a seam: the template rewrote what came before
         turn = full[len(head):]
@@ -106,7 +109,7 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
     return ids, mask
 
 
-def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]]) -> Any:
+def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], template_kwargs: dict[str, Any] | None = None) -> Any:
     """A pre-tokenised `datasets.Dataset` (input_ids, labels) of SFT rows; rows with no trained
     token (a seam before the first assistant turn) are left out. A row that carries the tokens
     it was generated as (`sequences`: [{"input_ids", "completion_mask"}], rft's rows) trains on
@@ -116,7 +119,7 @@ def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]]) -> Any:
     out = []
     for row in rows:
         pieces = [(s["input_ids"], s["completion_mask"]) for s in row.get("sequences") or []] or \
-            [tokenize_conversation(tokenizer, row["messages"], row.get("tools") or None)]
+            [tokenize_conversation(tokenizer, row["messages"], row.get("tools") or None, template_kwargs)]
         for ids, mask in pieces:
             if any(mask):
                 out.append({"input_ids": ids, "labels": [t if m else IGNORE for t, m in zip(ids, mask)]})
@@ -163,8 +166,9 @@ def _peft_config(cfg: TrainConfig, model: Any) -> Any:
 
 
 def build_sft_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
-                      callbacks: Iterable[Any] = ()) -> Any:
-    """A ready SFTTrainer over `rows` (SFT rows) with `args` (from trainer_args)."""
+                      callbacks: Iterable[Any] = (), template_kwargs: dict[str, Any] | None = None) -> Any:
+    """A ready SFTTrainer over `rows` (SFT rows) with `args` (from trainer_args); the rows are
+    rendered with the chat template's switches `template_kwargs`."""
     import datasets
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
@@ -174,7 +178,7 @@ def build_sft_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, r
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()  # TRL's dataset preparation bars: noise in the live view
     trl = import_trl(False)
-    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=sft_dataset(tokenizer, rows),
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=sft_dataset(tokenizer, rows, template_kwargs),
                              processing_class=tokenizer, peft_config=_peft_config(cfg, model),
                              callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # the live view shows the logs
