@@ -31,6 +31,7 @@ import yaml
 
 from fake_openai import FakeOpenAIServer
 from scripted_engine import ScriptedEngine
+from test_bad_input import assert_one_line_error
 
 from arlecli import thinking
 from arlecli.engine import make_engine
@@ -429,16 +430,6 @@ def test_a_profile_keeps_think_tags_and_template_switches_and_flags_override_the
     assert spec.think_tags == "<think>,</think>" and spec.chat_template_kwargs == {"enable_thinking": False}
     spec = resolve_model("thinker", think_tags="none", chat_template_kwargs={"enable_thinking": True})
     assert spec.think_tags == "none" and spec.chat_template_kwargs == {"enable_thinking": True}
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit 2, one `error:` line on stderr holding every needle, no traceback, nothing on stdout."""
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 def test_unknown_template_kwargs_are_one_line(tiny_thinking_model, tmp_path):

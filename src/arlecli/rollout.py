@@ -287,7 +287,8 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
     """The Episode of one rollout: each recorded request is a turn (the choice a later call
     continued, else choice 0), with the engine's ids and logprobs. `seams` in info lists the
     turns whose prompt ids do not extend the previous turn's ids (a fresh conversation, or a
-    template that rewrote history): training stops there (train/rollout.flatten_episode)."""
+    template that rewrote history): each starts a new segment, trained on its own prompt
+    (train/rollout.flatten_episode)."""
     continued = {r["continues"]["id"]: r["continues"]["choice"] for r in records if r.get("continues")}
     turns: list[Turn] = []
     seams: list[int] = []
