@@ -75,17 +75,17 @@ def gsm(server: FakeOpenAIServer, tmp_path: Path):
 
 @pytest.fixture
 def finished_run(gsm, tmp_path: Path) -> tuple[Path, Path]:
-    """A finished 4-task gsm8k run: (its directory, its --data file)."""
+    """A finished 4-task gsm8k run: (its directory, its --rows file)."""
     data = write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
     run = tmp_path / "run"
-    proc = gsm("--data", str(data), "--output", str(run))
+    proc = gsm("--rows", str(data), "--output", str(run))
     assert proc.returncode == 0, proc.stderr
     assert len((run / "samples.jsonl").read_text().splitlines()) == 4
     return run, data
 
 
 # ---------------------------------------------------------------------------------------------
-# --data rows
+# --rows files
 
 
 @pytest.mark.parametrize("name, content, shown", [
@@ -97,14 +97,14 @@ def finished_run(gsm, tmp_path: Path) -> tuple[Path, Path]:
 ], ids=["null", "string", "number", "list", "json-rows-null"])
 def test_data_rows_that_are_scalars_or_null(gsm, tmp_path, name, content, shown):
     (tmp_path / name).write_text(content)
-    proc = gsm("--data", name, "--output", "run")
+    proc = gsm("--rows", name, "--output", "run")
     assert_one_line_error(proc, shown, "every row must be a JSON object")
     assert proc.requests == 0 and not (tmp_path / "run").exists()
 
 
 def test_data_jsonl_with_a_broken_line_names_the_line(gsm, tmp_path):
     (tmp_path / "rows.jsonl").write_text(json.dumps(GSM_ROWS[0]) + "\n{not json\n")
-    proc = gsm("--data", "rows.jsonl", "--output", "run")
+    proc = gsm("--rows", "rows.jsonl", "--output", "run")
     assert_one_line_error(proc, "rows.jsonl: line 2 is not valid JSON", "fix or remove that line")
 
 
@@ -113,7 +113,7 @@ def test_data_gz_that_is_cut_off(gsm, tmp_path):
 
     packed = gzip.compress("".join(json.dumps(r) + "\n" for r in GSM_ROWS * 200).encode())
     (tmp_path / "rows.jsonl.gz").write_bytes(packed[: len(packed) // 2])
-    proc = gsm("--data", "rows.jsonl.gz", "--output", "run")
+    proc = gsm("--rows", "rows.jsonl.gz", "--output", "run")
     assert_one_line_error(proc, "cannot read rows.jsonl.gz: ", "repair or replace the file")
     assert proc.requests == 0
 
@@ -129,7 +129,7 @@ def test_corrupt_parquet(gsm, tmp_path, how):
     else:
         pq.write_table(pa.Table.from_pylist(GSM_ROWS), path)
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    proc = gsm("--data", str(path), "--output", "run")
+    proc = gsm("--rows", str(path), "--output", "run")
     assert_one_line_error(proc, f"cannot read {path}: not a readable parquet file", "pass rows as .jsonl")
     assert proc.requests == 0
 
@@ -139,7 +139,7 @@ def test_rows_missing_the_id(server, tmp_path):
     rows = [{**HUMANEVAL_ROW, "task_id": f"HumanEval/{i}"} for i in range(2)]
     rows.append({k: v for k, v in HUMANEVAL_ROW.items() if k != "task_id"})
     write_jsonl(tmp_path / "rows.jsonl", rows)
-    proc = arle("eval", "humaneval", "--data", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
+    proc = arle("eval", "humaneval", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
                 cwd=tmp_path)
     assert_one_line_error(proc, "field 'fields.id': column 'task_id' is not in the rows of rows.jsonl",
                           "row 3", "fix the card or give rows")
@@ -152,7 +152,7 @@ def test_rows_missing_a_field_the_reward_needs_are_refused_before_generation(ser
     del rows[2]["test"]
     write_jsonl(tmp_path / "rows.jsonl", rows)
     before = len(server.bodies())
-    proc = arle("eval", "humaneval", "--data", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
+    proc = arle("eval", "humaneval", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
                 cwd=tmp_path)
     assert_one_line_error(proc, "task 'HumanEval/2' of rows.jsonl has no field 'test'", "reward 'code_tests'",
                           "param test_field")
@@ -198,7 +198,7 @@ def test_a_countdown_row_without_numbers_is_refused_before_generation(server, tm
             {"question": "Make 24 from 1 2 3 4", "target": 24}]
     write_jsonl(tmp_path / "rows.jsonl", rows)
     before = len(server.bodies())
-    proc = arle("eval", "countdown", "--data", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
+    proc = arle("eval", "countdown", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
                 cwd=tmp_path)
     assert_one_line_error(proc, "task '1' of rows.jsonl has no field 'numbers' or 'metadata'",
                           "reward 'countdown' needs", "give rows with that column")
@@ -311,7 +311,7 @@ def test_a_broken_card_breaks_only_itself_in_bench_list(isolated_home, tmp_path)
 def test_output_that_is_a_file(gsm, tmp_path):
     write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
     (tmp_path / "taken").write_text("mine")
-    proc = gsm("--data", "rows.jsonl", "--output", "taken")
+    proc = gsm("--rows", "rows.jsonl", "--output", "taken")
     assert_one_line_error(proc, "taken is a file, not a run directory; choose another --output")
     assert (tmp_path / "taken").read_text() == "mine" and proc.requests == 0
 
@@ -320,7 +320,7 @@ def test_output_that_cannot_be_created(gsm, tmp_path):
     # Under a file, so even root cannot create it (a read-only folder stops only other users).
     write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
     (tmp_path / "taken").write_text("mine")
-    proc = gsm("--data", "rows.jsonl", "--output", "taken/run")
+    proc = gsm("--rows", "rows.jsonl", "--output", "taken/run")
     assert_one_line_error(proc, "cannot write the run directory taken/run", "choose another --output")
     assert (tmp_path / "taken").read_text() == "mine" and proc.requests == 0
 
@@ -336,7 +336,7 @@ def test_output_in_a_read_only_folder(gsm, tmp_path):
         locked.chmod(0o555)
         target, why = "locked/run", "Permission denied"
     try:
-        proc = gsm("--data", "rows.jsonl", "--output", target)
+        proc = gsm("--rows", "rows.jsonl", "--output", target)
     finally:
         if os.geteuid() != 0:
             (tmp_path / "locked").chmod(0o755)
@@ -354,7 +354,7 @@ def test_resume_with_a_meta_json_that_is_not_an_object(gsm, finished_run, conten
     run, data = finished_run
     (run / "meta.json").write_bytes(content if isinstance(content, bytes) else content.encode())
     before = snapshot(run)
-    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    proc = gsm("--rows", str(data), "--output", str(run), "--resume")
     assert_one_line_error(proc, f"cannot resume {run}: its meta.json is not", "choose a new --output")
     assert snapshot(run) == before and proc.requests == 0
 
@@ -366,7 +366,7 @@ def test_resume_on_a_directory_that_never_held_a_run(gsm, tmp_path):
     (stray / "notes.txt").write_text("mine")
     (stray / "samples.jsonl").write_text("not a sample\n")
     before = snapshot(stray)
-    proc = gsm("--data", str(data), "--output", str(stray), "--resume")
+    proc = gsm("--rows", str(data), "--output", str(stray), "--resume")
     assert_one_line_error(proc, f"cannot resume {stray}: it has no meta.json", "drop --resume or choose another")
     assert snapshot(stray) == before and proc.requests == 0
 
@@ -380,7 +380,7 @@ def test_resume_with_a_corrupt_line_in_the_middle_of_samples(gsm, finished_run, 
     lines[1] = bad_line.encode("utf-8", "surrogateescape")
     samples.write_bytes(b"\n".join(lines))
     before = snapshot(run)
-    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    proc = gsm("--rows", str(data), "--output", str(run), "--resume")
     assert_one_line_error(proc, f"{samples}: line 2 is not a sample", "repair that line or delete it")
     assert snapshot(run) == before and proc.requests == 0
 
@@ -391,7 +391,7 @@ def test_resume_redoes_a_torn_last_line(gsm, finished_run):
     full = samples.read_bytes()
     results = json.loads((run / "results.json").read_text())
     samples.write_bytes(full[: len(full) - 20])  # a kill in the middle of writing the 4th sample
-    proc = gsm("--data", str(data), "--output", str(run), "--resume", "--json")
+    proc = gsm("--rows", str(data), "--output", str(run), "--resume", "--json")
     assert proc.returncode == 0, proc.stderr
     assert proc.requests == 1  # only the torn sample is generated again
     ids = [json.loads(line)["id"] for line in samples.read_text().splitlines()]
@@ -405,13 +405,13 @@ def test_resume_compares_the_content_of_data_not_only_its_path(gsm, finished_run
     assert len(meta["data_hash"]) == 16
     write_jsonl(data, [*GSM_ROWS[:3], {"question": "What is 9 plus 9?", "answer": "#### 18"}])  # same path
     before = snapshot(run)
-    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    proc = gsm("--rows", str(data), "--output", str(run), "--resume")
     assert_one_line_error(proc, f"cannot resume {run}: settings differ", "data_hash: ",
                           "rerun with the original settings or use a new --output")
     assert snapshot(run) == before and proc.requests == 0
 
     write_jsonl(data, GSM_ROWS)  # the original content again: the resume goes ahead
-    again = gsm("--data", str(data), "--output", str(run), "--resume")
+    again = gsm("--rows", str(data), "--output", str(run), "--resume")
     assert again.returncode == 0, again.stderr
     assert again.requests == 0
 
@@ -421,7 +421,7 @@ def test_resume_of_a_run_that_predates_data_hash_records_it(gsm, finished_run):
     meta = json.loads((run / "meta.json").read_text())
     recorded = meta.pop("data_hash")
     (run / "meta.json").write_text(json.dumps(meta))
-    proc = gsm("--data", str(data), "--output", str(run), "--resume")
+    proc = gsm("--rows", str(data), "--output", str(run), "--resume")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "meta.json").read_text())["data_hash"] == recorded
 
@@ -429,12 +429,12 @@ def test_resume_of_a_run_that_predates_data_hash_records_it(gsm, finished_run):
 def test_resume_of_an_output_that_never_ran(gsm, tmp_path):
     # A typo in --output with --resume must not quietly start a fresh run somewhere else.
     data = write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
-    proc = gsm("--data", str(data), "--output", "runz", "--resume")
+    proc = gsm("--rows", str(data), "--output", "runz", "--resume")
     assert_one_line_error(proc, "cannot resume runz: no such directory", "check the --output path",
                           "drop --resume")
     assert proc.requests == 0 and not (tmp_path / "runz").exists()
     (tmp_path / "empty").mkdir()
-    proc = gsm("--data", str(data), "--output", "empty", "--resume")
+    proc = gsm("--rows", str(data), "--output", "empty", "--resume")
     assert_one_line_error(proc, "cannot resume empty: it has no meta.json", "drop --resume")
     assert proc.requests == 0 and not any((tmp_path / "empty").iterdir())
 
@@ -486,7 +486,7 @@ def test_a_profile_that_would_expand_or_nest_without_end(gsm, isolated_home, tmp
     profiles = isolated_home / "models.yaml"
     profiles.write_text(f"default: mine\nprofiles:\n  mine:\n    backend: openai\n    base_url: {base_url}\n")
     write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
-    proc = arle("eval", "gsm8k", "--model", "mine", "--data", "rows.jsonl", "--output", "run", cwd=tmp_path,
+    proc = arle("eval", "gsm8k", "--model", "mine", "--rows", "rows.jsonl", "--output", "run", cwd=tmp_path,
                 timeout=60)
     line = assert_one_line_error(proc, f"{profiles}: not valid YAML (line 5; {shown}", "fix the file or delete it")
     assert len(line) < 300 and not (tmp_path / "run").exists()
@@ -497,7 +497,7 @@ def test_a_profiles_file_that_is_not_utf8(isolated_home, tmp_path):
     profiles = isolated_home / "models.yaml"
     profiles.write_bytes("default: caf\u00e9\nprofiles: {}\n".encode("latin-1"))
     write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
-    proc = arle("eval", "gsm8k", "--data", "rows.jsonl", "--output", "run", cwd=tmp_path)
+    proc = arle("eval", "gsm8k", "--rows", "rows.jsonl", "--output", "run", cwd=tmp_path)
     assert_one_line_error(proc, f"model profiles file {profiles} is not UTF-8 text (byte 12)", "save it as UTF-8")
     assert not (tmp_path / "run").exists()
 
@@ -520,7 +520,7 @@ def test_a_recipe_with_an_alias_bomb(tmp_path):
 ], ids=["jsonl-100k-deep", "json-100k-deep", "jsonl-not-utf8", "json-not-utf8"])
 def test_data_that_nests_without_end_or_is_not_utf8(gsm, tmp_path, name, content, shown):
     (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    proc = gsm("--data", name, "--output", "run")
+    proc = gsm("--rows", name, "--output", "run")
     assert_one_line_error(proc, shown)
     assert proc.requests == 0 and not (tmp_path / "run").exists()
 
@@ -534,7 +534,7 @@ def test_a_data_row_with_a_lone_surrogate_evaluates_to_the_end(gsm, tmp_path):
     rows = [dict(r) for r in GSM_ROWS]
     rows[1]["question"] = "What is \ud800 plus 1?"
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # ASCII: the escape
-    proc = gsm("--data", "rows.jsonl", "--output", "run", "--json")
+    proc = gsm("--rows", "rows.jsonl", "--output", "run", "--json")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.requests == 4
     lines = (tmp_path / "run" / "samples.jsonl").read_bytes().decode("utf-8").splitlines()  # valid UTF-8

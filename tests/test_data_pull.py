@@ -47,7 +47,7 @@ def test_unreachable_hub_says_what_to_do(tmp_path, monkeypatch):
         raise ConnectionError("no route to host")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    with pytest.raises(UserError, match=r"cannot load org/qa/easy split 'validation'.*--data FILE"):
+    with pytest.raises(UserError, match=r"cannot load org/qa/easy split 'validation'.*--rows FILE"):
         load_rows(card, "test")
 
 
@@ -84,5 +84,5 @@ def test_gated_dataset_says_how_to_get_access(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", gated)
     with pytest.raises(UserError, match=r"gated: accept its terms at https://huggingface.co/datasets/Idavidrein/gpqa, "
-                                        r"run `hf auth login`, or pass --data FILE"):
+                                        r"run `hf auth login`, or pass --rows FILE"):
         load_rows(card, "test")

@@ -110,7 +110,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
                                  on_start=on_start, on_sample=on_sample, prices=prices)
     tasks, exemplars = load_tasks(card, opts)
     if not tasks:
-        raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
+        raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --rows)")
     score = get_reward(card.reward, card.reward_params)
     check_tasks(score, card, tasks)
     if card_runs_code(card):

@@ -235,7 +235,7 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
     score_fn = _engine_scores(engine)
     docs = load_docs(card, opts)
     if not docs:
-        raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --data)")
+        raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --rows)")
     done = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
                     expected=len(docs), scoring="loglikelihood", lm_eval_task=spec.task)
     pending = [d for d in docs if sample_id(d.task.id, 0) not in done]

@@ -103,8 +103,10 @@ def eval_command(
                                           "(default: runs/BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run (the latest matching one "
                                 "when --output is not given)."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Local rows in the dataset's own schema "
-                                        "(jsonl, json, parquet, csv) instead of the card's source."),
+    rows: Optional[Path] = typer.Option(None, "--rows", help="The benchmark's rows from a local file in the "
+                                        "dataset's own schema (jsonl, json, parquet, csv) instead of the card's "
+                                        "source; `arle train --rows` trains on them."),
+    data: Optional[Path] = typer.Option(None, "--data", hidden=True, help="The old name of --rows."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
     sandbox: str = typer.Option("auto", "--sandbox", help="Where the code sandbox cannot isolate "
                                 "model-written code (no user namespaces, root without a pids cgroup): "
@@ -126,6 +128,12 @@ def eval_command(
     from arlecli.config import parse_template_kwargs
     from arlecli.thinking import check_budget, thinks
 
+    if data is not None:  # the old spelling: `arle train --data` is SFT/DPO rows, so one word for both
+        if rows is not None:
+            raise UserError("--data is the old name of --rows: pass one of them")
+        err_console().print("note: `arle eval --data` is now `--rows` (the benchmark's rows, as in `arle train "
+                            "--rows`); --data still works", highlight=False, soft_wrap=True)
+        rows = data
     card = load_card(bench)
     resolve_references(card)
     if scoring is not None and scoring not in SCORINGS:
@@ -138,7 +146,7 @@ def eval_command(
         temperature = 0.8 if num_samples > 1 else 0.0
     opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
                        max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
-                       data=str(data) if data else None, opponent=opponent, max_thinking_tokens=max_thinking_tokens)
+                       data=str(rows) if rows else None, opponent=opponent, max_thinking_tokens=max_thinking_tokens)
     opponent_spec = None
     if opponent is not None:
         from arlecli.envs.textarena import OPPONENT_NAMES, with_opponent

@@ -109,6 +109,12 @@ def train_command(
                                        "sampling, keeping what the reward accepts, SFT on it)."),
     data: Optional[str] = typer.Option(None, "--data", help="sft/dpo: a JSONL file of SFT rows (dpo: preference "
                                        "pairs), from `arle data from-eval RUN [--pairs] -o FILE.jsonl`."),
+    rows: Optional[str] = typer.Option(None, "--rows", help="grpo/rloo/ppo/rft: the benchmark's rows from a local "
+                                       "file in the dataset's own schema (jsonl, json, parquet, csv) instead of "
+                                       "the card's source, read as `arle eval --rows` reads them."),
+    eval_rows: Optional[str] = typer.Option(None, "--eval-rows", help="Held-out evaluations on the rows of this "
+                                            "file (default: the card's eval split; with --rows and no "
+                                            "--eval-split, the --rows file)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
                                         "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML (a file, or a packaged recipe name "
@@ -200,7 +206,8 @@ def train_command(
         recipe_name = str(path)
     flags = {"benchmark": bench, "algo": algo, "model": model, "backend": backend, "split": split, "limit": limit,
              "lora_rank": lora_rank, "eval_every": eval_every, "eval_split": eval_split, "eval_limit": eval_limit,
-             "max_steps": max_steps, "num_generations": num_generations, "data": data, "learning_rate": learning_rate,
+             "max_steps": max_steps, "num_generations": num_generations, "data": data, "rows": rows,
+             "eval_rows": eval_rows, "learning_rate": learning_rate,
              "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
              "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
              "vllm_server": vllm_server, "opponent": opponent, "think_tags": think_tags,

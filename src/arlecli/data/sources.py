@@ -1,7 +1,7 @@
 """Loading a card's rows: from the hub, local files, a package resource, or a generator.
 
 Every source returns plain dict rows in the dataset's own schema; `tasks_from_rows`
-then applies the card's transform and field map. `--data PATH` replaces the card's
+then applies the card's transform and field map. `--rows PATH` replaces the card's
 source with a local file in the same schema.
 """
 
@@ -124,11 +124,11 @@ def _download(card: Card, split: str) -> Any:
         if "gated" in text.lower() or "401" in text or "403" in text:
             raise UserError(
                 f"{src.path} is gated: accept its terms at https://huggingface.co/datasets/{src.path}, "
-                f"run `hf auth login`, or pass --data FILE") from None
+                f"run `hf auth login`, or pass --rows FILE") from None
         where = f"{src.path}{'/' + str(src.config) if src.config else ''}"
         raise UserError(
             f"cannot load {where} split '{split}' from the hub ({type(exc).__name__}); check the "
-            f"network (or HF_TOKEN), or pass --data FILE with rows in the dataset's own schema") from None
+            f"network (or HF_TOKEN), or pass --rows FILE with rows in the dataset's own schema") from None
     if len(parts) == 1:
         return parts[0]
     parts = [p if "config" in p.column_names else p.add_column("config", [c] * len(p))

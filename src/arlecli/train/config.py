@@ -105,6 +105,12 @@ class TrainOptions:
     # sft/dpo: the JSONL file of recorded trajectories (SFT rows, or DPO pairs for dpo) that
     # `arle data from-eval` writes.
     data: str | None = None
+    # The benchmark's own rows from a local file (jsonl, json, parquet, csv in the dataset's
+    # schema) instead of the card's source, read exactly as `arle eval --rows` reads them:
+    # what RL (grpo, rloo, ppo, rft) samples from. `eval_rows`: the held-out evaluations' rows
+    # (None: the card's eval split, or with `rows` and no eval_split, the same rows).
+    rows: str | None = None
+    eval_rows: str | None = None
     # Two-player game cards: who plays the other seat in rollouts: self (default: self-play, both
     # seats trained, each with its own outcome), random or scripted. Held-out evals play the
     # card's own opponent.
@@ -127,7 +133,8 @@ STAGED_ALGOS = ("grpo", "rloo")
 # data), or the checkpoint being resumed would ignore it (the optimizer's and the scheduler's
 # state, restored on resume, keep the learning rate and its schedule).
 STAGE_FIXED = {"benchmark", "algo", "model", "backend", "split", "limit", "num_fewshot", "lora_rank", "lora_alpha",
-               "lora_dropout", "lora_target_modules", "data", "opponent", "vllm_server", "seed", "max_steps",
+               "lora_dropout", "lora_target_modules", "data", "rows", "eval_rows", "opponent", "vllm_server", "seed",
+               "max_steps",
                "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
                "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "save_total_limit"}
 
@@ -406,8 +413,19 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
             else "trajectories (`arle data from-eval RUN -o rows.jsonl`)"
         raise UserError(f"--algo {opts.algo} trains on recorded {kind}: pass --data FILE.jsonl")
     if opts.data and opts.algo not in OFFLINE_ALGOS:
-        raise UserError(f"--data is for --algo {' and '.join(OFFLINE_ALGOS)}; --algo {opts.algo} samples its own "
-                        f"training data from the benchmark: drop --data")
+        raise UserError(f"--data is recorded trajectories for --algo {' and '.join(OFFLINE_ALGOS)}; --algo "
+                        f"{opts.algo} samples from the benchmark's rows: drop --data (for the benchmark's rows "
+                        f"from a local file, as `arle eval --rows` reads them, pass --rows FILE)")
+    if opts.rows and opts.algo in OFFLINE_ALGOS:
+        raise UserError(f"--rows is the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
+                        f"(recorded trajectories): drop --rows, or pass --eval-rows FILE to evaluate on local rows")
+    if opts.rows and opts.split:
+        raise UserError("--rows replaces the card's source, so there is no split to pick: drop --split or --rows")
+    for key in ("rows", "eval_rows"):
+        value = getattr(opts, key)
+        if value is not None and not Path(str(value)).expanduser().is_file():
+            raise UserError(f"--{key.replace('_', '-')} {value}: no such file; give a jsonl, json, parquet or csv "
+                            f"file of rows in the dataset's own schema")
     if opts.vllm_server and opts.algo in OFFLINE_ALGOS:
         raise UserError(f"--vllm-server serves rollouts; --algo {opts.algo} has none (its held-out evals can use "
                         f"--backend vllm): drop --vllm-server")

@@ -53,7 +53,7 @@ FINAL = "final"
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
 # What a resume must keep (options and trainer field by field, all but RESUMABLE).
 COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer", "dapo",
-            "stages")
+            "stages", "rows_hash", "eval_rows_hash")
 
 
 @dataclass
@@ -87,17 +87,21 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     if spec.kind != "hf" or not spec.path_or_id:
         raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
                         "not an endpoint")
-    split = train_split(card, opts.split)
-    eval_split = opts.eval_split or card.source.default_split
+    split = train_split(card, opts.split) if not opts.rows else None
+    eval_split = (opts.eval_split or card.source.default_split) if not heldout_rows(opts) else None
     meta = {
         "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
         "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
-        "algo": opts.algo, "train_split": split, "eval_split": eval_split, "recipe": cfg.recipe,
+        "algo": opts.algo, "train_split": opts.rows or split,
+        "eval_split": heldout_rows(opts) or eval_split, "recipe": cfg.recipe,
         "options": asdict(opts), "trainer": cfg.trainer, "dapo": asdict(cfg.dapo), "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if cfg.stages:
         meta["stages"] = cfg.stage_plan
+    for key in ("rows", "eval_rows"):  # a file whose content changed since is refused on resume
+        if getattr(opts, key):
+            meta[f"{key}_hash"] = rundir.file_hash(getattr(opts, key))
     if opts.algo in OFFLINE_ALGOS:  # sft, dpo: a data file of trajectories; no rollouts, no reward
         from arlecli.train.offline import run_offline
 
@@ -114,13 +118,18 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     check_dynamic_sampling(cfg, card, ranks)
     view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks)
 
-    tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot))
+    # The rows `arle eval` scores: the same loader, for the card's split or a --rows file.
+    tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot,
+                                                    data=opts.rows))
     if not tasks:
-        raise UserError(f"no tasks to train on in {card.name}:{split} (check --split and --limit)")
+        raise UserError(f"no tasks to train on in {opts.rows or f'{card.name}:{split}'} (check --split, --rows and "
+                        f"--limit)")
     prompts = [single_turn.reset(card.prompt, t, exemplars_for(exemplars, t)) for t in tasks]  # what TRL logs; rollouts render their own
-    if split == eval_split and opts.eval_limit:
-        view.message(f"warning: training and held-out evaluation both use split '{split}' of {card.name}; "
-                     f"pass --eval-split or --split to keep them apart")
+    if opts.eval_limit and (split, opts.rows) == (eval_split, heldout_rows(opts)):
+        where = f"the rows of {opts.rows}" if opts.rows else f"split '{split}' of {card.name}"
+        view.message(f"warning: training and held-out evaluation both use {where}; pass "
+                     f"{'--eval-rows FILE or --eval-split' if opts.rows else '--eval-split or --split'} to keep "
+                     f"them apart")
 
     if ranks.main:
         truncate_rewards(run_dir, start_step)
@@ -263,10 +272,18 @@ def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engin
     if not opts.eval_limit:
         return None
     eval_opts = EvalOptions(split=opts.eval_split or card.source.default_split, limit=opts.eval_limit,
+                            data=heldout_rows(opts),
                             temperature=0.0, max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
                             max_thinking_tokens=opts.max_thinking_tokens,
                             seed=int(cfg.trainer.get("seed", 1234)))
     return HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample, view.eval_done)
+
+
+def heldout_rows(opts: Any) -> str | None:
+    """The file of rows the held-out evaluations score: --eval-rows, else with --rows and no
+    --eval-split the same file (the card's source may be out of reach: a hub dataset offline),
+    else None (the card's eval split)."""
+    return opts.eval_rows or (opts.rows if opts.rows and not opts.eval_split else None)
 
 
 def write_summary(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir: Path,
