@@ -169,6 +169,7 @@ class RolloutEnv:
     params: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     max_turns: int = 0  # the function decides
+    tool_call_parser: str | None = None  # how the gateway parses tool calls (None: the template's)
 
     def reset(self) -> Any:
         return self.prompt
@@ -182,7 +183,9 @@ class RolloutEnv:
 
 
 def check_params(params: dict[str, Any], base: Path | None = None) -> None:
-    """The function a card's `rollout` env names must load (an unknown name suggests near ones)."""
+    """The function a card's `rollout` env names must load (an unknown name suggests near ones);
+    a `tool_call_parser` must be one arle has."""
+    _check_parser(params.get("tool_call_parser"))
     function = params.get("function")
     if isinstance(function, str) and function:
         try:
@@ -192,15 +195,26 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
 
 
 def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, function: str = "",
-                **params: Any) -> RolloutEnv:
-    """Env factory for `env: {name: rollout, params: {function: ..., **params}}`."""
+                tool_call_parser: str | None = None, **params: Any) -> RolloutEnv:
+    """Env factory for `env: {name: rollout, params: {function: ..., tool_call_parser: ..., **params}}`
+    (`tool_call_parser`, as `arle serve --tool-call-parser`, is the gateway's, not the function's)."""
+
     from arlecli.envs import single_turn
 
     if not function:
         raise UserError("env 'rollout' needs params.function: 'module:function', 'file.py:function' "
                         "or a registered name")
     base = Path(card.path).parent if getattr(card, "path", None) else None
-    return RolloutEnv(function, get_rollout(function, base), single_turn.reset(card.prompt, task, exemplars), params)
+    _check_parser(tool_call_parser)
+    return RolloutEnv(function, get_rollout(function, base), single_turn.reset(card.prompt, task, exemplars), params,
+                      tool_call_parser=tool_call_parser)
+
+
+def _check_parser(name: Any) -> None:
+    from arlecli.serve.tools import PARSERS
+
+    if name is not None and name not in PARSERS:
+        raise ParamError("tool_call_parser", f"must be one of {', '.join(PARSERS)}, not {name!r}")
 
 
 # ------------------------------------------------------------------------------ running
@@ -221,7 +235,8 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
         # Concurrent agents' calls arrive a little apart: wait a bit longer than `arle serve`
         # does for batch mates, as one generate call per batch is what makes this fast.
         app = create_app(engine, model_name=SERVED_MODEL, record_dir=Path(record_dir),
-                         max_concurrency=max(16, min(len(jobs), 256)), batch_wait_s=0.02)
+                         max_concurrency=max(16, min(len(jobs), 256)), batch_wait_s=0.02,
+                         tool_call_parser=getattr(jobs[0].env, "tool_call_parser", None))
         recorder, sessions = app.state.recorder, app.state.sessions
         warned = threading.Event()
         with BackgroundServer(app) as server:
@@ -292,8 +307,10 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
     continued = {r["continues"]["id"]: r["continues"]["choice"] for r in records if r.get("continues")}
     turns: list[Turn] = []
     seams: list[int] = []
+    chosen: list[dict[str, Any]] = []
     for k, record in enumerate(records):
         choice = record["choices"][continued.get(record["id"], 0)]
+        chosen.append(choice)
         # The gateway stamps each request's arrival and each choice's end: the turn's latency.
         start, end = record.get("received_at"), choice.get("finished_at")
         latency = end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
@@ -306,12 +323,13 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         link = record.get("continues")
         if k and not (link and link["seamless"] and link["id"] == records[k - 1]["id"]):
             seams.append(k)
-    for turn, after in zip(turns, turns[1:]):  # what came between two calls: tool results, a nudge
-        before = [*turn.prompt, {"role": "assistant", "content": turn.completion}] if isinstance(turn.prompt, list) \
-            else None
-        if before is not None and isinstance(after.prompt, list) and \
-                _without_thinking(after.prompt[:len(before)]) == _without_thinking(before):
-            turn.observation = after.prompt[len(before):]
+    for turn, choice, after in zip(turns, chosen, turns[1:]):  # what came between two calls: tool results, a nudge
+        if not (isinstance(turn.prompt, list) and isinstance(after.prompt, list)):
+            continue
+        n = len(turn.prompt)
+        if len(after.prompt) > n and _without_thinking(after.prompt[:n]) == _without_thinking(turn.prompt) and \
+                _sent_back(after.prompt[n], choice):
+            turn.observation = after.prompt[n + 1:]
     if not turns:  # the function failed (or answered) without calling the model
         turns.append(_empty_turn(job, engine, "error" if error else "stop"))
     info: dict[str, Any] = {"rollout": job.env.name, "calls": len(records)}
@@ -325,9 +343,24 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
                           answer="" if error else answer)
 
 
+def _sent_back(message: Any, choice: dict[str, Any]) -> bool:
+    """Whether `message` (in a later call's conversation) is the reply `choice` recorded: its
+    answer, or for a reply that called tools the same calls (serve/tools.py; ids aside)."""
+    from arlecli.serve.tools import same_calls
+
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return False
+    if choice.get("tool_calls"):
+        return same_calls(message.get("tool_calls") or [], choice["tool_calls"])
+    return message.get("content") == _answer(choice)
+
+
 def _answer(choice: dict[str, Any]) -> str:
-    """A recorded choice's answer: its `content` (the split the client got), else its text (a
-    record written before replies were split)."""
+    """A recorded choice's answer: for a reply that called tools the answer as written, calls and
+    all (what an env reads, as envs.tools does); else its `content` (the split the client got),
+    else its text (a record written before replies were split)."""
+    if isinstance(choice.get("tool_text"), str):
+        return choice["tool_text"]
     content = choice.get("content")
     return content if isinstance(content, str) else choice["text"]
 

@@ -35,6 +35,10 @@ def serve_command(
                                                     "send and /v1/models lists (default: the model's name)."),
     think_tags: Optional[str] = options.THINK_TAGS,
     chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
+    tool_call_parser: Optional[str] = typer.Option(None, "--tool-call-parser", help="How replies to requests with "
+                                                   "`tools` are parsed for calls: hermes (<tool_call> blocks: "
+                                                   "Qwen, SmolLM3), llama3_json or mistral (default: the one the "
+                                                   "model's chat template calls for, else hermes)."),
     record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
                                           "ids, logprobs, text) to DIR/SESSION.jsonl. A client opens a session "
                                           "with POST /sessions, which answers its id and base URL (/s/ID/v1; or "
@@ -73,6 +77,9 @@ def serve_command(
     if backend is not None and backend not in SERVE_BACKENDS:
         raise UserError(f"arle serve runs the hf or vllm backend, not {backend!r}: pass --backend hf or --backend vllm")
     api_key = _api_key(api_key_env)
+    from arlecli.serve.tools import check_parser
+
+    check_parser(tool_call_parser)  # before loading the model
     if record is not None:
         try:
             record.mkdir(parents=True, exist_ok=True)
@@ -96,7 +103,7 @@ def serve_command(
                          max_body_bytes=int(max_body_mb * 2**20), header_timeout_s=header_timeout,
                          record_memory_bytes=int(record_memory_mb * 2**20))
     app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency,
-                     limits=limits, max_model_len=max_model_len)
+                     limits=limits, max_model_len=max_model_len, tool_call_parser=tool_call_parser)
 
     def ready() -> None:
         typer.echo(terminal_text(f"serving {name} on {server.url(sock)}"))

@@ -130,6 +130,12 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
+def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """`text` without its `<tool_call>` blocks, and the calls they hold (parse_tool_calls):
+    what `arle serve` answers as `content` and `tool_calls` (serve/tools.py, the hermes parser)."""
+    return _CALL.sub("", text), parse_tool_calls(text)
+
+
 def call_tool(tools: dict[str, Callable[..., Any]], call: ToolCall) -> tuple[str, bool]:
     """Run one call; returns (result text, ok). Every failure is a readable result."""
     if call.error is not None:

@@ -55,8 +55,8 @@ class _Call:
     rid: str
     messages: list[dict[str, Any]]
     prompt_ids: array.array
-    replies: list[tuple[int, str, array.array, str | None, str | None]]  # (choice, text, completion ids,
-    #                                                                       answer, thinking: None unless it thought)
+    replies: list[tuple[int, str, array.array, str | None, str | None, tuple[dict[str, Any], ...]]]
+    # (choice, text, completion ids, answer, thinking: None unless it thought or called tools, tool calls)
     size: int  # bytes, as counted against the budget
 
     def ids(self, choice: int) -> list[int]:
@@ -80,10 +80,11 @@ class Continuations:
         self._sessions: collections.OrderedDict[str, collections.deque[_Call]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def prompt_ids(self, session: str, messages: list[dict[str, Any]]
+    def prompt_ids(self, session: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
                    ) -> tuple[list[int] | None, dict[str, Any] | None]:
         """(prompt ids, what was continued) for a chat request in `session`; (None, None) when
-        it continues no remembered reply (the engine encodes the messages as usual).
+        it continues no remembered reply (the engine encodes the messages as usual). `tools`
+        are the request's, which the template renders too.
 
         What was continued is {"id", "choice", "seamless"}; `seamless` False means the ids
         could not be continued and the prompt was encoded afresh (ids None then too)."""
@@ -96,22 +97,24 @@ class Continuations:
             call, choice = found
             so_far = call.ids(choice)
         # Outside the lock: tokenising a long conversation takes a while.
-        ids, seamless = continue_ids(self.tokenizer, so_far, messages)
+        ids, seamless = continue_ids(self.tokenizer, so_far, messages, tools)
         info = {"id": call.rid, "choice": choice, "seamless": seamless}
         return (ids if seamless else None), info
 
     def remember(self, session: str, rid: str, messages: list[dict[str, Any]], completions: list[Any],
                  split: list[Any] | None = None) -> None:
         """Keep each choice of a finished chat request as a reply later requests may continue;
-        `split` holds each choice's reasoning.Reply (its answer and thinking), if it was split."""
+        `split` holds each choice's reasoning.Reply (its answer, thinking and tool calls), if it was split."""
         with_ids = [(i, c) for i, c in enumerate(completions) if c.prompt_token_ids]
         if not with_ids:  # an engine without ids (a remote endpoint): nothing to continue
             return
         prompt_ids = _ids(with_ids[0][1].prompt_token_ids)  # every choice of a request has the same prompt
 
-        def parts(i: int) -> tuple[str | None, str | None]:
+        def parts(i: int) -> tuple[str | None, str | None, tuple[dict[str, Any], ...]]:
             reply = split[i] if split is not None else None
-            return (reply.answer, reply.thinking) if reply is not None and reply.thought else (None, None)
+            if reply is None or not (reply.thought or reply.tool_calls):
+                return None, None, ()
+            return reply.answer, reply.thinking, reply.tool_calls
 
         replies = [(i, c.text, _ids(c.token_ids), *parts(i)) for i, c in with_ids]
         call = _Call(rid, messages, prompt_ids, replies, _size(messages, prompt_ids, replies))
@@ -156,18 +159,25 @@ class Continuations:
             n = len(call.messages)
             if len(messages) <= n + 1 or messages[:n] != call.messages:
                 continue
-            for choice, text, _, answer, thinking in reversed(call.replies):
-                if _is_reply(messages[n], text, answer, thinking):
+            for choice, text, _, answer, thinking, calls in reversed(call.replies):
+                if _is_reply(messages[n], text, answer, thinking, calls):
                     return call, choice
         return None
 
 
-def _is_reply(message: dict[str, Any], text: str, answer: str | None, thinking: str | None) -> bool:
+def _is_reply(message: dict[str, Any], text: str, answer: str | None, thinking: str | None,
+              calls: tuple[dict[str, Any], ...] = ()) -> bool:
     """Whether `message` is the reply sent back: its raw text, or its answer with at most its
-    own thinking beside it (see the module docstring)."""
-    if message.get("role") != "assistant" or set(message) - {"role", "content", "reasoning_content"}:
+    own thinking beside it (see the module docstring); a reply that called tools, its answer
+    (the text outside the calls) with those calls (same functions and arguments; ids aside)."""
+    from arlecli.serve.tools import same_calls
+
+    if message.get("role") != "assistant" or set(message) - {"role", "content", "reasoning_content", "tool_calls"}:
         return False
     content, sent = message.get("content"), message.get("reasoning_content")
+    if calls or message.get("tool_calls"):
+        return bool(calls) and same_calls(message.get("tool_calls") or [], list(calls)) and \
+            content == answer and sent in (None, thinking)
     if content == text and sent is None:
         return True
     return answer is not None and content == answer and sent in (None, thinking)
@@ -182,14 +192,16 @@ def _ids(ids: Any) -> array.array:
 
 
 def _size(messages: list[dict[str, Any]], prompt_ids: array.array,
-          replies: list[tuple[int, str, array.array, str | None, str | None]]) -> int:
+          replies: list[tuple[int, str, array.array, str | None, str | None, tuple[dict[str, Any], ...]]]) -> int:
     """The bytes one remembered request holds, as Python stores them (an upper bound: strings
     shared with other requests are counted each time)."""
     size = _OVERHEAD + sys.getsizeof(messages) + sys.getsizeof(prompt_ids)
     for m in messages:
         size += sys.getsizeof(m) + sum(sys.getsizeof(v) for v in m.values())
-    for _, text, ids, answer, thinking in replies:
+    for _, text, ids, answer, thinking, calls in replies:
         size += 64 + sys.getsizeof(text) + sys.getsizeof(ids)
-        if thinking is not None:  # the split's strings are copies of parts of the text
+        if answer is not None:  # the split's strings are copies of parts of the text
             size += 48 + sys.getsizeof(answer) + sys.getsizeof(thinking)
+        for call in calls:  # their arguments' JSON, a copy of part of the text too
+            size += 256 + sys.getsizeof(call["function"]["arguments"])
     return size

@@ -31,13 +31,18 @@ from arlecli.thinking import prompt_opens, split, tags_for, thinking_token_count
 class Reply:
     """One generated choice taken apart: `answer` is what `content` carries; `thinking` is None
     when the model did not think; `cut` says it thought and gave no answer; `thinking_tokens`
-    counts the ids through the end tag (None: unknown, e.g. an endpoint without counts)."""
+    counts the ids through the end tag (None: unknown, e.g. an endpoint without counts);
+    `tool_calls` are the calls a tool-call parser took out of the answer (serve/tools.py)."""
 
     completion: Completion
     answer: str
     thinking: str | None = None
     cut: bool = False
     thinking_tokens: int | None = None
+    # Function calling (serve/tools.py): the calls taken out of the answer, in the response's
+    # shape, and the answer as written before they were (None: no calls).
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    written: str | None = None
 
     @property
     def thought(self) -> bool:

@@ -7,7 +7,9 @@ never interleave and a crash loses at most the line being written. The token ids
 logprobs recorded are the engine's own (never re-tokenised text), which is what RL training
 on recorded agent traffic needs. Each choice keeps the generated `text` whole and, taken apart
 as the client got it (reasoning.py), its answer (`content`) and, when the model thought, its
-`reasoning_content`, `thinking_cut` (no answer) and `thinking_tokens`: rollout.py rebuilds the
+`reasoning_content`, `thinking_cut` (no answer) and `thinking_tokens`, and when it called
+tools (a request with `tools`, also recorded) its `tool_calls` and `tool_text` (the answer as
+written, calls and all): rollout.py rebuilds the
 episode's turns from these, so training and eval see the split the agent saw.
 
 Lines end in `\n` and nothing else does: `safeio.dumps` escapes every character below
@@ -98,6 +100,9 @@ def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished:
     params = request.params
     asked: dict[str, Any] = {"messages": request.prompts[0]} if request.chat else {
         "prompt": request.prompts[0] if len(request.prompts) == 1 else request.prompts}
+    tools = getattr(request, "tools", None)
+    if tools is not None:  # function calling: what the template rendered, and how calls were asked for
+        asked.update(tools=tools.tools, tool_choice=tools.choice)
     choices = []
     for i, fin in enumerate(finished):
         comp = fin.completion
@@ -129,8 +134,11 @@ def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished:
 
 
 def _thinking(reply: Reply) -> dict[str, Any]:
-    """A choice's answer and, when the model thought, its thinking (the record's split)."""
-    if not reply.thought:
-        return {"content": reply.answer}
-    return {"content": reply.answer, "reasoning_content": reply.thinking, "thinking_cut": reply.cut,
-            "thinking_tokens": reply.thinking_tokens}
+    """A choice's answer and, when the model thought, its thinking (the record's split); when it
+    called tools, the calls as answered and `tool_text`, the answer as written, calls and all."""
+    out: dict[str, Any] = {"content": reply.answer}
+    if reply.tool_calls:
+        out.update(tool_calls=[dict(c) for c in reply.tool_calls], tool_text=reply.written)
+    if reply.thought:
+        out.update(reasoning_content=reply.thinking, thinking_cut=reply.cut, thinking_tokens=reply.thinking_tokens)
+    return out
