@@ -23,6 +23,10 @@ request at a time, which would slow its batch mates). A client that goes away
 while its request waits or generates has the request cancelled (Batcher.cancel), so the engine
 does not generate for nobody.
 
+Function calling (tools.py): a chat request's `tools` go to the chat template and the reply's
+calls are parsed out of it (message.tool_calls, finish_reason "tool_calls"), as vLLM's tool
+parsers do; the parser is the model family's or `tool_call_parser`'s.
+
 Thinking (reasoning.py): a chat reply of a model that thinks carries its answer in `content`
 and its thought in `reasoning_content`, as vLLM's reasoning parsers answer; `reasoning_format:
 "none"` in the request keeps the raw text in `content`. /v1/completions returns the raw text.
@@ -64,6 +68,7 @@ from arlecli.serve.protocol import ApiError, ApiRequest
 from arlecli.serve.reasoning import Reasoning, Reply, reasoning_tokens
 from arlecli.serve.record import Recorder, build_record
 from arlecli.serve.sessions import DEFAULT_SESSION, Sessions
+from arlecli.serve.tools import parser_for, with_calls
 
 SESSION_HEADER = "x-arle-session"
 
@@ -77,7 +82,8 @@ class _Json(JSONResponse):
 
 class _Api:
     def __init__(self, engine: Engine, batcher: Batcher, model_name: str, api_key: str | None,
-                 recorder: Recorder | None, limits: ServeLimits, max_model_len: int | None) -> None:
+                 recorder: Recorder | None, limits: ServeLimits, max_model_len: int | None,
+                 tool_call_parser: str | None = None) -> None:
         self.engine = engine
         self.batcher = batcher
         self.limits = limits
@@ -88,6 +94,7 @@ class _Api:
         self.reasoning = Reasoning(engine)
         self.created = int(time.time())
         tokenizer = getattr(engine, "tokenizer", None)
+        self.tool_parser = parser_for(tokenizer, tool_call_parser)  # serve/tools.py
         # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
         self.continuations = Continuations(tokenizer, limits.record_memory_bytes) if (
             recorder is not None and getattr(tokenizer, "chat_template", None)) else None
@@ -138,7 +145,8 @@ class _Api:
         rid = protocol.new_id(chat)
         continued, continues = None, None
         if chat and self.continuations is not None:
-            continued, continues = self.continuations.prompt_ids(session, req.prompts[0])
+            continued, continues = self.continuations.prompt_ids(
+                session, req.prompts[0], req.tools.tools if req.tools is not None else None)
         prompt_ids, budgets = await self._fit_context(req, continued)
         try:
             futures = self.batcher.submit(req.engine_requests(force_logprobs=self.recorder is not None,
@@ -164,7 +172,7 @@ class _Api:
             # On an error, a dropped client or a cancelled handler: don't generate for nobody.
             self.batcher.cancel([f for f in futures if not f.done()])
             gathered.cancel()  # after: its results (or errors) are nobody's to read
-        replies = [self.reasoning.reply(f.completion) for f in finished]
+        replies = [self._reply(req, f.completion) for f in finished]
         self._record(session, rid, endpoint, req, finished, received, continues, replies)
         thought = reasoning_tokens(replies) if req.chat and not req.raw_reasoning else None
         return _Json(protocol.response(req, rid, int(received), self.model_name, replies, self.token_text,
@@ -190,7 +198,8 @@ class _Api:
             if continued is not None:  # chat: one prompt, continuing a recorded reply
                 ids.append(continued)
                 continue
-            gen = GenerationRequest(messages=prompt) if req.chat else GenerationRequest(prompt=prompt)
+            gen = GenerationRequest(messages=prompt, tools=req.tools.tools if req.tools is not None else None) \
+                if req.chat else GenerationRequest(prompt=prompt)
             try:
                 ids.append(await asyncio.to_thread(encode, gen))
             except UserError as exc:  # e.g. a chat request to a model without a chat template
@@ -225,7 +234,7 @@ class _Api:
                 for fut in sorted(done, key=index.__getitem__):
                     i, fin = index[fut], fut.result()
                     finished[i] = fin
-                    reply_i = replies[i] = self.reasoning.reply(fin.completion)
+                    reply_i = replies[i] = self._reply(req, fin.completion)
                     extra = {}
                     if req.chat and req.return_token_ids and not prompt_ids_sent:
                         extra["prompt_token_ids"] = list(fin.completion.prompt_token_ids)
@@ -235,7 +244,7 @@ class _Api:
                         yield event([thought], **extra)
                         extra = {}
                     yield event([protocol.content_delta(req, i, reply_i, self.token_text)], **extra)
-                    yield event([protocol.finish_delta(req, i, fin.completion)])
+                    yield event([protocol.finish_delta(req, i, fin.completion, reply_i)])
             done_all = [f for f in finished if f is not None]
             split = [r for r in replies if r is not None]
             if req.include_usage:
@@ -250,6 +259,12 @@ class _Api:
             for fut in waiting:  # after: their results (or errors) are nobody's to read
                 fut.cancel()
         yield "data: [DONE]\n\n"
+
+    def _reply(self, req: ApiRequest, comp: Any) -> Reply:
+        """A choice as the client gets it: its thinking apart (reasoning.py), then its tool calls
+        (serve/tools.py, for a chat request with tools)."""
+        reply = self.reasoning.reply(comp)
+        return with_calls(reply, req.tools, self.tool_parser) if req.chat else reply
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
                 received: float, continues: dict[str, Any] | None, replies: list[Reply]) -> None:
@@ -278,7 +293,7 @@ class _Api:
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, record_dir: Path | None = None,
                max_concurrency: int = 16, batch_wait_s: float = 0.005, limits: ServeLimits | None = None,
-               max_model_len: int | None = None) -> Starlette:
+               max_model_len: int | None = None, tool_call_parser: str | None = None) -> Starlette:
     """The server app for `engine`, served as `model_name`.
 
     Args:
@@ -290,6 +305,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
             applied by server.py, which reads them from `app.state.limits`).
         max_model_len: the context prompts and max_tokens are checked against (default: the
             engine's, see limits.context_length).
+        tool_call_parser: how replies to requests with `tools` are searched for calls (hermes,
+            llama3_json, mistral; default: the one the model's chat template calls for, see tools.py).
 
     `app.state.batcher` holds the Batcher (its counters show how requests were batched),
     `app.state.sessions` the open recording sessions (`open()` one in-process, as the rollout
@@ -300,7 +317,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
     batcher = Batcher(engine, max_batch=max_concurrency, wait_s=batch_wait_s)
     recorder = Recorder(record_dir) if record_dir is not None else None
     limits = limits or ServeLimits()
-    api = _Api(engine, batcher, model_name, api_key, recorder, limits, max_model_len)
+    api = _Api(engine, batcher, model_name, api_key, recorder, limits, max_model_len, tool_call_parser)
     routes = [Route("/health", _health, methods=["GET"]),
               Route("/sessions", api.open_session, methods=["POST"]),
               Route("/sessions/{sid}", api.close_session, methods=["DELETE"])]

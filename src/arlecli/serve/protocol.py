@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
 from arlecli.serve.reasoning import Reply
+from arlecli.serve.tools import ToolRequest, ToolRequestError, message_tool_calls, parse_tool_request, stream_calls
 
 MAX_N = 128
 # Stop strings are checked at every decode step, so their number and length cost every
@@ -84,6 +85,7 @@ class ApiRequest:
     return_token_ids: bool = False
     max_tokens_explicit: bool = False  # the client set max_tokens (a default may be cut to fit)
     raw_reasoning: bool = False      # reasoning_format "none": the thought stays in `content`
+    tools: ToolRequest | None = None  # function calling (serve/tools.py)
 
     def engine_requests(self, force_logprobs: bool = False, prompt_ids: list[list[int] | None] | None = None,
                         max_tokens: list[int] | None = None) -> list[GenerationRequest]:
@@ -101,7 +103,8 @@ class ApiRequest:
                 params = replace(self.params, seed=seed, stop=list(self.params.stop), max_tokens=budget,
                                  logprobs=self.logprobs or force_logprobs)
                 if self.chat:
-                    out.append(GenerationRequest(messages=prompt, params=params, prompt_token_ids=ids))
+                    out.append(GenerationRequest(messages=prompt, params=params, prompt_token_ids=ids,
+                                                 tools=self.tools.tools if self.tools is not None else None))
                 else:
                     out.append(GenerationRequest(prompt=prompt, params=params, prompt_token_ids=ids))
         return out
@@ -131,13 +134,15 @@ def parse_chat(body: Any) -> ApiRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("`messages` must be a non-empty list of {role, content} objects", "messages")
-    clean = [_message(i, m) for i, m in enumerate(messages)]
+    try:
+        clean = [_message(i, m) for i, m in enumerate(messages)]
+        tool_request = parse_tool_request(body)
+    except ToolRequestError as exc:
+        raise _bad(str(exc), exc.param) from None
     logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, 20)
     if top and not logprobs:
         raise _bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
-    if body.get("tools"):
-        raise _bad("tool calling (`tools`) is not supported by arle serve", "tools")
     rf = body.get("response_format")
     if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
         raise _bad("only `response_format: {type: text}` is supported by arle serve", "response_format")
@@ -149,6 +154,7 @@ def parse_chat(body: Any) -> ApiRequest:
     req = _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs,
                   explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")))
     req.raw_reasoning = fmt == "none"
+    req.tools = tool_request
     return req
 
 
@@ -219,10 +225,16 @@ def _object(body: Any) -> dict[str, Any]:
     return body
 
 
-def _message(i: int, m: Any) -> dict[str, str]:
+def _message(i: int, m: Any) -> dict[str, Any]:
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise _bad(f"messages[{i}] must be an object with a string `role`", "messages")
-    out = {"role": m["role"], "content": _content(i, m.get("content"))}
+    out: dict[str, Any] = {"role": m["role"], "content": _content(i, m.get("content"))}
+    if m["role"] == "assistant" and m.get("tool_calls"):  # an earlier reply's calls, for the template
+        out["tool_calls"] = message_tool_calls(i, m["tool_calls"])
+    if m["role"] == "tool":
+        for key in ("tool_call_id", "name"):  # which call this answers (templates may render either)
+            if isinstance(m.get(key), str):
+                out[key] = m[key]
     if m["role"] == "assistant":
         # An earlier reply's thinking, sent back as it came (vLLM: `reasoning` or `reasoning_content`):
         # kept for the chat template, which may render it (Qwen3's does after the last user turn).
@@ -331,9 +343,20 @@ def message(req: ApiRequest, reply: Reply) -> dict[str, Any]:
     """A chat reply's message: the answer in `content` and the thinking in `reasoning_content`
     (content null when the model thought and gave no answer, as vLLM's parsers answer);
     a reply without a thought, or one asked for raw, is the text as generated."""
+    if reply.tool_calls:  # serve/tools.py: the text outside the calls, and the calls
+        out: dict[str, Any] = {"role": "assistant", "content": reply.answer or None,
+                               "tool_calls": [dict(c) for c in reply.tool_calls]}
+        if _parsed(req, reply):
+            out["reasoning_content"] = reply.thinking
+        return out
     if not _parsed(req, reply):
         return {"role": "assistant", "content": reply.completion.text}
     return {"role": "assistant", "content": reply.answer or None, "reasoning_content": reply.thinking}
+
+
+def finish_reason(reply: Reply) -> str:
+    """A choice's finish reason: "tool_calls" when the reply's calls were parsed out of it."""
+    return "tool_calls" if reply.tool_calls else reply.completion.finish_reason
 
 
 def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[Reply],
@@ -349,7 +372,7 @@ def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[
         else:
             choice["text"] = comp.text
         choice["logprobs"] = logprobs(req, comp, token_text)
-        choice["finish_reason"] = comp.finish_reason
+        choice["finish_reason"] = finish_reason(reply)
         _token_ids(req, choice, comp)
         choices.append(choice)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.chat else "text_completion",
@@ -424,7 +447,10 @@ def content_delta(req: ApiRequest, index: int, reply: Reply, token_text: TokenTe
     comp = reply.completion
     choice: dict[str, Any] = {"index": index}
     if req.chat:
-        choice["delta"] = {"content": reply.answer if _parsed(req, reply) else comp.text}
+        if reply.tool_calls:  # the text outside the calls, and the calls whole (the shape clients accumulate)
+            choice["delta"] = {"content": reply.answer or None, "tool_calls": stream_calls(reply.tool_calls)}
+        else:
+            choice["delta"] = {"content": reply.answer if _parsed(req, reply) else comp.text}
     else:
         choice["text"] = comp.text
     choice["logprobs"] = logprobs(req, comp, token_text)
@@ -433,10 +459,12 @@ def content_delta(req: ApiRequest, index: int, reply: Reply, token_text: TokenTe
     return choice
 
 
-def finish_delta(req: ApiRequest, index: int, comp: Completion) -> dict[str, Any]:
-    """The closing delta of a choice: empty content and its finish reason."""
+def finish_delta(req: ApiRequest, index: int, comp: Completion, reply: Reply | None = None) -> dict[str, Any]:
+    """The closing delta of a choice: empty content and its finish reason ("tool_calls" for a
+    `reply` with calls)."""
     if req.chat:
-        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": comp.finish_reason}
+        why = finish_reason(reply) if reply is not None else comp.finish_reason
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": why}
     return {"index": index, "text": "", "logprobs": None, "finish_reason": comp.finish_reason}
 
 
