@@ -95,14 +95,18 @@ def stream_chunks(client: openai.OpenAI, **kwargs: Any) -> list[Any]:
 
 def deltas(chunks: list[Any]) -> list[tuple[str, Any]]:
     """Each chunk's choice-0 delta as (field, value), in the order they came (role, thinking,
-    content, finish), skipping empty ones."""
-    out = []
+    content, finish), skipping empty ones; consecutive deltas of one field (the tokens of a
+    text streamed token by token) are joined."""
+    out: list[tuple[str, Any]] = []
     for chunk in chunks:
         for choice in chunk.choices:
             delta = choice.delta.model_dump(exclude_none=True)
             for key in ("role", "reasoning_content", "content"):
                 if delta.get(key):
-                    out.append((key, delta[key]))
+                    if out and out[-1][0] == key and key != "role":
+                        out[-1] = (key, out[-1][1] + delta[key])
+                    else:
+                        out.append((key, delta[key]))
             if choice.finish_reason:
                 out.append(("finish", choice.finish_reason))
     return out

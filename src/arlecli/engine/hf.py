@@ -60,6 +60,7 @@ class HFEngine:
 
     name = "hf"
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
+    streams = True  # generate() takes `on_tokens` (each row's ids so far, after every step: arle serve streams them)
 
     def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
                  dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None,
@@ -90,6 +91,7 @@ class HFEngine:
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = eos_ids
+        self._on_tokens: Callable[[int, list[int]], None] | None = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (
             next(iter(eos_ids)) if eos_ids else 0)
 
@@ -97,8 +99,8 @@ class HFEngine:
         """Prompt token ids (shared with the vllm backend so both see the same ids)."""
         return encode_request(self.tokenizer, request, self.chat_template_kwargs)
 
-    def generate(self, requests: list[GenerationRequest],
-                 then: Then | None = None) -> Iterator[tuple[int, Completion]]:
+    def generate(self, requests: list[GenerationRequest], then: Then | None = None,
+                 on_tokens: Callable[[int, list[int]], None] | None = None) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes.
 
         Continuous batching: up to `batch_size` rows decode together; a finished row leaves
@@ -109,7 +111,11 @@ class HFEngine:
         `then(index, completion)`, when given, is asked as each request finishes: None yields
         the completion; a GenerationRequest runs next under the same index instead (the
         completion is not yielded), in the same batch slot when its prompt ids extend the
-        finished row's prompt and output."""
+        finished row's prompt and output.
+
+        `on_tokens(index, ids)`, when given, is called after each step with the ids a row has
+        generated so far (the row's own list: read it, do not keep or change it)."""
+        self._on_tokens = on_tokens
         encoded = [self.encode(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
@@ -185,6 +191,8 @@ class HFEngine:
             r.out.append(tokens[b])
             if token_lps is not None and r.params.logprobs:
                 r.logprobs.append(token_lps[b])
+            if self._on_tokens is not None:
+                self._on_tokens(r.index, r.out)
             done = self._finished(r, tokens[b])
             if not done:
                 keep.append(b)

@@ -5,6 +5,11 @@ to `max_batch`, waiting `wait_s` after the first for company), runs one
 `engine.generate(batch)` and resolves each request's future the moment the engine yields
 its completion. Requests that arrive while a batch runs form the next batch. One worker
 because the engines are not thread-safe (the hf engine owns one model and one KV cache).
+
+A request may carry `on_tokens(ids)`: an engine that streams (`streams = True`, hf) calls it
+with the ids generated so far after each decode step, so a streamed reply goes out token by
+token. Other work on the engine (scoring a prompt's logprobs, serve/scoring.py) goes through
+`call`, run by the same worker between batches.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 import traceback
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from arlecli.safeio import terminal_text
 from arlecli.engine.base import Completion, Engine, GenerationRequest
@@ -37,8 +43,10 @@ class Finished:
 
 @dataclass
 class _Item:
-    request: GenerationRequest
-    future: Future[Finished]
+    request: GenerationRequest | None  # None: a job (`call`), run alone between batches
+    future: Future[Any]
+    on_tokens: Callable[[list[int]], None] | None = None
+    job: Callable[[], Any] | None = None
 
 
 class Batcher:
@@ -66,16 +74,30 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="arle-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, requests: list[GenerationRequest]) -> list[Future[Finished]]:
+    def submit(self, requests: list[GenerationRequest],
+               on_tokens: list[Callable[[list[int]], None] | None] | None = None) -> list[Future[Finished]]:
         """Queue `requests`; each future resolves to a Finished or raises the engine's error.
-        Cancelling a future before its batch starts drops the request."""
-        items = [_Item(r, Future()) for r in requests]
+        Cancelling a future before its batch starts drops the request. `on_tokens[i]`, where
+        given, sees request i's ids so far after each step (engines that stream only; it runs
+        in the worker thread and must be quick)."""
+        hooks = on_tokens or [None] * len(requests)
+        items = [_Item(r, Future(), hook) for r, hook in zip(requests, hooks)]
+        self._put(items)
+        return [item.future for item in items]
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run `fn()` in the worker thread, alone, between batches (it may use the engine);
+        the future holds its result or its exception."""
+        item = _Item(None, Future(), job=fn)
+        self._put([item])
+        return item.future
+
+    def _put(self, items: list[_Item]) -> None:
         with self._lock:  # so close() cannot miss an item put after it drained the queue
             if self._closed:
                 raise RuntimeError(SHUTDOWN)
             for item in items:
                 self._queue.put(item)
-        return [item.future for item in items]
 
     def cancel(self, futures: list[Future[Finished]]) -> int:
         """Give up on the requests of `futures` (their client went away); returns how many
@@ -97,7 +119,7 @@ class Batcher:
                     stopped += 1
                     continue
                 item = running.get(id(future))
-                if item is not None and not future.done():
+                if item is not None and item.request is not None and not future.done():
                     # An int store is atomic; the worker thread sees it at its next step.
                     item.request.params.max_tokens = 1
                     stopped += 1
@@ -130,6 +152,9 @@ class Batcher:
             item = self._queue.get()
             if item is None:
                 return
+            if item.job is not None:
+                self._run_job(item)
+                continue
             batch = [item]
             deadline = time.monotonic() + self.wait_s
             while len(batch) < self.max_batch:
@@ -140,8 +165,27 @@ class Batcher:
                 if item is None:
                     self._queue.put(None)  # handle the batch in hand, then stop
                     break
+                if item.job is not None:  # after this batch, in queue order
+                    self._run_batch(batch)
+                    batch = []
+                    self._run_job(item)
+                    break
                 batch.append(item)
-            self._run_batch(batch)
+            if batch:
+                self._run_batch(batch)
+
+    def _run_job(self, item: _Item) -> None:
+        if not item.future.set_running_or_notify_cancel():
+            return
+        if self._closed:
+            item.future.set_exception(RuntimeError(SHUTDOWN))
+            return
+        try:
+            result = item.job()  # type: ignore[misc]
+        except Exception as exc:
+            _settle(item.future, exc=exc)
+        else:
+            _settle(item.future, result)
 
     def _run_batch(self, batch: list[_Item]) -> None:
         with self._lock:
@@ -181,7 +225,18 @@ class Batcher:
         self.generate_calls += 1
         self.recent_batch_sizes.append(len(items))
         started = time.time()
-        for i, completion in self.engine.generate([it.request for it in items]):
+        requests = [it.request for it in items]
+        hooks = [it.on_tokens for it in items]
+        if getattr(self.engine, "streams", False) and any(hooks):
+            def on_tokens(i: int, ids: list[int]) -> None:
+                hook = hooks[i]
+                if hook is not None:
+                    hook(ids)
+
+            stream = self.engine.generate(requests, on_tokens=on_tokens)  # type: ignore[call-arg]
+        else:
+            stream = self.engine.generate(requests)  # type: ignore[arg-type]
+        for i, completion in stream:
             _settle(items[i].future, Finished(completion, started, time.time(), len(items)))
             self.requests_done += 1
         for it in items:
