@@ -370,8 +370,11 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
         *exemplar, {"role": "user", "content": "a?"}]}])
     refused(str(shots), "-o", str(out), needles=("few-shot exemplars", "--num-fewshot 0"))
 
-    completion = write_run(tmp_path / "completion", [{**sample("a", 0, correct=True), "prompt": "Question: a?"}])
-    refused(str(completion), "-o", str(out), needles=("plain text", "prompt.format: completion"))
+    # A completion-format run is prompt/completion rows (test_from_eval_completions); one whose
+    # model thought apart from its answer has no text row to carry the thought.
+    completion = write_run(tmp_path / "completion", [{**sample("a", 0, correct=True), "prompt": "Question: a?",
+                                                      "thinking": "hmm"}])
+    refused(str(completion), "-o", str(out), needles=("completion-format", "--drop-thinking"))
 
     old = agent_sample("a", 0, True, "#### 6")
     del old["tools"]

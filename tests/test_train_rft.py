@@ -206,10 +206,12 @@ def test_cards_rft_cannot_learn_from_are_refused_before_the_run_starts(tmp_path)
     agent = load_card(str(ROOT / "examples" / "openai_agent" / "card.yaml"))
     with pytest.raises(UserError, match="its own rollout function"):
         check_settings(cfg, agent, tmp_path / "run")
+    # A completion-format card is learnt from (its rows are prompt/completion text, its plain-text
+    # exemplars part of the prompt, with no loss): test_from_eval_completions trains one.
     plain = load_card(str(rft_card(tmp_path)))
     plain.prompt.format = "completion"
-    with pytest.raises(UserError, match="plain text"):
-        check_settings(cfg, plain, tmp_path / "run")
+    plain.prompt.fewshot = replace(plain.prompt.fewshot, n=2, split="train")
+    check_settings(cfg, plain, tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 

@@ -16,6 +16,13 @@ SFT rows (one per episode): {"messages", "tools"?, "benchmark", "run", "task_id"
 "reward", "correct", "model"}; every assistant message is the model's and carries loss, the
 rest (system, user, tool) is prompt or environment.
 
+Completion-format cards (`prompt.format: completion`: HumanEval, gsm8k, MBPP) prompt with plain
+text, not chat messages: their rows are TRL's prompt/completion format instead, `{"prompt": str,
+"completion": str, ...provenance}` (pairs: `{"prompt": str, "chosen": str, "rejected": str,
+...}`), the prompt exactly the text the engine tokenised, the completion the model's reply as
+eval recorded it (cut at the card's stop sequence). A trainer tokenises the prompt as the engine
+did, the completion after it, and appends EOS, as TRL does (train.sft.tokenize_text).
+
 DPO rows (`--pairs`): {"prompt", "chosen", "rejected", "tools"?, "benchmark", "run", "task_id",
 "model", "chosen_reward", "rejected_reward"}, TRL's conversational preference format. `prompt`
 is the episode's first prompt, `chosen`/`rejected` everything after it (for an agent episode,
@@ -66,20 +73,27 @@ class Trajectory:
     sample: int
     reward: float
     correct: bool
-    prompt: list[dict[str, Any]]        # what the model saw before its first turn
-    continuation: list[dict[str, Any]]  # its turns (assistant) and the env's answers in between
+    # What the model saw before its first turn (plain text for a completion-format card) and
+    # its turns (assistant) with the env's answers in between (the reply's text for such a card).
+    prompt: list[dict[str, Any]] | str
+    continuation: list[dict[str, Any]] | str
     tools: list[dict[str, Any]] | None
     cut: bool = False                   # a model turn stopped at its token limit (finish_reason "length")
     thinking_cut: bool = False          # a model turn thought and gave no answer
 
     @property
+    def is_text(self) -> bool:
+        """A completion-format episode: a plain-text prompt and reply, not chat messages."""
+        return isinstance(self.prompt, str)
+
+    @property
     def messages(self) -> list[dict[str, Any]]:
-        """The whole conversation, ending with the model's last turn."""
+        """The whole conversation, ending with the model's last turn (chat episodes only)."""
         return [*self.prompt, *self.continuation]
 
     def key(self) -> str:
         """Equal for identical conversations (what --dedupe compares)."""
-        return safeio.dumps([self.messages, self.tools], sort_keys=True)
+        return safeio.dumps([self.prompt, self.continuation, self.tools], sort_keys=True)
 
     def prompt_key(self) -> str:
         """Equal for episodes that started from the same prompt and tools (pairs need one)."""
@@ -144,8 +158,7 @@ def _trajectory(run: EvalRun, sample: dict[str, Any], line: int, drop_thinking: 
     where = f"{run.path / SAMPLES} line {line}"
     prompt = sample.get("prompt")
     if isinstance(prompt, str):
-        raise UserError(f"{run.path}: its prompts are plain text (a `prompt.format: completion` card), not chat "
-                        f"messages, so they have no chat-format conversation to train on; evaluate a chat card")
+        return _text_trajectory(run, sample, where, prompt, drop_thinking)
     if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
         raise UserError(f"{where}: `prompt` is not a list of chat messages; the file was edited or damaged")
     turns = sample.get("turns")
@@ -181,6 +194,26 @@ def _trajectory(run: EvalRun, sample: dict[str, Any], line: int, drop_thinking: 
                       prompt=prompt, continuation=continuation, tools=tools, cut=cut, thinking_cut=thinking_cut)
 
 
+def _text_trajectory(run: EvalRun, sample: dict[str, Any], where: str, prompt: str,
+                     drop_thinking: bool) -> Trajectory:
+    """A completion-format card's sample: its plain-text prompt and the reply's text."""
+    completion = sample.get("completion")
+    if sample.get("turns") is not None or not isinstance(completion, str):
+        raise UserError(f"{where}: a plain-text prompt with turns or without a text completion is not what arle "
+                        f"writes; the file was edited or damaged")
+    if isinstance(sample.get("thinking"), str) and not drop_thinking:
+        # A text row has no message to carry the thought in, and where the think tags go is the
+        # model's; the answer alone is a row only when asked for.
+        raise UserError(f"{run.path}: a completion-format card's samples hold the model's thinking apart from its "
+                        f"answer, which a prompt/completion row cannot carry; pass --drop-thinking to write the "
+                        f"answers alone")
+    return Trajectory(run=str(run.path), benchmark=str(run.meta.get("benchmark")), model=str(run.meta.get("model")),
+                      task_id=str(sample["task_id"]), sample=int(sample.get("sample") or 0),
+                      reward=float(sample.get("reward") or 0.0), correct=bool(sample["correct"]),
+                      prompt=prompt, continuation=completion, tools=None,
+                      cut=sample.get("finish_reason") == "length", thinking_cut=bool(sample.get("thinking_cut")))
+
+
 def _assistant(completion: Any, where: str, thinking: Any = None) -> dict[str, Any]:
     if not isinstance(completion, str) or (thinking is not None and not isinstance(thinking, str)):
         raise UserError(f"{where}: a completion or its thinking is not text; the file was edited or damaged")
@@ -204,7 +237,7 @@ def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: floa
     is left."""
     found = [t for run in runs for t in trajectories(run, drop_thinking=drop_thinking)]
     for t in found:
-        if any(m.get("role") == "assistant" for m in t.prompt):
+        if not t.is_text and any(m.get("role") == "assistant" for m in t.prompt):
             raise UserError(f"{t.run}: its prompts hold few-shot exemplars as assistant turns, which an SFT row "
                             f"would train on as the model's own; rerun the eval with --num-fewshot 0 "
                             f"(--pairs keeps them in the prompt)")
@@ -229,8 +262,9 @@ def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: floa
 
 
 def sft_row(t: Trajectory) -> dict[str, Any]:
-    """The shared SFT row format (see the module docstring)."""
-    row: dict[str, Any] = {"messages": t.messages}
+    """The shared SFT row format (see the module docstring): chat messages, or TRL's
+    prompt/completion for a completion-format episode."""
+    row: dict[str, Any] = {"prompt": t.prompt, "completion": t.continuation} if t.is_text else {"messages": t.messages}
     if t.tools:
         row["tools"] = t.tools
     row.update(benchmark=t.benchmark, run=t.run, task_id=t.task_id, sample=t.sample, reward=t.reward,

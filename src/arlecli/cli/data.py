@@ -63,9 +63,10 @@ def from_eval_command(
     force: bool = typer.Option(False, "--force", help="Mix runs of different benchmarks in one file."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON for scripts."),
 ) -> None:
-    """Turn eval runs' episodes into chat-format training data: SFT rows (`messages`, with
-    agent episodes' tool calls and results, and provenance) for `arle train --algo sft`, or
-    with --pairs DPO rows for `arle train --algo dpo`. A thinking model's turns keep their
+    """Turn eval runs' episodes into training data: SFT rows (`messages`, with agent episodes'
+    tool calls and results, and provenance; a completion-format card's runs, e.g. humaneval or
+    gsm8k, give TRL's `prompt`/`completion` text rows) for `arle train --algo sft`, or with
+    --pairs DPO rows (`prompt`, `chosen`, `rejected`) for `arle train --algo dpo`. A thinking model's turns keep their
     thinking (`reasoning_content`) unless --drop-thinking; an episode that thought and gave no
     answer is never a row. Prints how many rows each filter kept."""
     from arlecli import trajectories as tj

@@ -9,6 +9,10 @@ tokenisation would count a multi-turn side's tool results as completion. The tra
 ids (`prompt_ids`, `chosen_ids`, `rejected_ids`) with per-token masks (`chosen_mask`,
 `rejected_mask`), which `MaskedPreferenceCollator` turns into DPO's `completion_mask`.
 
+A plain-text pair (a completion-format card's, `{"prompt": str, "chosen": str, "rejected": str}`)
+is tokenised as TRL does: the prompt as the engine encodes it, each side after it with EOS
+appended (`sft.tokenize_text`).
+
 The reference model is TRL's: under LoRA the policy with its adapter disabled, for a full
 fine-tune a frozen copy of the starting weights.
 """
@@ -28,6 +32,14 @@ def tokenize_pair(tokenizer: Any, row: dict[str, Any],
                   template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]] | None:
     """A preference row's ids and loss masks, or None when a side has no trained token (the
     template rewrote history before its first assistant turn)."""
+    if isinstance(row["prompt"], str):  # plain text, as TRL: prompt as the engine encodes it, each side + EOS
+        from arlecli.train.sft import tokenize_text
+
+        chosen, chosen_mask = tokenize_text(tokenizer, row["prompt"], row["chosen"])
+        rejected, rejected_mask = tokenize_text(tokenizer, row["prompt"], row["rejected"])
+        n = chosen_mask.index(1)
+        return {"prompt_ids": chosen[:n], "chosen_ids": chosen[n:], "chosen_mask": chosen_mask[n:],
+                "rejected_ids": rejected[n:], "rejected_mask": rejected_mask[n:]}
     tools = row.get("tools") or None
     chosen, chosen_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["chosen"]], tools, template_kwargs)
     rejected, rejected_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["rejected"]], tools,

@@ -31,8 +31,10 @@ from arlecli.train.metrics import MetricsLog
 from arlecli.train.ranks import Ranks
 from arlecli.train.rollout import PolicyEngine
 
-SFT_SHAPE = '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}'
-DPO_SHAPE = '{"prompt": [messages], "chosen": [assistant messages], "rejected": [assistant messages]}'
+SFT_SHAPE = ('{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]} or {"prompt": "text", '
+             '"completion": "text"}')
+DPO_SHAPE = ('{"prompt": [messages], "chosen": [assistant messages], "rejected": [assistant messages]} or '
+             '{"prompt": "text", "chosen": "text", "rejected": "text"}')
 
 
 def _messages_problem(value: Any, name: str) -> str | None:
@@ -47,7 +49,16 @@ def _messages_problem(value: Any, name: str) -> str | None:
 
 
 def sft_row_problem(row: dict[str, Any]) -> str | None:
-    """Why `row` is not an SFT row (None if it is one)."""
+    """Why `row` is not an SFT row (None if it is one): chat `messages`, or TRL's prompt/completion
+    (plain text, or conversational: the prompt's messages and the assistant's)."""
+    if "messages" not in row and "completion" in row:
+        prompt, completion = row.get("prompt"), row["completion"]
+        if isinstance(prompt, str) or isinstance(completion, str):
+            if not isinstance(prompt, str) or not isinstance(completion, str):
+                return "`prompt` and `completion` must both be text (or both lists of chat messages)"
+            return None if completion else "`completion` is empty: nothing to train on"
+        problem = _messages_problem(prompt, "prompt") or _messages_problem(completion, "completion")
+        return problem or sft_row_problem({"messages": [*prompt, *completion]})
     if "messages" not in row:
         if "chosen" in row:
             return "a DPO pair (prompt/chosen/rejected), not an SFT row: train on it with --algo dpo"
@@ -71,6 +82,12 @@ def dpo_row_problem(row: dict[str, Any]) -> str | None:
     for key in ("prompt", "chosen", "rejected"):
         if key not in row:
             return f"no `{key}`: a DPO pair is {DPO_SHAPE} (what `arle data from-eval --pairs` writes)"
+    texts = [isinstance(row[key], str) for key in ("prompt", "chosen", "rejected")]
+    if any(texts):
+        if not all(texts):
+            return "`prompt`, `chosen` and `rejected` must all be text (or all lists of chat messages)"
+        return None if row["chosen"] and row["rejected"] else "`chosen` or `rejected` is empty"
+    for key in ("prompt", "chosen", "rejected"):
         problem = _messages_problem(row[key], key)
         if problem:
             return problem

@@ -120,11 +120,8 @@ def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
         raise UserError(f"--algo rft fine-tunes on the conversations arle's env driver records; {card.name}'s "
                         f"episodes come from its own rollout function (env: {card.env}): train it with grpo, "
                         f"rloo or ppo")
-    if card.prompt.format != "chat":
-        raise UserError(f"--algo rft trains on chat conversations, and {card.name}'s prompts are plain text "
-                        f"(prompt.format: {card.prompt.format}); use a chat card")
     shots = card.prompt.fewshot.n if cfg.options.num_fewshot is None else cfg.options.num_fewshot
-    if shots > 0:
+    if shots > 0 and card.prompt.format == "chat":  # plain-text exemplars are prompt text: no loss
         # Exemplars are assistant turns in the prompt: SFT would train on them as the model's own.
         raise UserError(f"--algo rft: {card.name} shows {shots} few-shot exemplars as assistant turns, which SFT "
                         f"would train on as the model's own answers; pass --num-fewshot 0")
@@ -152,6 +149,10 @@ def trajectory(episode: Episode, task: Task, sample: int, score: Score, *, bench
     prompt holds them) and the env's answer to it (what trajectories.py rebuilds from an eval
     run's sample)."""
     first = episode.turns[0].prompt
+    if isinstance(first, str):  # a completion-format card: its rows are prompt/completion text
+        return Trajectory(run=run, benchmark=benchmark, model=model, task_id=task.id, sample=sample,
+                          reward=float(score.reward), correct=bool(score.correct), prompt=first,
+                          continuation=episode.turns[0].completion, tools=None)
     continuation: list[dict[str, Any]] = []
     for turn in episode.turns:
         said: dict[str, Any] = {"role": "assistant", "content": turn.completion}

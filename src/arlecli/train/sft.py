@@ -17,12 +17,21 @@ Where the chat template rewrites history (a later render does not extend the tex
 conversation stops before it. A row that carries its tokens as generated (`sequences`, rft's
 rows: one sequence per segment between such seams, see train.rollout) trains on those instead.
 
+A prompt/completion row (TRL's format; what from-eval writes for a completion-format card:
+HumanEval, gsm8k) is plain text: the prompt is tokenised as the engine tokenised it for
+generation (`tokenizer(prompt)`, BOS where the tokenizer adds one), the completion on its own
+after it, and EOS appended, as TRL's SFTTrainer appends it: the prompt carries no loss, the
+completion and its EOS do (the model learns to stop where the card's stop sequence cut it).
+A conversational prompt/completion row (lists of messages) is the conversation prompt +
+completion.
+
 SFTTrainer gets the rows pre-tokenised (`input_ids` and `labels`, -100 on untrained tokens),
 which it uses as they are (truncated to `max_length`; rows left with no trained token dropped).
 
 Stable entry points (other trainers, e.g. rejection-sampling fine-tuning, build on them):
 
     tokenize_conversation(tokenizer, messages, tools=None) -> (input_ids, completion_mask)
+    tokenize_text(tokenizer, prompt, completion) -> (input_ids, completion_mask)
     sft_dataset(tokenizer, rows) -> datasets.Dataset           # input_ids, labels
     trainer_args(cfg, run_dir) -> trl.SFTConfig | trl.DPOConfig   # for cfg.options.algo
     build_sft_trainer(cfg, args, model, tokenizer, rows, callbacks=()) -> trl.SFTTrainer
@@ -109,6 +118,31 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
     return ids, mask
 
 
+def tokenize_text(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+    """(input_ids, completion_mask) of a plain-text prompt/completion row: the prompt's ids as the
+    engine encodes a raw prompt (engine.tokens.encode_request), then the completion's and EOS,
+    mask 1 on those (see the module docstring)."""
+    prompt_ids = list(tokenizer(prompt)["input_ids"])
+    own = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None and (not own or own[-1] != eos):
+        own.append(eos)
+    return prompt_ids + own, [0] * len(prompt_ids) + [1] * len(own)
+
+
+def row_tokens(tokenizer: Any, row: dict[str, Any],
+               template_kwargs: dict[str, Any] | None = None) -> list[tuple[list[int], list[int]]]:
+    """The (input_ids, completion_mask) sequences an SFT row trains on: its `sequences` as
+    generated, a text prompt/completion, or its conversation (`messages`, or conversational
+    prompt + completion) through the chat template."""
+    if row.get("sequences"):
+        return [(s["input_ids"], s["completion_mask"]) for s in row["sequences"]]
+    if isinstance(row.get("completion"), str):
+        return [tokenize_text(tokenizer, row["prompt"], row["completion"])]
+    messages = row["messages"] if "messages" in row else [*row["prompt"], *row["completion"]]
+    return [tokenize_conversation(tokenizer, messages, row.get("tools") or None, template_kwargs)]
+
+
 def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], template_kwargs: dict[str, Any] | None = None) -> Any:
     """A pre-tokenised `datasets.Dataset` (input_ids, labels) of SFT rows; rows with no trained
     token (a seam before the first assistant turn) are left out. A row that carries the tokens
@@ -118,9 +152,7 @@ def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], template_kwargs:
 
     out = []
     for row in rows:
-        pieces = [(s["input_ids"], s["completion_mask"]) for s in row.get("sequences") or []] or \
-            [tokenize_conversation(tokenizer, row["messages"], row.get("tools") or None, template_kwargs)]
-        for ids, mask in pieces:
+        for ids, mask in row_tokens(tokenizer, row, template_kwargs):
             if any(mask):
                 out.append({"input_ids": ids, "labels": [t if m else IGNORE for t, m in zip(ids, mask)]})
     if not out:
