@@ -149,6 +149,9 @@ class OpenAIEngine:
             _check_request(i, req)
         if not requests:
             return
+        # Started before the coroutines exist: a start that fails (a 401 resolving the model)
+        # must not leave them unawaited ("coroutine ... was never awaited" at exit).
+        self._start()
         yield from self._as_completed([_settled(self._generate_one(req)) for req in requests], "generate()")
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
@@ -162,6 +165,7 @@ class OpenAIEngine:
         splits). An endpoint that does not echo prompt logprobs is a one-line UserError."""
         if not requests:
             return
+        self._start()  # before the coroutines exist, as in generate()
         yield from self._as_completed([_settled(self._loglik_request(req)) for req in requests], "loglikelihood()")
 
     def _as_completed(self, coros: list[Coroutine[Any, Any, T | Exception]], what: str) -> Iterator[tuple[int, T]]:
@@ -228,6 +232,14 @@ class OpenAIEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def served_model(self) -> str:
+        """The model id requests name: the one given, else the only one the server lists (asked
+        once, as the first request would). An eval's header and results name it, not the URL."""
+        with self._lock:
+            if self.model is None:
+                self.model = _only_model(self.base_url, self.api_key_env, min(self.timeout_s, _MAX_LIST_MODELS_S))
+            return self.model
 
     def _start(self) -> asyncio.AbstractEventLoop:
         """Start the background loop and client on first use; resolve the model if not given."""
