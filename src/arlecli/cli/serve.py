@@ -58,6 +58,8 @@ def serve_command(
                                       "is answered 413."),
     header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.1, help="Seconds a connection may take "
                                          "to send a request's headers before it is closed."),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="One line per request on stderr "
+                                    "(client, method, path, status, seconds, tokens)."),
     tensor_parallel_size: int = options.TENSOR_PARALLEL,
     data_parallel_size: int = options.DATA_PARALLEL,
     gpu_memory_utilization: float = options.GPU_MEMORY,
@@ -103,7 +105,8 @@ def serve_command(
                          max_body_bytes=int(max_body_mb * 2**20), header_timeout_s=header_timeout,
                          record_memory_bytes=int(record_memory_mb * 2**20))
     app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency,
-                     limits=limits, max_model_len=max_model_len, tool_call_parser=tool_call_parser)
+                     limits=limits, max_model_len=max_model_len, tool_call_parser=tool_call_parser,
+                     access_log=access_log)
 
     def ready() -> None:
         typer.echo(terminal_text(f"serving {name} on {server.url(sock)}"))

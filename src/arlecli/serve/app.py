@@ -31,10 +31,20 @@ Thinking (reasoning.py): a chat reply of a model that thinks carries its answer 
 and its thought in `reasoning_content`, as vLLM's reasoning parsers answer; `reasoning_format:
 "none"` in the request keeps the raw text in `content`. /v1/completions returns the raw text.
 
-Streaming: the engine protocol yields whole completions, not tokens, so a stream sends the
-role delta at once, then, when a choice finishes, its thinking as one reasoning_content delta
-(if it thought), its answer as one content delta and its finish delta (then usage, then
-[DONE]). Clients see valid OpenAI SSE; they just do not see tokens trickle in.
+Streaming: the role delta goes out at once; over an engine that streams (hf: `streams`, its
+ids after every decode step) each choice's text follows token by token (streaming.py holds back
+what may still change: a stop string's start, a think tag's), the thinking as reasoning_content
+deltas before the answer's content deltas; when the choice finishes, a last content delta with
+what is left and the choice's logprobs and token ids, then its finish delta (then usage, then
+[DONE]). Other engines (vllm), and replies parsed for tool calls, send each field whole when the
+choice finishes.
+
+Logprobs (scoring.py): chat `top_logprobs` and completions `logprobs=N` give the top-N
+alternatives of each token, and completions `echo` the prompt's tokens with their logprobs (as
+lm-eval's loglikelihood requests ask: token-id prompts, `echo`, `logprobs: 1`, `max_tokens: 1`),
+from one scoring pass of the engine's model; an engine that cannot score is a 400 naming the
+parameter. `response_format` (response_format.py) is checked, not enforced, and says so.
+Completions also take token-id prompts (a list of ints, or a list of them), as vLLM does.
 """
 
 from __future__ import annotations
@@ -57,10 +67,13 @@ from starlette.routing import Route
 
 from arlecli import safeio
 from arlecli.safeio import terminal_text
-from arlecli.engine.base import Engine, GenerationRequest
+from arlecli.engine.base import Engine, GenerationRequest, cut_at_stop
 from arlecli.errors import UserError
 from arlecli.serve import protocol
 from arlecli.serve import limits as lim
+from arlecli.serve import scoring
+from arlecli.serve.access_log import AccessLog, set_tokens
+from arlecli.serve.streaming import TextStream
 from arlecli.serve.batcher import SHUTDOWN, Batcher, Finished
 from arlecli.serve.continuation import Continuations
 from arlecli.serve.limits import ServeLimits
@@ -80,6 +93,43 @@ class _Json(JSONResponse):
         return safeio.dumps(content, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
+class _Wake:
+    """Wakes a stream's event loop from the engine's thread, once per batch of new ids (not
+    once per token: a 64-row batch would write the loop's self-pipe 64 times a step)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+        self.pending = False
+
+    def ring(self) -> None:
+        if self.pending:
+            return
+        self.pending = True
+        try:
+            self.loop.call_soon_threadsafe(self.event.set)
+        except RuntimeError:  # the loop is closed: the server stopped
+            pass
+
+    def reset(self) -> None:
+        self.pending = False
+        self.event.clear()
+
+
+class _Streamed:
+    """One streamed choice: the engine thread's `hook` leaves its ids so far; the stream reads them."""
+
+    def __init__(self, text: TextStream, wake: _Wake) -> None:
+        self.text = text
+        self.wake = wake
+        self.ids: list[int] = []
+        self.count = 0
+
+    def hook(self, ids: list[int]) -> None:
+        self.ids, self.count = ids, len(ids)  # the engine's own list: read up to count, never changed
+        self.wake.ring()
+
+
 class _Api:
     def __init__(self, engine: Engine, batcher: Batcher, model_name: str, api_key: str | None,
                  recorder: Recorder | None, limits: ServeLimits, max_model_len: int | None,
@@ -92,6 +142,7 @@ class _Api:
         self.recorder = recorder
         self.token_text = protocol.token_text_for(engine)
         self.reasoning = Reasoning(engine)
+        self.scorer = scoring.scorer_for(engine)
         self.created = int(time.time())
         tokenizer = getattr(engine, "tokenizer", None)
         self.tool_parser = parser_for(tokenizer, tool_call_parser)  # serve/tools.py
@@ -105,10 +156,24 @@ class _Api:
         self.context = lim.context_length(engine, max_model_len) if self.encode is not None else None
         self.longest_token = lim.longest_token_chars(tokenizer) if self.context is not None else None
 
+    def _card(self) -> dict[str, Any]:
+        card: dict[str, Any] = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "arle"}
+        if self.context is not None:
+            card["max_model_len"] = self.context  # vLLM's field
+        return card
+
     async def models(self, request: Request) -> Response:
         self._authorize(request)
-        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "arle"}
-        return _Json({"object": "list", "data": [card]})
+        return _Json({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: the served model's card (openai's models.retrieve); 404 for another id."""
+        self._authorize(request)
+        wanted = request.path_params["model_id"]
+        if wanted != self.model_name:
+            raise ApiError(404, f"The model `{wanted}` does not exist (this server serves `{self.model_name}`).",
+                           "model_not_found", "model")
+        return _Json(self._card())
 
     async def open_session(self, request: Request) -> Response:
         """POST /sessions: a new recording session, with the base URL that records into it."""
@@ -140,6 +205,9 @@ class _Api:
             raise ApiError(404, f"The model `{req.model}` does not exist (this server serves "
                            f"`{self.model_name}`).", "model_not_found", "model")
         lim.check_choices(req, self.limits)
+        self._check_logprobs(req)
+        if req.prompt_ids is not None:
+            req.prompts = await asyncio.to_thread(self._token_prompts, req.prompt_ids)
         session = self.sessions.check(request.path_params.get("session") or request.headers.get(SESSION_HEADER))
         endpoint = "/v1/chat/completions" if chat else "/v1/completions"
         rid = protocol.new_id(chat)
@@ -148,15 +216,28 @@ class _Api:
             continued, continues = self.continuations.prompt_ids(
                 session, req.prompts[0], req.tools.tools if req.tools is not None else None)
         prompt_ids, budgets = await self._fit_context(req, continued)
+        headers = {"Cache-Control": "no-cache"} if req.stream else {}
+        if req.response_format is not None:
+            from arlecli.serve.response_format import HEADER, UNCONSTRAINED
+
+            headers[HEADER] = UNCONSTRAINED
+        if req.echo and req.params.temperature == 0 and req.params.max_tokens <= 1 and prompt_ids is not None:
+            # lm-eval's loglikelihood request: the scoring pass alone gives the prompt's logprobs
+            # and the greedy next token, so nothing is generated.
+            return await self._echo_only(request, req, rid, received, [p for p in prompt_ids if p is not None],
+                                         session, endpoint, headers)
+        engine_requests = req.engine_requests(force_logprobs=self.recorder is not None or self._scores(req),
+                                              prompt_ids=prompt_ids, max_tokens=budgets)
+        streams = self._text_streams(req, engine_requests)
         try:
-            futures = self.batcher.submit(req.engine_requests(force_logprobs=self.recorder is not None,
-                                                              prompt_ids=prompt_ids, max_tokens=budgets))
+            futures = self.batcher.submit(engine_requests, [s.hook for s in streams] if streams else None)
         except RuntimeError as exc:  # shutting down
             raise ApiError(503, str(exc), "unavailable") from None
         waiting = [asyncio.wrap_future(f) for f in futures]
         if req.stream:
-            events = self._stream(req, futures, waiting, rid, int(received), session, endpoint, received, continues)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            events = self._stream(req, futures, waiting, rid, int(received), session, endpoint, received, continues,
+                                  streams, request)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         gathered = asyncio.ensure_future(asyncio.gather(*waiting))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -175,8 +256,112 @@ class _Api:
         replies = [self._reply(req, f.completion) for f in finished]
         self._record(session, rid, endpoint, req, finished, received, continues, replies)
         thought = reasoning_tokens(replies) if req.chat and not req.raw_reasoning else None
-        return _Json(protocol.response(req, rid, int(received), self.model_name, replies, self.token_text,
-                                       thought))
+        scored = await self._score(req, [f.completion for f in finished]) if self._scores(req) else None
+        body = protocol.response(req, rid, int(received), self.model_name, replies, self.token_text, thought, scored)
+        set_tokens(request, body["usage"])
+        return _Json(body, headers=headers)
+
+    def _check_logprobs(self, req: ApiRequest) -> None:
+        """ApiError(400) for logprobs this engine cannot give (see scoring.py)."""
+        if not self._scores(req):
+            return
+        param = "echo" if req.echo else ("top_logprobs" if req.chat else "logprobs")
+        if self.scorer is None:
+            raise ApiError(400, f"`{param}` ({'prompt logprobs' if req.echo else 'top-N alternatives'}) is not "
+                           f"supported by arle serve on the {self.engine.name} engine (it has no model in this "
+                           "process to score with)", "invalid_request_error", param)
+        if req.top_logprobs and req.params.temperature > 0 and scoring.raw_only(self.engine):
+            raise ApiError(400, f"`{param}` with temperature > 0 is not supported by arle serve on the "
+                           f"{self.engine.name} engine (its alternatives would be raw logprobs, not those of the "
+                           "distribution the token was sampled from): use temperature 0 or the hf backend",
+                           "invalid_request_error", param)
+
+    @staticmethod
+    def _scores(req: ApiRequest) -> bool:
+        # A scoring pass is needed for alternatives, and for the prompt's logprobs of an echo.
+        return req.logprobs and (req.top_logprobs > 0 or req.echo)
+
+    def _token_prompts(self, prompts: list[list[int]]) -> list[str]:
+        """The text of token-id prompts; ApiError(400) for ids outside the vocabulary."""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        if tokenizer is None or not hasattr(tokenizer, "decode"):
+            raise ApiError(400, f"token-id prompts need a tokenizer, and the {self.engine.name} engine has none here; "
+                           "send the prompt as text", "invalid_request_error", "prompt")
+        vocab = len(tokenizer)
+        for i, ids in enumerate(prompts):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"`prompt[{i}]` holds token id {bad}, outside this model's vocabulary of {vocab}",
+                               "invalid_request_error", "prompt")
+        return [tokenizer.decode(ids) for ids in prompts]
+
+    async def _score(self, req: ApiRequest, completions: list[Any]) -> list[scoring.Scored]:
+        """The scoring pass of each choice (prompt + its tokens), in the batcher's thread."""
+        assert self.scorer is not None
+        jobs = [scoring.ScoreJob(list(c.prompt_token_ids) + list(c.token_ids), req.top_logprobs,
+                                 len(c.prompt_token_ids), req.params.temperature, req.params.top_p)
+                for c in completions]
+        scorer = self.scorer
+        try:
+            return await asyncio.wrap_future(self.batcher.call(lambda: scorer(jobs)))
+        except Exception as exc:
+            raise _engine_error(exc) from None
+
+    async def _echo_only(self, request: Request, req: ApiRequest, rid: str, received: float,
+                         prompt_ids: list[list[int]], session: str, endpoint: str,
+                         headers: dict[str, str]) -> Response:
+        """An echo with at most one greedy token: the prompt's logprobs (and that token) from
+        the scoring pass alone."""
+        from arlecli.engine.base import Completion
+
+        if self.scorer is None:
+            raise ApiError(400, f"`echo` is not supported by arle serve on the {self.engine.name} engine",
+                           "invalid_request_error", "echo")
+        jobs = [scoring.ScoreJob(ids, req.top_logprobs, len(ids)) for ids in prompt_ids]
+        scorer = self.scorer
+        try:
+            scored = await asyncio.wrap_future(self.batcher.call(lambda: scorer(jobs)))
+        except Exception as exc:
+            raise _engine_error(exc) from None
+        completions, per_choice = [], []
+        for ids, sc in zip(prompt_ids, scored):
+            generate = req.params.max_tokens >= 1
+            tokens = [sc.next_token] if generate else []
+            text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
+            comp = Completion(text=cut_at_stop(text, req.params.stop), token_ids=tokens, prompt_token_ids=ids,
+                              logprobs=[sc.next_logprob] if generate else [], finish_reason="length")
+            full = scoring.Scored(sc.logprobs + ([sc.next_logprob] if generate else []),
+                                  sc.top + ([sc.next_top] if generate else []), sc.next_token, sc.next_logprob,
+                                  sc.next_top)
+            for _ in range(req.n):
+                completions.append(comp)
+                per_choice.append(full)
+        now = time.time()
+        finished = [Finished(c, received, now, len(completions)) for c in completions]
+        replies = [self._reply(req, c) for c in completions]
+        self._record(session, rid, endpoint, req, finished, received, None, replies)
+        body = protocol.response(req, rid, int(received), self.model_name, replies, self.token_text, None,
+                                 per_choice if req.logprobs else None)
+        set_tokens(request, body["usage"])
+        return _Json(body, headers=headers)
+
+    def _text_streams(self, req: ApiRequest, requests: list[GenerationRequest]) -> list[_Streamed] | None:
+        """Per choice, its text stream and the hook the engine feeds it through, when this
+        request streams token by token (see the module docstring); else None."""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        if not req.stream or not getattr(self.engine, "streams", False) or tokenizer is None or req.tools is not None:
+            return None
+        parse = req.chat and not req.raw_reasoning
+        from arlecli.thinking import prompt_opens
+
+        out = []
+        wake = _Wake()
+        for gen in requests:
+            opened = parse and gen.prompt_token_ids is not None and prompt_opens(
+                tokenizer, gen.prompt_token_ids, self.reasoning.tags)
+            out.append(_Streamed(TextStream(tokenizer, stop=gen.params.stop, tags=self.reasoning.tags, opened=opened,
+                                            parse=parse), wake))
+        return out
 
     async def _fit_context(self, req: ApiRequest, continued: list[int] | None
                            ) -> tuple[list[list[int] | None] | None, list[int] | None]:
@@ -187,6 +372,8 @@ class _Api:
         Encoding here, once, is what the engine would do anyway (the ids go with the request);
         it runs in a worker thread, so a long prompt does not stall other connections."""
         if self.context is None or self.encode is None:
+            if req.prompt_ids is not None:
+                return list(req.prompt_ids), None
             if any(p == "" for p in req.prompts):  # nothing to check the ids with: the text is all there is
                 raise _empty_prompt()
             return ([continued] if continued is not None else None), None
@@ -194,9 +381,12 @@ class _Api:
             lim.too_long_by_chars(req, self.context, self.longest_token)
         encode = self.encode
         ids: list[list[int] | None] = []
-        for prompt in req.prompts:
+        for p, prompt in enumerate(req.prompts):
             if continued is not None:  # chat: one prompt, continuing a recorded reply
                 ids.append(continued)
+                continue
+            if req.prompt_ids is not None:  # sent as token ids: taken as they are
+                ids.append(req.prompt_ids[p])
                 continue
             gen = GenerationRequest(messages=prompt, tools=req.tools.tools if req.tools is not None else None) \
                 if req.chat else GenerationRequest(prompt=prompt)
@@ -217,9 +407,16 @@ class _Api:
     async def _stream(self, req: ApiRequest, futures: list[Future[Finished]],
                       waiting: list[asyncio.Future[Finished]], rid: str, created: int,
                       session: str, endpoint: str, received: float,
-                      continues: dict[str, Any] | None) -> AsyncIterator[str]:
+                      continues: dict[str, Any] | None, streams: list[_Streamed] | None = None,
+                      request: Request | None = None) -> AsyncIterator[str]:
         def event(choices: list[dict[str, Any]], **extra: Any) -> str:
             return _sse(protocol.chunk(req, rid, created, self.model_name, choices, **extra))
+
+        def tokens(i: int) -> list[dict[str, Any]]:
+            # The deltas choice i's new ids allow out (streaming.py), in field order.
+            assert streams is not None
+            st = streams[i]
+            return [protocol.token_delta(req, i, key, text) for key, text in st.text.update(st.ids[:st.count])]
 
         index = {fut: i for i, fut in enumerate(waiting)}
         finished: list[Finished | None] = [None] * len(waiting)
@@ -229,8 +426,23 @@ class _Api:
                 yield event([protocol.first_delta(req, i) for i in range(len(waiting))])
             pending: set[asyncio.Future[Finished]] = set(waiting)
             prompt_ids_sent = False
+            wake = streams[0].wake if streams else None
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                ringing = asyncio.ensure_future(wake.event.wait()) if wake is not None else None
+                try:
+                    done, pending = await asyncio.wait(pending | ({ringing} if ringing else set()),
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if ringing is not None:
+                        ringing.cancel()
+                pending.discard(ringing)  # type: ignore[arg-type]
+                done.discard(ringing)  # type: ignore[arg-type]
+                if wake is not None and streams is not None:
+                    wake.reset()  # before reading: ids that come meanwhile ring again
+                    for i in range(len(waiting)):
+                        if finished[i] is None and waiting[i] not in done:
+                            for delta in tokens(i):
+                                yield event([delta])
                 for fut in sorted(done, key=index.__getitem__):
                     i, fin = index[fut], fut.result()
                     finished[i] = fin
@@ -239,17 +451,30 @@ class _Api:
                     if req.chat and req.return_token_ids and not prompt_ids_sent:
                         extra["prompt_token_ids"] = list(fin.completion.prompt_token_ids)
                         prompt_ids_sent = True
-                    thought = protocol.reasoning_delta(req, i, reply_i)
-                    if thought is not None:  # the thinking before the answer, as vLLM streams it
-                        yield event([thought], **extra)
-                        extra = {}
-                    yield event([protocol.content_delta(req, i, reply_i, self.token_text)], **extra)
+                    scored = (await self._score(req, [fin.completion]))[0] if self._scores(req) else None
+                    rest = None
+                    if streams is not None:  # what the token deltas left of each field
+                        left = dict(streams[i].text.finish(reply_i, protocol.parsed(req, reply_i)))
+                        if left.get("reasoning_content"):
+                            yield event([protocol.token_delta(req, i, "reasoning_content", left["reasoning_content"])],
+                                        **extra)
+                            extra = {}
+                        rest = left.get("content", "")
+                    else:
+                        thought = protocol.reasoning_delta(req, i, reply_i)
+                        if thought is not None:  # the thinking before the answer, as vLLM streams it
+                            yield event([thought], **extra)
+                            extra = {}
+                    yield event([protocol.content_delta(req, i, reply_i, self.token_text, rest, scored)], **extra)
                     yield event([protocol.finish_delta(req, i, fin.completion, reply_i)])
             done_all = [f for f in finished if f is not None]
             split = [r for r in replies if r is not None]
+            thinking = reasoning_tokens(split) if req.chat and not req.raw_reasoning else None
+            usage = protocol.usage(req, [f.completion for f in done_all], thinking)
+            if request is not None:
+                set_tokens(request, usage)
             if req.include_usage:
-                thinking = reasoning_tokens(split) if req.chat and not req.raw_reasoning else None
-                yield event([], usage=protocol.usage(req, [f.completion for f in done_all], thinking))
+                yield event([], usage=usage)
             self._record(session, rid, endpoint, req, done_all, received, continues, split)
         except Exception as exc:  # headers are gone already: report in-band, as vLLM does
             yield _sse(_engine_error(exc).body())
@@ -293,10 +518,13 @@ class _Api:
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, record_dir: Path | None = None,
                max_concurrency: int = 16, batch_wait_s: float = 0.005, limits: ServeLimits | None = None,
-               max_model_len: int | None = None, tool_call_parser: str | None = None) -> Starlette:
+               max_model_len: int | None = None, tool_call_parser: str | None = None,
+               access_log: bool = False) -> Starlette:
     """The server app for `engine`, served as `model_name`.
 
     Args:
+        access_log: one line per request on stderr (access_log.py; `arle serve` sets it unless
+            --no-access-log).
         api_key: when set, every /v1 request must send `Authorization: Bearer <api_key>`.
         record_dir: when set, every completed request is recorded under it (see record.py).
         max_concurrency: most requests in one engine.generate call.
@@ -324,6 +552,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
     for prefix in ("", "/s/{session}"):
         routes += [
             Route(prefix + "/v1/models", api.models, methods=["GET"]),
+            Route(prefix + "/v1/models/{model_id:path}", api.model, methods=["GET"]),
             Route(prefix + "/v1/chat/completions", api.chat, methods=["POST"]),
             Route(prefix + "/v1/completions", api.completions, methods=["POST"]),
         ]
@@ -333,8 +562,11 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
         yield
         batcher.close(timeout=0)  # answer whatever is still waiting; don't wait for the engine
 
+    from starlette.middleware import Middleware
+
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
-        ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
+        ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        middleware=[Middleware(AccessLog)] if access_log else [])
     app.state.batcher = batcher
     app.state.recorder = recorder
     app.state.limits = limits

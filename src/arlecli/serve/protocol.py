@@ -86,6 +86,10 @@ class ApiRequest:
     max_tokens_explicit: bool = False  # the client set max_tokens (a default may be cut to fit)
     raw_reasoning: bool = False      # reasoning_format "none": the thought stays in `content`
     tools: ToolRequest | None = None  # function calling (serve/tools.py)
+    top_logprobs: int = 0            # alternatives per token (chat `top_logprobs`, completions `logprobs=N`)
+    echo: bool = False               # completions: the prompt, with its logprobs, before each choice's text
+    prompt_ids: list[list[int]] | None = None  # completions sent as token ids (`prompts` holds their text)
+    response_format: Any = None      # serve/response_format.ResponseFormat, or None (plain text)
 
     def engine_requests(self, force_logprobs: bool = False, prompt_ids: list[list[int] | None] | None = None,
                         max_tokens: list[int] | None = None) -> list[GenerationRequest]:
@@ -143,9 +147,9 @@ def parse_chat(body: Any) -> ApiRequest:
     top = _int(body, "top_logprobs", 0, 20)
     if top and not logprobs:
         raise _bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise _bad("only `response_format: {type: text}` is supported by arle serve", "response_format")
+    from arlecli.serve import response_format
+
+    answer_format = response_format.parse(body.get("response_format"))
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise _bad("`reasoning_format` must be \"parsed\" (the thinking in `reasoning_content`) or \"none\" "
@@ -154,6 +158,8 @@ def parse_chat(body: Any) -> ApiRequest:
     req = _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs,
                   explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")))
     req.raw_reasoning = fmt == "none"
+    req.top_logprobs = top if logprobs else 0
+    req.response_format = answer_format
     req.tools = tool_request
     return req
 
@@ -162,28 +168,57 @@ def parse_completion(body: Any) -> ApiRequest:
     """Validate a (legacy) completion body; raise ApiError(400) naming the bad field."""
     body = _object(body)
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
+    prompt_ids = token_prompts(prompt)
+    if prompt_ids is not None:
+        prompts: list[Any] = [""] * len(prompt_ids)  # their text: the app decodes the ids
+    elif isinstance(prompt, str):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         prompts = list(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) or isinstance(p, list) for p in prompt):
-        raise _bad("token-id prompts are not supported by arle serve; send the prompt as text", "prompt")
     else:
-        raise _bad("`prompt` must be a string or a non-empty list of strings", "prompt")
+        raise _bad("`prompt` must be a string, a non-empty list of strings, a list of token ids or a list of "
+                   "lists of token ids", "prompt")
     logprobs_n = body.get("logprobs")
     if logprobs_n is not None and (isinstance(logprobs_n, bool) or not isinstance(logprobs_n, int)
                                    or not 0 <= logprobs_n <= 20):
         raise _bad("`logprobs` must be an integer from 0 to 20", "logprobs")
-    if body.get("echo"):
-        raise _bad("`echo` (prompt logprobs) is not supported by arle serve", "echo")
+    echo = _bool(body, "echo")
+    if body.get("response_format") is not None and (body["response_format"] or {}).get("type") != "text":
+        raise _bad("`response_format` is supported on /v1/chat/completions only", "response_format")
     best_of = body.get("best_of")
     if best_of is not None and best_of != body.get("n", 1):
         raise _bad("`best_of` is not supported by arle serve", "best_of")
     if body.get("suffix"):
         raise _bad("`suffix` is not supported by arle serve", "suffix")
-    max_tokens = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
-    return _common(body, chat=False, prompts=prompts, max_tokens=max_tokens, logprobs=logprobs_n is not None,
-                   explicit=body.get("max_tokens") is not None)
+    if echo and body.get("max_tokens") == 0:  # prompt logprobs only (vLLM takes 0 with echo)
+        max_tokens = 0
+    else:
+        max_tokens = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
+    req = _common(body, chat=False, prompts=prompts, max_tokens=max_tokens, logprobs=logprobs_n is not None,
+                  explicit=body.get("max_tokens") is not None)
+    req.top_logprobs = logprobs_n or 0
+    req.echo = echo
+    req.prompt_ids = prompt_ids
+    if echo and req.stream:
+        raise _bad("`echo` with `stream` is not supported by arle serve", "echo")
+    return req
+
+
+def token_prompts(prompt: Any) -> list[list[int]] | None:
+    """A completions `prompt` of token ids as one id list per prompt (a list of ints is one
+    prompt, a list of lists several, as vLLM takes them); None when it is not token ids."""
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0:
+            raise _bad("`prompt` token ids must be integers >= 0", "prompt")
+        return [list(prompt)]
+    if not all(isinstance(p, list) for p in prompt):
+        return None
+    for i, p in enumerate(prompt):
+        if not p or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+            raise _bad(f"`prompt[{i}]` must be a non-empty list of token ids (integers >= 0)", "prompt")
+    return [list(p) for p in prompt]
 
 
 def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens: int, logprobs: bool,
@@ -360,8 +395,10 @@ def finish_reason(reply: Reply) -> str:
 
 
 def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[Reply],
-             token_text: TokenText, reasoning_tokens: int | None = None) -> dict[str, Any]:
-    """The non-streaming response body for `replies` (one per choice, in choice order)."""
+             token_text: TokenText, reasoning_tokens: int | None = None,
+             scored: list[Any] | None = None) -> dict[str, Any]:
+    """The non-streaming response body for `replies` (one per choice, in choice order);
+    `scored`, per choice, the scoring pass its alternatives and echoed logprobs come from."""
     choices = []
     completions = [r.completion for r in replies]
     for i, reply in enumerate(replies):
@@ -370,10 +407,15 @@ def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[
         if req.chat:
             choice["message"] = message(req, reply)
         else:
-            choice["text"] = comp.text
-        choice["logprobs"] = logprobs(req, comp, token_text)
+            choice["text"] = (req.prompts[i // req.n] + comp.text) if req.echo else comp.text
+        choice["logprobs"] = logprobs(req, comp, token_text, scored[i] if scored is not None else None)
         choice["finish_reason"] = finish_reason(reply)
         _token_ids(req, choice, comp)
+        if req.response_format is not None:
+            from arlecli.serve import response_format
+
+            text = choice["message"]["content"] if req.chat else comp.text
+            response_format.mark(choice, req.response_format, text)
         choices.append(choice)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.chat else "text_completion",
                             "created": created, "model": model, "choices": choices,
@@ -398,24 +440,61 @@ def finite(values: list[float] | None) -> list[float] | None:
     return [v if math.isfinite(v) else -9999.0 for v in values]
 
 
-def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText) -> dict[str, Any] | None:
+def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText, scored: Any = None) -> dict[str, Any] | None:
     """Per-token logprobs in the endpoint's shape, or None when not asked for.
 
-    The engine reports only the sampled token's logprob, so alternatives are not given:
-    chat entries carry `top_logprobs: []`, completions `top_logprobs: null`.
+    `scored` (serve/scoring.Scored over the prompt + these tokens), where the request wants
+    alternatives or an echo, gives every position's logprob and top-`req.top_logprobs`
+    alternatives from one scoring pass; else the engine's own logprobs of the sampled tokens
+    go out, with no alternatives (chat `top_logprobs: []`; completions the sampled token alone,
+    as OpenAI's `logprobs=0`). Completions with `echo` cover the prompt's tokens first, the
+    first of them with a null logprob (nothing predicts it), as vLLM's server answers.
     """
-    if not req.logprobs or comp.logprobs is None:
+    if not req.logprobs:
         return None
-    values = finite(comp.logprobs) or []
-    texts = token_text(comp.token_ids[:len(values)])
+    prompt_ids = list(comp.prompt_token_ids) if req.echo else []
+    ids = prompt_ids + list(comp.token_ids)
+    if scored is not None:
+        # Scored position k predicts ids[k] of prompt + completion; echoed prompts start at 0.
+        first = len(comp.prompt_token_ids) - len(prompt_ids)
+        values: list[float | None] = [scored.logprobs[k - 1] if k > 0 else None
+                                      for k in range(first, first + len(ids))]
+        alts: list[list[tuple[int, float]] | None] = [scored.top[k - 1] if k > 0 else None
+                                                      for k in range(first, first + len(ids))]
+    else:
+        if comp.logprobs is None:
+            return None
+        values = list(comp.logprobs)
+        ids = ids[:len(values)]
+        alts = [[] for _ in values]
+    texts = token_text(ids)
+    values = [None if v is None else _finite(v) for v in values]
+    alt_ids = sorted({t for a in alts if a for t, _ in a})
+    alt_text = dict(zip(alt_ids, token_text(alt_ids))) if alt_ids else {}
     if req.chat:
-        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                            for t, lp in zip(texts, values)]}
+        def entry(t: str, lp: float) -> dict[str, Any]:
+            return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass"))}
+
+        return {"content": [{**entry(t, lp), "top_logprobs": [entry(alt_text[i], _finite(a)) for i, a in (alts[k] or [])]}
+                            for k, (t, lp) in enumerate(zip(texts, values))]}
     offsets, at = [], 0
     for t in texts:
         offsets.append(at)
         at += len(t)
-    return {"tokens": texts, "token_logprobs": values, "top_logprobs": None, "text_offset": offsets}
+    tops: list[dict[str, float] | None] = []
+    for k, (t, lp) in enumerate(zip(texts, values)):
+        if lp is None:
+            tops.append(None)
+            continue
+        # OpenAI: the N most likely tokens, and always the sampled one (so up to N + 1).
+        top = {alt_text[i]: _finite(a) for i, a in (alts[k] or [])}
+        top.setdefault(t, lp)
+        tops.append(top)
+    return {"tokens": texts, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _finite(v: float) -> float:
+    return v if math.isfinite(v) else -9999.0
 
 
 def chunk(req: ApiRequest, rid: str, created: int, model: str, choices: list[dict[str, Any]],
@@ -426,6 +505,19 @@ def chunk(req: ApiRequest, rid: str, created: int, model: str, choices: list[dic
     if req.include_usage and "usage" not in body:
         body["usage"] = None  # OpenAI: every chunk has usage: null, the last one the totals
     return body
+
+
+def token_delta(req: ApiRequest, index: int, key: str, text: str) -> dict[str, Any]:
+    """A streamed piece of a choice's text as it is generated: `key` is "content" or
+    "reasoning_content" (chat); completions carry it as `text`."""
+    if req.chat:
+        return {"index": index, "delta": {key: text}, "logprobs": None, "finish_reason": None}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+
+
+def parsed(req: ApiRequest, reply: Reply) -> bool:
+    """Whether this reply's thinking goes out apart from its answer (`reasoning_content`)."""
+    return _parsed(req, reply)
 
 
 def first_delta(req: ApiRequest, index: int) -> dict[str, Any]:
@@ -441,19 +533,23 @@ def reasoning_delta(req: ApiRequest, index: int, reply: Reply) -> dict[str, Any]
     return {"index": index, "delta": {"reasoning_content": reply.thinking}, "logprobs": None, "finish_reason": None}
 
 
-def content_delta(req: ApiRequest, index: int, reply: Reply, token_text: TokenText) -> dict[str, Any]:
-    """A choice's whole answer as one delta (the engine yields completions, not tokens); its
-    logprobs and token ids cover everything generated, the thinking included."""
+def content_delta(req: ApiRequest, index: int, reply: Reply, token_text: TokenText, rest: str | None = None,
+                  scored: Any = None) -> dict[str, Any]:
+    """A choice's last content delta: its whole answer (an engine that does not stream), or
+    `rest`, what the token deltas before it left (serve/streaming.py); its logprobs and token
+    ids cover everything generated, the thinking included."""
     comp = reply.completion
     choice: dict[str, Any] = {"index": index}
     if req.chat:
         if reply.tool_calls:  # the text outside the calls, and the calls whole (the shape clients accumulate)
             choice["delta"] = {"content": reply.answer or None, "tool_calls": stream_calls(reply.tool_calls)}
+        elif rest is not None:
+            choice["delta"] = {"content": rest}
         else:
             choice["delta"] = {"content": reply.answer if _parsed(req, reply) else comp.text}
     else:
-        choice["text"] = comp.text
-    choice["logprobs"] = logprobs(req, comp, token_text)
+        choice["text"] = comp.text if rest is None else rest
+    choice["logprobs"] = logprobs(req, comp, token_text, scored)
     choice["finish_reason"] = None
     _token_ids(req, choice, comp)
     return choice
