@@ -19,13 +19,46 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def step_line(row: dict[str, Any]) -> str:
+def step_line(row: dict[str, Any], eta: float | None = None) -> str:
     """One logged step as a line: what a person watches (the full row is in metrics.jsonl)."""
     parts = [f"step {row['step']}/{row.get('max_steps', '?')}", *_learning(row),
              f"loss {_fmt(row.get('loss', row.get('policy_loss')), '.4f')}",
              f"{_fmt(row.get('seconds_per_step'), '.2f')} s/step",
              f"{_fmt(row.get('tokens_per_second'), '.0f')} tok/s"]
+    if eta is not None:
+        parts.append(f"eta {clock(eta)}")
     return "  ".join(parts)
+
+
+def clock(seconds: float) -> str:
+    """H:MM:SS, as Rich's bars write a time."""
+    whole = max(0, int(round(seconds)))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+class StepClock:
+    """The time left, from the steps logged so far this session: their mean seconds per step
+    (metrics.jsonl's seconds_per_step, which leaves held-out evaluations out) times the steps
+    to go. Known from the first step on; Rich's own estimate needs two updates within its
+    30 s window, so a CPU run's steps of a minute never got one (`-:--:--`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.steps = 0
+        self.last_step: int | None = None
+
+    def eta(self, row: dict[str, Any]) -> float | None:
+        """Seconds left after the logged step `row` (None: unknown, e.g. no max_steps)."""
+        step, per_step, total = row.get("step"), row.get("seconds_per_step"), row.get("max_steps")
+        if isinstance(step, int) and isinstance(per_step, (int, float)):
+            done = step - self.last_step if self.last_step is not None and step > self.last_step else 1
+            self.seconds += per_step * done
+            self.steps += done
+        if isinstance(step, int):
+            self.last_step = step
+        if not self.steps or not isinstance(total, int) or not isinstance(step, int):
+            return None
+        return max(0, total - step) * self.seconds / self.steps
 
 
 def _learning(row: dict[str, Any]) -> list[str]:
@@ -49,13 +82,16 @@ class _View:
         self.eval_task = None
         self.eval_label = ""
         self.eval_correct = self.eval_new = self.eval_done_n = self.eval_total = 0
+        self.clock = StepClock()
 
     def _bars(self):
         if self.progress is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+            # The time left is ours (StepClock): Rich's estimate of it stays blank for steps
+            # slower than its 30 s window.
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                     TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[info]}"),
                                      console=err_console())
             self.progress.start()
         return self.progress
@@ -64,20 +100,22 @@ class _View:
         err_console().print(text, highlight=False, soft_wrap=True)  # one line in a log, however long
 
     def log(self, row: dict[str, Any]) -> None:
+        eta = self.clock.eta(row)
         if not self.tty:
-            err_console().print(step_line(row), highlight=False, soft_wrap=True)
+            err_console().print(step_line(row, eta), highlight=False, soft_wrap=True)
             return
         bars = self._bars()
         info = " ".join([*_learning(row), f"{_fmt(row.get('seconds_per_step'), '.1f')} s/step"])
         if self.train_task is None:
-            self.train_task = bars.add_task("train", total=row.get("max_steps"), info="")
-        bars.update(self.train_task, completed=row["step"], info=info)
+            self.train_task = bars.add_task("train", total=row.get("max_steps"), info="", eta="")
+        bars.update(self.train_task, completed=row["step"], info=info,
+                    eta=f"eta {clock(eta)}" if eta is not None else "eta -:--:--")
 
     def eval_start(self, label: str, total: int, done: int) -> None:
         self.eval_label, self.eval_total, self.eval_done_n = label, total, done
         self.eval_correct = self.eval_new = 0
         if self.tty:
-            self.eval_task = self._bars().add_task(f"eval {label}", total=total, completed=done, info="")
+            self.eval_task = self._bars().add_task(f"eval {label}", total=total, completed=done, info="", eta="")
         else:
             err_console().print(f"eval {label}: {total} held-out tasks" + (f" ({done} done)" if done else ""),
                                 highlight=False)

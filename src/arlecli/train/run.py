@@ -302,6 +302,9 @@ def write_summary(card: Card, spec: ModelSpec, algo: str, global_step: int, run_
     }
     if ranks.main:
         write_json(run_dir / SUMMARY, summary)
+        from arlecli.train.model_card import write_model_card
+
+        write_model_card(run_dir, spec, summary)  # over TRL's, which names a local base model None
     return summary
 
 
