@@ -487,7 +487,9 @@ def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText, scored: A
             tops.append(None)
             continue
         # OpenAI: the N most likely tokens, and always the sampled one (so up to N + 1).
-        top = {alt_text[i]: _finite(a) for i, a in (alts[k] or [])}
+        top: dict[str, float] = {}
+        for i, a in alts[k] or []:  # best first; tokens that show as one text keep the best's logprob
+            top.setdefault(alt_text[i], _finite(a))
         top.setdefault(t, lp)
         tops.append(top)
     return {"tokens": texts, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
