@@ -156,6 +156,7 @@ def test_a_tool_calling_agent_trains_with_the_call_in_the_loss_and_the_result_ou
             assert called.completion == CALL and called.token_ids == call_ids  # the call, as generated
             assert called.observation[0]["role"] == "tool" and called.observation[0]["content"] == "5"
             assert "seams" not in episode.info  # the second call continued the first call's ids
+            assert episode.tools == SCHEMAS  # what the template rendered, kept for the trajectory
             n = sum(len(t.token_ids) for t in episode.turns)
             ids = out["completion_ids"][r].tolist()
             trained = [t for t, m in zip(ids, mask[r]) if m]

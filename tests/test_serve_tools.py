@@ -185,3 +185,27 @@ def test_an_unknown_tool_call_parser_is_a_one_line_error(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "--tool-call-parser bogus" in lines[0] and "hermes" in lines[0]
+
+
+def test_tools_over_an_engine_without_a_template_are_a_400():
+    """An endpoint engine sends text and gets text back: its calls would be lost, so tools are refused."""
+    from arlecli.engine.base import Completion
+    from arlecli.serve.app import create_app
+    from arlecli.serve.server import BackgroundServer
+
+    class Remote:
+        name = "openai"
+
+        def generate(self, requests):
+            for i, _ in enumerate(requests):
+                yield i, Completion("hi")
+
+        def close(self) -> None:
+            pass
+
+    with BackgroundServer(create_app(Remote(), model_name="tiny")) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0)
+        assert client.chat.completions.create(model="tiny", messages=ASK).choices[0].message.content == "hi"
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER])
+        assert err.value.body["param"] == "tools" and "openai engine" in err.value.body["message"]

@@ -339,8 +339,10 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         info["error"] = error
     if answer is not None:
         info["answer"] = answer
+    # The tools the template rendered (a function-calling agent's): part of what the model saw.
+    tools = next((r["tools"] for r in reversed(records) if r.get("tools")), None)
     return RolloutEpisode(job.task.id, turns, end_reason="error" if error else "done", info=info,
-                          answer="" if error else answer)
+                          tools=tools, answer="" if error else answer)
 
 
 def _sent_back(message: Any, choice: dict[str, Any]) -> bool:

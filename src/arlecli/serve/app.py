@@ -205,6 +205,11 @@ class _Api:
             raise ApiError(404, f"The model `{req.model}` does not exist (this server serves "
                            f"`{self.model_name}`).", "model_not_found", "model")
         lim.check_choices(req, self.limits)
+        if req.tools is not None and self.encode is None:
+            # Over a remote endpoint the engine sends text and gets text: calls would be lost.
+            raise ApiError(400, f"`tools` are not supported by arle serve on the {self.engine.name} engine (function "
+                           "calling needs the model's chat template in this process: the hf or vllm backend)",
+                           "invalid_request_error", "tools")
         self._check_logprobs(req)
         if req.prompt_ids is not None:
             req.prompts = await asyncio.to_thread(self._token_prompts, req.prompt_ids)
