@@ -61,6 +61,11 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
     data = Path(opts.data) if opts.data else None
     split = opts.split or card.source.default_split
     origin = str(data) if data else f"{card.name}:{split}"
+    if data is None and card.source.kind == "hub":
+        from arlecli.models import offline_if_hub_unreachable
+
+        # A hub that cannot be reached: the cached copy loads, a missing one fails now (one line).
+        offline_if_hub_unreachable()
     tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit), origin)
     if opts.limit is not None:
         tasks = tasks[:opts.limit]

@@ -170,6 +170,7 @@ def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_
     if _looks_like_path(model):
         raise UserError(f"--model {model}: no such folder")
     if config.HUB_ID_RE.match(model):
+        check_hub_model(model)
         return ModelSpec(kind="hf", name=model, path_or_id=model, backend=backend)
 
     close = difflib.get_close_matches(model, sorted(profiles), n=3, cutoff=0.6)
@@ -178,6 +179,77 @@ def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_
         f"unknown model {model!r}: {hint}pass a profile name (see `arle model list`), a local folder, "
         "a hub id like Qwen/Qwen2.5-0.5B-Instruct, or --base-url URL for an OpenAI-compatible endpoint"
     )
+
+
+# ---------------------------------------------------------------- the model hub, fast or not at all
+
+HUB_CONNECT_TIMEOUT_S = 5.0  # one TCP connect: an unreachable hub is told within this, not after ~100 s
+_hub_state: dict[str, str | None] = {}
+
+
+def hub_unreachable() -> str | None:
+    """Why the model hub (HF_ENDPOINT, else huggingface.co; through the proxy when one is set)
+    cannot be reached, found with one TCP connect of at most HUB_CONNECT_TIMEOUT_S; None when
+    it can, or when offline mode is on (the cache alone answers). Asked once per process.
+
+    Why: huggingface_hub retries a refused or timed-out connection 5 times with backoff for
+    each file it looks for, logging each try: 28-100 s of retry lines before any error."""
+    if _offline_mode():
+        return None
+    if "reason" not in _hub_state:
+        import socket
+        import urllib.parse
+        import urllib.request
+
+        endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        url = urllib.parse.urlsplit(endpoint)
+        proxy = urllib.request.getproxies().get(url.scheme or "https")
+        target = urllib.parse.urlsplit(proxy) if proxy and not urllib.request.proxy_bypass(url.hostname or "") else url
+        port = target.port or (443 if target.scheme == "https" else 80)
+        try:
+            socket.create_connection((target.hostname or "", port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+            reason = None
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            reason = f"{endpoint}{f' via proxy {proxy}' if target is not url else ''}: {why}"
+        _hub_state["reason"] = reason
+    return _hub_state["reason"]
+
+
+def _offline_mode() -> bool:
+    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def offline_if_hub_unreachable() -> str | None:
+    """When the hub cannot be reached, switch this process to offline mode (huggingface_hub,
+    transformers, datasets), so what is cached loads at once and what is not fails at once
+    with its own error instead of minutes of retries; returns why, or None."""
+    reason = hub_unreachable()
+    if reason is None:
+        return None
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    # Libraries imported already read the variables at import: tell them too.
+    for module, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
+                         ("datasets.config", "HF_DATASETS_OFFLINE")):
+        if module in sys.modules and hasattr(sys.modules[module], attr):
+            setattr(sys.modules[module], attr, True)
+    return reason
+
+
+def check_hub_model(repo_id: str) -> None:
+    """Refuse a hub model id at once when the hub cannot be reached and the model is not in the
+    local cache (a cached one then loads from the cache, offline)."""
+    reason = offline_if_hub_unreachable()
+    if reason is None:
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in ("config.json", "adapter_config.json")):
+        return
+    raise UserError(f"cannot reach the model hub ({reason}) to fetch {repo_id}, and it is not in the local cache: "
+                    "connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder")
 
 
 def _looks_like_path(model: str) -> bool:

@@ -9,53 +9,9 @@ from typing import Any, Optional
 import typer
 
 from arlecli.cli import options
-from arlecli.cli.output import console, err_console, plain, print_json, terminal_text
+from arlecli.cli.output import Column, ProgressView, console, err_console, print_json, print_lines, print_table
 from arlecli.cli.report import report_hint
 from arlecli.errors import UserError
-
-
-class _Progress:
-    """A Rich progress bar on a terminal; a plain line every 10% in logs and CI."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.tty = err_console().is_terminal
-        self.bar = None
-        self.done = 0
-        self.total = 0
-        self.correct = 0  # among samples finished in this process (accuracy shown live)
-        self.new = 0
-        self.next_report = 0
-
-    def start(self, total: int, done: int) -> None:
-        self.total, self.done = total, done
-        if done:
-            err_console().print(f"resuming: {done}/{total} samples already done", highlight=False)
-        if self.tty:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("acc {task.fields[acc]}"), TimeRemainingColumn(), console=err_console())
-            self.bar.start()
-            from rich.markup import escape
-
-            # The bar renders its description as markup, past the console's own escaping.
-            self.task = self.bar.add_task(escape(terminal_text(self.label)), total=total, completed=done, acc="-")
-        self.next_report = done + max(1, total // 10)
-
-    def sample(self, sample: dict[str, Any]) -> None:
-        self.done += 1
-        self.new += 1
-        self.correct += bool(sample["correct"])
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, acc=f"{self.correct / self.new:.3f}")
-        elif self.done >= self.next_report or self.done == self.total:
-            err_console().print(f"{self.label}: {self.done}/{self.total} samples", markup=False, highlight=False)
-            self.next_report = self.done + max(1, self.total // 10)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def eval_command(
@@ -100,7 +56,7 @@ def eval_command(
                                            "itself), or a profile name, folder or hub id (any model arle can "
                                            "run, with its own default engine). Default: the card's."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
-                                          "(default: runs/BENCH-MODEL-TIMESTAMP)."),
+                                          "(default: a new folder in runs/ named BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run (the latest matching one "
                                 "when --output is not given)."),
     rows: Optional[Path] = typer.Option(None, "--rows", help="The benchmark's rows from a local file in the "
@@ -163,11 +119,47 @@ def eval_command(
     prices = make_prices(cli_prices[0] if cli_prices[0] is not None else spec.price_input,
                          cli_prices[1] if cli_prices[1] is not None else spec.price_output,
                          "arle eval" if spec.profile is None else f"arle eval with profile {spec.profile!r}")
+    from arlecli.envs import env_kind
+    from arlecli.progress import Meter
+
+    # Shown from here on: loading weights takes seconds to minutes, a sample can too.
+    meter = Meter(phase=f"loading {spec.name}" if spec.kind == "hf" else "starting")
+    view = ProgressView(card.name, meter, turns=env_kind(card.env).multi_turn)
+    try:
+        results, run_dir = _run(card, spec, opts, meter, view, output=output, resume=resume, scoring=scoring, prices=prices,
+                       opponent_spec=opponent_spec, batch_size=batch_size, concurrency=concurrency,
+                       max_thinking_tokens=max_thinking_tokens, vllm=dict(
+                           tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+                           gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                           quantization=quantization, kv_cache_dtype=kv_cache_dtype))
+    finally:
+        view.stop()
+    if as_json:
+        print_json(results)
+    else:
+        print_results(results, run_dir)
+    # What to do next with the run; on stderr under --json, so stdout stays one JSON document.
+    (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
+
+
+def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, output: Optional[Path], resume: bool,
+         scoring: Optional[str], prices: Any, opponent_spec: Any, batch_size: int, concurrency: int,
+         max_thinking_tokens: Optional[int], vllm: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """Load the engine(s) and run the eval with `view` showing `meter`; returns results.json's
+    content and the run directory."""
+    from arlecli import rundir
+    from arlecli.engine import make_engine
+    from arlecli.engine.base import EngineRequestError
+    from arlecli.engine.vllm import VLLMOptions
+    from arlecli.envs.textarena import with_opponent
+    from arlecli.eval import run_eval
+    from arlecli.progress import metered
+    from arlecli.thinking import check_budget, thinks
+
     run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
-    vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                               quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    vllm_options = VLLMOptions(**vllm)
     rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
+    view.start()
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
     try:
         check_budget(max_thinking_tokens, thinks(engine), spec.name)
@@ -182,48 +174,45 @@ def eval_command(
             engine.close()
             raise
         card = with_opponent(card, opponent_engine)
-    progress = _Progress(f"{card.name}")
+
+    def start(total: int, done: int) -> None:
+        meter.start(total, done)
+        if done:
+            view.resumed(done, total)
+
     try:
-        results = run_eval(card, engine, opts, model=spec.name, run_dir=run_dir, resume=resume,
-                           command=["arle", *sys.argv[1:]], on_start=progress.start, on_sample=progress.sample,
-                           prices=prices, scoring=scoring)
+        # An endpoint given by --base-url alone is named by the model it serves, not its URL.
+        served = getattr(engine, "served_model", None)
+        model_name = served() if served is not None and spec.kind == "openai" and not spec.model else spec.name
+        results = run_eval(card, metered(engine, meter), opts, model=model_name, run_dir=run_dir, resume=resume,
+                           command=["arle", *sys.argv[1:]], on_start=start,
+                           on_sample=lambda sample: meter.sample(sample["correct"]), prices=prices, scoring=scoring)
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
         raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
                         "rerun with --resume to continue") from None
     finally:
-        progress.stop()
         engine.close()
         if opponent_engine is not None:
             opponent_engine.close()
-    if as_json:
-        print_json(results)
-    else:
-        print_results(results, run_dir)
-    # What to do next with the run; on stderr under --json, so stdout stays one JSON document.
-    (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
+    return results, run_dir
 
 
 def print_results(results: dict[str, Any], run_dir: Path) -> None:
-    """The summary table: each metric with its stderr, then per-group rows if any."""
-    from rich.table import Table
-
+    """The summary: a header line, each metric with its stderr (then per-group rows if any),
+    the efficiency lines, all wrapped to the terminal by whole fields."""
     out = console()
-    out.print(f"{results['benchmark']} · {results['model']} · {results['n_tasks']} tasks · "
-              f"{results['n_samples']} samples", markup=False, highlight=False)
-    table = Table()
-    table.add_column("group")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("± stderr", justify="right")
-    rows = [("all", results["metrics"])] + list(results.get("groups", {}).items())
-    for group, metrics in rows:
-        for name, stat in metrics.items():
-            table.add_row(plain(group), plain(name), f"{stat['value']:.4f}", f"{stat['stderr']:.4f}")
-    out.print(table)
-    for line in efficiency_lines(results):
-        out.print(line, highlight=False)
-    out.print(f"run directory: {run_dir}", highlight=False)
+    print_lines(out, [str(results["benchmark"]), str(results["model"]), f"{results['n_tasks']} tasks",
+                      f"{results['n_samples']} samples"])
+    columns = [Column("group"), Column("metric"), Column("value", justify="right"),
+               Column("± stderr", "±", justify="right")]
+    rows = [[str(group), str(name), f"{stat['value']:.4f}", f"{stat['stderr']:.4f}"]
+            for group, metrics in [("all", results["metrics"]), *results.get("groups", {}).items()]
+            for name, stat in metrics.items()]
+    print_table(out, columns, rows)
+    for label, parts in efficiency_parts(results):
+        print_lines(out, [f"{label}: {parts[0]}", *parts[1:]])
+    print_lines(out, [f"run directory: {run_dir}"])
 
 
 def _num(x: float | None, digits: int = 1) -> str:
@@ -238,11 +227,16 @@ def _usd(x: float | None) -> str:
 def efficiency_lines(results: dict[str, Any]) -> list[str]:
     """results.json's tokens/time/agents/consistency/cost blocks as a few compact lines (the
     blocks a run lacks are skipped)."""
-    lines = []
+    return [f"{label}: " + " · ".join(parts) for label, parts in efficiency_parts(results)]
+
+
+def efficiency_parts(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """What `efficiency_lines` says, as (label, its fields): the fields wrap as wholes."""
+    lines: list[tuple[str, list[str]]] = []
     tokens = results.get("tokens") or {}
     if tokens:
         parts = [f"{side} {_num(t['mean'])}/sample ({t['total']:,} total)" for side, t in tokens.items()]
-        lines.append("tokens: " + " · ".join(parts))
+        lines.append(("tokens", parts))
     t = results.get("time") or {}
     if t:
         parts = []
@@ -253,7 +247,7 @@ def efficiency_lines(results: dict[str, Any]) -> list[str]:
             parts.append(f"{_num(t['completion_tokens_per_s'])} completion tokens/s")
         if "latency_s" in t:
             parts.append(f"latency p50 {_num(t['latency_s']['p50'], 2)} s, p95 {_num(t['latency_s']['p95'], 2)} s")
-        lines.append("time: " + " · ".join(parts))
+        lines.append(("time", parts))
     a = results.get("agents")
     if a:
         parts = [f"{_num(a['turns_per_episode'], 2)} turns/episode"]
@@ -264,15 +258,15 @@ def efficiency_lines(results: dict[str, Any]) -> list[str]:
         parts.append(f"steps-to-success {_num(a['steps_to_success'], 2)}")
         parts.append(f"{_num(a['tokens_per_success'], 0)} tokens/success")
         parts.append("ended: " + ", ".join(f"{r} {n}" for r, n in a["end_reasons"].items()))
-        lines.append("agents: " + " · ".join(parts))
+        lines.append(("agents", parts))
     c = results.get("consistency")
     if c and c.get("all_agree") is not None:
-        lines.append(f"consistency: all {c['samples_per_task']} samples agree on the outcome in "
-                     f"{c['all_agree']:.1%} of tasks, on the answer in {c['same_answer']:.1%}")
+        lines.append(("consistency", [f"all {c['samples_per_task']} samples agree on the outcome in "
+                                      f"{c['all_agree']:.1%} of tasks", f"on the answer in {c['same_answer']:.1%}"]))
     cost = results.get("cost")
     if cost:
-        lines.append(f"cost: {_usd(cost['total'])} total · {_usd(cost['per_task'])}/task · "
-                     f"cost-of-pass {_usd(cost['cost_of_pass'])}"
-                     + (f" (token counts unknown for {cost['samples_without_counts']} samples)"
-                        if cost.get("samples_without_counts") else ""))
+        lines.append(("cost", [f"{_usd(cost['total'])} total", f"{_usd(cost['per_task'])}/task",
+                               f"cost-of-pass {_usd(cost['cost_of_pass'])}"
+                               + (f" (token counts unknown for {cost['samples_without_counts']} samples)"
+                                  if cost.get("samples_without_counts") else "")]))
     return lines

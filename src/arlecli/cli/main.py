@@ -7,11 +7,61 @@ that need them, so `arle --help` and `arle bench list` answer at once.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
 from arlecli import __version__
 from arlecli.errors import UserError
+
+def _plain_help() -> None:
+    """Help that fits any terminal: click's two columns (options, then their help wrapped by
+    whole words) instead of Rich's option panels, and no type tokens.
+
+    Why: typer's panels give the option names, short names, negative flags, types and help a
+    column each; at 80 columns the help column shrank to ~25 and Rich cut what did not fit
+    with `…` (defaults, option names, the model name). The tokens typer adds (`<str>`,
+    `<int range>`, `[x>=1]`, `{bench}`) say little the help text does not: a bad value is
+    refused in one line that says why. Explicit metavars (SECONDS, N, KEY=VALUE) stay, and
+    arguments are named in capitals (`BENCH`). Applied to typer's classes once, so every
+    command of every group gets it."""
+    from typer import core
+    from typer._click import _textwrap
+
+    if getattr(core, "_arle_plain_help", False):
+        return
+    core._arle_plain_help = True  # type: ignore[attr-defined]
+    core.HAS_RICH = False  # click's formatter (typer reads this flag at each help)
+    core._TyperParameter.display_type = lambda self, ctx: ""  # type: ignore[method-assign,assignment]
+    for cls in (core.TyperArgument, core.TyperOption):
+        cls._get_number_range_help_str = lambda self: None  # type: ignore[method-assign]
+    core.TyperArgument.display_name_raw = property(  # type: ignore[method-assign,assignment]
+        lambda self: self.metavar if self.metavar is not None else (self.name or "").upper())
+
+    def usage_name(self: core.TyperArgument) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    core.TyperArgument._usage_display_name = usage_name  # type: ignore[method-assign]
+    option_record = core.TyperOption.get_help_record
+
+    def help_record(self: core.TyperOption, ctx: Any) -> tuple[str, str] | None:
+        record = option_record(self, ctx)  # an option without a metavar ends in a space
+        return None if record is None else (" ".join(record[0].split()), record[1])
+
+    core.TyperOption.get_help_record = help_record  # type: ignore[method-assign]
+    wrapper_init = _textwrap.TextWrapper.__init__
+
+    def words_whole(self: Any, *args: Any, **kwargs: Any) -> None:
+        # Wrap between words only: `--price-input` is not broken at its hyphen, a URL not cut.
+        kwargs.setdefault("break_long_words", False)
+        kwargs.setdefault("break_on_hyphens", False)
+        wrapper_init(self, *args, **kwargs)
+
+    _textwrap.TextWrapper.__init__ = words_whole  # type: ignore[method-assign]
+
+
+_plain_help()
 
 app = typer.Typer(
     name="arle",
@@ -51,13 +101,44 @@ def _register() -> None:
     app.command("compare")(runs.compare_command)
 
 
+def usage_error_line(exc: Exception) -> str | None:
+    """A usage error (a bad option value, an unknown option, a missing argument) as arle's one
+    `error:` line that says where the help is, instead of click's usage screen; None for the
+    help shown when a group is given no command."""
+    from typer._click.exceptions import NoArgsIsHelpError
+
+    from arlecli.cli.output import terminal_text
+
+    if isinstance(exc, NoArgsIsHelpError):
+        return None
+    ctx = getattr(exc, "ctx", None)
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"error: {terminal_text(message)}{where}"
+
+
+def quiet_warnings() -> None:
+    """Hide deprecation and future warnings from users: they come from the libraries arle
+    drives (transformers, TRL, datasets), about APIs the user never called, and the user can do
+    nothing about them. The test suite turns those raised from arle's own code into errors
+    (pyproject's filterwarnings), so hiding them here hides nothing of arle's. `python -W` and
+    PYTHONWARNINGS still decide when given."""
+    if sys.warnoptions:
+        return
+    import warnings
+
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
 def main() -> None:
     """Console-script entry point: user mistakes print one line and exit 2."""
+    quiet_warnings()
     _register()
     try:
         # standalone_mode=False: typer returns exit codes (Ctrl-C becomes 130) instead of
         # exiting, and lets UserError through to us.
-        rc = app(standalone_mode=False)
+        rc = app(standalone_mode=False, prog_name="arle")
     except UserError as exc:
         from arlecli.cli.output import terminal_text
 
@@ -70,7 +151,11 @@ def main() -> None:
         show = getattr(exc, "show", None)
         if show is None:
             raise
-        show()
+        line = usage_error_line(exc)
+        if line is None:
+            show()  # no arguments at all: the help screen
+        else:
+            typer.echo(line, err=True)
         sys.exit(2)
     if rc == 130:
         typer.echo("interrupted: finished samples are saved; rerun with --resume to continue", err=True)

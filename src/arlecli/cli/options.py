@@ -28,7 +28,7 @@ PRICE_INPUT = typer.Option(None, "--price-input", metavar="USD_PER_1M",
 PRICE_OUTPUT = typer.Option(None, "--price-output", metavar="USD_PER_1M",
                             help="USD per 1M completion tokens (with --price-input).")
 # Reasoning models (arlecli/thinking.py, engine/phases.py).
-THINK_TAGS = typer.Option(None, "--think-tags", metavar="START,END|none",
+THINK_TAGS = typer.Option(None, "--think-tags", metavar="TAGS",
                           help="How the model delimits its thinking, e.g. '<think>,</think>' (default: the "
                           "profile's, else the tokenizer's own tags, else <think>); none: never split.")
 CHAT_TEMPLATE_KWARGS = typer.Option(None, "--chat-template-kwargs", metavar="KEY=VALUE",

@@ -12,8 +12,11 @@ and also escapes the characters JSON leaves raw (C1 controls, U+2028/U+2029, bid
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import time
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -45,8 +48,11 @@ def make_console(**kwargs: Any) -> Any:
 @lru_cache(maxsize=None)
 def console():
     """The stdout console (Rich decides colour and width from whether it is a TTY)."""
-    # Off a terminal (logs, pipes) Rich would assume 80 columns and crop table cells.
-    return make_console() if sys.stdout.isatty() else make_console(width=200)
+    # Off a terminal (logs, pipes) Rich would assume 80 columns; a log has no width of its
+    # own, so 200 unless COLUMNS says what the reader's is.
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
+        return make_console()
+    return make_console(width=200)
 
 
 @lru_cache(maxsize=None)
@@ -78,3 +84,187 @@ def print_json(data: Any) -> None:
     """JSON on stdout for scripts (no Rich markup or wrapping)."""
     sys.stdout.write(json_text(data, indent=2) + "\n")
     sys.stdout.flush()
+
+
+# In logs and CI a progress line this often: at most one every ~10 s (a log is not flooded),
+# and never more than 10 s of silence while a job runs.
+PLAIN_EVERY_S = 8.0
+# The first line waits this long: a mistake found in the first second (a bad row, a refused
+# key) is still the one `error:` line it should be, not a progress line and then the error.
+FIRST_LINE_S = 1.0
+_TICK_S = 0.5  # how often a terminal's bar takes the meter's counts
+
+
+def clock(seconds: float) -> str:
+    """`seconds` as m:ss, or h:mm:ss past an hour."""
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class ProgressView:
+    """A job's progress on stderr, read from its `arlecli.progress.Meter`: a live Rich bar on
+    a terminal; in logs and pipes a plain line after FIRST_LINE_S, then every PLAIN_EVERY_S,
+    and at the end. Both show samples done, turns done (multi-turn jobs), tokens and tokens/s, and the
+    ETA once a sample has finished; before generation starts, what the job is doing (the
+    meter's `phase`: loading the model takes a while too).
+
+    A thread keeps it going, so a model turn that takes a minute still shows time passing."""
+
+    def __init__(self, label: str, meter: Any, *, turns: bool = False) -> None:
+        import threading
+
+        self.label, self.meter, self.turns = label, meter, turns
+        self.tty = err_console().is_terminal
+        self.bar: Any = None
+        self.task: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="arle-progress", daemon=True)
+        self._last_line = ""
+
+    def start(self) -> "ProgressView":
+        """Show the first line (or the bar) now and keep it updated until `stop`."""
+        if self.tty:
+            from rich.markup import escape
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), console=err_console(), refresh_per_second=4)
+            self.bar.start()
+            # The bar renders its description as markup, past the console's own escaping.
+            self.task = self.bar.add_task(escape(terminal_text(self.label)), total=None, info=self.info())
+        self._thread.start()
+        return self
+
+    def resumed(self, done: int, total: int) -> None:
+        """Say that `done` of `total` samples were finished by an earlier run."""
+        err_console().print(f"resuming: {done}/{total} samples already done", highlight=False)
+
+    def info(self) -> str:
+        """Everything but the label and the sample count, as one short line."""
+        m = self.meter
+        if m.generating_since is None:
+            return f"{m.phase} ({clock(time.monotonic() - m.started)})"
+        parts = []
+        if self.turns:
+            parts.append(f"{m.turns:,} turns")
+        rate = m.tokens_per_s()
+        parts.append(f"{m.tokens:,} tokens" + (f", {rate:,.1f}/s" if rate is not None else ""))
+        acc = m.accuracy()
+        if acc is not None:
+            parts.append(f"acc {acc:.3f}")
+        parts.append(clock(time.monotonic() - m.started))
+        eta = m.eta_s()
+        if eta is not None and m.done < m.total:
+            parts.append(f"ETA {clock(eta)}")
+        return " · ".join(parts)
+
+    def line(self) -> str:
+        """The plain progress line."""
+        m = self.meter
+        count = f"{m.done}/{m.total} samples · " if m.generating_since is not None else ""
+        return f"{self.label}: {count}{self.info()}"
+
+    def _print(self) -> None:
+        self._last_line = self.line()
+        err_console().print(self._last_line, markup=False, highlight=False, soft_wrap=True)
+
+    def _run(self) -> None:
+        due = time.monotonic() + FIRST_LINE_S
+        while not self._stop.wait(min(_TICK_S, max(0.0, due - time.monotonic()))):
+            if self.bar is not None:
+                m = self.meter
+                self.bar.update(self.task, total=m.total or None, completed=m.done, info=self.info())
+            elif time.monotonic() >= due:
+                self._print()
+                due = time.monotonic() + PLAIN_EVERY_S
+
+    def stop(self) -> None:
+        """Stop updating; the bar shows its last state, a log gets a last line."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.bar is not None:
+            m = self.meter
+            self.bar.update(self.task, total=m.total or None, completed=m.done, info=self.info())
+            self.bar.stop()
+        elif self._last_line and self.meter.generating_since is not None:
+            self._print()  # where it ended (a job over within FIRST_LINE_S prints no progress at all)
+
+
+# ---------------------------------------------------------------- tables that fit the terminal
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: its header, the shorter one used when the table is too wide, how its
+    cells align, and whether a row's cell is the row's name (first in a record, unlabelled)."""
+
+    header: str
+    short: str | None = None
+    justify: str = "left"
+    key: bool = False
+
+
+def wrap_fields(fields: list[str], width: int, *, sep: str = " · ", indent: str = "  ") -> list[str]:
+    """`fields` joined by `sep` into lines of at most `width` cells, breaking only between
+    fields (continuation lines indented): a number never parts from its unit or its ± and no
+    word is cut. A field wider than a whole line keeps a line of its own, uncut."""
+    from rich.cells import cell_len
+
+    lines: list[str] = []
+    line = ""
+    for field in fields:
+        if not line:
+            line = (indent if lines else "") + field
+        elif cell_len(line) + cell_len(sep) + cell_len(field) <= width:
+            line += sep + field
+        else:
+            lines.append(line)
+            line = indent + field
+    if line:
+        lines.append(line)
+    return lines
+
+
+def print_lines(out: Any, fields: list[str], **kwargs: Any) -> None:
+    """`fields` wrapped to `out`'s width (wrap_fields), printed as plain text."""
+    for line in wrap_fields(fields, out.width, **kwargs):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title: str | None = None,
+                caption: str | None = None) -> None:
+    """A table that fits `out`'s width without cutting anything: the full table where it
+    fits; else the same with short headers and no inner borders; else one record per row,
+    its name then `header value` fields wrapped by whole fields. Cells are shown as they are
+    (`plain`), never folded or cut with `…`."""
+    from rich import box
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    cells = [[c if not isinstance(c, str) else plain(c) for c in row] for row in rows]
+
+    def table(short: bool) -> Any:
+        t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD if short else box.HEAVY_HEAD,
+                  pad_edge=not short)
+        for col in columns:
+            t.add_column(col.short or col.header if short else col.header, justify=col.justify,  # type: ignore[arg-type]
+                         no_wrap=True)
+        for row in cells:
+            t.add_row(*row)
+        return t
+
+    for short in (False, True):
+        t = table(short)
+        # Measured unconstrained: Rich clamps a measurement to the width it is given.
+        if Measurement.get(out, out.options.update_width(10_000), t).maximum <= out.width:
+            out.print(t)
+            return
+    if title:
+        print_lines(out, title.split(), sep=" ", indent="")
+    for row in rows:
+        named = [str(v) for c, v in zip(columns, row) if c.key]
+        fields = [f"{c.short or c.header} {v}" for c, v in zip(columns, row) if not c.key]
+        print_lines(out, [" ".join(named) + ":" if named else fields.pop(0), *fields], sep="  ", indent="    ")
+    if caption:
+        print_lines(out, caption.split(), sep=" ", indent="")

@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from arlecli.cli.output import console, err_console, plain, print_json
+from arlecli.cli.output import Column, console, err_console, plain, print_json, print_lines, print_table
 from arlecli.errors import UserError
 
 app = typer.Typer(help="List and inspect run directories.", no_args_is_help=True)
@@ -80,17 +80,15 @@ def list_command(
         out.print(f"no runs under {base} (arle eval and arle train write them there)", markup=False,
                   highlight=False)
         return
-    from rich.table import Table
-
-    table = Table(title=f"{len(infos)} runs under {base}")
-    for col in ("kind", "benchmark", "model", "accuracy ± stderr", "done", "status", "started", "path"):
-        table.add_column(col, overflow="fold")
+    columns = [Column("kind"), Column("benchmark", "bench"), Column("model"), Column("accuracy ± stderr", "acc"),
+               Column("done"), Column("status"), Column("started"), Column("path", key=True)]
+    rows = []
     for i in infos:
         metric = _stat_text(i.value, i.stderr) + (f" ({i.metric.split('@', 1)[1]})" if i.metric and "@" in i.metric
                                                   else "")
-        table.add_row(*map(plain, (i.kind, i.benchmark or "-", i.model or "-", metric, _done_text(i),
-                                   _status_text(i), i.started or "-", i.path)))
-    out.print(table)
+        rows.append([str(v) for v in (i.kind, i.benchmark or "-", i.model or "-", metric, _done_text(i),
+                                      _status_text(i), i.started or "-", i.path)])
+    print_table(out, columns, rows, title=f"{len(infos)} runs under {base}")
 
 
 def _flat(prefix: str, value: Any) -> list[tuple[str, Any]]:
@@ -243,28 +241,26 @@ def show_command(
 
 
 def _print_comparison(cmp: Any, flips: int) -> None:
-    from rich.table import Table
-
     out = console()
-    extra = "".join(f" · {n} only in {side}" for n, side in ((cmp.only_a, "A"), (cmp.only_b, "B")) if n)
-    out.print(f"{cmp.benchmark} · split {cmp.split} · {cmp.shared} shared tasks{extra}", markup=False,
-              highlight=False)
-    out.print(f"A: {cmp.run_a} ({cmp.model_a})", markup=False, highlight=False)
-    out.print(f"B: {cmp.run_b} ({cmp.model_b})", markup=False, highlight=False)
-    table = Table(caption="B - A, paired over shared tasks; won/lost/tied: tasks where B scored higher/lower/same")
-    for col, justify in (("group", "left"), ("metric", "left"), ("A", "right"), ("B", "right"),
-                         ("B - A", "right"), ("± stderr", "right"), ("95% CI", "right"),
-                         ("won/lost/tied", "right"), ("McNemar p", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for group, rows in [("all", cmp.metrics), *cmp.groups.items()]:
-        for m in rows:
+    extra = [f"{n} only in {side}" for n, side in ((cmp.only_a, "A"), (cmp.only_b, "B")) if n]
+    print_lines(out, [cmp.benchmark, f"split {cmp.split}", f"{cmp.shared} shared tasks", *extra])
+    print_lines(out, [f"A: {cmp.run_a}", f"({cmp.model_a})"], sep=" ")
+    print_lines(out, [f"B: {cmp.run_b}", f"({cmp.model_b})"], sep=" ")
+    columns = [Column("group", key=True), Column("metric", key=True), Column("A", justify="right"),
+               Column("B", justify="right"), Column("B - A", "B-A", "right"), Column("± stderr", "±", "right"),
+               Column("95% CI", "CI", "right"), Column("won/lost/tied", "W/L/T", "right"),
+               Column("McNemar p", "p", "right")]
+    rows = []
+    for group, metrics in [("all", cmp.metrics), *cmp.groups.items()]:
+        for m in metrics:
             ci = "-" if not math.isfinite(m.stderr) else f"[{m.ci_low:+.4f}, {m.ci_high:+.4f}]"
-            table.add_row(plain(group), plain(m.metric), _num(m.a), _num(m.b), f"{m.diff:+.4f}", _num(m.stderr), ci,
-                          f"{m.won}/{m.lost}/{m.tied}", _num(m.mcnemar_p))
-    out.print(table)
+            rows.append([str(group), str(m.metric), _num(m.a), _num(m.b), f"{m.diff:+.4f}", _num(m.stderr), ci,
+                         f"{m.won}/{m.lost}/{m.tied}", _num(m.mcnemar_p)])
+    print_table(out, columns, rows, caption="B - A, paired over shared tasks; won/lost/tied (W/L/T): tasks where "
+                "B scored higher/lower/same")
     for label, ids in (("B right, A wrong", cmp.gained), ("A right, B wrong", cmp.lost)):
-        shown = ", ".join(ids[:flips]) + (f", ... ({len(ids) - flips} more)" if len(ids) > flips else "")
-        out.print(f"{label} ({len(ids)}): {shown or '-'}", markup=False, highlight=False)
+        shown = ids[:flips] + ([f"... ({len(ids) - flips} more)"] if len(ids) > flips else []) or ["-"]
+        print_lines(out, [f"{label} ({len(ids)}): {shown[0]}", *shown[1:]], sep=", ", indent="  ")
     _print_compute(cmp.compute, [None, next((m for m in cmp.metrics if m.metric == "accuracy"), None)],
                    ["A", "B"])
     for warning in cmp.warnings:
@@ -279,27 +275,25 @@ def _print_compute(points: list[Any], diffs: list[Any], labels: list[str]) -> No
     """Accuracy against compute, one row per run: accuracy, thinking and completion tokens per
     sample (thinking columns only when a run thought) and the paired accuracy difference
     against the first run."""
-    from rich.table import Table
-
     if not points:
         return
     thought = any(p.thought for p in points)
-    table = Table(title="accuracy against compute" if thought else "accuracy and tokens",
-                  caption="tokens are means per sample; B - A: paired over shared tasks, against the first run")
-    cols = ["run", "accuracy", "± stderr"]
-    cols += ["thinking tokens", "cut"] if thought else []
-    cols += ["completion tokens", "total completion", "budget", "accuracy - first"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "run" else "right")
+    columns = [Column("run", key=True), Column("accuracy", "acc", "right"), Column("± stderr", "±", "right")]
+    if thought:
+        columns += [Column("thinking tokens", "think", "right"), Column("cut", justify="right")]
+    columns += [Column("completion tokens", "compl", "right"), Column("total completion", "total", "right"),
+                Column("budget", justify="right"), Column("accuracy - first", "vs first", "right")]
+    rows = []
     for label, p, diff in zip(labels, points, diffs):
         budget = "/".join(str(b) for b in (p.max_thinking_tokens, p.max_tokens) if b is not None) or "-"
-        row = [plain(label), _num(p.accuracy), _num(p.stderr)]
+        row = [str(label), _num(p.accuracy), _num(p.stderr)]
         if thought:
             row += [_tokens(p.thinking_tokens), "-" if p.cut_share is None else f"{p.cut_share:.1%}"]
         row += [_tokens(p.completion_tokens), _num(p.completion_tokens_total), budget,
                 "-" if diff is None else f"{diff.diff:+.4f} ± {_num(diff.stderr)}"]
-        table.add_row(*row)
-    console().print(table)
+        rows.append(row)
+    print_table(console(), columns, rows, title="accuracy against compute" if thought else "accuracy and tokens",
+                caption="tokens are means per sample; vs first: accuracy - the first run's, paired over shared tasks")
 
 
 def compare_command(
@@ -331,11 +325,10 @@ def compare_command(
 def _print_curve(curve: Any) -> None:
     out = console()
     first = curve.pairs[0]
-    out.print(f"{first.benchmark} · split {first.split} · {len(curve.points)} runs, each paired with the first",
-              markup=False, highlight=False)
+    print_lines(out, [first.benchmark, f"split {first.split}", f"{len(curve.points)} runs, each paired with the first"])
     labels = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(curve.points))]
     for label, point in zip(labels, curve.points):
-        out.print(f"{label}: {point.run} ({point.model})", markup=False, highlight=False)
+        print_lines(out, [f"{label}: {point.run}", f"({point.model})"], sep=" ")
     _print_compute(curve.points, [curve.accuracy_diff(i) for i in range(len(curve.points))], labels)
     for pair in curve.pairs:
         for warning in pair.warnings:

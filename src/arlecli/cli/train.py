@@ -188,7 +188,7 @@ def train_command(
                                            "its own outcome), random or scripted. Held-out evals play the "
                                            "card's opponent."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
-                                          "(default: runs/train-BENCH-MODEL-TIMESTAMP)."),
+                                          "(default: a new folder in runs/ named train-BENCH-MODEL-TIMESTAMP)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint (the latest "
                                 "matching run when --output is not given)."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0,
