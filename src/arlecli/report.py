@@ -24,7 +24,11 @@ What a report shows:
     several runs   a comparison table, accuracy against compute (each run's accuracy, mean
                    thinking and completion tokens, paired difference with the first run: the
                    curve of a model at several thinking budgets) and a per-group chart with
-                   one bar per run, then each run's own section.
+                   one bar per run, on the tasks all the runs hold (paired; `all_tasks`: each
+                   run on all of its own) and saying which, then each run's own section.
+Efficiency blocks are tables in words and units, rounded (`plain_rows`); each embedded sample
+carries its question for its collapsed row, and the browser sorts by task, reward, latency or
+length (`sample_orders`, computed here).
 At most `SAMPLE_CAP` samples per run are embedded; the rest are counted, and the page says so.
 """
 
@@ -303,6 +307,112 @@ def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
         out.append((prefix, value))
 
 
+# Efficiency blocks in words: each results.json block's title, and each key's label (a dotted
+# path inside its block) and unit. Keys not named here are written from their name.
+_BLOCK_TITLES = {"tokens": "Tokens", "time": "Time", "agents": "Agent episodes", "games": "Games",
+                 "consistency": "Consistency", "cost": "Cost", "reasoning": "Thinking", "samples": "Samples"}
+_LABELS: dict[str, tuple[str, str]] = {
+    "tokens.prompt.mean": ("prompt tokens per sample", "tokens"),
+    "tokens.prompt.total": ("prompt tokens in all", "count"),
+    "tokens.prompt.n": ("samples with prompt counts", "count"),
+    "tokens.completion.mean": ("completion tokens per sample", "tokens"),
+    "tokens.completion.total": ("completion tokens in all", "count"),
+    "tokens.completion.n": ("samples with completion counts", "count"),
+    "time.wall_s": ("wall time", "s"),
+    "time.sessions": ("sessions (a resumed run has several)", "count"),
+    "time.samples_per_s": ("samples per second", "rate"),
+    "time.completion_tokens_per_s": ("completion tokens per second", "rate"),
+    "time.latency_s.p50": ("latency per sample, median", "s"),
+    "time.latency_s.p95": ("latency per sample, 95th percentile", "s"),
+    "time.latency_s.mean": ("latency per sample, mean", "s"),
+    "time.latency_s.n": ("samples timed", "count"),
+    "agents.episodes": ("episodes", "count"),
+    "agents.turns_per_episode": ("turns per episode", "number"),
+    "agents.tool_calls_per_episode": ("tool calls per episode", "number"),
+    "agents.tool_errors_per_episode": ("tool errors per episode", "number"),
+    "agents.successes": ("successful episodes", "count"),
+    "agents.steps_to_success": ("turns to a success (mean)", "number"),
+    "agents.tokens_per_success": ("tokens per success", "tokens"),
+    "games.games": ("games", "count"),
+    "games.invalid_move_rate": ("games lost to an invalid move", "share"),
+    "games.invalid_moves_per_turn": ("invalid moves per move", "number"),
+    "games.turns_per_game": ("moves per game", "number"),
+    "consistency.samples_per_task": ("samples per task", "count"),
+    "consistency.tasks": ("tasks with several samples", "count"),
+    "consistency.all_agree": ("tasks whose samples agree on the outcome", "share"),
+    "consistency.same_answer": ("tasks whose samples give the same answer", "share"),
+    "cost.currency": ("currency", "text"),
+    "cost.price_input_per_1m": ("price per 1M prompt tokens", "usd"),
+    "cost.price_output_per_1m": ("price per 1M completion tokens", "usd"),
+    "cost.total": ("total", "usd"),
+    "cost.per_task": ("per task", "usd"),
+    "cost.per_sample": ("per sample", "usd"),
+    "cost.cost_of_pass": ("cost of one correct sample (cost-of-pass)", "usd"),
+    "cost.samples_without_counts": ("samples without token counts", "count"),
+    "reasoning.n": ("samples that thought", "count"),
+    "reasoning.share_of_samples": ("share of samples that thought", "share"),
+    "reasoning.thinking_tokens.mean": ("thinking tokens per sample, mean", "tokens"),
+    "reasoning.thinking_tokens.median": ("thinking tokens per sample, median", "tokens"),
+    "reasoning.thinking_tokens.n": ("samples with thinking counts", "count"),
+    "reasoning.cut": ("cut inside their thinking (no answer)", "count"),
+    "reasoning.cut_share": ("share cut inside their thinking", "share"),
+    "reasoning.accuracy_cut": ("accuracy of the cut ones", "share"),
+    "reasoning.accuracy_answered": ("accuracy of the answered ones", "share"),
+}
+
+
+def _number(value: float) -> str:
+    """A float rounded for reading: 3 significant decimals below 1, 2 below 100, 1 above."""
+    if not math.isfinite(value):
+        return "n/a"
+    digits = 3 if abs(value) < 1 else 2 if abs(value) < 100 else 1
+    return f"{value:,.{digits}f}"
+
+
+def plain_value(value: Any, unit: str) -> str:
+    """An efficiency value in its unit, rounded (`n/a` for a missing one)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool) or isinstance(value, str) or unit == "text":
+        return str(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    if unit == "share":
+        return f"{value:.1%}"
+    if unit == "usd":
+        return f"${value:,.4f}" if abs(value) >= 0.01 or value == 0 else f"${value:.6f}"
+    if unit == "s":  # 0.25 s, 33.9 s, 1,204 s
+        return f"{value:,.{2 if abs(value) < 10 else 1 if abs(value) < 100 else 0}f} s"
+    if unit == "rate":
+        return f"{_number(value)}/s"
+    if unit == "tokens":
+        return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+    if isinstance(value, int) or (unit == "count" and float(value).is_integer()):
+        return f"{int(value):,}"
+    return _number(float(value))
+
+
+def plain_rows(block: str, value: Any) -> list[tuple[str, str]]:
+    """(label, value) rows of one results.json block, in plain words and units."""
+    flat: list[tuple[str, Any]] = []
+    _flatten("", value, flat)
+    rows = []
+    for key, v in flat:
+        label, unit = _LABELS.get(f"{block}.{key}", ("", ""))
+        if not label:
+            parts = key.split(".")
+            if block == "agents" and parts[0] == "end_reasons":
+                label, unit = f"ended: {'.'.join(parts[1:])}", "count"
+            elif block == "games" and parts[0] == "per_seat" and len(parts) == 3:
+                label, unit = (f"seat {parts[1]}: games", "count") if parts[2] == "games" else \
+                    (f"seat {parts[1]}: {parts[2]} rate", "share")
+            else:  # a key this table does not know: its own name, in words
+                label = key.replace(".", ", ").replace("_per_", " per ").replace("_", " ")
+                unit = "rate" if key.endswith("_per_s") else "s" if key.endswith("_s") else "number"
+        rows.append((label, plain_value(v, unit) if not isinstance(v, str) or unit != "number" else v))
+    return rows
+
+
 def _efficiency(run: EvalRun) -> str:
     """results.json's efficiency, cost and consistency blocks, one small table each; for runs
     written before those blocks, what samples.jsonl tells (tokens, finish reasons, turns)."""
@@ -327,10 +437,9 @@ def _efficiency(run: EvalRun) -> str:
         return ""
     tables = []
     for name, block in blocks.items():
-        rows: list[tuple[str, Any]] = []
-        _flatten("", block, rows)
-        cells = [[_esc(k), _esc(_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v))] for k, v in rows]
-        tables.append(_table([_esc(name), ""], cells, "efficiency"))
+        cells = [[_esc(label), _esc(text)] for label, text in plain_rows(name, block)]
+        tables.append(_table([_esc(_BLOCK_TITLES.get(name, name.replace("_", " ").capitalize())), ""], cells,
+                             "efficiency"))
     return (f'<h3>Efficiency, cost and consistency</h3><p class="note">{_esc(source)}</p>'
             f'<div class="blocks">{"".join(tables)}</div>')
 
@@ -413,8 +522,61 @@ def _browser_payload(run: EvalRun, cap: int) -> tuple[dict[str, Any], str]:
                 f"in the metrics above and are in {run.path / SAMPLES}.")
     samples = []
     for s in shown:
-        samples.append(_cap_text({k: v for k, v in s.items() if k not in ("session_started_at", "finished_at")}))
-    return {"samples": samples, "total": len(run.samples), "omitted": len(left)}, note
+        row = _cap_text({k: v for k, v in s.items() if k not in ("session_started_at", "finished_at")})
+        row["question"] = question_of(s.get("prompt"))  # shown on the collapsed row
+        samples.append(row)
+    return {"samples": samples, "total": len(run.samples), "omitted": len(left), "orders": sample_orders(shown)}, note
+
+
+QUESTION_CAP = 300  # characters of the question a collapsed sample row shows
+
+
+def question_of(prompt: Any) -> str:
+    """What a sample asked, for its collapsed row: the last user message of a chat prompt, the
+    last paragraph of a text prompt (few-shot exemplars come before it), cut at QUESTION_CAP."""
+    text = ""
+    if isinstance(prompt, list):
+        for m in reversed(prompt):
+            if isinstance(m, dict) and m.get("role") == "user":
+                content = m.get("content")
+                text = content if isinstance(content, str) else " ".join(
+                    str(p.get("text", "")) for p in content if isinstance(p, dict)) if isinstance(content, list) else ""
+                break
+    elif isinstance(prompt, str):
+        parts = [p for p in prompt.split("\n\n") if p.strip()]
+        text = parts[-1] if parts else prompt
+    text = " ".join(text.split())
+    return text if len(text) <= QUESTION_CAP else text[:QUESTION_CAP - 1] + "…"
+
+
+def _length(sample: dict[str, Any]) -> float:
+    for key in ("completion_tokens", "num_tokens"):
+        if isinstance(sample.get(key), (int, float)) and not isinstance(sample.get(key), bool):
+            return float(sample[key])
+    return float(len(str(sample.get("completion") or "")))
+
+
+def sample_orders(samples: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The sample browser's sort orders, as positions into `samples`: by task (natural order of
+    ids, then sample number), reward (highest first), latency (slowest first; unknown last) and
+    length (longest first: completion tokens, else characters). Ties keep samples.jsonl's order."""
+    from arlecli.compare import _natural
+
+    idx = list(range(len(samples)))
+
+    def number(s: dict[str, Any], key: str) -> float | None:
+        v = s.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    def task_key(i: int) -> tuple[Any, ...]:
+        return (_natural(str(samples[i].get("task_id", ""))), number(samples[i], "sample") or 0)
+
+    def down(key: str) -> Any:
+        return lambda i: (number(samples[i], key) is None, -(number(samples[i], key) or 0.0))
+
+    return {"task": sorted(idx, key=task_key), "reward": sorted(idx, key=down("reward")),
+            "latency": sorted(idx, key=down("latency_s")),
+            "length": sorted(idx, key=lambda i: -_length(samples[i]))}
 
 
 def _sample_browser(run: EvalRun, browsers: list[dict[str, Any]], cap: int, title: str = "Samples") -> str:
@@ -587,8 +749,46 @@ def _step_completions(run: TrainRun) -> str:
             + _table(["step", "task", "reward", "", "extracted", "target", "completion"], rows, "step-samples"))
 
 
-def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
-    """Several runs: one row per run, and the per-group chart with one bar per run."""
+def shared_results(evals: list[EvalRun]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each run's results recomputed on the tasks every run holds (results.aggregate over
+    those tasks' samples: the same metrics, groups and stderr as results.json), and those
+    task ids, naturally sorted. Runs that hold the same tasks keep their results.json."""
+    from arlecli.compare import _natural
+    from arlecli.results import aggregate
+
+    sets = [{str(s["task_id"]) for s in run.samples} for run in evals]
+    shared = set.intersection(*sets) if sets else set()
+    ids = sorted(shared, key=_natural)
+    if all(ts == shared for ts in sets):
+        return [run.results for run in evals], ids
+    out = []
+    for run in evals:
+        kept = [s for s in run.samples if str(s["task_id"]) in shared]
+        names = [m for m in (run.results.get("metrics") or {}) if m != "accuracy" and not m.startswith("pass")]
+        options = run.meta.get("options") if isinstance(run.meta.get("options"), dict) else {}
+        grouped = any("group" in s for s in kept)
+        res = aggregate(kept, names, int(options.get("num_samples") or 1), group_by="group" if grouped else None) \
+            if kept else {"metrics": {}}
+        out.append({**res, "benchmark": run.results.get("benchmark")})
+    return out, ids
+
+
+def _compared_tasks(evals: list[EvalRun], shared: list[str], all_tasks: bool) -> str:
+    """The line under the comparison that says which tasks its chart compares."""
+    counts = [len({str(s["task_id"]) for s in run.samples}) for run in evals]
+    if len(set(counts)) == 1 and len(shared) == counts[0]:
+        return f"The chart compares the runs on the same {len(shared):,} tasks."
+    each = ", ".join(f"{n:,}" for n in counts)
+    if all_tasks:
+        return (f"The chart shows each run on all of its own tasks ({each}): different task sets, so the bars are "
+                f"not a paired comparison; without --all-tasks it compares the {len(shared):,} tasks all hold.")
+    return (f"The chart compares the runs on the {len(shared):,} tasks all of them hold (paired), out of {each}; "
+            f"the table above is each run on all of its own tasks (`arle report --all-tasks` charts those).")
+
+
+def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: bool = False) -> str:
+    """Several runs: one row per run, and the per-group chart with one bar per run: on the
+    tasks every run holds (paired) unless `all_tasks`, saying which."""
     results = []
     for run, label in zip(runs, labels):
         if isinstance(run, EvalRun):
@@ -610,8 +810,18 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
                     + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else ""
                        for n in names])
     table = _table(["run", "kind", "benchmark", "model", "samples", *map(_esc, names)], rows, "comparison")
-    chart = _group_chart(figs, [(label, res) for label, _, res in results if res], "Runs side by side: ", "compare-")
     benchmarks = {res.get("benchmark") for _, _, res in results if res}
+    charted = [(label, res) for label, _, res in results if res]
+    title, tasks_note = "Runs side by side: ", ""
+    evals = [run if isinstance(run, EvalRun) else run.evals[list(run.evals)[-1]] for _, run, res in results if res]
+    if len(benchmarks) == 1 and len(evals) == len(charted) > 1:
+        shared_res, shared = shared_results(evals)
+        if not all_tasks:
+            charted = [(label, res) for (label, _), res in zip(charted, shared_res)]
+            title = f"Runs side by side on the {len(shared):,} shared tasks: "
+        tasks_note = f'<p class="note compared-tasks" data-shared="{len(shared)}">' \
+                     f'{_esc(_compared_tasks(evals, shared, all_tasks))}</p>'
+    chart = _group_chart(figs, charted, title, "compare-")
     note = ('<p class="note">These runs are of different benchmarks: their numbers are not comparable.</p>'
             if len(benchmarks) > 1 else "")
     paired = ""
@@ -622,7 +832,7 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures) -> str:
         paired = ('<p class="note">Side by side only; `arle compare RUN_A RUN_B` gives the paired difference, its '
                   'interval and the tasks that flipped.</p>')
     compute = _compute(runs, labels, figs) if len(benchmarks) == 1 else ""
-    return f"<h2>Comparison</h2>{note}{table}{paired}{compute}{chart}"
+    return f"<h2>Comparison</h2>{note}{table}{paired}{compute}{tasks_note}{chart}"
 
 
 def _compute(runs: list[Run], labels: list[str], figs: _Figures) -> str:
@@ -705,6 +915,8 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px 8p
 .controls{display:flex;gap:10px;align-items:center;margin:6px 0}.controls input{flex:0 1 320px;padding:4px 6px}
 details.sample{border-bottom:1px solid #e9ecef}details.sample>summary{cursor:pointer;padding:4px 2px;
 white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+summary .question,summary .facts{display:block;margin-left:22px;overflow:hidden;text-overflow:ellipsis}
+summary .facts .label{display:inline;margin:0}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#cf222e;font-weight:600}.sid{font-family:monospace;margin:0 8px}
 .preview{color:#6a737d}.body{padding:4px 12px 12px}.label{font-weight:600;font-size:12px;color:#4a5561;margin-top:6px}
 .turn{border-left:3px solid #d0d7de;padding-left:8px;margin:6px 0}.shown{color:#4a5561;font-size:12px}
@@ -726,7 +938,7 @@ function block(parent, label, value){ if(value===undefined){return;} parent.appe
 function promptText(p){ if(typeof p==="string"){return p;} if(Array.isArray(p)){return p.map(function(m){
   return "["+(m&&m.role)+"] "+str(m&&m.content);}).join("\n\n");} return str(p); }
 var KNOWN = {id:1,task_id:1,sample:1,prompt:1,completion:1,extracted:1,target:1,reward:1,correct:1,details:1,turns:1,
-  env_info:1,group:1,thinking:1,thinking_cut:1,thinking_tokens:1};
+  env_info:1,group:1,thinking:1,thinking_cut:1,thinking_tokens:1,question:1};
 var TURN_SHOWN = ["completion","observation","finish_reason","tool_calls","thinking","thinking_cut","thinking_tokens"];
 // A turn's thinking, folded (closed <details>) above its answer, with its token count and whether it was cut.
 function thinking(parent, t){ if(typeof t.thinking!=="string"){return false;}
@@ -762,15 +974,28 @@ function buildBrowser(host, payload){
   var sel = el("select","filter"); [["all","all"],["correct","correct"],["wrong","wrong"]].forEach(function(o){
     var op=el("option","",o[1]); op.value=o[0]; sel.appendChild(op); });
   var search = el("input","search"); search.type="search"; search.placeholder="search prompt, completion, id, target";
+  var sort = el("select","sort"); [["order","in samples.jsonl order"],["task","sort by task"],
+    ["reward","sort by reward (highest first)"],["latency","sort by latency (slowest first)"],
+    ["length","sort by length (longest first)"]].forEach(function(o){
+    var op=el("option","",o[1]); op.value=o[0]; sort.appendChild(op); });
   var shown = el("span","shown");
-  controls.appendChild(sel); controls.appendChild(search); controls.appendChild(shown); host.appendChild(controls);
+  controls.appendChild(sel); controls.appendChild(sort); controls.appendChild(search); controls.appendChild(shown);
+  host.appendChild(controls);
   var list = el("div","sample-list"); host.appendChild(list);
   var rows = payload.samples.map(function(s){
     var d = el("details","sample"); d.dataset.correct = s.correct ? "1" : "0";
     var sm = el("summary"); sm.appendChild(el("span", s.correct?"ok":"bad", s.correct?"\u2713":"\u2717"));
     sm.appendChild(el("span","sid", s.id));
     sm.appendChild(el("span","", "reward "+(typeof s.reward==="number"?s.reward.toFixed(3):str(s.reward))+
-      (s.group!==undefined&&s.group!==""?" \u00b7 "+str(s.group):"")+" \u00b7 "));
+      (s.group!==undefined&&s.group!==""?" \u00b7 "+str(s.group):"")+
+      (typeof s.latency_s==="number"?" \u00b7 "+s.latency_s.toFixed(2)+" s":"")));
+    // Collapsed, a row still says what was asked, what was wanted and what was read from the answer.
+    sm.appendChild(el("span","question", s.question));
+    var facts = el("span","facts"); facts.appendChild(el("span","label","target "));
+    facts.appendChild(el("span","", str(s.target).slice(0,120)));
+    facts.appendChild(el("span","label"," \u00b7 extracted "));
+    facts.appendChild(el("span", s.correct?"ok":"bad", str(s.extracted).slice(0,120)));
+    sm.appendChild(facts);
     var last = Array.isArray(s.turns)&&s.turns.length ? s.turns[s.turns.length-1].completion : s.completion;
     if(s.thinking_cut){ sm.appendChild(el("span","cut","no answer: cut inside its thinking \u00b7 ")); }
     sm.appendChild(el("span","preview", str(last).slice(0,160)));
@@ -785,7 +1010,11 @@ function buildBrowser(host, payload){
     rows.forEach(function(r){ var ok=(f==="all"||(f==="correct")===r.correct)&&(!q||r.hay.indexOf(q)>=0);
       r.node.style.display = ok ? "" : "none"; if(ok){n++;} });
     shown.textContent = "showing "+n+" of "+rows.length+(payload.omitted?" embedded ("+payload.omitted+" more left out)":""); }
-  sel.addEventListener("change", apply); search.addEventListener("input", apply); apply();
+  // The orders come computed with the page (report.sample_orders); sorting moves the rows.
+  function reorder(){ var order = sort.value==="order" ? null : payload.orders[sort.value];
+    (order || rows.map(function(_,i){return i;})).forEach(function(i){ list.appendChild(rows[i].node); }); }
+  sel.addEventListener("change", apply); search.addEventListener("input", apply);
+  sort.addEventListener("change", reorder); apply();
 }
 document.querySelectorAll("div.browser").forEach(function(host){ buildBrowser(host, data.browsers[+host.dataset.browser]); });
 document.querySelectorAll("div.chart").forEach(function(div){ var fig = data.figures[+div.dataset.fig];
@@ -795,8 +1024,9 @@ document.body.dataset.ready = "1";
 """
 
 
-def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP) -> str:
-    """The HTML text of the report of one or more run directories (each checked first)."""
+def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_tasks: bool = False) -> str:
+    """The HTML text of the report of one or more run directories (each checked first); the
+    runs' chart compares the tasks they all hold unless `all_tasks`."""
     runs = [load_run(p) for p in paths]  # every run checked before anything is built
     if not runs:
         raise UserError("pass at least one run directory")
@@ -807,7 +1037,7 @@ def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP) -> st
     browsers: list[dict[str, Any]] = []
     body = []
     if len(runs) > 1:
-        body.append(_comparison(runs, labels, figs))
+        body.append(_comparison(runs, labels, figs, all_tasks))
     for run, label in zip(runs, labels):
         kind = "training run" if isinstance(run, TrainRun) else "eval run"
         inner = (_train_section(run, label, figs, browsers, sample_cap) if isinstance(run, TrainRun)
@@ -838,12 +1068,13 @@ def default_output(paths: list[Path]) -> Path:
     return Path(paths[0]) / "report.html" if len(paths) == 1 else Path("report.html")
 
 
-def write_report(paths: list[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP) -> Path:
+def write_report(paths: list[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP,
+                 all_tasks: bool = False) -> Path:
     """Check the runs, build the report and write it (atomically); return where it went.
 
     Every run is read and checked before anything is written, so bad input leaves no file."""
     paths = [Path(p) for p in paths]
-    text = build_report(paths, sample_cap=sample_cap)
+    text = build_report(paths, sample_cap=sample_cap, all_tasks=all_tasks)
     out = Path(output) if output is not None else default_output(paths)
     tmp = out.with_name(out.name + ".tmp")
     try:

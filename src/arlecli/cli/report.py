@@ -16,11 +16,13 @@ def report_command(
                                                 "under ./runs."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The HTML file to write (default: "
                                           "RUN/report.html for one run, ./report.html for several)."),
+    all_tasks: bool = typer.Option(False, "--all-tasks", help="Several runs: chart each on all of its own tasks "
+                                   "(default: on the tasks all of them hold, a paired comparison)."),
 ) -> None:
     """Write an HTML report that opens offline: metrics, charts, efficiency and every sample."""
     from arlecli.report import write_report
 
-    out = write_report(runs or [newest_run()], output)
+    out = write_report(runs or [newest_run()], output, all_tasks=all_tasks)
     console().print(f"report: {out}  (open file://{out.resolve()} in a browser; it needs no network)",
                     highlight=False, soft_wrap=True)
 
