@@ -86,7 +86,7 @@ def test_a_tools_round_trip(api):
 
 
 def test_parallel_calls_and_a_named_choice(api):
-    client, _ = api
+    client, tok = api
     reply = ask(client, BOTH, tools=[WEATHER, TIME]).choices[0]
     assert reply.finish_reason == "tool_calls" and reply.message.content is None
     assert [(c.function.name, json.loads(c.function.arguments)) for c in reply.message.tool_calls] == \
@@ -95,18 +95,24 @@ def test_parallel_calls_and_a_named_choice(api):
     # parallel_tool_calls false keeps the first; a named function keeps that function's calls.
     one = ask(client, BOTH, tools=[WEATHER, TIME], parallel_tool_calls=False).choices[0].message.tool_calls
     assert [c.function.name for c in one] == ["get_weather"]
-    named = ask(client, BOTH, tools=[WEATHER, TIME],
-                tool_choice={"type": "function", "function": {"name": "get_time"}}).choices[0]
-    assert [c.function.name for c in named.message.tool_calls] == ["get_time"]
+    named = ask(client, BOTH, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
+    # The server started the reply inside that function's call: the model wrote its arguments.
+    assert tok.decode(named.model_extra["prompt_token_ids"]).endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": ')
+    assert named.usage.completion_tokens == len(tok('{"city": "Paris"}}\n</tool_call>')["input_ids"]) + 1
 
 
 def test_tool_choice_none_and_required(api):
-    client, _ = api
+    client, tok = api
     plain = ask(client, ASK, tools=[WEATHER], tool_choice="none").choices[0]
     assert plain.finish_reason == "stop" and not plain.message.tool_calls
     assert plain.message.content == "Let me check.\n" + CALL  # not parsed: the text as written
-    required = ask(client, ASK, tools=[WEATHER], tool_choice="required").choices[0]
-    assert required.finish_reason == "tool_calls" and required.message.tool_calls[0].function.name == "get_weather"
+    required = ask(client, ASK, tools=[WEATHER], tool_choice="required")
+    choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
+    assert choice.message.content is None  # the reply started inside the call: no text before it
+    assert tok.decode(required.model_extra["prompt_token_ids"]).endswith('assistant\n<tool_call>\n{"name": "')
     # Without tools nothing is parsed, whatever the model writes.
     assert not ask(client, ASK).choices[0].message.tool_calls
 

@@ -71,7 +71,8 @@ def build_tool_model(tiny_model: Path, out: Path) -> Path:
 
 def script_generate(monkeypatch: Any, engine_class: Any, reply: Callable[[Any], str | None]) -> None:
     """`engine_class.generate` answers a request with `reply(request)` when that gives a text (the
-    ids a model that writes it then EOS would produce, logprob -1 each), else with the model's own."""
+    ids a model that writes it then EOS would produce, logprob -1 each; after a reply the prompt
+    already started, its rest), else with the model's own."""
     from arlecli.engine.base import Completion, cut_at_stop
 
     original = engine_class.generate
@@ -88,6 +89,11 @@ def script_generate(monkeypatch: Any, engine_class: Any, reply: Callable[[Any], 
             if text is None:
                 own.append(i)
                 continue
+            # A reply the server started for the model (a forced call opening) goes on from there.
+            prompt = self.tokenizer.decode(self.encode(request))
+            started = prompt.rsplit("<|im_start|>assistant\n", 1)[-1] if "<|im_start|>assistant\n" in prompt else ""
+            if started and started in text:
+                text = text[text.index(started) + len(started):]
             full = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
             ids = full[:request.params.max_tokens]
             why = "stop" if len(ids) == len(full) else "length"

@@ -50,6 +50,7 @@ Completions also take token-id prompts (a list of ints, or a list of them), as v
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import hmac
 import sys
@@ -81,7 +82,7 @@ from arlecli.serve.protocol import ApiError, ApiRequest
 from arlecli.serve.reasoning import Reasoning, Reply, reasoning_tokens
 from arlecli.serve.record import Recorder, build_record
 from arlecli.serve.sessions import DEFAULT_SESSION, Sessions
-from arlecli.serve.tools import parser_for, with_calls
+from arlecli.serve.tools import forced_start, parser_for, with_calls
 
 SESSION_HEADER = "x-arle-session"
 
@@ -221,6 +222,7 @@ class _Api:
             continued, continues = self.continuations.prompt_ids(
                 session, req.prompts[0], req.tools.tools if req.tools is not None else None)
         prompt_ids, budgets = await self._fit_context(req, continued)
+        prompt_ids, budgets = self._force_call(req, prompt_ids, budgets)
         headers = {"Cache-Control": "no-cache"} if req.stream else {}
         if req.response_format is not None:
             from arlecli.serve.response_format import HEADER, UNCONSTRAINED
@@ -493,8 +495,31 @@ class _Api:
     def _reply(self, req: ApiRequest, comp: Any) -> Reply:
         """A choice as the client gets it: its thinking apart (reasoning.py), then its tool calls
         (serve/tools.py, for a chat request with tools)."""
+        if req.chat and req.tools is not None:
+            forced = self._forced_ids(req)
+            if forced and list(comp.prompt_token_ids[-len(forced):]) == forced:  # the call's start arle wrote
+                comp = dataclasses.replace(comp, text=forced_start(req.tools, self.tool_parser) + comp.text)
         reply = self.reasoning.reply(comp)
         return with_calls(reply, req.tools, self.tool_parser) if req.chat else reply
+
+    def _forced_ids(self, req: ApiRequest) -> list[int]:
+        """The ids of the call opening a `tool_choice` of "required" or a function forces (tools.py)."""
+        text = forced_start(req.tools, self.tool_parser) if req.chat else ""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text and tokenizer is not None else []
+
+    def _force_call(self, req: ApiRequest, prompt_ids: list[list[int] | None] | None, budgets: list[int] | None
+                    ) -> tuple[list[list[int] | None] | None, list[int] | None]:
+        """Each prompt followed by the call opening its tool_choice forces (none: unchanged; a prompt
+        that opens a thought is left to think first), its max_tokens shortened by as many tokens."""
+        forced = self._forced_ids(req)
+        if not forced or prompt_ids is None:
+            return prompt_ids, budgets
+        from arlecli.thinking import prompt_opens
+
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        out = [p if p is None or prompt_opens(tokenizer, p, self.reasoning.tags) else [*p, *forced] for p in prompt_ids]
+        return out, [max(1, b - len(forced)) for b in budgets] if budgets is not None else None
 
     def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
                 received: float, continues: dict[str, Any] | None, replies: list[Reply]) -> None:

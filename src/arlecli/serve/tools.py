@@ -20,9 +20,12 @@ decides (`[TOOL_CALLS]` in it: mistral; `<|python_tag|>`: llama3_json; else herm
 A reply with calls answers `message.tool_calls` (ids `call_...`, arguments as a JSON string),
 `content` the text outside the calls (null when there is none) and `finish_reason: "tool_calls"`.
 `tool_choice`: "auto" (the default) parses; "none" leaves the text as content (the tools are
-still rendered, as vLLM does by default); "required" and a named function parse too, but arle's
-engines do not constrain decoding to a call: a reply without one comes back as content
-(a named choice keeps only that function's calls). `parallel_tool_calls: false` keeps the first.
+still rendered, as vLLM does by default); "required" and a named function start the reply inside
+a call: arle writes the call's opening after the generation prompt (`<tool_call>\n{"name": "`, and
+for a named function its name and `"arguments": `; `forced_start`), so the model goes on with a
+name or the arguments. Decoding is not constrained beyond that (vLLM's guided decoding is not
+used): arguments that are not valid JSON make no call, and the reply comes back as content. A
+named choice keeps only that function's calls; `parallel_tool_calls: false` keeps the first.
 A malformed call (bad JSON) is not a call: the whole text comes back as content, as vLLM's
 parsers answer.
 """
@@ -281,6 +284,20 @@ def parser_for(tokenizer: Any, name: str | None = None) -> str:
 def parse(parser: str, text: str) -> Parsed:
     """`text` (a reply's answer) taken apart by `parser`."""
     return _PARSE[parser](text)
+
+
+def forced_start(request: ToolRequest | None, parser: str) -> str:
+    """The start of a call that arle writes after the generation prompt when the request needs one
+    (`tool_choice` "required": the call's opening up to the function's name; a named function: up
+    to its arguments), so the model goes on from inside a call; "" when nothing is forced. The
+    forced text is part of the prompt (its ids carry no loss in training) and of the reply parsed."""
+    if request is None or not request.parses or request.choice == "auto":
+        return ""
+    head = {"hermes": '<tool_call>\n{"name": "', "llama3_json": '{"name": "',
+            "mistral": '[TOOL_CALLS] [{"name": "'}[parser]
+    if not request.named:
+        return head
+    return f'{head}{request.choice}", "{"parameters" if parser == "llama3_json" else "arguments"}": '
 
 
 def new_call_id() -> str:
