@@ -204,6 +204,35 @@ def test_hostile_completions_render_as_text(runs, browser):
     assert visible_rows(page) == sum(s["correct"] for s in samples) > 0
 
 
+def test_collapsed_rows_say_question_target_extracted_and_sort(runs, browser):
+    """Every collapsed row shows what was asked, the target and what was extracted; the sort
+    control reorders the rows by task, reward, latency or length."""
+    from arlecli.compare import _natural
+    from arlecli.report import question_of
+
+    page = clean_page(browser, report(str(runs["tiny"])))
+    samples = [json.loads(line) for line in (runs["tiny"] / "samples.jsonl").read_text().split("\n") if line]
+    summaries = page.evaluate("[...document.querySelectorAll('details.sample')].map(d => "
+                              "[d.querySelector('.sid').textContent, d.querySelector('summary').textContent])")
+    assert [sid for sid, _ in summaries] == [s["id"] for s in samples]
+    for (_, text), s in zip(summaries, samples):
+        assert question_of(s["prompt"]) in text and f"target {s['target']}" in text
+        assert f"extracted {s['extracted'] if s['extracted'] is not None else '(none)'}" in text
+
+    def order(key: str) -> list[str]:
+        return page.evaluate(f"""(() => {{ const s = document.querySelector('div.browser select.sort');
+            s.value = {json.dumps(key)}; s.dispatchEvent(new Event('change'));
+            return [...document.querySelectorAll('div.browser details.sample .sid')].map(e => e.textContent); }})()""")
+
+    by_id = {s["id"]: s for s in samples}
+    assert order("task") == sorted(by_id, key=lambda i: (_natural(by_id[i]["task_id"]), by_id[i]["sample"]))
+    rewards = [by_id[i]["reward"] for i in order("reward")]
+    assert rewards == sorted(rewards, reverse=True)
+    lengths = [by_id[i]["completion_tokens"] for i in order("length")]
+    assert lengths == sorted(lengths, reverse=True)
+    assert order("order") == [s["id"] for s in samples]
+
+
 def test_agent_turns_render(runs, browser, tmp_path):
     """A multi-turn run (FrozenLake, tiny model): every turn's completion and observation is shown."""
     run = tmp_path / "lake"

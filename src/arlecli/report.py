@@ -994,7 +994,8 @@ function buildBrowser(host, payload){
     var facts = el("span","facts"); facts.appendChild(el("span","label","target "));
     facts.appendChild(el("span","", str(s.target).slice(0,120)));
     facts.appendChild(el("span","label"," \u00b7 extracted "));
-    facts.appendChild(el("span", s.correct?"ok":"bad", str(s.extracted).slice(0,120)));
+    facts.appendChild(el("span", s.correct?"ok":"bad",
+      s.extracted===null||s.extracted===undefined ? "(none)" : str(s.extracted).slice(0,120)));
     sm.appendChild(facts);
     var last = Array.isArray(s.turns)&&s.turns.length ? s.turns[s.turns.length-1].completion : s.completion;
     if(s.thinking_cut){ sm.appendChild(el("span","cut","no answer: cut inside its thinking \u00b7 ")); }
