@@ -22,6 +22,11 @@ ARLE = [sys.executable, "-m", "arlecli"]
 
 
 def test_frozenlake_prints_progress_within_2_s_and_every_10_s(tmp_path, tiny_model) -> None:
+    # What starting Python and the CLI costs on this machine now: 2 s is the budget of an idle
+    # machine, and a loaded one (the rest of the suite beside it) stretches every start alike.
+    before = time.monotonic()
+    subprocess.run([*ARLE, "--version"], capture_output=True, timeout=120, check=True)
+    start_cost = time.monotonic() - before
     started = time.monotonic()
     proc = subprocess.Popen([*ARLE, "eval", "frozenlake", "--limit", "2", "--model", str(tiny_model), "--max-tokens",
                              "2", "-o", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -39,7 +44,8 @@ def test_frozenlake_prints_progress_within_2_s_and_every_10_s(tmp_path, tiny_mod
     shown = "\n".join(f"{t:6.1f}s {text}" for t, text in lines)
     progress = [(t, text) for t, text in lines if text.startswith("frozenlake: ")]
     assert progress, shown
-    assert progress[0][0] <= 2.0, f"first progress line after {progress[0][0]:.1f} s:\n{shown}"
+    assert progress[0][0] <= max(2.0, start_cost + 1.5), \
+        f"first progress line after {progress[0][0]:.1f} s (starting the CLI: {start_cost:.1f} s):\n{shown}"
     times = [t for t, _ in progress] + [ended]
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert max(gaps) <= 10.0, f"{max(gaps):.1f} s without a progress line:\n{shown}"
@@ -63,7 +69,8 @@ def test_hf_tokens_are_counted_before_the_batch_finishes(tiny_model) -> None:
         if counted_at_first is None:
             counted_at_first = meter.tokens
         completions.append(completion)
-    assert counted_at_first is not None and counted_at_first >= len(completions[0].token_ids) > 0
+    # One batch: when the first row finishes, the other two have sampled as many tokens each.
+    assert counted_at_first is not None and counted_at_first >= 3 * len(completions[0].token_ids) > 0
     assert meter.tokens == sum(len(c.token_ids) for c in completions) and meter.turns == 3
 
 

@@ -159,7 +159,8 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
     run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
     vllm_options = VLLMOptions(**vllm)
     rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
-    view.start()
+    if spec.kind == "hf":
+        view.start()  # loading weights takes a while; an endpoint's progress starts with its first request
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
     try:
         check_budget(max_thinking_tokens, thinks(engine), spec.name)
@@ -177,6 +178,8 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
 
     def start(total: int, done: int) -> None:
         meter.start(total, done)
+        if not view.started:
+            view.start()
         if done:
             view.resumed(done, total)
 

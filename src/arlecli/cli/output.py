@@ -89,9 +89,24 @@ def print_json(data: Any) -> None:
 # In logs and CI a progress line this often: at most one every ~10 s (a log is not flooded),
 # and never more than 10 s of silence while a job runs.
 PLAIN_EVERY_S = 8.0
-# The first line waits this long: a mistake found in the first second (a bad row, a refused
-# key) is still the one `error:` line it should be, not a progress line and then the error.
+# The first line comes FIRST_LINE_S after the command started (and SETTLE_S after the view
+# did): within ~2 s of the user pressing enter, yet a mistake found at once (a bad row, a
+# refused key) is still the one `error:` line it should be, not a progress line and an error.
 FIRST_LINE_S = 1.0
+SETTLE_S = 0.5
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere 0, i.e. since this import)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+            return max(0.0, float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+STARTED = time.monotonic() - _process_age_s()  # when the command started
 _TICK_S = 0.5  # how often a terminal's bar takes the meter's counts
 
 
@@ -103,8 +118,8 @@ def clock(seconds: float) -> str:
 
 class ProgressView:
     """A job's progress on stderr, read from its `arlecli.progress.Meter`: a live Rich bar on
-    a terminal; in logs and pipes a plain line after FIRST_LINE_S, then every PLAIN_EVERY_S,
-    and at the end. Both show samples done, turns done (multi-turn jobs), tokens and tokens/s, and the
+    a terminal; in logs and pipes a plain line ~FIRST_LINE_S after the command started, then
+    every PLAIN_EVERY_S, and at the end. Both show samples done, turns done (multi-turn jobs), tokens and tokens/s, and the
     ETA once a sample has finished; before generation starts, what the job is doing (the
     meter's `phase`: loading the model takes a while too).
 
@@ -168,8 +183,13 @@ class ProgressView:
         self._last_line = self.line()
         err_console().print(self._last_line, markup=False, highlight=False, soft_wrap=True)
 
+    @property
+    def started(self) -> bool:
+        """Whether `start` was called."""
+        return self._thread.is_alive() or self._stop.is_set() or self.bar is not None
+
     def _run(self) -> None:
-        due = time.monotonic() + FIRST_LINE_S
+        due = max(time.monotonic() + SETTLE_S, STARTED + FIRST_LINE_S)
         while not self._stop.wait(min(_TICK_S, max(0.0, due - time.monotonic()))):
             if self.bar is not None:
                 m = self.meter
