@@ -60,16 +60,22 @@ def tools() -> list[dict[str, Any]]:
     return [WEATHER, TIME]
 
 
-def start_server(model: Path, backend: str, concurrency: int, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """`arle serve` on a free port; returns the process and its API root once it serves."""
+def start_server(model: Path, backend: str, concurrency: int, env: dict[str, str], log: Path
+                 ) -> tuple[subprocess.Popen, str]:
+    """`arle serve` on a free port; returns the process and its API root once it serves. Its
+    output goes to `log` (a pipe nobody drains would fill with the access log and stall it)."""
+    out = open(log, "w")
     proc = subprocess.Popen([sys.executable, "-m", "arlecli", "serve", "--model", str(model), "--backend", backend,
                              "--port", "0", "--max-concurrency", str(concurrency), "--served-model-name", "tiny-tools"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("serving "):
-            return proc, line.rsplit(" on ", 1)[1].strip()
-    raise RuntimeError(f"arle serve did not start: {proc.stderr.read() if proc.stderr else ''}")
+                            stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        for line in log.read_text().splitlines():
+            if line.startswith("serving "):
+                return proc, line.rsplit(" on ", 1)[1].strip()
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"arle serve did not start:\n{log.read_text()[-3000:]}")
 
 
 def messages(i: int, system: str | None = None) -> list[dict[str, str]]:
@@ -175,7 +181,7 @@ def main() -> None:
     results: dict[str, Any] = {}
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         print(f"{backend}: starting arle serve", flush=True)
-        proc, url = start_server(model, backend, args.requests, env)
+        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log")
         try:
             results[backend] = measure(url, args)
         finally:
