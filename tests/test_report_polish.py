@@ -113,3 +113,44 @@ def test_several_runs_are_charted_on_the_tasks_they_share_and_say_so(tmp_path):
 
     same = build_report([small, write_run(tmp_path / "again", list(range(30)))])
     assert "compares the runs on the same 30 tasks" in same
+
+
+class Answers:
+    """An engine that answers every request "7"."""
+
+    name = "fixed"
+
+    def generate(self, requests):
+        from arlecli.engine.base import Completion
+
+        for i, _ in enumerate(requests):
+            yield i, Completion(text="7")
+
+    def close(self) -> None:
+        pass
+
+
+def test_generator_task_ids_are_named_after_the_card_and_old_runs_resume_as_they_were(tmp_path):
+    from arlecli.eval import EvalOptions, run_eval
+    from arlecli.registry import load_card
+
+    card = load_card("one_digit_sums")  # reasoning_gym:chain_sum's rows
+    run_eval(card, Answers(), EvalOptions(limit=3), model="m", run_dir=tmp_path / "new")
+    new = [json.loads(line)["task_id"] for line in (tmp_path / "new" / "samples.jsonl").read_text().splitlines()]
+    assert sorted(new) == ["one_digit_sums-1000-0", "one_digit_sums-1000-1", "one_digit_sums-1000-2"]
+    chain = load_card("chain_sum")  # a card named as its generator keeps its ids
+    run_eval(chain, Answers(), EvalOptions(limit=1), model="m", run_dir=tmp_path / "chain")
+    assert json.loads((tmp_path / "chain" / "samples.jsonl").read_text())["task_id"].startswith("chain_sum-")
+
+    # A run written before (ids chain_sum-...), interrupted after 2 of its 3 tasks: the resume
+    # finishes it under its own ids, never running those 2 again under new names.
+    old = tmp_path / "old"
+    run_eval(card, Answers(), EvalOptions(limit=3), model="m", run_dir=old)
+    lines = [json.loads(line) for line in (old / "samples.jsonl").read_text().splitlines()]
+    for s in lines:
+        s["id"], s["task_id"] = (x.replace("one_digit_sums-", "chain_sum-") for x in (s["id"], s["task_id"]))
+    (old / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in lines[:2]))
+    (old / "results.json").unlink()
+    results = run_eval(card, Answers(), EvalOptions(limit=3), model="m", run_dir=old, resume=True)
+    resumed = [json.loads(line)["task_id"] for line in (old / "samples.jsonl").read_text().splitlines()]
+    assert results["n_tasks"] == 3 and sorted(resumed) == [t.replace("one_digit_sums-", "chain_sum-") for t in new]

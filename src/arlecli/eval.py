@@ -55,9 +55,11 @@ def sample_id(task_id: str, k: int) -> str:
     return f"{task_id}#{k}"
 
 
-def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
+def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) -> tuple[list[Task], Exemplars]:
     """The tasks to evaluate (after --limit) and the few-shot exemplars to show first: one
-    list for all tasks, or one per task id (`fewshot.exemplars_for` reads either)."""
+    list for all tasks, or one per task id (`fewshot.exemplars_for` reads either).
+    `generator_ids`: a generator card's task ids as its generator names them (a run written
+    before they were named after the card, resumed: see legacy_ids)."""
     data = Path(opts.data) if opts.data else None
     split = opts.split or card.source.default_split
     origin = str(data) if data else f"{card.name}:{split}"
@@ -66,7 +68,8 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
 
         # A hub that cannot be reached: the cached copy loads, a missing one fails now (one line).
         offline_if_hub_unreachable()
-    tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit), origin)
+    tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit, generator_ids=generator_ids),
+                            origin)
     if opts.limit is not None:
         tasks = tasks[:opts.limit]
     # Every task is checked for what the reward reads now, not when its sample is scored
@@ -83,7 +86,8 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
             # first_n needs only the first rows (generators make no more); a draw or ids need all
             need = (n_shots + (len(tasks) if fs_split == split else 0)
                     if fs.sampler == "first_n" and fs.ids is None else None)
-            pool = tasks_from_rows(card, load_rows(card, fs_split, limit=need), f"{card.name}:{fs_split}")
+            pool = tasks_from_rows(card, load_rows(card, fs_split, limit=need, generator_ids=generator_ids),
+                                   f"{card.name}:{fs_split}")
         except UserError as exc:
             raise UserError(f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
                             f"({exc}); pass --num-fewshot 0 to run without them") from None
@@ -91,6 +95,19 @@ def load_tasks(card: Card, opts: EvalOptions) -> tuple[list[Task], Exemplars]:
                                  exclude_doc=fs_split == split and data is None,
                                  where=f"{card.name}: prompt.fewshot")
     return tasks, exemplars
+
+
+def legacy_ids(card: Card, run_dir: Path, resume: bool) -> bool:
+    """Whether a resumed run of a generator card holds task ids as the generator named them
+    (`chain_sum-1000-0` in a one_digit_sums run written before ids were named after the card):
+    it then goes on with those ids (and the sampling seeds they give), so it ends as it would
+    have uninterrupted."""
+    from arlecli.data.sources import generator_prefix
+
+    prefix = generator_prefix(card)
+    if not resume or prefix is None or not (Path(run_dir) / SAMPLES).is_file():
+        return False
+    return any(str(s.get("task_id", "")).startswith(prefix) for s in read_samples(Path(run_dir)))
 
 
 def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool = False,
@@ -113,7 +130,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
 
         return run_loglikelihood(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
                                  on_start=on_start, on_sample=on_sample, prices=prices)
-    tasks, exemplars = load_tasks(card, opts)
+    tasks, exemplars = load_tasks(card, opts, generator_ids=legacy_ids(card, run_dir, resume))
     if not tasks:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --rows)")
     score = get_reward(card.reward, card.reward_params)

@@ -179,7 +179,28 @@ def _package_rows(card: Card, split: str) -> list[Row]:
     return read_rows_file(path)
 
 
-def _generator_rows(card: Card, split_spec: Any, limit: int | None) -> list[Row]:
+def generator_prefix(card: Card) -> str | None:
+    """The id prefix a generator gives its rows (`chain_sum-` for reasoning_gym:chain_sum), when
+    it is not the card's own name: such rows are renamed `<card name>-...`, so one_digit_sums'
+    tasks read one_digit_sums-1000-0 and not chain_sum-1000-0. None: nothing to rename."""
+    if card.source.kind != "generator":
+        return None
+    own = str(card.source.path).split(":")[-1]
+    return None if own == card.name else f"{own}-"
+
+
+def _card_named(card: Card, rows: list[Row]) -> list[Row]:
+    prefix = generator_prefix(card)
+    if prefix is None:
+        return rows
+    return [{**r, "id": f"{card.name}-{r['id'][len(prefix):]}"}
+            if isinstance(r, dict) and isinstance(r.get("id"), str) and r["id"].startswith(prefix) else r
+            for r in rows]
+
+
+def _generator_rows(card: Card, split_spec: Any, limit: int | None, generator_ids: bool = False) -> list[Row]:
+    """A generator split's rows, ids named after the card (`generator_ids`: as the generator
+    names them, what runs written before arle named them after the card hold)."""
     from arlecli.data.generators import generate_rows
 
     if not isinstance(split_spec, dict) or "seed" not in split_spec or "size" not in split_spec:
@@ -188,8 +209,9 @@ def _generator_rows(card: Card, split_spec: Any, limit: int | None) -> list[Row]
     # A split may also set generator params of its own (arc_agi: subset training/evaluation).
     extra = {k: v for k, v in split_spec.items() if k not in ("seed", "size")}
     # Row i depends only on (seed, i), so generating a prefix gives the same first rows.
-    return generate_rows(card.source.path, seed=int(split_spec["seed"]), size=size,
+    rows = generate_rows(card.source.path, seed=int(split_spec["seed"]), size=size,
                          params={**card.source.params, **extra})
+    return rows if generator_ids else _card_named(card, rows)
 
 
 def split_names(card: Card) -> list[str]:
@@ -198,10 +220,11 @@ def split_names(card: Card) -> list[str]:
 
 
 def load_rows(card: Card, split: str | None = None, data: Path | None = None,
-              limit: int | None = None) -> list[Row]:
+              limit: int | None = None, generator_ids: bool = False) -> list[Row]:
     """Rows of one split of the card's source, or of the local `data` file instead.
 
-    `limit` lets generators make only the rows needed; other sources return them all."""
+    `limit` lets generators make only the rows needed; other sources return them all.
+    Generated rows' ids are named after the card unless `generator_ids` (see generator_prefix)."""
     if data is not None:
         return read_rows_file(data)
     split = split or card.source.default_split
@@ -217,7 +240,7 @@ def load_rows(card: Card, split: str | None = None, data: Path | None = None,
         return read_rows_file(base / str(spec if splits else card.source.path))
     if kind == "package":
         return _package_rows(card, str(spec))
-    return _generator_rows(card, spec, limit)
+    return _generator_rows(card, spec, limit, generator_ids)
 
 
 def _transformed(rows: list[Row], transform: Any, card: Card, origin: str) -> Iterator[tuple[Row, str, int]]:
