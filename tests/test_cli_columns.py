@@ -189,3 +189,20 @@ def test_a_bad_option_value_is_one_error_line(monkeypatch, capsys) -> None:
         lines = out.err.strip().splitlines()
         assert done.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), out.err
         assert needle in lines[0] and "arle eval --help" in lines[0] and not out.out, out.err
+
+
+def test_bench_list_fits_80_columns(monkeypatch, capsys) -> None:
+    from arlecli.cli import main as cli
+    from arlecli.cli import output
+
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    monkeypatch.setattr(sys, "argv", ["arle", "bench", "list"])
+    output.console.cache_clear()  # a console made earlier in this process has another width
+    try:
+        with pytest.raises(SystemExit) as done:
+            cli.main()
+    finally:
+        output.console.cache_clear()
+    assert done.value.code == 0
+    # MMLU's 57 subjects as a count, not one unbreakable cell; every card on its own record.
+    assert_fits(capsys.readouterr().out, "gsm8k:", "hub:cais/mmlu [all]", "mmlu_redux:", "57 configs")

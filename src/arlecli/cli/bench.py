@@ -7,15 +7,21 @@ from typing import Optional
 
 import typer
 
-from arlecli.cli.output import console, plain, print_json
+from arlecli.cli.output import Column, console, plain, print_json, print_table
 from arlecli.errors import UserError
 
 app = typer.Typer(help="Browse benchmark cards.", no_args_is_help=True)
 
 
-def _source_text(card) -> str:
+def _source_text(card, short: bool = False) -> str:
+    """Where a card's rows come from; `short`: a long list of configs as its first and a count
+    (a table row, not the 57 subjects of MMLU in one unbreakable cell)."""
     src = card.source
-    config = ",".join(src.config) if isinstance(src.config, list) else src.config
+    configs = src.config if isinstance(src.config, list) else None
+    if short and configs and len(configs) > 3:
+        config = f"{configs[0]}, ... {len(configs)} configs"
+    else:
+        config = ",".join(configs) if configs else src.config
     return f"{src.kind}:{src.path}" + (f" [{config}]" if config else "")
 
 
@@ -38,16 +44,11 @@ def list_command(
                      "version": c.version, "description": c.description, "path": str(c.path)} for c in cards]
                    + [{"name": b.name, "broken": b.reason, "path": str(b.path)} for b in broken])
         return
-    from rich.table import Table
-
     title = f"{len(cards)} benchmarks" + (f", {len(broken)} broken" if broken else "")
-    table = Table(title=title)
-    for col in ("name", "category", "source", "reward"):
-        table.add_column(col)
-    for c in cards:
-        table.add_row(*map(plain, (c.name, c.category, _source_text(c), c.reward)))  # card text, shown as is
     out = console()
-    out.print(table)
+    # Card text, shown as is (print_table shows cells plain); at 80 columns one record per card.
+    print_table(out, [Column("name", key=True), Column("category"), Column("source", wrap=True), Column("reward")],
+                [[str(c.name), str(c.category), _source_text(c, short=True), str(c.reward)] for c in cards], title=title)
     for b in broken:  # one unwrapped line each, so the reason reads whole in a log or a grep
         out.print(f"broken: {b.name}: {b.reason}", style="red", markup=False, highlight=False, soft_wrap=True)
 

@@ -119,9 +119,9 @@ def clock(seconds: float) -> str:
 class ProgressView:
     """A job's progress on stderr, read from its `arlecli.progress.Meter`: a live Rich bar on
     a terminal; in logs and pipes a plain line ~FIRST_LINE_S after the command started, then
-    every PLAIN_EVERY_S, and at the end. Both show samples done, turns done (multi-turn jobs), tokens and tokens/s, and the
-    ETA once a sample has finished; before generation starts, what the job is doing (the
-    meter's `phase`: loading the model takes a while too).
+    every PLAIN_EVERY_S, and at the end. Both show samples done, turns done (multi-turn jobs),
+    tokens and tokens/s, and the ETA once a sample has finished; before generation starts,
+    what the job is doing (the meter's `phase`: loading the model takes a while too).
 
     A thread keeps it going, so a model turn that takes a minute still shows time passing."""
 
@@ -163,7 +163,8 @@ class ProgressView:
         if self.turns:
             parts.append(f"{m.turns:,} turns")
         rate = m.tokens_per_s()
-        parts.append(f"{m.tokens:,} tokens" + (f", {rate:,.1f}/s" if rate is not None else ""))
+        if m.tokens or m.turns:  # loglikelihood scoring generates none
+            parts.append(f"{m.tokens:,} tokens" + (f", {rate:,.1f}/s" if rate is not None else ""))
         acc = m.accuracy()
         if acc is not None:
             parts.append(f"acc {acc:.3f}")
@@ -217,12 +218,14 @@ class ProgressView:
 @dataclass(frozen=True)
 class Column:
     """A table column: its header, the shorter one used when the table is too wide, how its
-    cells align, and whether a row's cell is the row's name (first in a record, unlabelled)."""
+    cells align, whether a row's cell is the row's name (first in a record, unlabelled), and
+    whether its text may wrap between words."""
 
     header: str
     short: str | None = None
     justify: str = "left"
     key: bool = False
+    wrap: bool = False  # prose: may wrap between its words when the table is too wide
 
 
 def wrap_fields(fields: list[str], width: int, *, sep: str = " · ", indent: str = "  ") -> list[str]:
@@ -255,7 +258,8 @@ def print_lines(out: Any, fields: list[str], **kwargs: Any) -> None:
 def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title: str | None = None,
                 caption: str | None = None) -> None:
     """A table that fits `out`'s width without cutting anything: the full table where it
-    fits; else the same with short headers and no inner borders; else one record per row,
+    fits; else the same with short headers and no inner borders; else that with the `wrap`
+    columns wrapped between words, where their longest words fit; else one record per row,
     its name then `header value` fields wrapped by whole fields. Cells are shown as they are
     (`plain`), never folded or cut with `…`."""
     from rich import box
@@ -264,20 +268,22 @@ def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title
 
     cells = [[c if not isinstance(c, str) else plain(c) for c in row] for row in rows]
 
-    def table(short: bool) -> Any:
+    def table(short: bool, wrap: bool = False) -> Any:
         t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD if short else box.HEAVY_HEAD,
                   pad_edge=not short)
         for col in columns:
             t.add_column(col.short or col.header if short else col.header, justify=col.justify,  # type: ignore[arg-type]
-                         no_wrap=True)
+                         no_wrap=not (wrap and col.wrap))
         for row in cells:
             t.add_row(*row)
         return t
 
-    for short in (False, True):
-        t = table(short)
-        # Measured unconstrained: Rich clamps a measurement to the width it is given.
-        if Measurement.get(out, out.options.update_width(10_000), t).maximum <= out.width:
+    for short, wrap in ((False, False), (True, False), (True, True)):
+        t = table(short, wrap)
+        # Measured unconstrained: Rich clamps a measurement to the width it is given. Wrapped,
+        # a column needs its longest word (the minimum); unwrapped, its longest cell.
+        size = Measurement.get(out, out.options.update_width(10_000), t)
+        if (size.minimum if wrap else size.maximum) <= out.width:
             out.print(t)
             return
     if title:
