@@ -217,10 +217,10 @@ def _refusal(a: rundir.EvalRun, b: rundir.EvalRun) -> str | None:
         return f"different benchmarks ({ra.get('benchmark')} vs {rb.get('benchmark')})"
     if ra.get("split") != rb.get("split"):
         return f"different splits ({ra.get('split')} vs {rb.get('split')})"
-    # --data runs name their split by the file; the same path may hold other rows by now.
+    # --rows runs name their split by the file; the same path may hold other rows by now.
     ha, hb = a.meta.get("data_hash"), b.meta.get("data_hash")
     if ha and hb and ha != hb:
-        return f"different --data contents (hash {ha} vs {hb})"
+        return f"different --rows contents (hash {ha} vs {hb})"
     return None
 
 
@@ -228,7 +228,7 @@ def compare_runs(run_a: Path | str, run_b: Path | str, *, force: bool = False) -
     """Compare finished eval runs A and B (either may be a training run's RUN/eval/step-N).
 
     Raises UserError (one line) for a folder that is not a finished eval run (rundir.load_eval),
-    and for runs of different benchmarks, splits or --data files unless `force`. Metrics are
+    and for runs of different benchmarks, splits or --rows files unless `force`. Metrics are
     those both results.json report; with `force` the mismatch is kept in `warnings`."""
     a, b = rundir.load_eval(Path(run_a)), rundir.load_eval(Path(run_b))
     why = _refusal(a, b)
