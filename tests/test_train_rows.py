@@ -1,10 +1,12 @@
 """`--rows FILE`: the benchmark's own rows from a local file, one word in `arle eval` and `arle
 train`. A user who evaluated on their rows RL-trains on the same rows, read by the same loader
-(eval.load_tasks), with no card to write; `arle eval --data` (the old name) still works."""
+(eval.load_tasks), with no card to write; `arle eval --data` (the old name) still works. The
+training run also shows its ETA and writes a model card that names its base model."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,18 +49,28 @@ def test_train_rows_are_the_rows_eval_scored(tmp_path, tiny_model, monkeypatch, 
     assert sorted(s["task_id"] for s in evaluated) == ["mine-0", "mine-1", "mine-2"]
 
     run = tmp_path / "train"
-    train_in_process("gsm8k", "--algo", "grpo", "--rows", str(rows), "--model", str(tiny_model), "--max-steps", "1",
+    train_in_process("gsm8k", "--algo", "grpo", "--rows", str(rows), "--model", str(tiny_model), "--max-steps", "2",
                      "--num-generations", "2", "--set", "max_completion_length=4", "--set",
                      "per_device_train_batch_size=2", "--set", "num_fewshot=0", "--eval-limit", "3",
                      "--set", "eval_max_tokens=4", "--output", str(run))
     rewarded = lines(run / "rewards.jsonl")
-    assert len(rewarded) == 2 and {r["task_id"] for r in rewarded} <= {"mine-0", "mine-1", "mine-2"}
+    assert len(rewarded) == 4 and {r["task_id"] for r in rewarded} <= {"mine-0", "mine-1", "mine-2"}
     meta = json.loads((run / "meta.json").read_text())
     assert meta["train_split"] == meta["eval_split"] == str(rows) and meta["rows_hash"]
     # The held-out evaluations score the same rows, with the very prompts `arle eval` sent.
     heldout = {s["task_id"]: s["prompt"] for s in lines(run / "eval" / "step-0" / "samples.jsonl")}
     assert heldout == {s["task_id"]: s["prompt"] for s in evaluated}
     assert all(ROWS[int(tid[-1])]["question"] in prompt for tid, prompt in heldout.items())
+
+    # The same run's step lines say the time left from the first step on, and its model card
+    # names the base model (test_train_eta_card has the rest of both).
+    err = capsys.readouterr().err
+    steps = [line for line in err.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2 and re.search(r"eta \d:\d\d:\d\d$", steps[0]) and steps[1].endswith("eta 0:00:00"), err
+    for card in (run / "README.md", run / "final" / "README.md"):
+        text = card.read_text()
+        assert "None" not in text and f"base_model: \"{tiny_model}\"" in text, text
+        assert "GRPO on the `gsm8k` benchmark for 2 steps" in text and f"arle eval gsm8k --model {run / 'final'}" in text
 
 
 def test_the_old_eval_spelling_works_with_a_note_and_bad_rows_are_one_line(tmp_path, tiny_model, monkeypatch,
