@@ -146,10 +146,9 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
     from rich.table import Table
 
     out = console()
-    out.print(f"{res.get('benchmark')} · {res.get('model')} · split {res.get('split')} · {res.get('n_tasks')} tasks · "
-              f"{res.get('n_samples')} samples", markup=False, highlight=False)
-    out.print(f"status: {_status_text(info)} · started {info.started or '-'} · {run_dir}", markup=False,
-              highlight=False)
+    print_lines(out, [str(res.get("benchmark")), str(res.get("model")), f"split {res.get('split')}",
+                      f"{res.get('n_tasks')} tasks", f"{res.get('n_samples')} samples"])
+    print_lines(out, [f"status: {_status_text(info)}", f"started {info.started or '-'}", str(run_dir)])
     if isinstance(run.meta.get("command"), list):
         out.print("command: " + " ".join(map(str, run.meta["command"])), markup=False, highlight=False)
     table = Table()
