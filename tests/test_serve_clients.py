@@ -34,7 +34,7 @@ def served(tiny_model):
     app = create_app(engine, model_name="tiny", access_log=True)
     with BackgroundServer(app) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0)
-        yield SimpleNamespace(engine=engine, client=client, url=srv.base_url)
+        yield SimpleNamespace(engine=engine, client=client, url=srv.base_url, engine_batcher=app.state.batcher)
     engine.close()
 
 
@@ -180,3 +180,35 @@ def test_one_access_log_line_per_request(served, capsys):
     assert len(lines) == 2
     assert lines[0].startswith("127.0.0.1 POST /v1/chat/completions 200 ") and lines[0].endswith("+3")
     assert " GET /v1/models/nope 404 " in lines[1]
+
+
+def test_a_request_joins_the_batch_that_is_running(served):
+    """A request that arrives while a long one generates is answered from the running engine
+    call (no second generate call, no wait for the long row to end)."""
+    import threading
+    import time
+
+    batcher = served.engine_batcher
+    stop = threading.Event()
+
+    def long_request() -> None:  # greedy, 2,000 tokens: seconds of decoding; abandoned below
+        with httpx.stream("POST", served.url + "/completions", timeout=60,
+                          json={"prompt": "x", "max_tokens": 2000, "temperature": 0, "stream": True}) as resp:
+            for _ in resp.iter_raw():
+                if stop.is_set():
+                    return
+
+    calls = batcher.generate_calls
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not batcher._running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert batcher._running and batcher.generate_calls == calls + 1
+        short = served.client.completions.create(model="tiny", prompt="Hello", max_tokens=3, temperature=0)
+        assert short.usage.completion_tokens == 3
+        assert batcher._running and batcher.generate_calls == calls + 1  # joined the long one's call
+    finally:
+        stop.set()
+        worker.join(60)

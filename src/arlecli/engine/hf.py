@@ -61,6 +61,7 @@ class HFEngine:
     name = "hf"
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
     streams = True  # generate() takes `on_tokens` (each row's ids so far, after every step: arle serve streams them)
+    admits = True  # generate() takes `more` (requests that join a running call: arle serve's new arrivals)
 
     def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
                  dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None,
@@ -92,6 +93,7 @@ class HFEngine:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = eos_ids
         self._on_tokens: Callable[[int, list[int]], None] | None = None
+        self._more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (
             next(iter(eos_ids)) if eos_ids else 0)
 
@@ -100,7 +102,9 @@ class HFEngine:
         return encode_request(self.tokenizer, request, self.chat_template_kwargs)
 
     def generate(self, requests: list[GenerationRequest], then: Then | None = None,
-                 on_tokens: Callable[[int, list[int]], None] | None = None) -> Iterator[tuple[int, Completion]]:
+                 on_tokens: Callable[[int, list[int]], None] | None = None,
+                 more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None,
+                 ) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes.
 
         Continuous batching: up to `batch_size` rows decode together; a finished row leaves
@@ -114,8 +118,13 @@ class HFEngine:
         finished row's prompt and output.
 
         `on_tokens(index, ids)`, when given, is called after each step with the ids a row has
-        generated so far (the row's own list: read it, do not keep or change it)."""
+        generated so far (the row's own list: read it, do not keep or change it).
+
+        `more()`, when given, is asked before every step for requests that arrived since, as
+        (index, request) pairs with indices of the caller's choosing: they wait and join the
+        batch as the others do, so a server's new request does not wait for this call to end."""
         self._on_tokens = on_tokens
+        self._more = more
         encoded = [self.encode(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
@@ -220,7 +229,11 @@ class HFEngine:
         active: list[_Row] = []
         cache = mask = next_pos = last = None  # the running batch: KV cache, mask, positions, fed tokens
         with torch.inference_mode():
-            while active or waiting:
+            while True:
+                if self._more is not None:
+                    waiting.extend(self._row(i, self.encode(r), r.params) for i, r in self._more())
+                if not (active or waiting):
+                    break
                 free = self.batch_size - len(active)
                 if waiting and (not active or free >= max(1, self.batch_size // 4)):
                     rows = [waiting.popleft() for _ in range(min(free, len(waiting)))]

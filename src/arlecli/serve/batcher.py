@@ -6,6 +6,12 @@ to `max_batch`, waiting `wait_s` after the first for company), runs one
 its completion. Requests that arrive while a batch runs form the next batch. One worker
 because the engines are not thread-safe (the hf engine owns one model and one KV cache).
 
+An engine that admits requests into a running call (`admits = True`, hf: `generate(more=...)`)
+is handed what arrives meanwhile, up to `max_batch` in flight, so a request that comes while a
+batch runs joins it at the engine's next refill instead of waiting for the whole batch to end
+(a stream's first token would otherwise wait for the slowest row of the batch before it). Jobs
+that arrive meanwhile run then too, between two decode steps.
+
 A request may carry `on_tokens(ids)`: an engine that streams (`streams = True`, hf) calls it
 with the ids generated so far after each decode step, so a streamed reply goes out token by
 token. Other work on the engine (scoring a prompt's logprobs, serve/scoring.py) goes through
@@ -71,6 +77,7 @@ class Batcher:
         self._closed = False
         self._lock = threading.Lock()
         self._running: list[_Item] = []
+        self._retrying = False  # one request at a time after a failed batch: no newcomers join
         self._thread = threading.Thread(target=self._run, name="arle-batcher", daemon=True)
         self._thread.start()
 
@@ -210,38 +217,77 @@ class Batcher:
                 # That is slow (one call each), so the app refuses what it knows the engine would
                 # raise on before it is batched (app._fit_context).
                 self.retried += len(pending)
-                for it in pending:
-                    if self._closed:
-                        break
-                    try:
-                        self._generate([it])
-                    except Exception:
-                        self._fail([it])
+                self._retrying = True
+                try:
+                    for it in pending:
+                        if self._closed:
+                            break
+                        try:
+                            self._generate([it])
+                        except Exception:
+                            self._fail([it])
+                finally:
+                    self._retrying = False
         finally:
             with self._lock:
                 self._running = []
 
     def _generate(self, items: list[_Item]) -> None:
         self.generate_calls += 1
-        self.recent_batch_sizes.append(len(items))
         started = time.time()
         requests = [it.request for it in items]
-        hooks = [it.on_tokens for it in items]
-        if getattr(self.engine, "streams", False) and any(hooks):
+        kwargs: dict[str, Any] = {}
+        if getattr(self.engine, "streams", False):
             def on_tokens(i: int, ids: list[int]) -> None:
-                hook = hooks[i]
+                hook = items[i].on_tokens
                 if hook is not None:
                     hook(ids)
 
-            stream = self.engine.generate(requests, on_tokens=on_tokens)  # type: ignore[call-arg]
-        else:
-            stream = self.engine.generate(requests)  # type: ignore[arg-type]
-        for i, completion in stream:
-            _settle(items[i].future, Finished(completion, started, time.time(), len(items)))
-            self.requests_done += 1
+            kwargs["on_tokens"] = on_tokens
+        if getattr(self.engine, "admits", False) and not self._retrying:
+            kwargs["more"] = lambda: self._more(items)
+        stream = self.engine.generate(requests, **kwargs)  # type: ignore[call-arg]
+        size = len(items)
+        try:
+            for i, completion in stream:
+                _settle(items[i].future, Finished(completion, started, time.time(), size))
+                self.requests_done += 1
+                if i >= size:  # one that joined: let go of it (a busy server's call may run for hours)
+                    items[i] = _DONE
+        finally:
+            self.recent_batch_sizes.append(len(items))  # the requests this call served, joined ones included
         for it in items:
             if not it.future.done():
                 _settle(it.future, exc=RuntimeError(f"engine {self.engine.name} returned no completion"))
+
+    def _more(self, items: list[_Item]) -> list[tuple[int, GenerationRequest]]:
+        """Requests queued since `items` started, appended to it (their index is their place
+        there), while fewer than `max_batch` are unfinished; jobs met on the way run now."""
+        out: list[tuple[int, GenerationRequest]] = []
+        unfinished = sum(not it.future.done() for it in items[-self.max_batch * 4:])  # the finished are mostly behind
+        while unfinished < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # closing: leave the sentinel for the worker loop
+                self._queue.put(None)
+                break
+            if item.job is not None:
+                self._run_job(item)
+                continue
+            with self._lock:
+                if not item.future.set_running_or_notify_cancel():
+                    continue  # its client went away while it waited
+                if self._closed:
+                    item.future.set_exception(RuntimeError(SHUTDOWN))
+                    continue
+                # `items` is the running batch's list (self._running): cancel() sees it at once.
+                items.append(item)
+            assert item.request is not None
+            out.append((len(items) - 1, item.request))
+            unfinished += 1
+        return out
 
     def _fail(self, items: list[_Item]) -> None:
         exc = sys.exc_info()[1]
@@ -251,6 +297,11 @@ class Batcher:
             sys.stderr.write(terminal_text(traceback.format_exc()))
         for it in items:
             _settle(it.future, exc=exc)
+
+
+# What a joined request's place in a running batch holds once it is answered.
+_DONE = _Item(None, Future())
+_DONE.future.cancel()
 
 
 def _settle(future: Future[Finished], result: Finished | None = None, exc: BaseException | None = None) -> None:
