@@ -172,6 +172,8 @@ def test_the_parsers_of_each_family_and_how_one_is_chosen():
     assert serve_tools.parse("llama3_json", llama) == serve_tools.Parsed(
         "", [("get_weather", {"city": "Paris"}), ("get_time", {"city": "Rome"})])
     assert serve_tools.parse("llama3_json", "The answer is 4.").calls == []
+    for parser, start in (("hermes", "<tool_call>"), ("llama3_json", '{"a": '), ("mistral", "[TOOL_CALLS]")):
+        assert serve_tools.parse(parser, start + "[" * 100_000).calls == []  # model text nested deep: no call
     mistral = 'Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'
     assert serve_tools.parse("mistral", mistral) == serve_tools.Parsed("Sure. ", [("get_weather", {"city": "Paris"})])
 

@@ -234,7 +234,7 @@ def _llama3_json(text: str) -> Parsed:
     while at < len(body):
         try:
             obj, end = decoder.raw_decode(body, at)
-        except ValueError:
+        except (ValueError, RecursionError):  # model text: "[[[[..." 100k deep is no call, not a crash
             return Parsed(text, [])
         found = _json_calls(json.dumps(obj), ("parameters", "arguments"))
         if not found:
