@@ -153,8 +153,10 @@ def message_tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
                                    "{\"name\", \"arguments\"}}", "messages")
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
+            from arlecli import safeio
+
+            try:  # safeio: a client's "[[[[..." 100k deep is a 400, not a RecursionError
+                args = safeio.loads(args) if args.strip() else {}
             except ValueError:
                 raise ToolRequestError(f"{where}[{k}].function.arguments is not valid JSON", "messages") from None
         entry: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
