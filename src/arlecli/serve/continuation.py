@@ -20,6 +20,12 @@ asked for it raw) and any reasoning_content it carries is the reply's thinking. 
 are still the generated ones, thought included; whether the template's render of the history
 extends them (Qwen3's drops earlier turns' thinking) decides seamless, as above.
 
+A reply that called tools (serve/tools.py) is sent back as an assistant message with its
+`tool_calls` (the calls' ids are the client's business: the functions and arguments must be the
+reply's) and `content` the text outside them; the template renders the calls back (with the
+request's `tools`), and where its render extends the generated ids the tool results that follow
+are the only new tokens.
+
 Memory is bounded in bytes, not replies: all sessions together hold at most `max_bytes`
 (`arle serve --record-memory-mb`), counted as Python holds them (ids as 4-byte arrays, text and
 messages at their `sys.getsizeof`). Past it, the least recently used session's oldest requests
