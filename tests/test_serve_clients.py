@@ -135,13 +135,15 @@ def test_response_format_is_checked_and_said_to_be_unconstrained(served):
 
 
 def test_a_reply_that_matches_the_schema_is_marked_valid():
-    from arlecli.serve.response_format import ResponseFormat, check
+    from arlecli.serve.response_format import ResponseFormat, check, structured
 
     fmt = ResponseFormat("json_schema", {"type": "object", "properties": {"answer": {"type": "integer"}},
                                          "required": ["answer"]})
     assert check(fmt, '{"answer": 42}') is None
     assert "answer" in check(fmt, '{"answer": "42"}') and "not JSON" in check(fmt, "42 is the answer")
     assert check(ResponseFormat("json_object"), "[1]") is not None
+    # What the vllm engine decodes under (vLLM's structured outputs); hf has no grammar.
+    assert structured(fmt) == {"json": fmt.schema} and structured(ResponseFormat("json_object")) == {"json_object": True}
 
 
 class _NoModel:

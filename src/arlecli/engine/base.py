@@ -39,6 +39,9 @@ class SamplingParams:
     # Token ids that end the generation like a stop string (kept in token_ids), checked without
     # decoding: engine.phases stops a thought at an end tag that is one token of its own.
     stop_token_ids: list[int] = field(default_factory=list)
+    # A constraint on the text, for engines that decode under one (vllm: `guides = True`): vLLM's
+    # structured-output fields, {"json_object": True} or {"json": <JSON Schema>}. Others ignore it.
+    structured: dict[str, Any] | None = None
 
 
 @dataclass

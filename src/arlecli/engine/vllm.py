@@ -257,6 +257,7 @@ class VLLMEngine:
     """
 
     name = "vllm"
+    guides = True  # decodes under SamplingParams.structured (vLLM's structured outputs: xgrammar, offline)
 
     def __init__(self, model: str, *, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, seed: int = 0,
@@ -350,6 +351,7 @@ class VLLMEngine:
             stop_token_ids=list(params.stop_token_ids) or None,
             seed=(params.seed if params.seed is not None else self.seed) if sampled else None,
             logprobs=0 if params.logprobs else None,
+            **({"structured_outputs": _structured(params.structured)} if params.structured else {}),
         )
 
     @property
@@ -466,6 +468,13 @@ class VLLMEngine:
             import gc
 
             gc.collect()
+
+
+def _structured(spec: dict[str, Any]) -> Any:
+    """vLLM's StructuredOutputsParams for SamplingParams.structured."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(**spec)
 
 
 def _completion(out: Any, want_logprobs: bool, latency_s: float | None = None) -> Completion:

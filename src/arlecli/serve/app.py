@@ -225,9 +225,12 @@ class _Api:
         prompt_ids, budgets = self._force_call(req, prompt_ids, budgets)
         headers = {"Cache-Control": "no-cache"} if req.stream else {}
         if req.response_format is not None:
-            from arlecli.serve.response_format import HEADER, UNCONSTRAINED
+            from arlecli.serve import response_format as rf
 
-            headers[HEADER] = UNCONSTRAINED
+            guided = bool(getattr(self.engine, "guides", False))
+            if guided:  # vllm decodes under the format
+                req.params.structured = rf.structured(req.response_format)
+            headers[rf.HEADER] = rf.GUIDED if guided else rf.UNCONSTRAINED
         if req.echo and req.params.temperature == 0 and req.params.max_tokens <= 1 and prompt_ids is not None:
             # lm-eval's loglikelihood request: the scoring pass alone gives the prompt's logprobs
             # and the greedy next token, so nothing is generated.

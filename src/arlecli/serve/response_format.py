@@ -1,9 +1,10 @@
 """`response_format` (json_object, json_schema): parsed, and the replies checked against it.
 
-arle serve does not constrain decoding (neither engine is given a grammar), so a reply may not
-be what was asked for; the server checks each reply instead and says so, rather than pretend:
+On the vllm backend decoding is constrained (vLLM's structured outputs, xgrammar, offline):
+the reply is JSON of the schema unless max_tokens cut it. The hf backend has no grammar, so a
+reply may not be what was asked for. Either way the server checks each reply and says which:
 
-    header   X-Arle-Response-Format: unconstrained (every response to such a request)
+    header   X-Arle-Response-Format: guided (vllm) | unconstrained (hf)
     field    choices[i].response_format_valid: true | false, and when false
              choices[i].response_format_error: why (not JSON, or the schema's first complaint)
 
@@ -23,6 +24,7 @@ from arlecli.serve.protocol import ApiError
 
 HEADER = "X-Arle-Response-Format"
 UNCONSTRAINED = "unconstrained"
+GUIDED = "guided"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ def parse(value: Any) -> ResponseFormat | None:
         return ResponseFormat("json_schema", schema, name if isinstance(name, str) else None)
     raise _bad(f"`response_format` type {kind!r} is not supported by arle serve (text, json_object and "
                "json_schema are)")
+
+
+def structured(fmt: ResponseFormat) -> dict[str, Any]:
+    """The engine's constraint for `fmt` (SamplingParams.structured: vLLM's structured outputs)."""
+    return {"json_object": True} if fmt.kind == "json_object" else {"json": fmt.schema or {}}
 
 
 def _check_schema(schema: dict[str, Any]) -> None:
