@@ -214,3 +214,30 @@ def test_a_request_joins_the_batch_that_is_running(served):
     finally:
         stop.set()
         worker.join(60)
+
+
+def test_an_endpoint_that_wants_a_key_fails_cleanly_and_is_named_by_its_model():
+    """Without the key: the 401 error and nothing else (the request coroutines were never made,
+    so none is left unawaited); with it, served_model() names the model, not the URL."""
+    import gc
+    import warnings
+
+    from arlecli.engine.base import EngineRequestError
+    from arlecli.engine.openai import OpenAIEngine
+
+    with BackgroundServer(create_app(_NoModel(), model_name="tiny-model", api_key="k3y")) as srv:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with OpenAIEngine(srv.base_url) as engine:
+                with pytest.raises(EngineRequestError, match="401"):
+                    list(engine.generate([GenerationRequest(prompt="x")]))
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+        import os
+
+        os.environ["ARLE_TEST_SERVE_KEY"] = "k3y"
+        try:
+            with OpenAIEngine(srv.base_url, api_key_env="ARLE_TEST_SERVE_KEY") as engine:
+                assert engine.served_model() == "tiny-model"
+        finally:
+            del os.environ["ARLE_TEST_SERVE_KEY"]
