@@ -108,3 +108,7 @@ def script_generate(monkeypatch: Any, engine_class: Any, reply: Callable[[Any], 
                 yield own[j], comp
 
     monkeypatch.setattr(engine_class, "generate", generate)
+    if getattr(engine_class, "admits", False):
+        # Requests joining a running call (generate(more=...)) come with the caller's own indices,
+        # which the renumbering above cannot mix with; the scripted engine serves one call at a time.
+        monkeypatch.setattr(engine_class, "admits", False)
