@@ -359,7 +359,7 @@ class _Api:
         """Per choice, its text stream and the hook the engine feeds it through, when this
         request streams token by token (see the module docstring); else None."""
         tokenizer = getattr(self.engine, "tokenizer", None)
-        if not req.stream or not getattr(self.engine, "streams", False) or tokenizer is None or req.tools is not None:
+        if not req.stream or not self.batcher.streams or tokenizer is None or req.tools is not None:
             return None
         parse = req.chat and not req.raw_reasoning
         from arlecli.thinking import prompt_opens

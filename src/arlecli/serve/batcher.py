@@ -78,6 +78,16 @@ class Batcher:
         self._lock = threading.Lock()
         self._running: list[_Item] = []
         self._retrying = False  # one request at a time after a failed batch: no newcomers join
+        # What this engine's generate takes (a subclass may override it without the keywords);
+        # `streams`: requests' on_tokens hooks are fed token by token.
+        import inspect
+
+        try:
+            takes = set(inspect.signature(engine.generate).parameters)
+        except (TypeError, ValueError):
+            takes = set()
+        self.streams = bool(getattr(engine, "streams", False)) and "on_tokens" in takes
+        self._admits = bool(getattr(engine, "admits", False)) and "more" in takes
         self._thread = threading.Thread(target=self._run, name="arle-batcher", daemon=True)
         self._thread.start()
 
@@ -237,14 +247,14 @@ class Batcher:
         started = time.time()
         requests = [it.request for it in items]
         kwargs: dict[str, Any] = {}
-        if getattr(self.engine, "streams", False):
+        if self.streams:
             def on_tokens(i: int, ids: list[int]) -> None:
                 hook = items[i].on_tokens
                 if hook is not None:
                     hook(ids)
 
             kwargs["on_tokens"] = on_tokens
-        if getattr(self.engine, "admits", False) and not self._retrying:
+        if self._admits and not self._retrying:
             kwargs["more"] = lambda: self._more(items)
         stream = self.engine.generate(requests, **kwargs)  # type: ignore[call-arg]
         size = len(items)
