@@ -8,6 +8,7 @@ line by line with a clock.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,15 +23,22 @@ ARLE = [sys.executable, "-m", "arlecli"]
 
 
 def test_frozenlake_prints_progress_within_2_s_and_every_10_s(tmp_path, tiny_model) -> None:
-    # What starting Python and the CLI costs on this machine now: 2 s is the budget of an idle
-    # machine, and a loaded one (the rest of the suite beside it) stretches every start alike.
+    # What starting the CLI and reading the card and options costs on this machine now (the same
+    # command, refused at its --model): 2 s is the budget of an idle machine, and a loaded one
+    # (the rest of the suite beside it) stretches every start alike.
     before = time.monotonic()
-    subprocess.run([*ARLE, "--version"], capture_output=True, timeout=120, check=True)
+    refused = subprocess.run([*ARLE, "eval", "frozenlake", "--model", str(tmp_path / "no-such-model")],
+                             capture_output=True, timeout=120)
     start_cost = time.monotonic() - before
+    assert refused.returncode == 2
+    # The card's own 4x4 boards (12 turns each; the 6x6 ones take 20 turns of longer prompts).
+    fixture = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures" / "frozenlake.jsonl"
+    rows = [line for line in fixture.read_text().splitlines() if json.loads(line)["size"] == 4]
+    (tmp_path / "rows.jsonl").write_text("\n".join(rows) + "\n")
     started = time.monotonic()
-    proc = subprocess.Popen([*ARLE, "eval", "frozenlake", "--limit", "2", "--model", str(tiny_model), "--max-tokens",
-                             "2", "-o", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=os.environ.copy())
+    proc = subprocess.Popen([*ARLE, "eval", "frozenlake", "--limit", "2", "--rows", str(tmp_path / "rows.jsonl"),
+                             "--model", str(tiny_model), "--max-tokens", "2", "-o", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     lines: list[tuple[float, str]] = []
     # stdout (the summary) is read on the side, so neither pipe can fill up and block the other.
     out: list[str] = []

@@ -160,6 +160,7 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
     vllm_options = VLLMOptions(**vllm)
     rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
     if spec.kind == "hf":
+        _check_template_kwargs_first(spec)  # before any progress line: a misspelt key stays one error line
         view.start()  # loading weights takes a while; an endpoint's progress starts with its first request
     engine = make_engine(spec, batch_size=batch_size, concurrency=concurrency, vllm_options=vllm_options)
     try:
@@ -199,6 +200,29 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
         if opponent_engine is not None:
             opponent_engine.close()
     return results, run_dir
+
+
+def _check_template_kwargs_first(spec: Any) -> None:
+    """Refuse --chat-template-kwargs the chat template of a local model folder never reads, from
+    its files alone (the engine checks again once loaded, and for hub ids and adapters)."""
+    import json
+    from types import SimpleNamespace
+
+    from arlecli.engine.tokens import check_template_kwargs
+
+    folder = Path(spec.path_or_id or "")
+    if not spec.chat_template_kwargs or not folder.is_dir():
+        return
+    template: Any = None
+    if (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8", errors="replace")
+    elif (folder / "tokenizer_config.json").is_file():
+        try:
+            template = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+        except (ValueError, AttributeError):
+            return
+    if isinstance(template, (str, dict)) and template:
+        check_template_kwargs(SimpleNamespace(chat_template=template), spec.chat_template_kwargs)
 
 
 def print_results(results: dict[str, Any], run_dir: Path) -> None:
