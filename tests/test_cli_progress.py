@@ -112,10 +112,12 @@ def test_third_party_deprecation_warnings_are_not_shown(monkeypatch) -> None:
 
 
 def test_progress_lines_in_a_log(monkeypatch, capsys) -> None:
-    # No terminal: a plain line after FIRST_LINE_S, then every PLAIN_EVERY_S, then the last one.
+    # No terminal: a plain line SETTLE_S after the view started, then every PLAIN_EVERY_S, then
+    # the last one.
     from arlecli.cli import output
 
-    monkeypatch.setattr(output, "FIRST_LINE_S", 0.1)
+    monkeypatch.setattr(output, "FIRST_LINE_S", 0.0)
+    monkeypatch.setattr(output, "SETTLE_S", 0.1)
     monkeypatch.setattr(output, "PLAIN_EVERY_S", 0.3)
     monkeypatch.setattr(output, "_TICK_S", 0.05)
     output.err_console.cache_clear()
