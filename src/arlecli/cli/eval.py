@@ -251,14 +251,9 @@ def _usd(x: float | None) -> str:
     return "n/a" if x is None else f"${x:.4f}" if x >= 0.01 else f"${x:.6f}"
 
 
-def efficiency_lines(results: dict[str, Any]) -> list[str]:
-    """results.json's tokens/time/agents/consistency/cost blocks as a few compact lines (the
-    blocks a run lacks are skipped)."""
-    return [f"{label}: " + " · ".join(parts) for label, parts in efficiency_parts(results)]
-
-
 def efficiency_parts(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """What `efficiency_lines` says, as (label, its fields): the fields wrap as wholes."""
+    """results.json's tokens/time/agents/consistency/cost blocks as a few compact lines, each
+    (label, its fields) so a line wraps between whole fields (the blocks a run lacks are skipped)."""
     lines: list[tuple[str, list[str]]] = []
     tokens = results.get("tokens") or {}
     if tokens:
