@@ -75,11 +75,23 @@ def test_train_rows_are_the_rows_eval_scored(tmp_path, tiny_model, monkeypatch, 
 
 def test_the_old_eval_spelling_works_with_a_note_and_bad_rows_are_one_line(tmp_path, tiny_model, monkeypatch,
                                                                             capsys):
+    import io
+
+    from rich.console import Console
+
+    import arlecli.cli.eval as cli_eval
+
     rows = write_rows(tmp_path / "rows.jsonl")
+    # On a terminal the old name gets a note; scripts and logs (no terminal) see their output unchanged.
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=200)
+    plain_console = cli_eval.err_console
+    monkeypatch.setattr(cli_eval, "err_console", lambda: terminal)
     code, _, err = arle_main(monkeypatch, capsys, "eval", "gsm8k", "--data", str(rows), "--model", str(tiny_model),
                              "--num-fewshot", "0", "--max-tokens", "2", "--limit", "1", "-o", str(tmp_path / "old"))
     assert code == 0, err
-    assert "`arle eval --data` is now `--rows`" in err
+    assert "`arle eval --data` is now `--rows`" in screen.getvalue()
+    monkeypatch.setattr(cli_eval, "err_console", plain_console)
     assert [s["task_id"] for s in lines(tmp_path / "old" / "samples.jsonl")] == ["mine-0"]
 
     def refused(*args: str, needles: tuple[str, ...]) -> None:

@@ -87,8 +87,9 @@ def eval_command(
     if data is not None:  # the old spelling: `arle train --data` is SFT/DPO rows, so one word for both
         if rows is not None:
             raise UserError("--data is the old name of --rows: pass one of them")
-        err_console().print("note: `arle eval --data` is now `--rows` (the benchmark's rows, as in `arle train "
-                            "--rows`); --data still works", highlight=False, soft_wrap=True)
+        if err_console().is_terminal:  # for the person typing it; scripts and logs keep their output as it was
+            err_console().print("note: `arle eval --data` is now `--rows` (the benchmark's rows, as in `arle train "
+                                "--rows`); --data still works", highlight=False, soft_wrap=True)
         rows = data
     card = load_card(bench)
     resolve_references(card)
