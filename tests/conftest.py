@@ -19,6 +19,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # second of work to minutes. Set before torch is imported; subprocesses inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # xdist's workers export COLUMNS=80 LINES=24, which a user's pipe does not have (arle reads
+    # COLUMNS off a terminal): the tests that want a width set it themselves.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 # perf/ scripts run as `python perf/x.py` (their folder on sys.path, for perf/machine_info.py);
 # the tests that load them by file path need the same.

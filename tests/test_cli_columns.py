@@ -38,6 +38,19 @@ TYPE_TOKENS = re.compile(r"<(?:str|int|float|bool|path|text|list\[\w+\])(?: rang
                          r"\b(?:TEXT|INTEGER|FLOAT|BOOLEAN|PATH)\b")
 
 
+@pytest.fixture(autouse=True)
+def fresh_consoles() -> Iterator[None]:
+    """The consoles are made once per process (output.console is cached): one made at 80
+    columns here must not be what the next test file in this worker prints with."""
+    from arlecli.cli import output
+
+    output.console.cache_clear()
+    output.err_console.cache_clear()
+    yield
+    output.console.cache_clear()
+    output.err_console.cache_clear()
+
+
 def env80() -> dict[str, str]:
     return {**os.environ, "COLUMNS": str(WIDTH), "LINES": "50"}
 

@@ -255,6 +255,28 @@ def print_lines(out: Any, fields: list[str], **kwargs: Any) -> None:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _rendered(renderable: Any, width: int) -> str:
+    """`renderable` as plain text, printed `width` columns wide."""
+    import io
+
+    from rich.console import Console
+
+    probe = Console(width=width, file=io.StringIO(), color_system=None, legacy_windows=False)
+    with probe.capture() as captured:
+        probe.print(renderable)
+    return captured.get()
+
+
+def _natural_width(renderable: Any) -> int:
+    """The widest line of `renderable` printed with all the room it wants."""
+    return max((len(line.rstrip()) for line in _rendered(renderable, 10_000).splitlines()), default=0)
+
+
+def _ellipses(renderable: Any, width: int) -> int:
+    """How many `…` `renderable` shows at `width` columns (Rich's mark of a cut cell)."""
+    return _rendered(renderable, width).count("…")
+
+
 def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title: str | None = None,
                 caption: str | None = None) -> None:
     """A table that fits `out`'s width without cutting anything: the full table where it
@@ -280,10 +302,17 @@ def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title
 
     for short, wrap in ((False, False), (True, False), (True, True)):
         t = table(short, wrap)
-        # Measured unconstrained: Rich clamps a measurement to the width it is given. Wrapped,
-        # a column needs its longest word (the minimum); unwrapped, its longest cell.
-        size = Measurement.get(out, out.options.update_width(10_000), t)
-        if (size.minimum if wrap else size.maximum) <= out.width:
+        # Wrapped, a column needs its longest word (Rich's minimum, measured unconstrained: it
+        # clamps a measurement to the width it is given); unwrapped, the table as Rich lays it
+        # out with room to spare (its maximum measure misses a few border columns, and a table
+        # a few columns too wide gets every cell cut with `…`).
+        if wrap:  # and the columns that do not wrap must not be cut to make room
+            fits = (any(c.wrap for c in columns)
+                    and Measurement.get(out, out.options.update_width(10_000), t).minimum <= out.width
+                    and _ellipses(t, out.width) == sum(str(c).count("…") for row in rows for c in row))
+        else:
+            fits = _natural_width(t) <= out.width
+        if fits:
             out.print(t)
             return
     if title:
