@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_info import cpu_model, package_versions, write_result
+from serve_process import serve_env, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "perf" / "results" / "serve_streaming.json"
@@ -40,23 +40,6 @@ def tiny_model(work: Path) -> Path:
     from tiny_model import build_tiny_model
 
     return build_tiny_model(work / "tiny")
-
-
-def start_server(model: Path, backend: str, concurrency: int, env: dict[str, str], log: Path
-                 ) -> tuple[subprocess.Popen, str]:
-    """`arle serve` on a free port; the process and its API root once it serves."""
-    out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "arlecli", "serve", "--model", str(model), "--backend", backend,
-                             "--port", "0", "--max-concurrency", str(concurrency), "--served-model-name", "tiny",
-                             "--no-access-log"], stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        for line in log.read_text().splitlines():
-            if line.startswith("serving "):
-                return proc, line.rsplit(" on ", 1)[1].strip()
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"arle serve did not start:\n{log.read_text()[-3000:]}")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -128,14 +111,13 @@ def main() -> None:
     if args.quick:
         args.requests, args.tokens, args.repeats = 4, 8, 1
     work = Path(tempfile.mkdtemp(prefix="arle-perf-serve-streaming-"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-           "ARLE_HOME": os.environ.get("ARLE_HOME", str(work / "home"))}
+    env = serve_env(work)
     model = tiny_model(work)
     results: dict[str, Any] = {}
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         print(f"{backend}: starting arle serve", flush=True)
-        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log")
+        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log",
+                                 served="tiny", extra=("--no-access-log",))
         try:
             results[backend] = measure(url, args)
         finally:

@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_info import cpu_model, package_versions, write_result
+from serve_process import serve_env, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "perf" / "results" / "serve_tools.json"
@@ -97,24 +97,6 @@ def tool_work_ms(model: Path, system: str) -> dict[str, float]:
            "parse_reply_ms": median_ms(lambda: serve_tools.with_calls(reply, request, "hermes"))}
     out["tools_work_ms"] = out["validate_ms"] + (with_tools - same) + out["parse_reply_ms"]
     return out
-
-
-def start_server(model: Path, backend: str, concurrency: int, env: dict[str, str], log: Path
-                 ) -> tuple[subprocess.Popen, str]:
-    """`arle serve` on a free port; returns the process and its API root once it serves. Its
-    output goes to `log` (a pipe nobody drains would fill with the access log and stall it)."""
-    out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "arlecli", "serve", "--model", str(model), "--backend", backend,
-                             "--port", "0", "--max-concurrency", str(concurrency), "--served-model-name", "tiny-tools"],
-                            stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        for line in log.read_text().splitlines():
-            if line.startswith("serving "):
-                return proc, line.rsplit(" on ", 1)[1].strip()
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"arle serve did not start:\n{log.read_text()[-3000:]}")
 
 
 def messages(i: int, system: str | None = None) -> list[dict[str, str]]:
@@ -212,16 +194,15 @@ def main() -> None:
         args.requests, args.tokens, args.repeats = 4, 4, 1
     args.served = "tiny-tools"
     work = Path(tempfile.mkdtemp(prefix="arle-perf-serve-tools-"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-           "ARLE_HOME": os.environ.get("ARLE_HOME", str(work / "home"))}
+    env = serve_env(work)
     model = tool_model(work)
     args.system = tools_system_text(model)
     work_ms = tool_work_ms(model, args.system)
     results: dict[str, Any] = {}
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         print(f"{backend}: starting arle serve", flush=True)
-        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log")
+        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log",
+                                 served=args.served)
         try:
             results[backend] = measure(url, args)
         finally:
