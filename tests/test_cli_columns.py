@@ -14,7 +14,6 @@ import json
 import os
 import pty
 import re
-import select
 import struct
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Iterator
 import pytest
 
 from fake_openai import FakeOpenAIServer
+from test_terminal_output import read_pty
 
 ARLE = [sys.executable, "-m", "arlecli"]
 WIDTH = 80
@@ -68,20 +68,7 @@ def arle_on_a_terminal(*args: str, cwd: Path) -> str:
     proc = subprocess.Popen([*ARLE, *args], stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env, cwd=cwd,
                             close_fds=True)
     os.close(slave)
-    out = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 120)
-        if not ready:
-            proc.kill()
-            raise AssertionError("the command hung: " + out.decode(errors="replace"))
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the other side closed
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
+    out = read_pty(master, proc)
     stderr = proc.stderr.read().decode() if proc.stderr else ""
     assert proc.wait(30) == 0, out.decode(errors="replace") + stderr
     return CSI.sub("", out.decode()).replace("\r\n", "\n")

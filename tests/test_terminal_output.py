@@ -49,16 +49,9 @@ def arle(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[byt
     return subprocess.run([*ARLE, *args], capture_output=True, timeout=300, env=env, cwd=cwd)
 
 
-def arle_in_a_terminal(*args: str) -> str:
-    """stdout and stderr of the CLI run on a pseudo-terminal (raw mode: what the program wrote,
-    byte for byte), 400 columns wide."""
-    master, slave = pty.openpty()
-    tty.setraw(slave)
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "400"}
-    env.pop("NO_COLOR", None)
-    proc = subprocess.Popen([*ARLE, *args], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
-    os.close(slave)
+def read_pty(master: int, proc: subprocess.Popen) -> bytes:
+    """All `proc` writes to the pseudo-terminal `master` until it closes its side (then `master`
+    is closed); a command silent for 120 s is killed and fails the test."""
     out = b""
     while True:
         ready, _, _ = select.select([master], [], [], 120)
@@ -73,6 +66,20 @@ def arle_in_a_terminal(*args: str) -> str:
             break
         out += chunk
     os.close(master)
+    return out
+
+
+def arle_in_a_terminal(*args: str) -> str:
+    """stdout and stderr of the CLI run on a pseudo-terminal (raw mode: what the program wrote,
+    byte for byte), 400 columns wide."""
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "400"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([*ARLE, *args], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = read_pty(master, proc)
     assert proc.wait(30) == 0, out.decode(errors="replace")
     return out.decode("utf-8")
 
