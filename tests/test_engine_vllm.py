@@ -123,6 +123,53 @@ def test_concurrent_generate_calls_each_get_their_own_completions(engines):
     assert not vllm._finished and not vllm.llm.llm_engine.has_unfinished_requests()
 
 
+def test_streamed_and_joined_requests_get_the_tokens_of_a_plain_call(engines):
+    """`on_tokens` sees each request's ids grow step by step and `more` adds requests to the
+    running call; neither changes a token (greedy and seeded)."""
+    vllm, _ = engines
+    reqs = [GenerationRequest(prompt="def add(a, b):", params=_greedy(12)),
+            GenerationRequest(prompt="hello", params=SamplingParams(max_tokens=10, temperature=1.0, seed=5))]
+    late = GenerationRequest(prompt="Question: 2 + 2?", params=_greedy(8))
+    plain = {i: c.token_ids for i, c in vllm.generate([*reqs, late])}
+    seen: dict[int, list[list[int]]] = {}
+    offered = []
+
+    def more() -> list[tuple[int, GenerationRequest]]:
+        if offered or not seen:  # once the others have streamed a step: the late one joins
+            return []
+        offered.append(2)
+        return [(2, late)]
+
+    got = {i: c.token_ids for i, c in vllm.generate(reqs, on_tokens=lambda i, ids: seen.setdefault(i, []).append(ids),
+                                                    more=more)}
+    assert got == plain
+    for i, steps in seen.items():
+        assert len(steps) >= 5, i  # one call per step, not the reply at the end
+        assert all(a == plain[i][:len(a)] for a in steps) and steps == sorted(steps, key=len)
+    assert 2 in seen and not vllm._hooks and not vllm.llm.llm_engine.has_unfinished_requests()
+
+
+def test_arle_serve_on_vllm_streams_token_by_token(engines):
+    """The `openai` client's stream from `arle serve` on the vllm backend: many chunks that
+    join to the non-streamed reply (seeded sampling)."""
+    import openai
+
+    from arlecli.serve.app import create_app
+    from arlecli.serve.server import BackgroundServer
+
+    vllm, _ = engines
+    with BackgroundServer(create_app(vllm, model_name="tiny")) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0)
+        ask = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=24,
+                   temperature=1.0, seed=7)
+        whole = client.chat.completions.create(**ask)
+        chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) >= 5
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 24
+
+
 def test_data_parallel_replicas_serve_a_lora_adapter_like_hf(engines, tiny_model, tmp_path):
     """Two replica processes (one core each), on an unmerged LoRA adapter: same ids as hf's merged one."""
     import torch

@@ -3,7 +3,8 @@
 Requests go in together and are scheduled by vLLM's continuous batching; we drive
 vLLM's engine one step at a time (`LLM.enqueue` + `llm_engine.step()`), so each
 completion is yielded the moment its request finishes rather than when the whole
-list does. Prompt ids come from `engine.tokens.encode_request`, the same function the
+list does, a server's request that arrives meanwhile joins the running call (`more`), and a
+streamed request sees its tokens after every step (`on_tokens`). Prompt ids come from `engine.tokens.encode_request`, the same function the
 hf backend uses; token ids, logprobs and finish reasons come from vLLM's own output.
 Several threads may call generate at once (a server does): they share the stepping.
 
@@ -273,6 +274,7 @@ class VLLMEngine:
         self._lora: Any = None
         self._lock = threading.Lock()
         self._finished: dict[str, Any] = {}  # outputs finished for another thread's generate call
+        self._hooks: dict[str, Callable[[list[int]], None]] = {}  # our id -> a streamed request's on_tokens
         base, adapter = split_adapter(model)
         tokenizer_path = adapter if adapter and _has_tokenizer(adapter) else base
         from transformers import AutoTokenizer
@@ -359,24 +361,49 @@ class VLLMEngine:
         """Whether generate() takes `then` (one in-process engine; replicas do not)."""
         return self._replicas is None
 
+    @property
+    def streams(self) -> bool:
+        """Whether generate() takes `on_tokens` (one in-process engine: arle serve streams it)."""
+        return self._replicas is None
+
+    @property
+    def admits(self) -> bool:
+        """Whether generate() takes `more` (requests joining a running call, as in hf)."""
+        return self._replicas is None
+
     def generate(self, requests: list[GenerationRequest],
                  then: Callable[[int, Completion], GenerationRequest | None] | None = None,
+                 on_tokens: Callable[[int, list[int]], None] | None = None,
+                 more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None,
                  ) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes. `then(index, completion)`, when
         given, is asked as each finishes: None yields the completion, a GenerationRequest is
         enqueued at once under the same index instead (vLLM's prefix cache keeps what it shares
-        with the finished one), as engine.phases chains a thinking model's phases."""
+        with the finished one), as engine.phases chains a thinking model's phases.
+
+        `on_tokens(index, ids)`, when given, is called after each step with the ids a request
+        has generated so far; `more()` is asked after each step for requests that arrived
+        since, as (index, request) pairs: they join vLLM's running batch at once. Neither
+        changes a token: vLLM schedules the same requests, only its outputs come more often."""
         if self._replicas is not None:
             yield from self._replicas.generate(requests)
             return
-        if not requests:
+        if not requests and more is None:
             return
         params = {i: r.params for i, r in enumerate(requests)}
         started = dict.fromkeys(params, time.perf_counter())  # latency: enqueue to finished, as a server measures it
-        mine = self._enqueue(list(enumerate(requests)))
+        mine = self._enqueue(list(enumerate(requests)), on_tokens)
         try:
-            while mine:
-                ready = self._collect(mine)
+            while True:
+                if more is not None:
+                    joined = more()
+                    for i, r in joined:
+                        params[i], started[i] = r.params, time.perf_counter()
+                    mine.update(self._enqueue(joined, on_tokens))
+                if not mine:
+                    break
+                # With a caller to serve between steps, one step at a time; else until one finishes.
+                ready = self._collect(mine, one_step=more is not None or on_tokens is not None)
                 for i, out in ready:  # yielded outside the lock: other callers keep stepping meanwhile
                     completion = _completion(out, params[i].logprobs, time.perf_counter() - started[i])
                     follow = then(i, completion) if then is not None else None
@@ -384,16 +411,21 @@ class VLLMEngine:
                         yield i, completion
                         continue
                     params[i], started[i] = follow.params, time.perf_counter()
-                    mine.update(self._enqueue([(i, follow)]))
+                    mine.update(self._enqueue([(i, follow)]))  # a later phase's ids start afresh: not streamed
         finally:
             if mine:  # the caller stopped early (or an error): free the requests still queued
                 with self._lock:
                     self.llm.llm_engine.abort_request([rid for _, rid in mine.values()], internal=True)
                     for key in mine:
                         self._finished.pop(key, None)
+                        self._hooks.pop(key, None)
 
-    def _enqueue(self, requests: list[tuple[int, GenerationRequest]]) -> dict[str, tuple[int, str]]:
-        """Enqueue (index, request) pairs; {our id: (index, vLLM's id)} (outputs carry our id)."""
+    def _enqueue(self, requests: list[tuple[int, GenerationRequest]],
+                 on_tokens: Callable[[int, list[int]], None] | None = None) -> dict[str, tuple[int, str]]:
+        """Enqueue (index, request) pairs; {our id: (index, vLLM's id)} (outputs carry our id).
+        With `on_tokens`, each request's outputs come after every step, to its hook."""
+        if not requests:
+            return {}
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
@@ -402,11 +434,30 @@ class VLLMEngine:
             with self._lock:
                 ids = self.llm.enqueue(prompts, [self.sampling_params(r.params) for _, r in requests],
                                        lora_request=self._lora, use_tqdm=False)
+                if on_tokens is not None:
+                    self._stream(requests, ids, on_tokens)
         except (ValueError, VLLMClientError) as exc:  # e.g. a prompt longer than the context
             raise UserError(f"vLLM refused a request: {str(exc).strip().splitlines()[0]} "
                             "(--max-model-len sets the context, up to the model's own)") from None
         # enqueue returns vLLM's internal ids ("<ours>-<random suffix>").
         return {rid.split("-", 1)[0]: (i, rid) for (i, _), rid in zip(requests, ids)}
+
+    def _stream(self, requests: list[tuple[int, GenerationRequest]], ids: list[str],
+                on_tokens: Callable[[int, list[int]], None]) -> None:
+        """Turn enqueued requests' outputs to every step (vLLM's CUMULATIVE kind) and hook them.
+
+        LLM.enqueue forces FINAL_ONLY on every request (its callers want the final output only)
+        and takes no output kind, so the kind is set on vLLM's request state before the first
+        step (vllm is pinned: engine internals are checked by tests/test_serve_vllm.py)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        states = self.llm.llm_engine.output_processor.request_states
+        for (i, _), rid in zip(requests, ids):
+            state = states.get(rid)
+            if state is None:  # not where this release keeps it: the request still answers, whole
+                continue
+            state.output_kind = RequestOutputKind.CUMULATIVE
+            self._hooks[rid.split("-", 1)[0]] = lambda got, i=i: on_tokens(i, got)
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
         """Yield (index, Loglik) per (context, continuation): vLLM's prompt logprobs of the
@@ -437,12 +488,13 @@ class VLLMEngine:
                 greedy = greedy and entry.rank == 1
             yield i, Loglik(total, greedy, len(cont))
 
-    def _collect(self, mine: dict[str, tuple[int, str]]) -> list[tuple[int, Any]]:
-        """Step vLLM until some of `mine` finish; pop and return them as (index, output).
+    def _collect(self, mine: dict[str, tuple[int, str]], one_step: bool = False) -> list[tuple[int, Any]]:
+        """Step vLLM until some of `mine` finish (`one_step`: once); pop and return them as
+        (index, output).
 
         Several threads may call generate on one engine (a server does): whoever holds the
         lock steps the engine for everyone, parking other callers' finished outputs in
-        `_finished` for them to pick up.
+        `_finished` for them to pick up and feeding streamed requests' hooks.
         """
         engine = self.llm.llm_engine
         with self._lock:
@@ -452,6 +504,11 @@ class VLLMEngine:
                 for out in engine.step():
                     if out.finished:
                         self._finished[out.request_id] = out
+                        self._hooks.pop(out.request_id, None)  # a server's call may run for hours
+                    elif (hook := self._hooks.get(out.request_id)) is not None:
+                        hook(list(out.outputs[0].token_ids))
+                if one_step:
+                    break
             done = [key for key in mine if key in self._finished]
             return [(mine.pop(key)[0], self._finished.pop(key)) for key in done]
 
