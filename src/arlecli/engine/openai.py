@@ -784,8 +784,8 @@ def _status_error(
             )
         else:
             fix = (
-                "the server wants an API key: set api_key_env to the name of an environment "
-                "variable that holds it"
+                "the server wants an API key: pass --api-key-env NAME (or set api_key_env in the "
+                "model profile), NAME an environment variable that holds it"
             )
         return EngineRequestError(f"openai engine: HTTP {status} from {url}{said}; {fix}")
     if status == 404:

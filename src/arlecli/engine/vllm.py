@@ -448,7 +448,7 @@ class VLLMEngine:
 
         LLM.enqueue forces FINAL_ONLY on every request (its callers want the final output only)
         and takes no output kind, so the kind is set on vLLM's request state before the first
-        step (vllm is pinned: engine internals are checked by tests/test_serve_vllm.py)."""
+        step (vllm is pinned: engine internals are checked by tests/test_engine_vllm.py)."""
         from vllm.sampling_params import RequestOutputKind
 
         states = self.llm.llm_engine.output_processor.request_states
