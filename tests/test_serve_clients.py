@@ -229,7 +229,7 @@ def test_an_endpoint_that_wants_a_key_fails_cleanly_and_is_named_by_its_model():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with OpenAIEngine(srv.base_url) as engine:
-                with pytest.raises(EngineRequestError, match="401"):
+                with pytest.raises(EngineRequestError, match="401.*pass --api-key-env NAME"):
                     list(engine.generate([GenerationRequest(prompt="x")]))
             gc.collect()
         assert not [w for w in caught if "never awaited" in str(w.message)]
