@@ -252,6 +252,34 @@ def test_template_kwargs_change_what_arle_serve_renders(tiny_thinking_model, tmp
         assert reply["prompt_token_ids"] == expected
 
 
+def test_template_kwargs_reach_the_gateways_continued_turns(tiny_model):
+    """A recorded session's next turn continues the generated ids with what the template adds
+    under the engine's chat_template_kwargs: the ids a fresh render of the conversation gives."""
+    from transformers import AutoTokenizer
+
+    from arlecli.engine.base import Completion
+    from arlecli.serve.continuation import Continuations
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    # A template that keeps the history as generated and reads a kwarg (a system line it adds).
+    tok.chat_template = ("{% if terse %}<|im_start|>system\nBe terse.<|im_end|>\n{% endif %}"
+                         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    terse = {"terse": True}
+
+    def render(messages: list[dict[str, str]], **kwargs: bool) -> list[int]:
+        return ids_of(tok, tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs))
+
+    later = [*CHAT, {"role": "assistant", "content": "6"}, {"role": "user", "content": "And 3 + 3?"}]
+    assert render(later, **terse) != render(later)
+    prompt = render(CHAT, **terse)
+    done = ids_of(tok, "6<|im_end|>\n")
+    conts = Continuations(tok, template_kwargs=terse)
+    conts.remember("s", "r1", CHAT, [Completion("6", done, prompt, None)])
+    ids, info = conts.prompt_ids("s", later)
+    assert info is not None and info["seamless"] and ids == render(later, **terse)
+
+
 def test_endpoints_get_the_switches_and_vllms_thinking_budget_and_stops_cut_the_answer_only():
     reply = "<think>\nQuestion: is it 5? No.\n</think>\n\n#### 6\nQuestion: next"
     with FakeOpenAIServer(lambda body: reply) as srv:

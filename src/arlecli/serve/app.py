@@ -148,7 +148,8 @@ class _Api:
         tokenizer = getattr(engine, "tokenizer", None)
         self.tool_parser = parser_for(tokenizer, tool_call_parser)  # serve/tools.py
         # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
-        self.continuations = Continuations(tokenizer, limits.record_memory_bytes) if (
+        self.continuations = Continuations(tokenizer, limits.record_memory_bytes,
+                                           getattr(engine, "chat_template_kwargs", None)) if (
             recorder is not None and getattr(tokenizer, "chat_template", None)) else None
         self.sessions = Sessions(on_close=self.continuations.forget if self.continuations is not None else None)
         # Context checks need the context and the engine's own prompt encoding; an engine

@@ -78,8 +78,10 @@ class Continuations:
     sessions. `bytes` is what the kept replies hold now, `evicted` how many requests were
     dropped to stay within `max_bytes`."""
 
-    def __init__(self, tokenizer: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, tokenizer: Any, max_bytes: int = DEFAULT_MAX_BYTES,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.template_kwargs = template_kwargs  # the engine's chat_template_kwargs: a continued turn renders as a fresh one
         self.max_bytes = max_bytes
         self.bytes = 0
         self.evicted = 0
@@ -103,7 +105,7 @@ class Continuations:
             call, choice = found
             so_far = call.ids(choice)
         # Outside the lock: tokenising a long conversation takes a while.
-        ids, seamless = continue_ids(self.tokenizer, so_far, messages, tools)
+        ids, seamless = continue_ids(self.tokenizer, so_far, messages, tools, self.template_kwargs)
         info = {"id": call.rid, "choice": choice, "seamless": seamless}
         return (ids if seamless else None), info
 
