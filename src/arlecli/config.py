@@ -119,7 +119,7 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
         got = "none" if not sources else " and ".join(sources)
         raise UserError(f"profile {profile.name!r} needs exactly one of --path, --hub-id or --base-url (got {got})")
     if profile.backend is not None:
-        from arlecli.engine import check_backend  # arle's backends and any a package registers
+        from arlecli.backends import check_backend  # arle's backends and any a package registers
 
         check_backend(profile.backend)
 

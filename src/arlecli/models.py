@@ -92,7 +92,7 @@ def resolve_model(
     from arlecli.thinking import parse_option
 
     if backend is not None:
-        from arlecli.engine import check_backend
+        from arlecli.backends import check_backend
 
         check_backend(backend)
     # Checked first: a bad value is the same one-line mistake whatever the model is.

@@ -1,47 +1,27 @@
 """Rollout engines. `make_engine` picks the backend for a resolved model.
 
 Each backend is an engine factory `(spec, *, batch_size, concurrency, vllm_options) -> Engine`
-registered by name with `@register_engine("name")` (hf, vllm, openai below; each imports its
-heavy module only when called). Packages add backends through `arle.engines` entry points
-(arlecli/plugins.py).
+registered by name with `@register_engine("name")` in arlecli.backends' registry (hf, vllm,
+openai below; each imports its heavy module only when called). Packages add backends through
+`arle.engines` entry points (arlecli/plugins.py).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from arlecli import thinking
+from arlecli.backends import ENGINES, EngineFactory, check_backend, engine_names, register_engine
 from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
 from arlecli.errors import UserError
-from arlecli.plugins import Registry
 
 if TYPE_CHECKING:
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import ModelSpec
 
-__all__ = ["Completion", "Engine", "GenerationRequest", "SamplingParams", "check_backend", "choose_backend", "engine_names",
-           "make_engine", "register_engine"]
-
-EngineFactory = Callable[..., Engine]
-ENGINES: Registry[EngineFactory] = Registry("engines", "backend", builtin=["arlecli.engine"])
-
-
-def register_engine(name: str | None = None) -> Callable[[EngineFactory], EngineFactory]:
-    """Register an engine factory `(spec, *, batch_size, concurrency, vllm_options) -> Engine`
-    under `name` (default: its own name)."""
-    return ENGINES.decorator(name)
-
-
-def engine_names() -> list[str]:
-    """The known backends (arle's, decorated in imported modules, entry points)."""
-    return ENGINES.names()
-
-
-def check_backend(name: str) -> None:
-    """Refuse a `--backend` no engine is registered under (arle's or a package's), in one line."""
-    if not ENGINES.has(name):
-        raise UserError(f"unknown backend {name!r}: pass --backend {', '.join(engine_names())} (or leave it out)")
+__all__ = ["ENGINES", "Completion", "Engine", "EngineFactory", "GenerationRequest", "SamplingParams", "check_backend",
+           "choose_backend", "engine_names", "make_engine", "register_engine"]
 
 
 def choose_backend(spec: ModelSpec) -> str:
