@@ -154,3 +154,12 @@ def test_generator_task_ids_are_named_after_the_card_and_old_runs_resume_as_they
     results = run_eval(card, Answers(), EvalOptions(limit=3), model="m", run_dir=old, resume=True)
     resumed = [json.loads(line)["task_id"] for line in (old / "samples.jsonl").read_text().splitlines()]
     assert results["n_tasks"] == 3 and sorted(resumed) == [t.replace("one_digit_sums-", "chain_sum-") for t in new]
+
+
+def test_the_page_style_and_script_are_the_packaged_files(tmp_path):
+    from importlib.resources import files
+
+    text = build_report([write_run(tmp_path / "run", [0, 1])])
+    assets = files("arlecli") / "report_assets"
+    css, js = ((assets / name).read_text(encoding="utf-8") for name in ("report.css", "report.js"))
+    assert f"<style>\n{css}</style>" in text and f"<script>\n{js}</script></body>" in text

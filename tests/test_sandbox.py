@@ -271,3 +271,44 @@ def test_run_tests_io_mode_admits_test_inputs_larger_than_the_file_limit():
            "tests": [{"kind": "stdin", "input": big, "output": str(len(big))}], "test_timeout_s": 10}
     (verdict,) = run_tests([job], timeout_s=20, max_file_mb=1)
     assert verdict.status == "passed", verdict.failure
+
+
+def test_the_harness_is_a_packaged_module_whose_text_runs_in_the_jail():
+    # A real file: importable (running nothing), its helpers callable, and the very text in
+    # the package is what each jail runs as its main.py.
+    import hashlib
+    from importlib.resources import files
+
+    from arlecli.sandbox import harness
+    from arlecli.sandbox._resources import harness_main as program
+
+    assert not hasattr(program, "PROGRAM_CWD")  # imported, not run
+    assert program.names_in("assert f(x) == y\n") == {"f", "x", "y"}
+    value = (1, {2}, b"\x00", 2 ** 70, {"k": [None, 1.5]})
+    assert program.from_plain(program.to_plain(value)) == value
+    assert type(program.rebuilt_exception("ValueError", "bad")) is ValueError
+    assert type(program.rebuilt_exception("SystemExit", "bye")) is RuntimeError  # never a BaseException
+    assert harness.dumps_plain is program.dumps_plain  # one owner: the host takes the program's helpers
+    packaged = files("arlecli.sandbox._resources").joinpath("harness_main.py").read_bytes()
+    assert packaged == Path(program.__file__).read_bytes()
+    # The solution's cwd holds the harness as main.py (read-only): what it reads is the package's file.
+    reads = "import hashlib\nprint(hashlib.sha256(open('main.py', 'rb').read()).hexdigest(), flush=True)\n"
+    (verdict,) = run_tests([{"mode": "script", "solution": reads, "test": "pass\n"}], timeout_s=10)
+    assert verdict.status == "passed", verdict.failure
+    assert hashlib.sha256(packaged).hexdigest() in verdict.result.stderr
+
+
+def test_the_launcher_is_the_packaged_file():
+    import hashlib
+    import importlib
+    import sys
+    from importlib.resources import files
+
+    path = list(sys.path)
+    importlib.import_module("arlecli.sandbox._resources.launcher")
+    assert sys.path == path  # importing it runs nothing
+    launcher = files("arlecli.sandbox._resources").joinpath("launcher.py").read_bytes()
+    # python -s -c <launcher> <config>: the program's own command line holds the text that ran.
+    result = run_program("import hashlib\nargv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+                         "print(hashlib.sha256(argv[3]).hexdigest())\n")
+    assert result.stdout.strip() == hashlib.sha256(launcher).hexdigest()
