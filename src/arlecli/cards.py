@@ -1,8 +1,11 @@
-"""Benchmark cards: the YAML schema, parsed into dataclasses and validated on load.
+"""Benchmark cards: the YAML schema, parsed into dataclasses, and the prompt they render.
 
 A card is data, not code. It composes a source (where rows come from), a field map or
 transform (how a row becomes a Task), a prompt, an env kind, a reward and its metrics.
 Every validation error names the file, the field and the fix, and exits 2 via UserError.
+This module checks a card's structure; what it names (reward params, metrics, env params)
+is held to the plugins' declarations by registry.py, which sits above the plugins. The prompt
+a card renders for a task (`render_prompt`) is here, beside the card, for every env to use.
 
     name: gsm8k
     version: 1
@@ -44,6 +47,7 @@ The code a card names (reward, env, a tools env's tools, transform, a generator'
 from __future__ import annotations
 
 import hashlib
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,8 @@ from typing import Any
 import yaml
 
 from arlecli import safeio
-from arlecli.errors import ParamError, UserError
+from arlecli.errors import UserError
+from arlecli.types import Task
 
 SOURCE_KINDS = ("hub", "files", "package", "generator")
 PROMPT_FORMATS = ("completion", "chat")
@@ -175,7 +180,7 @@ class Card:
         return self.path.parent / self.fixture
 
 
-def _fail(path: Path | str, fld: str, msg: str) -> UserError:
+def card_error(path: Path | str, fld: str, msg: str) -> UserError:
     return UserError(f"{path}: field '{fld}': {msg}")
 
 
@@ -184,14 +189,14 @@ def _take(d: dict[str, Any], key: str, typ: type | tuple[type, ...], path: Path 
     fld = f"{where}.{key}" if where else key
     if key not in d or d[key] is None:
         if required:
-            raise _fail(path, fld, "is missing; add it to the card")
+            raise card_error(path, fld, "is missing; add it to the card")
         return None if default is ... else default
     val = d[key]
     # YAML's `true` is an int to Python; a count or a size given `true` is a mistake.
     wants_bool = typ is bool or (isinstance(typ, tuple) and bool in typ)
     if not isinstance(val, typ) or (isinstance(val, bool) and not wants_bool):
         names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise _fail(path, fld, f"must be {names}, got {type(val).__name__} ({val!r})")
+        raise card_error(path, fld, f"must be {names}, got {type(val).__name__} ({val!r})")
     return val
 
 
@@ -202,12 +207,12 @@ def _check_unknown(d: dict[str, Any], allowed: set[str], path: Path | str, where
         if key not in allowed:
             near = difflib.get_close_matches(key, allowed, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else f"; allowed: {', '.join(sorted(allowed))}"
-            raise _fail(path, f"{where}.{key}" if where else key, f"is not a card field{hint}")
+            raise card_error(path, f"{where}.{key}" if where else key, f"is not a card field{hint}")
 
 
 def _one_of(val: str, choices: tuple[str, ...], path: Path | str, fld: str) -> str:
     if val not in choices:
-        raise _fail(path, fld, f"'{val}' is not one of: {', '.join(choices)}")
+        raise card_error(path, fld, f"'{val}' is not one of: {', '.join(choices)}")
     return val
 
 
@@ -231,7 +236,7 @@ def parse_card(data: Any, path: Path | str) -> Card:
         params=_take(src, "params", dict, path, "source", default={}),
     )
     if source.splits and source.default_split not in source.splits:
-        raise _fail(path, "source.default_split", f"'{source.default_split}' is not in source.splits "
+        raise card_error(path, "source.default_split", f"'{source.default_split}' is not in source.splits "
                     f"({', '.join(source.splits)})")
 
     pr = _take(data, "prompt", dict, path, "", default={})
@@ -258,17 +263,17 @@ def parse_card(data: Any, path: Path | str) -> Card:
     )
     for i, stop in enumerate(prompt.stop):
         if not isinstance(stop, str) or not stop:
-            raise _fail(path, f"prompt.stop[{i}]", f"must be a non-empty string, got {stop!r}; quote it in the card")
+            raise card_error(path, f"prompt.stop[{i}]", f"must be a non-empty string, got {stop!r}; quote it in the card")
     if prompt.max_tokens <= 0:
-        raise _fail(path, "prompt.max_tokens", f"must be at least 1, got {prompt.max_tokens}")
+        raise card_error(path, "prompt.max_tokens", f"must be at least 1, got {prompt.max_tokens}")
     if prompt.fewshot.n < 0:
-        raise _fail(path, "prompt.fewshot.n", f"must be 0 or more, got {prompt.fewshot.n}")
+        raise card_error(path, "prompt.fewshot.n", f"must be 0 or more, got {prompt.fewshot.n}")
     if source.kind == "generator":
         _check_generator_splits(source, path)
     if prompt.fewshot.n and not prompt.fewshot.split:
-        raise _fail(path, "prompt.fewshot.split", "is missing; few-shot exemplars need a split to come from")
+        raise card_error(path, "prompt.fewshot.split", "is missing; few-shot exemplars need a split to come from")
     if prompt.fewshot.ids is not None and prompt.fewshot.n > len(prompt.fewshot.ids):
-        raise _fail(path, "prompt.fewshot.n", f"is {prompt.fewshot.n} but `ids` lists {len(prompt.fewshot.ids)}; "
+        raise card_error(path, "prompt.fewshot.n", f"is {prompt.fewshot.n} but `ids` lists {len(prompt.fewshot.ids)}; "
                     "list more ids or lower n")
 
     rw = _take(data, "reward", (dict, str), path, "", required=True)
@@ -301,7 +306,6 @@ def parse_card(data: Any, path: Path | str) -> Card:
         path=Path(path) if not isinstance(path, Path) else path,
     )
     _anchor_plugins(card)
-    _check_reward_params(card, path)
     return card
 
 
@@ -351,13 +355,13 @@ def _parse_loglikelihood(ll: dict[str, Any] | None, path: Path | str) -> Loglike
     for m in spec.metrics:
         _one_of(m, LOGLIK_METRICS, path, f"{where}.metrics")
     if isinstance(spec.choices, list) and not all(isinstance(c, str) for c in spec.choices):
-        raise _fail(path, f"{where}.choices", "a literal list of options must hold strings; quote them")
+        raise card_error(path, f"{where}.choices", "a literal list of options must hold strings; quote them")
     if (spec.contexts is None) != (spec.continuation is None):
-        raise _fail(path, f"{where}.contexts", "partial scoring needs both `contexts` and `continuation`")
+        raise card_error(path, f"{where}.contexts", "partial scoring needs both `contexts` and `continuation`")
     if spec.fewshot_n < 0:
-        raise _fail(path, f"{where}.fewshot.n", f"must be 0 or more, got {spec.fewshot_n}")
+        raise card_error(path, f"{where}.fewshot.n", f"must be 0 or more, got {spec.fewshot_n}")
     if spec.fewshot_n and not spec.fewshot_split:
-        raise _fail(path, f"{where}.fewshot.split", "is missing; few-shot exemplars need a split to come from")
+        raise card_error(path, f"{where}.fewshot.split", "is missing; few-shot exemplars need a split to come from")
     return spec
 
 
@@ -366,54 +370,20 @@ def _check_generator_splits(source: Source, path: Path | str) -> None:
     for split, spec in source.splits.items():
         fld = f"source.splits.{split}"
         if not isinstance(spec, dict) or "seed" not in spec or "size" not in spec:
-            raise _fail(path, fld, f"a generator split needs {{seed, size}}, got {spec!r}")
+            raise card_error(path, fld, f"a generator split needs {{seed, size}}, got {spec!r}")
         for key in ("seed", "size"):
             val = spec[key]
             if not isinstance(val, int) or isinstance(val, bool):
-                raise _fail(path, f"{fld}.{key}", f"must be a whole number, got {type(val).__name__} ({val!r})")
+                raise card_error(path, f"{fld}.{key}", f"must be a whole number, got {type(val).__name__} ({val!r})")
         if spec["size"] < 1:
-            raise _fail(path, f"{fld}.size", f"must be at least 1, got {spec['size']}")
+            raise card_error(path, f"{fld}.size", f"must be at least 1, got {spec['size']}")
         if spec["seed"] < 0:
-            raise _fail(path, f"{fld}.seed", f"must be 0 or more, got {spec['seed']}")
+            raise card_error(path, f"{fld}.seed", f"must be 0 or more, got {spec['seed']}")
 
 
-def _check_reward_params(card: Card, path: Path | str) -> None:
-    """Hold the card's reward params and metrics to what the reward declares (its factory's
-    signature, its `metrics=`).
-
-    An unknown reward name is left to `resolve_references`, which reports it with near names,
-    and so is a reward named by "module:attr" or "file.py:attr" (listing cards runs no user code)."""
-    from arlecli.rewards import check_params
-
-    if ":" in card.reward:
-        return
-    try:
-        check_params(card.reward, card.reward_params)
-    except ParamError as exc:
-        raise _fail(path, f"reward.params.{exc.param}", exc.reason) from None
-    except UserError:
-        return
-    _check_metrics(card, path)
-
-
-def _check_metrics(card: Card, path: Path | str) -> None:
-    """Each of the card's `metrics` must be one its reward declares (or accuracy, pass@k):
-    aggregation reads a missing one as 0.0, so a typo would pass unnoticed."""
-    from arlecli.rewards import declared_metrics, reward_factory, reward_metrics, unknown_metrics
-
-    bad = unknown_metrics(card.reward, card.reward_params, card.metrics)
-    if not bad:
-        return
-    metric, near = bad[0]
-    hint = f"did you mean '{near[0]}'? " if near else ""
-    known = ", ".join([*reward_metrics(card.reward, card.reward_params), "pass@k"])
-    how = ("" if declared_metrics(reward_factory(card.reward)) is not None else
-           " (a reward declares more with @register(..., metrics=[...]))")
-    raise _fail(path, "metrics", f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
-
-
-def load_card_file(path: Path) -> Card:
-    """Read, parse and validate one card file; its hash covers the file's exact bytes.
+def read_card_file(path: Path) -> Card:
+    """Read and parse one card file (its structure; registry.load_card_file also holds what it
+    names to the plugins' declarations); its hash covers the file's exact bytes.
 
     The YAML goes through `safeio.load_yaml`: an alias (a "billion laughs" description) or
     nesting past safeio.MAX_DEPTH is a one-line error like any other YAML mistake."""
@@ -430,61 +400,43 @@ def load_card_file(path: Path) -> Card:
     return card
 
 
-def _check_env_params(card: Card, where: Path | str) -> None:
-    """The card's env params, held to its env kind's own check (the tools a `tools` env names,
-    the function a `rollout` env names, a `textarena` env's game), so a typo fails at load
-    with the near name, not at the first episode."""
-    from arlecli.envs import env_kind
+# ---------------------------------------------------------------- the prompt a card renders
 
-    check = env_kind(card.env).check
-    if check is None:
-        return
+# What the model sees: a raw prompt string (`format: completion`) or chat messages (`format: chat`).
+Rendered = str | list[dict[str, Any]]
+
+
+def _context(task: Task) -> dict[str, Any]:
+    return {**task.fields, "input": task.input, "target": task.target, "id": task.id}
+
+
+def fill(template: str, task: Task, where: str = "prompt.template") -> str:
+    """Fill `{column}` placeholders from the task; an unknown column names the card field."""
+    ctx = _context(task)
     try:
-        check(card.env_params, card.path.parent if card.path is not None else None)
-    except ParamError as exc:
-        raise _fail(where, f"env.params.{exc.param}", exc.reason) from None
-    except UserError as exc:
-        raise _fail(where, "env.params", str(exc)) from None
-    except Exception as exc:  # a plugin's check with a bug: still one line, naming the env
-        raise _fail(where, "env.params", f"env '{card.env}' could not check its params: "
-                                         f"{type(exc).__name__}: {exc}") from None
+        return string.Formatter().vformat(template, (), ctx)
+    except KeyError as exc:
+        raise UserError(f"card field '{where}' uses {{{exc.args[0]}}}, which is not a column of the rows "
+                        f"(columns: {', '.join(sorted(ctx))}); use {{{{ }}}} for literal braces") from None
+    except (IndexError, ValueError) as exc:
+        raise UserError(f"card field '{where}' is not a valid template: {exc}") from None
 
 
-def resolve_references(card: Card) -> None:
-    """Check that everything the card names exists (reward, transform, generator, metrics).
-
-    Done at load time for the card being run, and for every card in the registry test,
-    so a card that names something missing fails CI rather than a user's run.
-    """
-    from arlecli.data.transforms import get_transform
-    from arlecli.envs import env_kind
-    from arlecli.rewards import get_reward
-
-    where = card.path or card.name
-    try:
-        env_kind(card.env)
-    except UserError as exc:
-        raise _fail(where, "env", str(exc)) from None
-    try:
-        get_reward(card.reward, card.reward_params)
-    except UserError as exc:
-        raise _fail(where, "reward", str(exc)) from None
-    _check_metrics(card, where)
-    _check_env_params(card, where)
-    if card.transform:
-        try:
-            get_transform(card.transform)
-        except UserError as exc:
-            raise _fail(where, "transform", str(exc)) from None
-    if card.loglikelihood and card.loglikelihood.transform:
-        try:
-            get_transform(card.loglikelihood.transform)
-        except UserError as exc:
-            raise _fail(where, "loglikelihood.transform", str(exc)) from None
-    if card.source.kind == "generator":
-        from arlecli.data.generators import generate_rows
-
-        try:
-            generate_rows(card.source.path, seed=0, size=1, params=card.source.params)
-        except Exception as exc:  # any failure means the card names a generator that can't run
-            raise _fail(where, "source.path", f"generator '{card.source.path}' failed: {exc}") from None
+def render_prompt(prompt: Prompt, task: Task, exemplars: list[Task] | None = None) -> Rendered:
+    """What the model sees for `task` under the card's `prompt`, with `exemplars` rendered as
+    solved examples first (chat: alternating turns, lm-eval's fewshot_as_multiturn)."""
+    exemplars = exemplars or []
+    if prompt.format == "completion":
+        shots = [fill(prompt.template, ex) + fill(prompt.fewshot.target, ex, "prompt.fewshot.target")
+                 for ex in exemplars]
+        body = prompt.fewshot.separator.join([*shots, fill(prompt.template, task)])
+        return f"{prompt.system}\n\n{body}" if prompt.system else body
+    messages: list[dict[str, Any]] = []
+    if prompt.system:
+        messages.append({"role": "system", "content": prompt.system})
+    for ex in exemplars:
+        messages.append({"role": "user", "content": fill(prompt.template, ex)})
+        messages.append({"role": "assistant",
+                         "content": fill(prompt.fewshot.target, ex, "prompt.fewshot.target").strip()})
+    messages.append({"role": "user", "content": fill(prompt.template, task)})
+    return messages

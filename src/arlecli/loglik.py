@@ -69,7 +69,7 @@ def tasks_for(card: Card, spec: Loglikelihood, rows: list[dict[str, Any]], origi
 
 
 def _fill(template: str, task: Task, where: str) -> str:
-    from arlecli.envs.single_turn import fill
+    from arlecli.cards import fill
 
     return fill(template, task, where)
 

@@ -8,7 +8,10 @@ Search order for a name (first wins, so a user can shadow a packaged card):
 4. the cards packaged with arle (`benchmarks/` in the repo, `arlecli.benchmarks` installed).
 
 The code a card names (reward, env, tools, transform, generator, rollout function) is found by
-arlecli/plugins.py; `part_origins` says where each part of a card came from.
+arlecli/plugins.py; `part_origins` says where each part of a card came from. Loading a card
+holds what it names to the plugins' declarations (`check_declared`: reward params, metrics);
+`resolve_references` checks, before a run, that everything it names exists. This module is
+the one card module above envs, rewards and data (cards.py below them is plain data).
 """
 
 from __future__ import annotations
@@ -19,10 +22,18 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
-from arlecli.cards import Card, load_card_file
-from arlecli.errors import UserError
+from arlecli.cards import Card, card_error, read_card_file
+from arlecli.errors import ParamError, UserError
 
 ENTRY_POINT_GROUP = "arle.benchmarks"
+
+
+def load_card_file(path: Path) -> Card:
+    """Read, parse and validate one card file: its structure (cards.read_card_file), then
+    its reward params and metrics against the reward's declaration."""
+    card = read_card_file(path)
+    check_declared(card, path)
+    return card
 
 
 def _dir_cards(folder: Path) -> dict[str, Path]:
@@ -170,3 +181,97 @@ def part_origins(card: Card) -> dict[str, str]:
             out["generator"] = f"not found: {exc}"
     return out
 
+
+def check_declared(card: Card, path: Path | str) -> None:
+    """Hold the card's reward params and metrics to what the reward declares (its factory's
+    signature, its `metrics=`).
+
+    Done on every card loaded (listing cards too). An unknown reward name is left to `resolve_references`, which reports it with near names,
+    and so is a reward named by "module:attr" or "file.py:attr" (listing cards runs no user code)."""
+    from arlecli.rewards import check_params
+
+    if ":" in card.reward:
+        return
+    try:
+        check_params(card.reward, card.reward_params)
+    except ParamError as exc:
+        raise card_error(path, f"reward.params.{exc.param}", exc.reason) from None
+    except UserError:
+        return
+    _check_metrics(card, path)
+
+
+def _check_metrics(card: Card, path: Path | str) -> None:
+    """Each of the card's `metrics` must be one its reward declares (or accuracy, pass@k):
+    aggregation reads a missing one as 0.0, so a typo would pass unnoticed."""
+    from arlecli.rewards import declared_metrics, reward_factory, reward_metrics, unknown_metrics
+
+    bad = unknown_metrics(card.reward, card.reward_params, card.metrics)
+    if not bad:
+        return
+    metric, near = bad[0]
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    known = ", ".join([*reward_metrics(card.reward, card.reward_params), "pass@k"])
+    how = ("" if declared_metrics(reward_factory(card.reward)) is not None else
+           " (a reward declares more with @register(..., metrics=[...]))")
+    raise card_error(path, "metrics", f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
+
+
+def _check_env_params(card: Card, where: Path | str) -> None:
+    """The card's env params, held to its env kind's own check (the tools a `tools` env names,
+    the function a `rollout` env names, a `textarena` env's game), so a typo fails at load
+    with the near name, not at the first episode."""
+    from arlecli.envs import env_kind
+
+    check = env_kind(card.env).check
+    if check is None:
+        return
+    try:
+        check(card.env_params, card.path.parent if card.path is not None else None)
+    except ParamError as exc:
+        raise card_error(where, f"env.params.{exc.param}", exc.reason) from None
+    except UserError as exc:
+        raise card_error(where, "env.params", str(exc)) from None
+    except Exception as exc:  # a plugin's check with a bug: still one line, naming the env
+        raise card_error(where, "env.params", f"env '{card.env}' could not check its params: "
+                                         f"{type(exc).__name__}: {exc}") from None
+
+
+def resolve_references(card: Card) -> None:
+    """Check that everything the card names exists (reward, transform, generator, metrics).
+
+    Done at load time for the card being run, and for every card in the registry test,
+    so a card that names something missing fails CI rather than a user's run.
+    """
+    from arlecli.data.transforms import get_transform
+    from arlecli.envs import env_kind
+    from arlecli.rewards import get_reward
+
+    where = card.path or card.name
+    try:
+        env_kind(card.env)
+    except UserError as exc:
+        raise card_error(where, "env", str(exc)) from None
+    try:
+        get_reward(card.reward, card.reward_params)
+    except UserError as exc:
+        raise card_error(where, "reward", str(exc)) from None
+    _check_metrics(card, where)
+    _check_env_params(card, where)
+    if card.transform:
+        try:
+            get_transform(card.transform)
+        except UserError as exc:
+            raise card_error(where, "transform", str(exc)) from None
+    if card.loglikelihood and card.loglikelihood.transform:
+        try:
+            get_transform(card.loglikelihood.transform)
+        except UserError as exc:
+            raise card_error(where, "loglikelihood.transform", str(exc)) from None
+    if card.source.kind == "generator":
+        from arlecli.data.generators import generate_rows
+
+        try:
+            generate_rows(card.source.path, seed=0, size=1, params=card.source.params)
+        except Exception as exc:  # any failure means the card names a generator that can't run
+            raise card_error(where, "source.path", f"generator '{card.source.path}' failed: {exc}") from None

@@ -161,7 +161,7 @@ class RolloutEpisode(Episode):
 class RolloutEnv:
     """`env: rollout` for one task: the function and its params. The function drives its own
     turns, so this env only holds them for `run_rollout_episodes` (and shows the card's
-    prompt, which `reset` returns, as single_turn does)."""
+    prompt, which `reset` returns, as single_turn does: cards.render_prompt)."""
 
     name: str
     fn: RolloutFn
@@ -198,15 +198,14 @@ def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool
                 tool_call_parser: str | None = None, **params: Any) -> RolloutEnv:
     """Env factory for `env: {name: rollout, params: {function: ..., tool_call_parser: ..., **params}}`
     (`tool_call_parser`, as `arle serve --tool-call-parser`, is the gateway's, not the function's)."""
-
-    from arlecli.envs import single_turn
+    from arlecli.cards import render_prompt
 
     if not function:
         raise UserError("env 'rollout' needs params.function: 'module:function', 'file.py:function' "
                         "or a registered name")
     base = Path(card.path).parent if getattr(card, "path", None) else None
     _check_parser(tool_call_parser)
-    return RolloutEnv(function, get_rollout(function, base), single_turn.reset(card.prompt, task, exemplars), params,
+    return RolloutEnv(function, get_rollout(function, base), render_prompt(card.prompt, task, exemplars), params,
                       tool_call_parser=tool_call_parser)
 
 

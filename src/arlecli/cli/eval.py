@@ -77,8 +77,8 @@ def eval_command(
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
-    from arlecli.cards import SCORINGS, resolve_references
+    from arlecli.cards import SCORINGS
+    from arlecli.registry import load_card, resolve_references
     from arlecli import rundir
     from arlecli.efficiency import check_price, make_prices
     from arlecli.config import parse_template_kwargs
@@ -198,7 +198,8 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
         if samples.is_file() and samples.stat().st_size > 0:
             raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
                             "rerun with --resume to continue") from None
-        raise UserError(str(exc)) from None
+        raise UserError(f"{exc}; no sample finished before it (the run is {run_dir}): rerun with --resume "
+                        "once that is fixed") from None
     finally:
         engine.close()
         if opponent_engine is not None:

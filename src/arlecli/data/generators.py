@@ -13,7 +13,8 @@ Each generator registers with `@generator("name")` as `fn(*, seed, size, params)
 family (`reasoning_gym:<dataset>`) with `family=True` takes the part after the colon first. A
 card's `source.path` names a generator by registered name, "module:function" or
 "file.py:function" (relative to the card), and packages add generators through
-`arle.generators` entry points (arlecli/plugins.py).
+`arle.generators` entry points (arlecli/plugins.py). A game env's generator (frozenlake,
+textarena) sits in the env's own module and registers here the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from arlecli.plugins import Registry
 
 RG_PREFIX = "reasoning_gym:"
 Generator = Callable[..., list[dict[str, Any]]]
-GENERATORS: Registry[Generator] = Registry("generators", "generator", builtin=["arlecli.data.generators"])
+# Built-ins: the row generators here, and the generators of game envs beside their env.
+GENERATORS: Registry[Generator] = Registry("generators", "generator", builtin=[
+    "arlecli.data.generators", "arlecli.envs.frozenlake", "arlecli.envs.textarena"])
 
 
 def generator(name: str | None = None, *, family: bool = False) -> Callable[[Generator], Generator]:
@@ -318,60 +321,3 @@ def _arc_pairs(version: str, subset: str) -> list[dict[str, Any]]:
                 "test": [{"input": pair["input"], "output": pair["output"]}],
             })
     return rows
-
-
-# FrozenLake ------------------------------------------------------------------------------
-# Boards from gymnasium's own generator (a random map with a path from S to G, each tile
-# frozen with probability p); envs/frozenlake.py plays them. Small boards repeat across
-# seeds (a 4x4 board has 14 free tiles and most have no more than two holes), so train and
-# test share some 4x4 boards; 6x6 boards rarely repeat.
-
-
-@generator("frozenlake")
-def frozenlake_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """`size` FrozenLake boards (see generate_rows): params `sizes` (board sides to draw
-    from, default [4, 6]) and `p` (probability a tile is frozen, default 0.8, >= 0.5 so
-    gymnasium's rejection sampling finds a solvable board quickly)."""
-    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
-
-    from arlecli.envs.frozenlake import question, shortest_path
-
-    cfg = {"sizes": [4, 6], "p": 0.8, **(params or {})}
-    unknown = sorted(set(cfg) - {"sizes", "p"})
-    if unknown:
-        raise UserError(f"unknown params for frozenlake: {', '.join(unknown)}; known: sizes, p")
-    if not cfg["sizes"] or any(not isinstance(n, int) or not 2 <= n <= 12 for n in cfg["sizes"]):
-        raise UserError(f"frozenlake: sizes must be board sides from 2 to 12, got {cfg['sizes']!r}")
-    if not 0.5 <= float(cfg["p"]) <= 1:
-        raise UserError(f"frozenlake: p must be in [0.5, 1], got {cfg['p']!r}")
-    rows = []
-    for i in range(size):
-        rng = random.Random(f"arle-frozenlake:{seed}:{i}")  # row i depends only on (seed, i)
-        side = rng.choice(cfg["sizes"])
-        board = generate_random_map(size=side, p=float(cfg["p"]), seed=rng.randrange(2**31))
-        rows.append({"id": f"frozenlake-{seed}-{i}", "size": side, "map": board,
-                     "question": question(board), "answer": " ".join(shortest_path(board))})
-    return rows
-
-
-# TextArena games ----------------------------------------------------------------------------
-# A game task is only a seed: envs/textarena.py resets the game with it, so row i of a split
-# is game seed `seed + i` and splits with disjoint seed ranges share no game.
-
-
-@generator("textarena")
-def textarena_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """`size` games of TextArena game `params.game` (see generate_rows): row i is
-    {id, game, seed: seed + i, question, answer}; `question` names the game and seed (the env shows
-    the game's own first observation in its place), `answer` is "win" (what a player aims for)."""
-    cfg = dict(params or {})
-    game = cfg.pop("game", None)
-    if not isinstance(game, str) or not game:
-        raise UserError("textarena generator: params.game must name a TextArena game, e.g. Sokoban-v0")
-    if cfg:
-        raise UserError(f"unknown params for textarena: {', '.join(sorted(cfg))}; known: game")
-    from arlecli.envs.textarena import game_name
-
-    name = game_name(game).lower()
-    return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}", "answer": "win"}
-            for i in range(size)]

@@ -23,15 +23,18 @@ count of invalid replies; the `frozenlake` reward reads the outcome from there.
 
 from __future__ import annotations
 
+import random
 import re
 from collections import deque
 from typing import Any
 
 from arlecli.envs import Step, register_env
-from arlecli.envs.single_turn import reset as render_prompt
+from arlecli.cards import render_prompt
+from arlecli.data.generators import generator
 from arlecli.errors import UserError
+from arlecli.rewards import RewardFn, register
 from arlecli.rewards.procedural import answer_tag
-from arlecli.types import Task
+from arlecli.types import Episode, Score, Task
 
 # gymnasium's action ids
 MOVES = {"left": 0, "down": 1, "right": 2, "up": 3}
@@ -212,3 +215,71 @@ def frozenlake_env(card: Any, task: Task, exemplars: list[Task], native_tools: b
                    max_turns: int | None = None) -> FrozenLakeTextEnv:
     """Env factory for `env: {name: frozenlake, params: {max_turns: N}}` (see the module doc)."""
     return FrozenLakeTextEnv(card, task, exemplars, max_turns)
+
+
+# The reward ------------------------------------------------------------------------------
+# Beside the env whose rules it replays (an episode scored outside the env).
+
+
+@register("frozenlake", metrics=["reached_goal", "fell_in_hole", "moves"], fields=["map"])
+def frozenlake() -> RewardFn:
+    """FrozenLake: 1 when the player reached the goal, else 0.
+
+    The outcome is the env's (`episode.info["reached_goal"]`, written by the env above).
+    An episode without it (scored outside the env: a single completion, as the catalog test
+    scores reference answers) is replayed: the moves of every turn, parsed as the env parses
+    them, are played on the task's `map` in order, so a reply that spells out a whole path
+    (`<answer>down down right ...</answer>`) is scored exactly as the env would play it.
+
+    Takes no params. Details: reached_goal (0/1), fell_in_hole (0/1), moves (the number
+    taken). `extracted` is the path taken, space-separated.
+    """
+
+    def score(task: Task, episode: Episode) -> Score:
+        outcome = episode.info if "reached_goal" in episode.info else _replayed(task, episode)
+        reached = bool(outcome.get("reached_goal"))
+        path = list(outcome.get("path") or [])
+        details = {"reached_goal": int(reached), "fell_in_hole": int(bool(outcome.get("fell_in_hole"))),
+                   "moves": len(path)}
+        return Score(float(reached), reached, " ".join(path), details)
+
+    return score
+
+
+def _replayed(task: Task, episode: Episode) -> dict[str, Any]:
+    rows = task.fields.get("map")
+    if not isinstance(rows, list):
+        raise ValueError(f"task {task.id}: the frozenlake reward needs the task's 'map' column")
+    return replay([str(r) for r in rows], [t.completion for t in episode.turns]).outcome()
+
+
+# FrozenLake ------------------------------------------------------------------------------
+# Boards from gymnasium's own generator (a random map with a path from S to G, each tile
+# frozen with probability p); this env plays them. Small boards repeat across
+# seeds (a 4x4 board has 14 free tiles and most have no more than two holes), so train and
+# test share some 4x4 boards; 6x6 boards rarely repeat.
+
+
+@generator("frozenlake")
+def frozenlake_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`size` FrozenLake boards (see generate_rows): params `sizes` (board sides to draw
+    from, default [4, 6]) and `p` (probability a tile is frozen, default 0.8, >= 0.5 so
+    gymnasium's rejection sampling finds a solvable board quickly)."""
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    cfg = {"sizes": [4, 6], "p": 0.8, **(params or {})}
+    unknown = sorted(set(cfg) - {"sizes", "p"})
+    if unknown:
+        raise UserError(f"unknown params for frozenlake: {', '.join(unknown)}; known: sizes, p")
+    if not cfg["sizes"] or any(not isinstance(n, int) or not 2 <= n <= 12 for n in cfg["sizes"]):
+        raise UserError(f"frozenlake: sizes must be board sides from 2 to 12, got {cfg['sizes']!r}")
+    if not 0.5 <= float(cfg["p"]) <= 1:
+        raise UserError(f"frozenlake: p must be in [0.5, 1], got {cfg['p']!r}")
+    rows = []
+    for i in range(size):
+        rng = random.Random(f"arle-frozenlake:{seed}:{i}")  # row i depends only on (seed, i)
+        side = rng.choice(cfg["sizes"])
+        board = generate_random_map(size=side, p=float(cfg["p"]), seed=rng.randrange(2**31))
+        rows.append({"id": f"frozenlake-{seed}-{i}", "size": side, "map": board,
+                     "question": question(board), "answer": " ".join(shortest_path(board))})
+    return rows

@@ -22,8 +22,7 @@ import re
 from typing import Any
 
 from arlecli.envs import Step, register_env
-from arlecli.envs.single_turn import fill
-from arlecli.envs.single_turn import reset as render_prompt
+from arlecli.cards import fill, render_prompt
 from arlecli.errors import UserError
 from arlecli.rewards.procedural import answer_tag
 from arlecli.types import Task

@@ -53,7 +53,8 @@ from typing import Any, Callable, Iterator
 from arlecli.engine.phases import phased
 from arlecli.envs import register_env
 from arlecli.envs.episodes import Job, Transcript
-from arlecli.envs.single_turn import reset as render_prompt
+from arlecli.cards import render_prompt
+from arlecli.data.generators import generator
 from arlecli.errors import ParamError, UserError
 from arlecli.thinking import tags_for
 from arlecli.types import Episode, Task
@@ -490,3 +491,24 @@ def with_opponent(card: Any, opponent: Any) -> Any:
 def is_multiplayer(card: Any) -> bool:
     """Whether `card` is a game for two or more players (an opponent plays the other seats)."""
     return card.env == "textarena" and int(card.env_params.get("players", 1)) > 1
+
+
+# TextArena games ----------------------------------------------------------------------------
+# A game task is only a seed: the env resets the game with it, so row i of a split
+# is game seed `seed + i` and splits with disjoint seed ranges share no game.
+
+
+@generator("textarena")
+def textarena_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`size` games of TextArena game `params.game` (see generate_rows): row i is
+    {id, game, seed: seed + i, question, answer}; `question` names the game and seed (the env shows
+    the game's own first observation in its place), `answer` is "win" (what a player aims for)."""
+    cfg = dict(params or {})
+    game = cfg.pop("game", None)
+    if not isinstance(game, str) or not game:
+        raise UserError("textarena generator: params.game must name a TextArena game, e.g. Sokoban-v0")
+    if cfg:
+        raise UserError(f"unknown params for textarena: {', '.join(sorted(cfg))}; known: game")
+    name = game_name(game).lower()
+    return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}", "answer": "win"}
+            for i in range(size)]

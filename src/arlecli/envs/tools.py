@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from arlecli import safeio
 from arlecli.envs import Step, register_env
-from arlecli.envs.single_turn import reset as render_prompt
+from arlecli.cards import render_prompt
 from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
 from arlecli.types import Task

@@ -1,4 +1,5 @@
-"""Rewards for agent cards: a game's outcome (FrozenLake) and solver-then-judge episodes."""
+"""Rewards for agent cards: solver-then-judge episodes (a game's outcome, FrozenLake's, is
+scored beside its env: envs/frozenlake.py)."""
 
 from __future__ import annotations
 
@@ -6,40 +7,6 @@ from typing import Any
 
 from arlecli.rewards import Field, RewardFn, get_reward, register, reward_fields, reward_metrics
 from arlecli.types import Episode, Score, Task
-
-
-@register("frozenlake", metrics=["reached_goal", "fell_in_hole", "moves"], fields=["map"])
-def frozenlake() -> RewardFn:
-    """FrozenLake: 1 when the player reached the goal, else 0.
-
-    The outcome is the env's (`episode.info["reached_goal"]`, written by envs/frozenlake.py).
-    An episode without it (scored outside the env: a single completion, as the catalog test
-    scores reference answers) is replayed: the moves of every turn, parsed as the env parses
-    them, are played on the task's `map` in order, so a reply that spells out a whole path
-    (`<answer>down down right ...</answer>`) is scored exactly as the env would play it.
-
-    Takes no params. Details: reached_goal (0/1), fell_in_hole (0/1), moves (the number
-    taken). `extracted` is the path taken, space-separated.
-    """
-
-    def score(task: Task, episode: Episode) -> Score:
-        outcome = episode.info if "reached_goal" in episode.info else _replayed(task, episode)
-        reached = bool(outcome.get("reached_goal"))
-        path = list(outcome.get("path") or [])
-        details = {"reached_goal": int(reached), "fell_in_hole": int(bool(outcome.get("fell_in_hole"))),
-                   "moves": len(path)}
-        return Score(float(reached), reached, " ".join(path), details)
-
-    return score
-
-
-def _replayed(task: Task, episode: Episode) -> dict[str, Any]:
-    from arlecli.envs.frozenlake import replay
-
-    rows = task.fields.get("map")
-    if not isinstance(rows, list):
-        raise ValueError(f"task {task.id}: the frozenlake reward needs the task's 'map' column")
-    return replay([str(r) for r in rows], [t.completion for t in episode.turns]).outcome()
 
 
 @register("solver_judge", metrics=lambda p: [*reward_metrics(p.get("reward", "countdown"), p.get("reward_params")),

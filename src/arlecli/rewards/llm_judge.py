@@ -120,7 +120,7 @@ class Scale:
 
 def judge_prompt(task: Task, completion: str, rubric: str, scale: Scale) -> str:
     """The one user message the judge gets for `completion` of `task`."""
-    from arlecli.envs.single_turn import fill
+    from arlecli.cards import fill
 
     reference = _reference_text(task.target)
     return JUDGE_PROMPT.format(
