@@ -29,7 +29,8 @@ from arlecli.fewshot import Exemplars
 from arlecli.results import META, RESULTS, SAMPLES, SampleWriter, aggregate, read_samples, write_json
 from arlecli.rewards import REWARD_ERROR, check_task_fields, check_tasks, get_reward, score_samples
 from arlecli.safeio import terminal_text
-from arlecli.sandbox import card_runs_code, ensure_isolation
+from arlecli.registry import card_runs_code
+from arlecli.sandbox import ensure_isolation
 from arlecli.types import Episode, Score, Task
 
 

@@ -275,3 +275,24 @@ def resolve_references(card: Card) -> None:
             generate_rows(card.source.path, seed=0, size=1, params=card.source.params)
         except Exception as exc:  # any failure means the card names a generator that can't run
             raise card_error(where, "source.path", f"generator '{card.source.path}' failed: {exc}") from None
+
+
+def card_runs_code(card: Card) -> bool:
+    """Whether the card's reward or one of its tools runs programs in the sandbox, as each
+    declares at registration (`@register(runs_code=True)`, `@register_tool(runs_code=True)`,
+    a plugin's too), so its isolation is checked, and under `--sandbox require` enforced,
+    before any generation."""
+    from arlecli.envs.tools import tool_runs_code
+    from arlecli.rewards import runs_code
+
+    base = card.path.parent if card.path is not None else None
+    tools = card.env_params.get("tools")
+    return runs_code(card.reward) or (isinstance(tools, list) and any(tool_runs_code(str(t), base) for t in tools))
+
+
+def card_forgeable(card: Card) -> bool:
+    """Whether code written to cheat can forge the card's verdict (its reward declares
+    `forgeable`: the tests run inside the model's own interpreter)."""
+    from arlecli.rewards import forgeable
+
+    return forgeable(card.reward)

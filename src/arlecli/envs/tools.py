@@ -66,11 +66,14 @@ TEXT_FALLBACK = (
 )
 
 
-def register_tool(name: str | None = None) -> Callable[[ToolFactory], ToolFactory]:
-    """Register a tool factory `(task) -> typed function` under `name` (default: its own)."""
+def register_tool(name: str | None = None, *, runs_code: bool = False) -> Callable[[ToolFactory], ToolFactory]:
+    """Register a tool factory `(task) -> typed function` under `name` (default: its own).
+    `runs_code` says the tool runs programs in the sandbox (a card that offers it has the
+    sandbox's isolation checked before generation)."""
 
     def deco(factory: ToolFactory) -> ToolFactory:
         factory.__arle_tool__ = True  # type: ignore[attr-defined]
+        factory.__arle_runs_code__ = runs_code  # type: ignore[attr-defined]
         TOOLS.add(name or factory.__name__, factory)
         return factory
 
@@ -86,6 +89,11 @@ def get_tool(name: str, task: Task, base: Path | None = None) -> Callable[..., A
     """The tool `name` (a registered name, "module:attr" or "file.py:attr" relative to `base`),
     bound to `task`."""
     return TOOLS.get(name, base)(task)
+
+
+def tool_runs_code(name: str, base: Path | None = None) -> bool:
+    """Whether tool `name` runs programs in the sandbox (`@register_tool(runs_code=True)`)."""
+    return bool(getattr(TOOLS.get(name, base), "__arle_runs_code__", False))
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -250,7 +258,7 @@ def _decimal_literals(expression: str) -> str:
     return re.sub(r"(\d+)\.(\d+)", exact, expression.replace(",", ""))
 
 
-@register_tool("python")
+@register_tool("python", runs_code=True)
 def _python(task: Task) -> Callable[..., Any]:
     def python(code: str) -> str:
         """Run Python code in a sandbox (no network, 10 s, 512 MB) and return what it prints.

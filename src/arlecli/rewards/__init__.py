@@ -68,7 +68,8 @@ _PARAM_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 def register(name: str | None = None, *, metrics: Metrics | None = None,
              needs_target: bool | Callable[[dict[str, Any]], bool] = True,
-             fields: Fields = ()) -> Callable[[RewardFactory], RewardFactory]:
+             fields: Fields = (), runs_code: bool = False,
+             forgeable: bool = False) -> Callable[[RewardFactory], RewardFactory]:
     """Register a reward factory under `name` (default: the function's name); its keyword args
     are the card's params, and `metrics` the names its Scores' `details` carry (a list, or a
     function of the card's params; [] for none beyond accuracy). `needs_target` False (or a
@@ -79,13 +80,19 @@ def register(name: str | None = None, *, metrics: Metrics | None = None,
     every task before anything is generated (`check_task_fields`). Each spec is a field
     name ("numbers"), alternatives of which any one will do ("numbers|metadata"), or
     "{param}": the field the card's param `param` names (a list-valued param names
-    alternatives). A function of the card's params may give specs or `Field`s instead."""
+    alternatives). A function of the card's params may give specs or `Field`s instead.
+
+    `runs_code` says the reward runs programs in the sandbox (the model's code, a checker), so
+    the sandbox's isolation is checked before generation for every card it scores; `forgeable`
+    says its verdict is reached inside the model's own interpreter (training on it warns)."""
 
     def deco(factory: RewardFactory) -> RewardFactory:
         if metrics is not None:
             factory.__arle_metrics__ = metrics  # type: ignore[attr-defined]
         factory.__arle_needs_target__ = needs_target  # type: ignore[attr-defined]
         factory.__arle_fields__ = fields  # type: ignore[attr-defined]
+        factory.__arle_runs_code__ = runs_code  # type: ignore[attr-defined]
+        factory.__arle_forgeable__ = forgeable  # type: ignore[attr-defined]
         REWARDS.add(name or factory.__name__, factory)
         return factory
 
@@ -109,6 +116,19 @@ def declared_metrics(factory: RewardFactory) -> Metrics | None:
     """What `factory` declares its details carry; None if it declares nothing (a plain
     function named by "module:attr" or "file.py:attr" without `@register(..., metrics=...)`)."""
     return getattr(factory, "__arle_metrics__", None)
+
+
+def runs_code(name: str) -> bool:
+    """Whether reward `name` runs programs (the model's, or checkers) in the sandbox, as it
+    declares with `@register(runs_code=True)`: a card scored by it has its isolation checked,
+    and under `--sandbox require` enforced, before anything is generated."""
+    return bool(getattr(_factory(name), "__arle_runs_code__", False))
+
+
+def forgeable(name: str) -> bool:
+    """Whether reward `name`'s verdict is reached inside the model's own interpreter, so code
+    written to cheat can forge it (`@register(forgeable=True)`: training on it warns)."""
+    return bool(getattr(_factory(name), "__arle_forgeable__", False))
 
 
 def needs_target(name: str, params: dict[str, Any] | None = None) -> bool:

@@ -79,7 +79,7 @@ class CodeTestsParams:
     packages: tuple[str, ...] = ()
 
 
-@register("code_tests", metrics=[], needs_target=False,
+@register("code_tests", metrics=[], needs_target=False, runs_code=True,
           fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
 def code_tests(
     prompt_field: str = "prompt",
@@ -143,8 +143,10 @@ def score_batch(
     return [_to_score(code, verdict) for (_, code), verdict in zip(built, verdicts)]
 
 
+# Forgeable: unittest tests patch the solution's module, so the verdict is reached inside the
+# model's own interpreter (harness.FORGEABLE_MODES).
 @register("code_unittest", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False,
-          fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
+          runs_code=True, forgeable=True, fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
 def code_unittest(
     prompt_field: str = "complete_prompt",
     test_field: str = "test",
@@ -195,7 +197,7 @@ def code_unittest(
 
 
 @register("code_io", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False,
-          fields=["{tests_fields}"])
+          runs_code=True, fields=["{tests_fields}"])
 def code_io(
     tests_fields: str | list[str] = "tests",
     fn_name_field: str = "fn_name",

@@ -332,7 +332,9 @@ def _sandbox_value(stdout: str, nonce: str) -> float:
 
 
 # Without the `task` param the row's metadata names its dataset (and every checker reads it).
-@register("reasoning_gym", metrics=["accuracy"], fields=lambda p: [] if p.get("task") else ["metadata"])
+# runs_code: reasoning_gym's checkers run in the sandbox (they are third-party code on model output).
+@register("reasoning_gym", metrics=["accuracy"], runs_code=True,
+          fields=lambda p: [] if p.get("task") else ["metadata"])
 def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: int = 2048,
                   workers: int | None = None) -> RewardFn:
     """Score with reasoning-gym's own checker (`score_answer`) for the row's dataset.

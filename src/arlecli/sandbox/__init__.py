@@ -1,27 +1,15 @@
 """Running untrusted, model-written programs: the jail (`jail`) and the test harness whose
-verdicts the program cannot forge (`harness`)."""
+verdicts the program cannot forge (`harness`).
+
+Which rewards and tools run programs here is theirs to declare at registration
+(`@register(runs_code=True, forgeable=...)`, `@register_tool(runs_code=True)`); registry.card_runs_code
+reads those declarations, so a plugin's code-running reward is isolation-checked like arle's own."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from arlecli.sandbox.harness import HarnessVerdict, run_tests
 from arlecli.sandbox.jail import (Isolation, SandboxResult, ensure_isolation, isolation, network_isolation,
                                   policy, run_program, run_programs, set_policy)
 
-# Rewards that run programs in the jail: the model's code, or (reasoning_gym) checkers.
-JAILED_REWARDS = frozenset({"code_tests", "code_unittest", "code_io", "reasoning_gym"})
-# Rewards whose verdict is reached inside the model's own interpreter (unittest tests patch the
-# solution's module), so code written to cheat can forge it (harness.FORGEABLE_MODES).
-FORGEABLE_REWARDS = frozenset({"code_unittest"})
-
-__all__ = ["FORGEABLE_REWARDS", "HarnessVerdict", "Isolation", "JAILED_REWARDS", "SandboxResult", "card_runs_code",
-           "ensure_isolation", "isolation", "network_isolation", "policy", "run_program", "run_programs",
-           "run_tests", "set_policy"]
-
-
-def card_runs_code(card: Any) -> bool:
-    """Whether a card's reward or tools run programs in the jail (so its isolation is
-    checked, and under `--sandbox require` enforced, before any generation)."""
-    tools = (getattr(card, "env_params", None) or {}).get("tools") or []
-    return card.reward in JAILED_REWARDS or "python" in tools
+__all__ = ["HarnessVerdict", "Isolation", "SandboxResult", "ensure_isolation", "isolation", "network_isolation",
+           "policy", "run_program", "run_programs", "run_tests", "set_policy"]
