@@ -11,6 +11,7 @@ import re
 import secrets
 from collections import Counter
 from fractions import Fraction
+from importlib.resources import files
 from typing import Any, Callable, Sequence
 
 from arlecli import safeio
@@ -190,22 +191,9 @@ _UNSAFE = re.compile(
     r"input|breakpoint|lambda|os|sys|subprocess|builtins|self|class)\b"
     r"|\*\*\s*[\w.()]+\s*\*\*|\*\*\s*\([^)]*\*\*|\*\*\s*\(?\s*[\d.]{4,}|\d\s*!"
 )
-# Runs in the sandbox: reads {name, answer, entry, nonce} from stdin and prints the score
-# after the nonce, so an answer that prints a number and exits cannot pose as the result.
-_CHECKER_PROGRAM = r"""
-import json, sys
-
-def main():
-    job = json.loads(sys.stdin.read())
-    nonce = job.pop("nonce")
-    from reasoning_gym import get_score_answer_fn
-
-    value = float(get_score_answer_fn(job["name"])(job["answer"], job["entry"]))
-    sys.stdout.write("\n" + nonce + " " + json.dumps(value) + "\n")
-    sys.stdout.flush()
-
-main()
-"""
+# Runs in the sandbox (a package file: sandbox/_resources/rg_checker.py): scores one answer with
+# a reasoning_gym checker, printing the score after a nonce.
+_CHECKER_PROGRAM = files("arlecli.sandbox._resources").joinpath("rg_checker.py").read_text(encoding="utf-8")
 
 
 def looks_unsafe(answer: str) -> bool:
