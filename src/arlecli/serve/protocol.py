@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
+from arlecli.serve import response_format
 from arlecli.serve.reasoning import Reply
 from arlecli.serve.tools import ToolRequest, ToolRequestError, message_tool_calls, parse_tool_request, stream_calls
 
@@ -147,9 +148,10 @@ def parse_chat(body: Any) -> ApiRequest:
     top = _int(body, "top_logprobs", 0, 20)
     if top and not logprobs:
         raise _bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
-    from arlecli.serve import response_format
-
-    answer_format = response_format.parse(body.get("response_format"))
+    try:
+        answer_format = response_format.parse(body.get("response_format"))
+    except response_format.ResponseFormatError as exc:
+        raise _bad(str(exc), "response_format") from None
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
         raise _bad("`reasoning_format` must be \"parsed\" (the thinking in `reasoning_content`) or \"none\" "
@@ -412,8 +414,6 @@ def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[
         choice["finish_reason"] = finish_reason(reply)
         _token_ids(req, choice, comp)
         if req.response_format is not None:
-            from arlecli.serve import response_format
-
             text = choice["message"]["content"] if req.chat else comp.text
             response_format.mark(choice, req.response_format, text)
         choices.append(choice)

@@ -20,7 +20,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from arlecli.serve.protocol import ApiError
 
 HEADER = "X-Arle-Response-Format"
 UNCONSTRAINED = "unconstrained"
@@ -36,13 +35,17 @@ class ResponseFormat:
     name: str | None = None
 
 
-def _bad(message: str) -> ApiError:
-    return ApiError(400, message, "invalid_request_error", "response_format")
+class ResponseFormatError(ValueError):
+    """A malformed or unsupported `response_format` (serve.protocol answers it as a 400 naming the param)."""
+
+
+def _bad(message: str) -> ResponseFormatError:
+    return ResponseFormatError(message)
 
 
 def parse(value: Any) -> ResponseFormat | None:
-    """The request's `response_format`, None for none or `{type: text}`; ApiError(400) for a
-    malformed or unsupported one."""
+    """The request's `response_format`, None for none or `{type: text}`; ResponseFormatError for
+    a malformed or unsupported one."""
     if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
