@@ -77,7 +77,12 @@ def guarded_protocol(limits: ServeLimits, cap: int) -> type[asyncio.Protocol]:
             self._idle_since = time.monotonic()
             self._arm_header_timer()
             if len(self.connections) > cap:
-                self._make_room()
+                # Connections already closed (a header deadline, a push-out, a keep-alive end)
+                # stay in the set until their connection_lost runs: counted out now.
+                for c in [c for c in self.connections if _closing(c)]:
+                    self.connections.discard(c)
+                if len(self.connections) > cap:
+                    self._make_room()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
@@ -128,6 +133,11 @@ def guarded_protocol(limits: ServeLimits, cap: int) -> type[asyncio.Protocol]:
                              "(arle serve --max-connections)")
 
     return GuardedH11Protocol
+
+
+def _closing(protocol: Any) -> bool:
+    transport = getattr(protocol, "transport", None)
+    return transport is not None and transport.is_closing()
 
 
 def bind(host: str, port: int) -> socket.socket:
