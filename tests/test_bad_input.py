@@ -11,41 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import yaml
 
-from fake_openai import FakeOpenAIServer
+from helpers.cli import arle, assert_one_line_error, snapshot
+from helpers.fake_openai import FakeOpenAIServer
 
-ARLE = [sys.executable, "-m", "arlecli"]
 GSM_ROWS = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(4)]
 HUMANEVAL_ROW = {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
                  "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
-
-
-def arle(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
-                          cwd=cwd)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """Exit 2, one `error:` line on stderr holding every needle, no traceback, nothing on stdout."""
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr and not proc.stdout.strip(), (proc.stdout, proc.stderr)
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder`, by relative path, with its exact bytes."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

@@ -26,6 +26,8 @@ from arlecli.registry import list_cards
 from arlecli.rewards import get_reward
 from arlecli.types import Episode, Task, Turn
 
+from helpers.scripted_engine import Replies
+
 CARDS = list_cards()
 OFFLINE_KINDS = ("package", "generator")
 
@@ -46,7 +48,7 @@ def test_catalog_has_at_least_fifty_named_cards():
 
     from arlecli.cli import main
 
-    main._register()
+    main.register_commands()
     out = CliRunner().invoke(main.app, ["bench", "list", "--json"], catch_exceptions=False)
     listed = json.loads(out.output)
     assert len({c["name"] for c in listed}) >= 50 and len(listed) == len(CARDS)
@@ -55,8 +57,8 @@ def test_catalog_has_at_least_fifty_named_cards():
 
 @pytest.mark.parametrize("card", CARDS, ids=lambda c: c.name)
 def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, request):
-    if card.reward == "judge":  # graded by a model: a stand-in judge on the fake server (tests/fake_judge.py)
-        from fake_judge import judge_profile
+    if card.reward == "judge":  # graded by a model: a stand-in judge on the fake server (tests/helpers/fake_judge.py)
+        from helpers.fake_judge import judge_profile
 
         stack = contextlib.ExitStack()
         request.addfinalizer(stack.close)
@@ -80,25 +82,6 @@ def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, re
         for metric in card.metrics:
             if metric != "accuracy" and not metric.startswith("pass@"):
                 assert metric in right.details, f"{card.name}: metric {metric} is not a detail of {card.reward}"
-
-
-class Replies:
-    """An engine that answers a conversation's k-th model turn with replies[k] (the last repeats)."""
-
-    name = "replies"
-
-    def __init__(self, replies: list[str]) -> None:
-        self.replies = replies
-
-    def generate(self, requests):
-        from arlecli.engine.base import Completion
-
-        for i, request in enumerate(requests):
-            turn = sum(m["role"] == "assistant" for m in request.messages or [])
-            yield i, Completion(text=self.replies[min(turn, len(self.replies) - 1)])
-
-    def close(self) -> None:
-        pass
 
 
 def played(card: Card, task: Task, replies: list[str]) -> Episode:

@@ -23,8 +23,8 @@ from typing import Iterator
 
 import pytest
 
-from fake_openai import FakeOpenAIServer
-from test_terminal_output import read_pty
+from helpers.cli import read_pty
+from helpers.fake_openai import FakeOpenAIServer
 
 ARLE = [sys.executable, "-m", "arlecli"]
 WIDTH = 80
@@ -154,7 +154,7 @@ def test_help_fits_80_columns_without_type_tokens(monkeypatch, capsys) -> None:
     from arlecli.cli import main as cli
 
     monkeypatch.setenv("COLUMNS", str(WIDTH))
-    cli._register()
+    cli.register_commands()
     root = cli.typer.main.get_command(cli.app)
     for command in COMMANDS:
         monkeypatch.setattr(sys, "argv", ["arle", *command.split(), "--help"])

@@ -119,7 +119,7 @@ def test_progress_lines_in_a_log(monkeypatch, capsys) -> None:
     monkeypatch.setattr(output, "FIRST_LINE_S", 0.0)
     monkeypatch.setattr(output, "SETTLE_S", 0.1)
     monkeypatch.setattr(output, "PLAIN_EVERY_S", 0.3)
-    monkeypatch.setattr(output, "_TICK_S", 0.05)
+    monkeypatch.setattr(output, "TICK_S", 0.05)
     output.err_console.cache_clear()
     meter = Meter(phase="loading tiny")
     view = output.ProgressView("demo", meter, turns=True).start()

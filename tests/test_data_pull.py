@@ -56,7 +56,7 @@ def test_pull_cli_refuses_offline_cards_politely():
 
     from arlecli.cli import main
 
-    main._register()
+    main.register_commands()
     out = CliRunner().invoke(main.app, ["data", "pull", "countdown"], catch_exceptions=False)
     assert out.exit_code == 0 and "countdown: generator data, nothing to pull" in out.output
 

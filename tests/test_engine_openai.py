@@ -8,11 +8,12 @@ import threading
 import time
 
 import pytest
-from fake_openai import FAKE_LOGPROB, FakeOpenAIServer
 
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.openai import OpenAIEngine, list_models
 from arlecli.errors import UserError
+
+from helpers.fake_openai import FAKE_LOGPROB, FakeOpenAIServer
 
 FAST = dict(backoff_base_s=0.001, backoff_max_s=0.01)
 

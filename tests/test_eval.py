@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from fake_openai import FakeOpenAIServer
-
-ARLE = [sys.executable, "-m", "arlecli"]
-
-
-def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess (as a user would), capturing its output."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+from helpers.cli import ARLE, arle
+from helpers.fake_openai import FakeOpenAIServer
 
 
 def humaneval_problems() -> dict[str, dict]:

@@ -4,9 +4,7 @@ replay exactly what the model saw, filtered as asked, with bad input refused in 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,46 +12,11 @@ import pytest
 from arlecli.envs.episodes import sample_seed
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.registry import load_card
-from test_multiturn import CALL, GSM8K_ROWS, first_turn_calls_a_tool
 
-SEED = 1234  # EvalOptions' default seed: turn t of sample k of task i is sampled with sample_seed(...) + t
-
+from helpers.runs import SEED, capture_prompt_ids, from_eval, read_rows, write_run
+from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool, tool_template_model
 
 # Helpers -----------------------------------------------------------------------------------
-
-
-def from_eval(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run `arle data from-eval ARGS` through the console script's entry point, in this process;
-    (exit code, stdout, stderr)."""
-    import arlecli.cli.main as main
-
-    monkeypatch.setattr(sys, "argv", ["arle", "data", "from-eval", *args])
-    with pytest.raises(SystemExit) as exit_:
-        main.main()
-    out, err = capsys.readouterr()
-    return int(exit_.value.code or 0), out, err
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def capture_prompt_ids(monkeypatch) -> dict[int, tuple[list[int], list[int]]]:
-    """Record, by each request's seed, the prompt ids the hf engine generated from and the ids it
-    generated: what the model saw, straight from the engine (samples.jsonl keeps no ids)."""
-    from arlecli.engine.hf import HFEngine
-
-    seen: dict[int, tuple[list[int], list[int]]] = {}
-    generate = HFEngine.generate
-
-    def recording(self, requests):
-        requests = list(requests)
-        for i, comp in generate(self, requests):
-            seen[requests[i].params.seed] = (list(comp.prompt_token_ids), list(comp.token_ids))
-            yield i, comp
-
-    monkeypatch.setattr(HFEngine, "generate", recording)
-    return seen
 
 
 def render_ids(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -84,22 +47,6 @@ def assert_rows_replay_the_engine(rows: list[dict[str, Any]], seen: dict[int, tu
             previous = prompt_ids + completion_ids
 
 
-def tool_template_model(tiny_model: Path, folder: Path) -> Path:
-    """The tiny model with a chat template that renders tool schemas and tool results (as
-    Qwen2.5's does), so the tools env passes its tools natively."""
-    from transformers import AutoTokenizer
-
-    shutil.copytree(tiny_model, folder)
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    tok.chat_template = (
-        "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
-        "{% endif %}{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
-        "{{ m['content'] }}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-        "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    tok.save_pretrained(str(folder))
-    return folder
-
-
 def sample(task: str, k: int, *, correct: bool, reward: float | None = None, reply: str | None = None,
            question: str | None = None, **extra: Any) -> dict[str, Any]:
     """A samples.jsonl line as arle eval writes it for a single-turn chat card."""
@@ -107,16 +54,6 @@ def sample(task: str, k: int, *, correct: bool, reward: float | None = None, rep
             "prompt": [{"role": "user", "content": question or f"What is {task}?"}],
             "completion": reply if reply is not None else f"answer {k} to {task}",
             "reward": float(correct) if reward is None else reward, "correct": correct, "details": {}, **extra}
-
-
-def write_run(folder: Path, samples: list[dict[str, Any]], benchmark: str = "toy", model: str = "m") -> Path:
-    """A finished eval run directory holding `samples`."""
-    folder.mkdir(parents=True)
-    (folder / "meta.json").write_text(json.dumps({"benchmark": benchmark, "model": model, "options": {}}))
-    (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    (folder / "results.json").write_text(json.dumps({"benchmark": benchmark, "metrics": {},
-                                                     "n_samples": len(samples)}))
-    return folder
 
 
 def agent_sample(task: str, k: int, correct: bool, answer: str) -> dict[str, Any]:
@@ -471,7 +408,7 @@ def test_a_real_eval_of_a_thinking_endpoint_exports_its_thinking(tmp_path, monke
     import re
     import subprocess
 
-    from fake_openai import FakeOpenAIServer, Reply
+    from helpers.fake_openai import FakeOpenAIServer, Reply
 
     def reply(body: dict[str, Any]) -> Reply:
         a, op, b = re.search(r"(\d) ([+-]) (\d) =", json.dumps(body["messages"])).groups()

@@ -13,8 +13,9 @@ import pytest
 
 from arlecli.errors import UserError
 from arlecli.registry import load_card
-from test_from_eval import from_eval, read_rows, write_run
-from test_train import train_in_process
+
+from helpers.runs import from_eval, read_rows, write_run
+from helpers.train import train_in_process
 
 TINY = ["--set", "per_device_train_batch_size=2", "--eval-limit", "0"]
 

@@ -5,9 +5,7 @@ TextArena is missing, arle's turn cap on a puzzle, each game's own random state,
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 from dataclasses import replace
 
@@ -18,12 +16,9 @@ from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.envs.textarena import Game
 from arlecli.registry import load_card
-from test_catalog import Replies
 
-
-def arle(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True,
-                          env=os.environ.copy(), timeout=300)
+from helpers.cli import arle
+from helpers.scripted_engine import Replies
 
 
 @pytest.mark.parametrize("change, field, message", [
@@ -125,6 +120,6 @@ def test_bench_show_renders_a_game_cards_first_observation():
 
     from arlecli.cli import main
 
-    main._register()
+    main.register_commands()
     out = CliRunner().invoke(main.app, ["bench", "show", "kuhn_poker"], catch_exceptions=False)
     assert out.exit_code == 0 and "Kuhn Poker" in out.output and "Your card is" in out.output

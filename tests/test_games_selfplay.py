@@ -13,7 +13,8 @@ import pytest
 from arlecli.engine.base import Completion
 from arlecli.errors import UserError
 from arlecli.train.grpo import seat_advantages
-from test_train import train_in_process
+
+from helpers.train import train_in_process
 
 
 class LegalMoves:

@@ -1,6 +1,6 @@
 """Single-player game cards (tower_of_hanoi, sokoban, minesweeper, mastermind, game_2048,
 crosswords): the recorded lines in each card's answers file are what the oracle players of
-tests/game_solvers.py find (so fixtures cannot rot when the game changes), and `arle eval`'s
+tests/helpers/game_solvers.py find (so fixtures cannot rot when the game changes), and `arle eval`'s
 code path plays them through the card: won lines score correct with end_reason 'win', lost
 ones do not, and a garbage reply twice loses on an invalid move."""
 
@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-from game_solvers import GAMES, LOSERS, SOLVERS
 
 from arlecli.data.generators import generate_rows
 from arlecli.data.sources import read_rows_file
@@ -19,6 +18,8 @@ from arlecli.engine.base import Completion
 from arlecli.envs.episodes import sample_seed
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.registry import load_card
+
+from helpers.game_solvers import GAMES, LOSERS, SOLVERS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures"
 CARDS = tuple(SOLVERS)

@@ -1,6 +1,6 @@
 """Two-player game cards (tictactoe, connect_four, kuhn_poker) through `run_eval`, with
 scripted engines: the recorded answers lines win and lose as recorded (and are what
-tests/game_players.py computes now), seats alternate against a fixed opponent, the built-in
+tests/helpers/game_players.py computes now), seats alternate against a fixed opponent, the built-in
 opponents play legal (scripted: winning, blocking) moves, self-play records both seats of
 one game, an engine opponent plays the other seat unrecorded, bad opponents are one-line
 errors, and a rerun gives the same samples."""
@@ -19,9 +19,9 @@ from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.envs.textarena import Game, builtin_move, with_opponent
 from arlecli.registry import load_card
-from test_catalog import Replies
 
-import game_players
+from helpers import game_players
+from helpers.scripted_engine import Replies
 
 GAMES = game_players.CARDS
 FIXTURES = game_players.FIXTURES
@@ -101,7 +101,7 @@ def test_recorded_lines_win_and_lose_through_run_eval(name, tmp_path):
 @pytest.mark.parametrize("name", GAMES)
 def test_recorded_lines_are_what_the_players_compute_now(name):
     assert stored_answers(name) == game_players.card_answers(name), (
-        f"the game or its opponent plays differently now: rerun `python tests/game_players.py {name}`")
+        f"the game or its opponent plays differently now: rerun `python tests/helpers/game_players.py {name}`")
 
 
 # --- seats ------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Each card whose description names an lm-eval task is listed in exactly one table below
 (the multiple-choice cards are in test_lmeval_parity_mc.py). The fixture rows go through
 arle (card transform, prompt, few-shot selection, as `arle eval` loads them) and through
-lm-eval's task YAML with its dataset swapped for the same rows (tests/lmeval_local.py), and:
+lm-eval's task YAML with its dataset swapped for the same rows (tests/helpers/lmeval_local.py), and:
 
 - PARITY (the card follows the lm-eval task): the prompt is identical, byte for byte. For a
   `completion` card that is the text the model continues, exemplars and separators
@@ -34,8 +34,9 @@ from arlecli.fewshot import exemplars_for
 from arlecli.registry import list_cards, load_card
 from arlecli.types import Task
 
+from helpers.lmeval_local import lmeval_docs  # noqa: E402
+
 pytest.importorskip("lm_eval")
-from lmeval_local import lmeval_docs  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 FIXTURES = BENCHMARKS / "fixtures"

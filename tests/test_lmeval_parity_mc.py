@@ -2,7 +2,7 @@
 
 Each card's fixture rows go through arle (`arle eval --scoring loglikelihood`'s documents) and
 through lm-eval's own task config with its dataset swapped for the same rows
-(tests/lmeval_local.py). Asserted: the very same requests (context strings with their few-shot
+(tests/helpers/lmeval_local.py). Asserted: the very same requests (context strings with their few-shot
 exemplars, continuations) zero-shot and few-shot (lm-eval's seeded default sampler, with the
 document itself left out where lm-eval leaves it out; MMLU's per-subject first 5 dev rows),
 and on the tiny model the same per-document acc / acc_norm as lm-eval's own HFLM and
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lmeval_local import lmeval_docs, lmeval_task
+from helpers.lmeval_local import lmeval_docs, lmeval_task
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "benchmarks" / "fixtures"

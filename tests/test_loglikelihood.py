@@ -5,22 +5,16 @@ test_lmeval_parity_mc.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fake_openai import FakeOpenAIServer
+from helpers.cli import arle
+from helpers.fake_openai import FakeOpenAIServer
 
-ARLE = [sys.executable, "-m", "arlecli"]
 FIXTURES = Path(__file__).resolve().parent.parent / "benchmarks" / "fixtures"
-
-
-def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -22,7 +22,7 @@ SECRET = "sk-test-0123456789-do-not-store"
 
 @pytest.fixture(scope="module")
 def app():
-    cli_main._register()
+    cli_main.register_commands()
     return cli_main.app
 
 
@@ -122,7 +122,7 @@ def test_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
 
 
 def test_setup_asks_when_interactive(app, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_cli, "_stdin_is_tty", lambda: True)
+    monkeypatch.setattr(model_cli, "stdin_is_tty", lambda: True)
     r = run(app, "model", "setup", input="myserver\nendpoint\nhttp://h:9/v1\nserved-name\nMY_KEY\n")
     assert r.exit_code == 0, r.output
     assert config.get_profile("myserver") == config.ModelProfile(

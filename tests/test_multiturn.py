@@ -17,9 +17,9 @@ from arlecli.eval import EvalOptions, run_eval
 from arlecli.registry import load_card
 from arlecli.types import Task
 
+from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool
+
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "14 + 9 - 17"}}\n</tool_call>'
 
 
 class ScriptedAgent:
@@ -148,26 +148,6 @@ def test_later_turns_extend_the_engine_ids_exactly(tiny_model):
             [lp for lp, m in zip(logprobs, mask) if m])
 
 
-def first_turn_calls_a_tool(monkeypatch, engine_class: Any = None) -> None:
-    """Make the engine's (default: hf's) first turn of every episode the fixed tool call CALL
-    (with the ids the model would have produced for it); later turns are the model's own."""
-    from arlecli.engine import hf
-
-    engine_class = engine_class or hf.HFEngine
-    original = engine_class.generate
-
-    def generate(self, requests):
-        first = [i for i, r in enumerate(requests) if not any(m["role"] == "assistant" for m in r.messages)]
-        for i in first:
-            ids = self.tokenizer(CALL, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            yield i, Completion(CALL, ids, self.encode(requests[i]), [0.0] * len(ids))
-        rest = [i for i in range(len(requests)) if i not in first]
-        for j, comp in original(self, [requests[i] for i in rest]):
-            yield rest[j], comp
-
-    monkeypatch.setattr(engine_class, "generate", generate)
-
-
 def test_tool_call_episode_on_the_tiny_model_logs_every_turn(tmp_path, tiny_model, monkeypatch):
     from arlecli.engine.hf import HFEngine
 
@@ -234,7 +214,7 @@ def test_rloo_keeps_env_tokens_out_of_its_loss(tmp_path, tiny_model, monkeypatch
     import yaml
 
     import arlecli.train.grpo as grpo
-    from test_train import train_in_process
+    from helpers.train import train_in_process
 
     first_turn_calls_a_tool(monkeypatch)
     batches: list[tuple[list[list[int]], list[list[float]]]] = []

@@ -426,7 +426,7 @@ def test_the_readmes_add_your_own_benchmark_examples_run(tmp_path, isolated_home
 
     import yaml
 
-    from fake_openai import FakeOpenAIServer
+    from helpers.fake_openai import FakeOpenAIServer
 
     section = (ROOT / "README.md").read_text().split("## Add your own benchmark", 1)[1].split("\n## ", 1)[0]
     card_only, card_lines, _toml = re.findall(r"```(?:yaml|toml)\n(.+?)```", section, re.DOTALL)

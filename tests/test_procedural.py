@@ -9,7 +9,7 @@ import pytest
 
 from arlecli.data import generators as g
 from arlecli.errors import UserError
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.rewards import procedural as p
 from arlecli.types import Episode, Score, Task, Turn
 
@@ -19,7 +19,7 @@ def task_from(row: dict[str, Any], target: Any = None) -> Task:
 
 
 def run(name: str, row_task: Task, completion: str, **params: object) -> Score:
-    return _REWARDS[name](**params)(row_task, Episode(row_task.id, [Turn("q", completion)]))
+    return REWARDS[name](**params)(row_task, Episode(row_task.id, [Turn("q", completion)]))
 
 
 # Generators -------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_reasoning_gym_reward_screens_code_for_eval_checkers() -> None:
 
 def test_reasoning_gym_reward_unknown_dataset() -> None:
     with pytest.raises(UserError):
-        _REWARDS["reasoning_gym"](task="gsm_symbolc")
+        REWARDS["reasoning_gym"](task="gsm_symbolc")
 
 
 # reasoning_gym reward: eval()-based checkers run in the sandbox ---------------------------
@@ -223,7 +223,7 @@ def test_sandboxed_answer_never_runs_in_this_process(tmp_path, monkeypatch) -> N
     # Bypasses the regex screen on purpose: this is what it would let through if it missed.
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ARLE_PWNED", raising=False)
-    entry = p._rg_entry(_nq_task(), "n_queens")
+    entry = p.rg_entry(_nq_task(), "n_queens")
     evil = ("[open('pwned', 'w').write('x'), "
             "__import__('os').environ.__setitem__('ARLE_PWNED', '1')]")
     assert p.sandbox_checks([("n_queens", evil, entry)], timeout_s=20) == [0.0]

@@ -1,5 +1,5 @@
 """`arle report`: real runs (a tiny-model eval, a 2-step GRPO run, a fake endpoint that answers
-with script injections) rendered in a real headless Chromium (tests/chromium.py): no JavaScript
+with script injections) rendered in a real headless Chromium (tests/helpers/chromium.py): no JavaScript
 error, no request beyond the file itself, every chart drawn, every sample row there, filters
 that work, hostile completions shown as text; and bad input refused in one line, untouched."""
 
@@ -9,29 +9,21 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from chromium import Chromium, chromium_binary, png_colours
-from fake_openai import FakeOpenAIServer, Reply
+from helpers.chromium import Chromium, chromium_binary, png_colours
+from helpers.cli import arle
+from helpers.fake_openai import FakeOpenAIServer, Reply
 
-ARLE = [sys.executable, "-m", "arlecli"]
 LIMIT = 6
 # A completion that tries every way out of the page's text: ending the data block, a new
 # script, an HTML comment, an image whose error handler runs code, and a request (src=x).
 HOSTILE = ('</script><script>window.__pwned = 1</script><!-- <img src=x onerror="window.__pwned = 2"> '
            '<iframe src="https://example.com/"></iframe> \u2028 &amp; = 99')
-
-
-def arle(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess, as a user runs it."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
-                          cwd=cwd)
 
 
 def _reply(body: dict) -> str:
@@ -45,7 +37,7 @@ def _reply(body: dict) -> str:
 def runs(tmp_path_factory):
     """Module-wide runs: a tiny-model eval (printing its report hint) and a fake-endpoint eval
     of the same tasks with hostile completions."""
-    from tiny_model import build_tiny_model
+    from helpers.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("runs")
     model = build_tiny_model(root / "model")
@@ -65,7 +57,7 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def train_run(runs, tmp_path_factory):
     """A 2-step GRPO run of the tiny model with held-out evals at steps 0 and 2 (test_train's shape)."""
-    from test_train import TINY, train_in_process, varied_card
+    from helpers.train import TINY, train_in_process, varied_card
 
     root = tmp_path_factory.mktemp("train")
     run = root / "run"
@@ -179,7 +171,7 @@ def test_training_report_renders_in_chromium(train_run, browser, tmp_path, capsy
 
 
 def test_train_ends_with_the_report_command(train_run, runs, tmp_path, capsys):
-    from test_train import TINY, train_in_process, varied_card
+    from helpers.train import TINY, train_in_process, varied_card
 
     capsys.readouterr()
     train_in_process(str(varied_card(tmp_path)), "--algo", "grpo", "--model", str(runs["model"]), *TINY,
@@ -207,7 +199,7 @@ def test_hostile_completions_render_as_text(runs, browser):
 def test_collapsed_rows_say_question_target_extracted_and_sort(runs, browser):
     """Every collapsed row shows what was asked, the target and what was extracted; the sort
     control reorders the rows by task, reward, latency or length."""
-    from arlecli.compare import _natural
+    from arlecli.compare import natural_key
     from arlecli.report import question_of
 
     page = clean_page(browser, report(str(runs["tiny"])))
@@ -225,7 +217,7 @@ def test_collapsed_rows_say_question_target_extracted_and_sort(runs, browser):
             return [...document.querySelectorAll('div.browser details.sample .sid')].map(e => e.textContent); }})()""")
 
     by_id = {s["id"]: s for s in samples}
-    assert order("task") == sorted(by_id, key=lambda i: (_natural(by_id[i]["task_id"]), by_id[i]["sample"]))
+    assert order("task") == sorted(by_id, key=lambda i: (natural_key(by_id[i]["task_id"]), by_id[i]["sample"]))
     rewards = [by_id[i]["reward"] for i in order("reward")]
     assert rewards == sorted(rewards, reverse=True)
     lengths = [by_id[i]["completion_tokens"] for i in order("length")]

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +17,15 @@ from arlecli.engine.base import Completion
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.registry import load_card
 from arlecli.results import aggregate, pass_at_k, pass_hat_k, read_samples
-from fake_openai import FakeOpenAIServer
+
+from helpers.cli import arle
+from helpers.fake_openai import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "14 + 9 - 17"}}\n</tool_call>'
 # The blocks that count things: a resumed run must reproduce them exactly (time may differ).
 COUNT_BLOCKS = ("metrics", "n_tasks", "n_samples", "tokens", "agents", "consistency", "cost")
-
-
-def arle(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a fresh process (UserError -> one line, exit 2)."""
-    return subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True,
-                          timeout=300, env=os.environ.copy())
 
 
 def sample(task: str, k: int, correct: bool, extracted: Any = None, **extra: Any) -> dict[str, Any]:
@@ -160,7 +153,7 @@ def test_agent_block_by_hand() -> None:
 
 def _first_turn_calls_a_tool(monkeypatch) -> None:
     """The hf engine's first turn of every episode is the fixed tool call CALL (with its ids, as
-    tests/test_multiturn.py does it); later turns are the tiny model's own."""
+    helpers.tool_model.first_turn_calls_a_tool does it, timed); later turns are the tiny model's own."""
     from arlecli.engine import hf
 
     original = hf.HFEngine.generate
@@ -267,14 +260,14 @@ def test_endpoint_without_usage_or_ids_gives_null_counts_not_guesses(tmp_path) -
 
 
 def test_malformed_usage_is_one_line(tmp_path) -> None:
-    from arlecli.engine.openai import _Malformed, _parse_completion
+    from arlecli.engine.openai import MalformedReply, parse_completion
 
     reply = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
              "usage": {"prompt_tokens": 7, "completion_tokens": 2}}
-    comp = _parse_completion(reply, True, [])
+    comp = parse_completion(reply, True, [])
     assert (comp.prompt_tokens, comp.completion_tokens) == (7, 2)
-    with pytest.raises(_Malformed, match="usage.completion_tokens"):
-        _parse_completion({**reply, "usage": {"prompt_tokens": 7, "completion_tokens": "2"}}, True, [])
+    with pytest.raises(MalformedReply, match="usage.completion_tokens"):
+        parse_completion({**reply, "usage": {"prompt_tokens": 7, "completion_tokens": "2"}}, True, [])
 
 
 def test_resumed_run_counts_equal_an_uninterrupted_one(tmp_path) -> None:

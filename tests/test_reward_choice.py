@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.rewards import choice as c
 from arlecli.types import Episode, Score, Task, Turn
 
@@ -15,7 +15,7 @@ def run(
     target: object, completion: str, choices: list[str] | None = FOUR, **params: object
 ) -> Score:
     fields = {"choices": choices} if choices is not None else {}
-    score = _REWARDS["multiple_choice"](**params)
+    score = REWARDS["multiple_choice"](**params)
     return score(Task("t", "q", target, fields), Episode("t", [Turn("q", completion)]))
 
 
@@ -139,14 +139,14 @@ def test_any_of_several_gold_letters_counts() -> None:
 
 def test_choices_that_are_not_a_list_fall_back_to_options_or_a_to_j() -> None:
     raw = {"label": ["A", "B"], "text": ["x", "y"]}  # ARC's raw column, before its transform
-    score = _REWARDS["multiple_choice"]()
+    score = REWARDS["multiple_choice"]()
     task = Task("t", "q", "E", {"choices": raw, "options": ["a", "b", "c", "d", "e"]})
     assert score(task, Episode("t", [Turn("q", "Answer: E")])).correct
     assert c.choice_count(Task("t", "q", "A", {"choices": raw})) == c.DEFAULT_NUM_CHOICES
 
 
 def test_an_episode_without_turns_scores_zero() -> None:
-    score = _REWARDS["multiple_choice"]()
+    score = REWARDS["multiple_choice"]()
     assert not score(Task("t", "q", "A", {"choices": FOUR}), Episode("t", [])).correct
 
 

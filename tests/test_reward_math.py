@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from arlecli.data.transforms import get_transform
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.rewards import math as m
 from arlecli.types import Episode, Score, Task, Turn
 
@@ -18,7 +18,7 @@ GOLD_NEG = "The temperature drops 5 degrees.\n#### -5"
 
 
 def run(name: str, target: str, completion: str, **params: object) -> Score:
-    score = _REWARDS[name](**params)
+    score = REWARDS[name](**params)
     return score(Task("t", "q", target), Episode("t", [Turn("q", completion)]))
 
 
@@ -82,7 +82,7 @@ def test_primary_param_and_extracted() -> None:
     assert (strict.correct, strict.extracted) == (True, "18")
     assert default.details == strict.details
     with pytest.raises(ValueError):
-        _REWARDS["gsm8k"](primary="nope")
+        REWARDS["gsm8k"](primary="nope")
 
 
 def test_gsm8k_math_verify() -> None:
@@ -155,7 +155,7 @@ def test_gsm8k_cot_strict_primary_extracts_the_number() -> None:
 
 def test_gsm8k_rejects_a_bad_strict_regex() -> None:
     with pytest.raises(ValueError):
-        _REWARDS["gsm8k"](strict_regex="The answer is (")
+        REWARDS["gsm8k"](strict_regex="The answer is (")
 
 
 @pytest.mark.parametrize(
@@ -206,13 +206,13 @@ def test_math_boxed_detail_and_odd_text() -> None:
         score = run("math", "7", text, tolerance=0.01)
         assert not score.correct and score.reward == 0.0
     with pytest.raises(ValueError):
-        _REWARDS["math"](tolerance=-1)
+        REWARDS["math"](tolerance=-1)
 
 
 def test_as_float_and_within() -> None:
-    assert m.as_float(m._parse_latex("\\frac{1}{4}")) == 0.25
-    assert m.as_float(m._parse_latex("x + 1")) is None
-    assert m.as_float(m._parse_latex("1, 2")) is None
+    assert m.as_float(m.parse_latex("\\frac{1}{4}")) == 0.25
+    assert m.as_float(m.parse_latex("x + 1")) is None
+    assert m.as_float(m.parse_latex("1, 2")) is None
     assert m.as_float([]) is None
     assert m.within(100.0, 100.5, 0.01) and not m.within(100.0, 102.0, 0.01)
     assert not m.within(100.0, 100.0, 0.0)  # no tolerance: leave it to math-verify
@@ -261,9 +261,9 @@ def test_numeric_helpers_never_raise_on_odd_values() -> None:
                 assert not agree
     assert m.within(inf, inf, 0.01) and m.within(-inf, -inf, 0.01) and not m.within(inf, -inf, 0.01)
     assert not m.within(nan, nan, 0.01)
-    assert m.as_number(m._parse_latex("\\infty")) == complex(float("inf"), 0)
-    assert m.as_number(m._parse_latex("\\sqrt{-4}")) == 2j
-    assert m.as_float(m._parse_latex("\\sqrt{-4}")) is None  # not a real number
+    assert m.as_number(m.parse_latex("\\infty")) == complex(float("inf"), 0)
+    assert m.as_number(m.parse_latex("\\sqrt{-4}")) == 2j
+    assert m.as_float(m.parse_latex("\\sqrt{-4}")) is None  # not a real number
 
 
 def test_asdiv_transform() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from arlecli.data.transforms import get_transform
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.rewards import qa
 from arlecli.types import Episode, Score, Task, Turn
 
 
 def run(reward: str, target: object, completion: str, fields: dict | None = None, **params: object) -> Score:
-    score = _REWARDS[reward](**params)
+    score = REWARDS[reward](**params)
     return score(Task("t", "q", target, fields or {}), Episode("t", [Turn("q", completion)]))
 
 

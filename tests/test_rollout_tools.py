@@ -23,7 +23,8 @@ import yaml
 from arlecli import ClientConfig, rollout
 from arlecli.rewards import register
 from arlecli.types import Score
-from tool_model import build_tool_model, call_block, script_generate
+
+from helpers.tool_model import build_tool_model, call_block, script_generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CALL = call_block("add", a=2, b=3)

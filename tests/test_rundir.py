@@ -15,7 +15,8 @@ import pytest
 from arlecli import rundir
 from arlecli.errors import UserError
 from arlecli.train.run import COMPARED, RESUMABLE
-from fake_openai import FakeOpenAIServer
+
+from helpers.fake_openai import FakeOpenAIServer
 
 EVAL_COMPARED = ("card_hash", "model", "options")
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from scipy import stats
 
-from test_bad_input import arle, assert_one_line_error, snapshot
-
 from arlecli.compare import compare_samples, mcnemar_exact, paired_difference
 from arlecli.results import aggregate
+
+from helpers.cli import arle, assert_one_line_error, snapshot
 
 
 def sample(tid: str, correct: bool, k: int = 0, group: str | None = None) -> dict[str, Any]:

@@ -65,7 +65,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from fake_openai import FakeOpenAIServer
+from helpers.fake_openai import FakeOpenAIServer
 
 NOBODY = 65534
 TIMEOUT_S = 5  # the cards' reward timeout_s

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 import arlecli.rewards.code  # noqa: F401  (registers the code rewards)
-from arlecli.rewards import _REWARDS
+from arlecli.rewards import REWARDS
 from arlecli.types import Episode, Task, Turn
 
 # Collects every text the program can reach and searches it for the expected answer.
@@ -306,7 +306,7 @@ def scores() -> dict[tuple[str, str], object]:
     for task_name, (reward, task, kind, params) in _SETUPS.items():
         names = [n for t, n in CASES if t == task_name] + ["honest"]
         programs = [hostile(kind, n) for n in names[:-1]] + [HONEST[kind]]
-        score = _REWARDS[reward](timeout_s=6, **params)
+        score = REWARDS[reward](timeout_s=6, **params)
         results = score.batch([task] * len(programs), [Episode(task.id, [Turn("", p)]) for p in programs])
         out.update({(task_name, n): r for n, r in zip(names, results)})
     return out
@@ -351,5 +351,5 @@ def test_unittest_verdicts_are_marked_forgeable():
 
     (verdict,) = run_tests([{"mode": "unittest", "program": prompt + forger + "\n" + test}], timeout_s=10)
     assert verdict.forgeable
-    right = _REWARDS["code_unittest"]()(task, Episode("u", [Turn("", "    return 2 * x\n")]))
+    right = REWARDS["code_unittest"]()(task, Episode("u", [Turn("", "    return 2 * x\n")]))
     assert right.correct

@@ -220,7 +220,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
 
 @pytest.fixture
 def endpoint():
-    from fake_openai import FakeOpenAIServer
+    from helpers.fake_openai import FakeOpenAIServer
 
     with FakeOpenAIServer(lambda body: "\\boxed{4}") as srv:
         yield srv

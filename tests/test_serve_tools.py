@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from arlecli.serve import tools as serve_tools
-from tool_model import TIME, WEATHER, build_tool_model, call_block, script_generate
+
+from helpers.tool_model import TIME, WEATHER, build_tool_model, call_block, script_generate
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 BOTH = [{"role": "user", "content": "Weather and time in Paris, please."}]

@@ -13,7 +13,6 @@ import json
 import os
 import pty
 import re
-import select
 import struct
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import yaml
 
 from arlecli.cli.output import json_text, terminal_text
 from arlecli.results import aggregate
+
+from helpers.cli import read_pty
 
 ROOT = Path(__file__).resolve().parents[1]
 ARLE = [sys.executable, "-m", "arlecli"]
@@ -47,26 +48,6 @@ SGR = re.compile("\x1b\\[[0-9;]*m")
 def arle(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "COLUMNS": "400"}
     return subprocess.run([*ARLE, *args], capture_output=True, timeout=300, env=env, cwd=cwd)
-
-
-def read_pty(master: int, proc: subprocess.Popen) -> bytes:
-    """All `proc` writes to the pseudo-terminal `master` until it closes its side (then `master`
-    is closed); a command silent for 120 s is killed and fails the test."""
-    out = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 120)
-        if not ready:
-            proc.kill()
-            raise AssertionError("the command hung: " + out.decode(errors="replace"))
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the other side closed
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
-    return out
 
 
 def arle_in_a_terminal(*args: str) -> str:

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from fake_openai import FakeOpenAIServer, Reply
-
 from arlecli import thinking
 from arlecli.engine import make_engine
 from arlecli.envs.episodes import Sampling, collect
@@ -27,6 +25,8 @@ from arlecli.models import resolve_model
 from arlecli.registry import load_card
 from arlecli.results import read_samples
 from arlecli.train.reward import CardReward
+
+from helpers.fake_openai import FakeOpenAIServer, Reply
 
 # (card, its reward's kind): each kind of reward that reads the answer text, in chat format
 # (where a reasoning parser's `reasoning_content` exists) and in completion format.

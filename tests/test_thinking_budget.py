@@ -11,7 +11,7 @@
 
 The tiny thinking model's template opens every thought and its random weights never close it
 (greedy), so budget forcing is what ends its thoughts; the Qwen3-shaped case (the model writes
-`<think>` itself) runs on a scripted engine (tests/scripted_engine.py) over the same tokenizer.
+`<think>` itself) runs on a scripted engine (tests/helpers/scripted_engine.py) over the same tokenizer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,10 +27,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-from fake_openai import FakeOpenAIServer
-from scripted_engine import ScriptedEngine
-from test_bad_input import assert_one_line_error
 
 from arlecli import thinking
 from arlecli.engine import make_engine
@@ -42,13 +37,12 @@ from arlecli.eval import EvalOptions, load_tasks
 from arlecli.models import resolve_model
 from arlecli.registry import load_card
 
-ARLE = [sys.executable, "-m", "arlecli"]
+from helpers.cli import ARLE, arle, assert_one_line_error
+from helpers.fake_openai import FakeOpenAIServer
+from helpers.scripted_engine import ScriptedEngine
+
 CHAT = [{"role": "user", "content": "What is 2 + 4?"}]
 EMPTY_THOUGHT = "<think>\n\n</think>\n\n"  # what the template renders with enable_thinking=false
-
-
-def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
 
 
 def ids_of(tokenizer, text: str) -> list[int]:
@@ -189,7 +183,7 @@ def test_template_kwargs_change_what_sft_and_dpo_train_on(tiny_thinking_model, t
     from transformers import AutoTokenizer
 
     from arlecli.train import dpo, sft
-    from test_train import train_in_process
+    from helpers.train import train_in_process
 
     seen: list = []
     built = {"sft": sft.sft_dataset, "dpo": dpo.dpo_dataset}[algo]

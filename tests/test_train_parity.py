@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from test_multiturn import CALL, GSM8K_ROWS, first_turn_calls_a_tool
-from test_train import train_in_process
-
 from arlecli.train.rollout import flatten_episode
+
+from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool
+from helpers.train import train_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234

@@ -18,8 +18,9 @@ import yaml
 from arlecli.engine.base import Completion
 from arlecli.rewards import register
 from arlecli.types import Episode, Score, Task, Turn
-from scripted_engine import continue_script
-from test_train import train_in_process, varied_card
+
+from helpers.scripted_engine import continue_script
+from helpers.train import train_in_process, varied_card
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")

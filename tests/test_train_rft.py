@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_train import arle, assert_trained, kill_after_first_checkpoint, steps_in, train_in_process
+from helpers.train import arle, assert_trained, kill_after_first_checkpoint, steps_in, train_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 

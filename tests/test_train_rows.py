@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import train_in_process
+from helpers.train import train_in_process
 
 # gsm8k's own schema (question, answer with "#### N"), ids of our own: the card's source is the
 # hub, out of reach here, so every task these runs see can only come from this file.

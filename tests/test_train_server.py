@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import ARLE
+from helpers.train import ARLE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import assert_trained, kill_after_first_checkpoint, steps_in, train_in_process
+from helpers.train import assert_trained, kill_after_first_checkpoint, steps_in, train_in_process
 
 ARLE = [sys.executable, "-m", "arlecli"]
 END = "<|im_end|>"  # the tiny model's end-of-turn token (ChatML)
@@ -317,8 +317,8 @@ def test_rows_from_a_real_agent_run_train_on_what_the_model_saw(tmp_path, tiny_m
     """eval (math_tool, native tools, first turn a tool call) -> `arle data from-eval` -> sft: each
     row's sequence holds, before each of the first two assistant turns, exactly the prompt ids
     the engine generated that turn from; the turns carry the loss; training runs on the file."""
-    from test_from_eval import SEED, capture_prompt_ids, from_eval, read_rows, tool_template_model
-    from test_multiturn import GSM8K_ROWS, first_turn_calls_a_tool
+    from helpers.runs import SEED, capture_prompt_ids, from_eval, read_rows
+    from helpers.tool_model import GSM8K_ROWS, first_turn_calls_a_tool, tool_template_model
 
     from arlecli.engine.hf import HFEngine
     from arlecli.envs.episodes import sample_seed

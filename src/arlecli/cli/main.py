@@ -85,7 +85,8 @@ def _root(
     """Evaluate and RL-train LLMs and agents on benchmarks."""
 
 
-def _register() -> None:
+def register_commands() -> None:
+    """Mount every subcommand on `app` (what `main` does first; a CliRunner over `app` calls it)."""
     if app.registered_groups:  # mounted already (tests call this once per use)
         return
     from arlecli.cli import bench, data, eval as eval_cmd, model, report, runs, serve, train
@@ -134,7 +135,7 @@ def quiet_warnings() -> None:
 def main() -> None:
     """Console-script entry point: user mistakes print one line and exit 2."""
     quiet_warnings()
-    _register()
+    register_commands()
     try:
         # standalone_mode=False: typer returns exit codes (Ctrl-C becomes 130) instead of
         # exiting, and lets UserError through to us.

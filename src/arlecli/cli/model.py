@@ -21,7 +21,8 @@ from arlecli.errors import UserError
 app = typer.Typer(help="Set up and manage named models (local folders, hub ids, endpoints).", no_args_is_help=True)
 
 
-def _stdin_is_tty() -> bool:
+def stdin_is_tty() -> bool:
+    """Whether stdin is a terminal (the model prompt asks only there)."""
     # A function so tests can drive the interactive path.
     return sys.stdin.isatty()
 
@@ -82,7 +83,7 @@ def _ask_missing(name: str | None, path: str | None, hub_id: str | None, base_ur
     """Prompt for what `setup` needs and was not given (TTY only)."""
     needs_source = not (path or hub_id or base_url)
     if not name or needs_source:
-        if not _stdin_is_tty():
+        if not stdin_is_tty():
             if not name:
                 raise UserError("arle model setup needs a profile name: pass --name NAME")
             raise UserError("arle model setup needs a model: pass one of --path DIR, --hub-id ORG/NAME or --base-url URL")

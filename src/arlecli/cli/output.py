@@ -107,7 +107,7 @@ def _process_age_s() -> float:
 
 
 STARTED = time.monotonic() - _process_age_s()  # when the command started
-_TICK_S = 0.5  # how often a terminal's bar takes the meter's counts
+TICK_S = 0.5  # how often a terminal's bar takes the meter's counts
 
 
 def clock(seconds: float) -> str:
@@ -191,7 +191,7 @@ class ProgressView:
 
     def _run(self) -> None:
         due = max(time.monotonic() + SETTLE_S, STARTED + FIRST_LINE_S)
-        while not self._stop.wait(min(_TICK_S, max(0.0, due - time.monotonic()))):
+        while not self._stop.wait(min(TICK_S, max(0.0, due - time.monotonic()))):
             if self.bar is not None:
                 m = self.meter
                 self.bar.update(self.task, total=m.total or None, completed=m.done, info=self.info())

@@ -67,7 +67,7 @@ _MAX_RETRY_AFTER_S = 300.0
 _MAX_SERVER_MESSAGE = 300
 # A reply bigger than this is a broken server, not a completion (a long one with logprobs is a
 # few MB); without a cap a server streaming garbage fills the memory before the deadline.
-_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 # GET /models answers at once on any real server; waiting the full request timeout is no use.
 _MAX_LIST_MODELS_S = 30.0
 # Retries are announced on stderr (a hung endpoint must not look like a slow run), but at most
@@ -75,12 +75,12 @@ _MAX_LIST_MODELS_S = 30.0
 _WARN_EVERY_S = 30.0
 
 
-class _Malformed(ValueError):
+class MalformedReply(ValueError):
     """A 200 reply whose JSON does not have the shape of a completion (says what is wrong)."""
 
 
 class _TooLarge(Exception):
-    """The reply body went past _MAX_RESPONSE_BYTES."""
+    """The reply body went past MAX_RESPONSE_BYTES."""
 
 
 class OpenAIEngine:
@@ -286,7 +286,7 @@ class OpenAIEngine:
         server_stops = not thinks(self)
 
         def parse(data: Any) -> Completion:
-            return _parse_completion(data, chat, req.params.stop, tags)
+            return parse_completion(data, chat, req.params.stop, tags)
 
         return await self._call(url, lambda: _request_body(model, req, self._send_token_ids, self.chat_template_kwargs,
                                                            server_stops), parse, "completion")
@@ -319,7 +319,7 @@ class OpenAIEngine:
                 except _TooLarge:
                     raise EngineRequestError(
                         f"openai engine: POST {url} answered with more than "
-                        f"{_MAX_RESPONSE_BYTES // 2**20} MB; is the base URL an OpenAI-compatible endpoint?"
+                        f"{MAX_RESPONSE_BYTES // 2**20} MB; is the base URL an OpenAI-compatible endpoint?"
                     ) from None
                 except httpx.RequestError as exc:
                     # Not HTTP, a connection cut mid-reply, a body that does not decode.
@@ -329,7 +329,7 @@ class OpenAIEngine:
                     if 200 <= status < 300:
                         try:
                             result = parse(_json(content, url))
-                        except _Malformed as exc:
+                        except MalformedReply as exc:
                             raise EngineRequestError(
                                 f"openai engine: POST {url} answered with a malformed {what} ({exc}); "
                                 "is the base URL an OpenAI-compatible endpoint?"
@@ -361,7 +361,7 @@ class OpenAIEngine:
     async def _post(
         self, url: str, body: dict[str, Any], headers: dict[str, str]
     ) -> tuple[int, httpx.Headers, bytes]:
-        """POST and read the whole reply, refusing one past _MAX_RESPONSE_BYTES."""
+        """POST and read the whole reply, refusing one past MAX_RESPONSE_BYTES."""
         assert self._client is not None
         # Encoded here, not by httpx: a lone surrogate (in an earlier turn's reply, a tool's
         # output) becomes U+FFFD instead of a UnicodeEncodeError that would stop the run.
@@ -408,7 +408,7 @@ async def _read_capped(resp: httpx.Response) -> bytes:
     size = 0
     async for chunk in resp.aiter_bytes():
         size += len(chunk)
-        if size > _MAX_RESPONSE_BYTES:
+        if size > MAX_RESPONSE_BYTES:
             raise _TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
@@ -449,7 +449,7 @@ def list_models(
         ) from None
     except _TooLarge:
         raise EngineRequestError(
-            f"openai engine: GET {url} answered with more than {_MAX_RESPONSE_BYTES // 2**20} MB; "
+            f"openai engine: GET {url} answered with more than {MAX_RESPONSE_BYTES // 2**20} MB; "
             "check the base URL (it usually ends in /v1)"
         ) from None
     except httpx.RequestError as exc:
@@ -548,26 +548,26 @@ def _request_body(model: str, req: GenerationRequest, token_ids: bool,
     return body
 
 
-def _parse_completion(data: Any, chat: bool, stop: list[str], tags: ThinkTags | None = None) -> Completion:
-    """The Completion in a 200 reply; _Malformed (saying which field is wrong) for any other shape.
+def parse_completion(data: Any, chat: bool, stop: list[str], tags: ThinkTags | None = None) -> Completion:
+    """The Completion in a 200 reply; MalformedReply (saying which field is wrong) for any other shape.
 
     Checked field by field because whatever passes here is written to samples.jsonl and fed to
     rewards and trainers: a number where text belongs must fail here, in one line, not there.
     """
     if not isinstance(data, dict):
-        raise _Malformed(f"the reply is {_kind(data)}, not a JSON object")
+        raise MalformedReply(f"the reply is {_kind(data)}, not a JSON object")
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         said = _error_text(data)
         what = "no choices" if choices is None or choices == [] else f"choices is {_kind(choices)}"
-        raise _Malformed(what + (f"; the server said: {said}" if said else ""))
+        raise MalformedReply(what + (f"; the server said: {said}" if said else ""))
     choice = choices[0]
     if not isinstance(choice, dict):
-        raise _Malformed(f"choices[0] is {_kind(choice)}, not an object")
+        raise MalformedReply(f"choices[0] is {_kind(choice)}, not an object")
     if chat:
         message = choice.get("message")
         if not isinstance(message, dict):
-            raise _Malformed(f"choices[0].message is {_kind(message)}, not an object")
+            raise MalformedReply(f"choices[0].message is {_kind(message)}, not an object")
         text = _text(message.get("content"), "choices[0].message.content")
         # A reasoning parser's thinking, apart from the answer (vLLM: `reasoning`, earlier and
         # SGLang / DeepSeek: `reasoning_content`).
@@ -578,7 +578,7 @@ def _parse_completion(data: Any, chat: bool, stop: list[str], tags: ThinkTags | 
         reasoning = None
     usage = data.get("usage")
     if usage is not None and not isinstance(usage, dict):
-        raise _Malformed(f"usage is {_kind(usage)}, not an object")
+        raise MalformedReply(f"usage is {_kind(usage)}, not an object")
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
     # Some servers ignore `stop` or accept only 4 of them, so cut here as well: the answer only
     # (a reasoning parser's `text` is all answer; without one the thinking is in it too).
@@ -618,10 +618,10 @@ class _NoPromptLogprobs(UserError):
 def _parse_echo(data: Any, prompt: str, context: str) -> Loglik:
     """The continuation's Loglik from a /completions reply that echoes the prompt's logprobs."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
-        raise _Malformed("no choices")
+        raise MalformedReply("no choices")
     choice = data["choices"][0]
     if not isinstance(choice, dict):
-        raise _Malformed("choices[0] is not an object")
+        raise MalformedReply("choices[0] is not an object")
     raw = choice.get("logprobs")
     text = choice.get("text")
     fix = ("--scoring loglikelihood needs an endpoint whose /completions echoes prompt logprobs "
@@ -643,7 +643,7 @@ def _parse_echo(data: Any, prompt: str, context: str) -> Loglik:
             continue  # all context
         value = values[i]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-            raise _Malformed(f"choices[0].logprobs.token_logprobs[{i}] is {_kind(value)}, not a number")
+            raise MalformedReply(f"choices[0].logprobs.token_logprobs[{i}] is {_kind(value)}, not a number")
         total += float(value)
         count += 1
         if top is not None and i < len(top) and isinstance(top[i], dict) and top[i]:
@@ -651,7 +651,7 @@ def _parse_echo(data: Any, prompt: str, context: str) -> Loglik:
         else:
             greedy = False
     if count == 0:
-        raise _Malformed("no echoed token covers the continuation")
+        raise MalformedReply("no echoed token covers the continuation")
     return Loglik(total, greedy, count)
 
 
@@ -660,7 +660,7 @@ def _count(value: Any, where: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _Malformed(f"{where} is {_kind(value)} ({_short(value)}), not a token count")
+        raise MalformedReply(f"{where} is {_kind(value)} ({_short(value)}), not a token count")
     return value
 
 
@@ -672,13 +672,13 @@ def _text(value: Any, where: str) -> str:
         # Some servers answer with content parts, as requests may send them.
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in value):
-            raise _Malformed(f"{where} is a list that is not all {{\"type\": \"text\", \"text\": ...}} parts")
+            raise MalformedReply(f"{where} is a list that is not all {{\"type\": \"text\", \"text\": ...}} parts")
         value = "".join(p["text"] for p in value)
     if not isinstance(value, str):
-        raise _Malformed(f"{where} is {_kind(value)}, not a string")
+        raise MalformedReply(f"{where} is {_kind(value)}, not a string")
     if _has_surrogate(value):
         # JSON can carry "\ud800"; Python accepts it, but such text cannot be written as UTF-8.
-        raise _Malformed(f"{where} holds a lone UTF-16 surrogate, which is not text")
+        raise MalformedReply(f"{where} holds a lone UTF-16 surrogate, which is not text")
     return value
 
 
@@ -687,7 +687,7 @@ def _token_ids(value: Any, where: str) -> list[int]:
         return []
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                               for t in value):
-        raise _Malformed(f"{where} is not a list of token ids (whole numbers >= 0)")
+        raise MalformedReply(f"{where} is not a list of token ids (whole numbers >= 0)")
     return value
 
 
@@ -696,20 +696,20 @@ def _logprobs(raw: Any, chat: bool) -> list[float] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise _Malformed(f"choices[0].logprobs is {_kind(raw)}, not an object")
+        raise MalformedReply(f"choices[0].logprobs is {_kind(raw)}, not an object")
     if chat:
         entries = raw.get("content")
         if entries is None:
             return []
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise _Malformed("choices[0].logprobs.content is not a list of objects")
+            raise MalformedReply("choices[0].logprobs.content is not a list of objects")
         values, where = [e.get("logprob") for e in entries], "choices[0].logprobs.content[].logprob"
     else:
         values, where = raw.get("token_logprobs"), "choices[0].logprobs.token_logprobs"
         if values is None:
             return []
         if not isinstance(values, list):
-            raise _Malformed(f"{where} is {_kind(values)}, not a list")
+            raise MalformedReply(f"{where} is {_kind(values)}, not a list")
     out = []
     for v in values:
         if v is None:  # only an echoed first prompt token has none; 0.0 keeps positions aligned
@@ -717,7 +717,7 @@ def _logprobs(raw: Any, chat: bool) -> list[float] | None:
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) and v != math.inf:
             out.append(float(v))  # -inf is a real (if rare) log-probability; NaN and +inf are not
         else:
-            raise _Malformed(f"{where} holds {_kind(v)} ({_short(v)}), not a number")
+            raise MalformedReply(f"{where} holds {_kind(v)} ({_short(v)}), not a number")
     return out
 
 

@@ -8,7 +8,7 @@ the 25 checks. Two things stand in the way of a plain `import lm_eval.tasks.ifev
 * `instructions_util` calls `nltk.download("punkt_tab")` at import when the data is
   missing: a network call inside a reward (and inside the tests).
 
-So `_lm_eval_ifeval()` executes lm-eval's `instructions_util.py`, `instructions.py`,
+So `lm_eval_ifeval()` executes lm-eval's `instructions_util.py`, `instructions.py`,
 `instructions_registry.py` and `utils.py` from the installed package as private module
 objects (only for the duration of the load do they sit in sys.modules under their own
 names, so their `from lm_eval.tasks.ifeval import ...` lines resolve), with
@@ -86,7 +86,7 @@ def _exec_modules(folder: Path) -> dict[str, types.ModuleType]:
     return modules
 
 
-def _lm_eval_ifeval() -> dict[str, types.ModuleType]:
+def lm_eval_ifeval() -> dict[str, types.ModuleType]:
     """lm-eval's IFEval modules (private copies), loaded once; see the module docstring."""
     with _LOCK:
         if not _loaded:
@@ -130,7 +130,7 @@ def check(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str,
           response: str) -> dict[str, Any]:
     """lm-eval's `process_results` for one response: prompt/instruction-level strict and
     loose results (loose retries without the first/last line and without '*')."""
-    modules = _lm_eval_ifeval()
+    modules = lm_eval_ifeval()
     unknown = [i for i in instruction_ids if i not in modules["instructions_registry"].INSTRUCTION_DICT]
     if unknown:
         raise UserError(f"unknown IFEval instruction(s) {', '.join(unknown)}: lm-eval's registry does not check them")

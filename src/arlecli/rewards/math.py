@@ -143,7 +143,8 @@ def mv_verify(gold: list[Any], pred: list[Any]) -> bool:
 _SCIENTIFIC = re.compile(r"^\s*(-?\d+(?:\.\d+)?)[eE]([-+]?\d+)\s*$")
 
 
-def _parse_latex(expr: str) -> list[Any]:
+def parse_latex(expr: str) -> list[Any]:
+    """math-verify's parse of an answer: `expr` as LaTeX (boxed, then bare), scientific notation too."""
     sci = _SCIENTIFIC.match(expr)
     if sci:
         expr = f"{sci.group(1)} \\times 10^{{{int(sci.group(2))}}}"
@@ -196,7 +197,7 @@ def gsm8k(primary: str = "flexible_extract", strict_regex: str = STRICT_REGEX) -
             for name, got in extractions.items()
         }
         pred = mv_parse(text)
-        details["math_verify"] = int(mv_verify(_parse_latex(gsm8k_gold(reference)), pred))
+        details["math_verify"] = int(mv_verify(parse_latex(gsm8k_gold(reference)), pred))
         extractions["math_verify"] = str(pred[-1]) if pred else None
         correct = bool(details[primary])
         return Score(float(correct), correct, extractions[primary], details)
@@ -292,9 +293,9 @@ def math_answer(tolerance: float = 0.0) -> RewardFn:
         raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
 
     def score(task: Task, episode: Episode) -> Score:
-        gold = _parse_latex(gold_text(task.target))
+        gold = parse_latex(gold_text(task.target))
         boxed = last_boxed(episode.completion)
-        pred = _parse_latex(boxed) if boxed is not None else []
+        pred = parse_latex(boxed) if boxed is not None else []
         if not pred:
             pred = mv_parse(episode.completion)
         extracted = boxed if boxed is not None else (str(pred[-1]) if pred else None)

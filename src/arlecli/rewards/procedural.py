@@ -266,7 +266,9 @@ _RESTORE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
-def _rg_entry(task: Task, name: str | None) -> dict[str, Any]:
+def rg_entry(task: Task, name: str | None) -> dict[str, Any]:
+    """The reasoning_gym entry (question, answer, metadata) a checker scores against, rebuilt
+    from the task's fields (metadata restored for dataset `name`, else its `source_dataset`)."""
     fields = task.fields
     metadata = fields.get("metadata") or {}
     if isinstance(metadata, str):  # a row that went through a flat file
@@ -384,7 +386,7 @@ def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: i
 def _triage(row: Task, completion: str, fixed: str | None
             ) -> tuple[str | None, float | None, tuple[str, str, dict[str, Any]] | None]:
     """(answer, score, None) when scored here, or (answer, None, sandbox job)."""
-    entry = _rg_entry(row, fixed)
+    entry = rg_entry(row, fixed)
     name = fixed or entry["metadata"].get("source_dataset")
     if not name:
         raise ValueError(f"task {row.id}: set the reward param `task` (no source_dataset)")

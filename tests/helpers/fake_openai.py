@@ -26,7 +26,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 
-
 @dataclass
 class Reply:
     """What a responder may return instead of plain text: the answer (`content`), a reasoning

@@ -202,7 +202,7 @@ def lmeval_docs(task: str, splits: dict[str, list[dict[str, Any]]], *, folder: s
 
 __all__ = ["LMEVAL_FEWSHOT_SEED", "LmEvalDoc", "lmeval_config", "lmeval_docs", "lmeval_task", "tasks_dir"]
 
-if __name__ == "__main__":  # quick look: python tests/lmeval_local.py TASK ROWS.jsonl [FOLDER]
+if __name__ == "__main__":  # quick look: python tests/helpers/lmeval_local.py TASK ROWS.jsonl [FOLDER]
     rows = [json.loads(line) for line in Path(sys.argv[2]).read_text().splitlines() if line.strip()]
     for d in lmeval_docs(sys.argv[1], {"test": rows}, folder=sys.argv[3] if len(sys.argv) > 3 else None):
         print(repr(d.context), d.requests[0][1:])

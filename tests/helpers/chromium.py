@@ -7,7 +7,7 @@ exception and console error, and every request the page attempted.
 
 Run as a script to take a screenshot of a report (what the README's docs/report.png is):
 
-    python tests/chromium.py report.html docs/report.png [WIDTH HEIGHT]
+    python tests/helpers/chromium.py report.html docs/report.png [WIDTH HEIGHT]
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import contextlib
 import re
 from typing import Any, Iterator
 
-from fake_openai import FakeOpenAIServer
+from helpers.fake_openai import FakeOpenAIServer
 
 # A response holding this word gets a reply with no verdict line (the unparseable case).
 MUMBLE = "MUMBLE"

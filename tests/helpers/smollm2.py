@@ -2,7 +2,7 @@
 
 Wire it into conftest.py as a session fixture, e.g.
 
-    from smollm2 import smollm2_dir
+    from helpers.smollm2 import smollm2_dir
 
     @pytest.fixture(scope="session")
     def smollm2_path():

@@ -8,7 +8,7 @@ seeded opponent). Every line is found by playing the real game through the card'
 seed and the replies), so a line is verified by construction; `answers` recomputes all of a
 card's lines, and tests/test_games_two_player.py checks the stored files equal them.
 
-    python tests/game_players.py      # rewrite the three answers files
+    python tests/helpers/game_players.py      # rewrite the three answers files
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from arlecli.envs.textarena import four_in_a_row
 from arlecli.types import Episode, Task
 
 CARDS = ("tictactoe", "connect_four", "kuhn_poker")
-FIXTURES = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "benchmarks" / "fixtures"
 
 
 class _Needs(Exception):

@@ -1,6 +1,8 @@
 """The tiny model with a tool-calling chat template (Qwen2.5's, verbatim in what it renders), and
 a scripted `generate` for the hf and vLLM engines: the tiny model's random weights never write a
-tool call, so tests script the turns that must call one (as tests/scripted_engine.py does)."""
+tool call, so tests script the turns that must call one (as scripted_engine.py does): any reply
+(script_generate) or math_tool's first turn, a calculator CALL (first_turn_calls_a_tool). Also a
+shorter tool template (tool_template_model)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ QWEN_TOOLS_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")  # math_tool's rows, offline
+# The calculator call the scripted first turn of a math_tool episode makes (first_turn_calls_a_tool).
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "14 + 9 - 17"}}\n</tool_call>'
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -67,6 +74,43 @@ def build_tool_model(tiny_model: Path, out: Path) -> Path:
     tok.chat_template = QWEN_TOOLS_TEMPLATE
     tok.save_pretrained(str(out))
     return out
+
+
+def tool_template_model(tiny_model: Path, folder: Path) -> Path:
+    """The tiny model with a chat template that renders tool schemas and tool results (as
+    Qwen2.5's does), so the tools env passes its tools natively."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(tiny_model, folder)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.chat_template = (
+        "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+        "{% endif %}{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
+        "{{ m['content'] }}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+def first_turn_calls_a_tool(monkeypatch, engine_class: Any = None) -> None:
+    """Make the engine's (default: hf's) first turn of every episode the fixed tool call CALL
+    (with the ids the model would have produced for it); later turns are the model's own."""
+    from arlecli.engine import hf
+    from arlecli.engine.base import Completion
+
+    engine_class = engine_class or hf.HFEngine
+    original = engine_class.generate
+
+    def generate(self, requests):
+        first = [i for i, r in enumerate(requests) if not any(m["role"] == "assistant" for m in r.messages)]
+        for i in first:
+            ids = self.tokenizer(CALL, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            yield i, Completion(CALL, ids, self.encode(requests[i]), [0.0] * len(ids))
+        rest = [i for i in range(len(requests)) if i not in first]
+        for j, comp in original(self, [requests[i] for i in rest]):
+            yield rest[j], comp
+
+    monkeypatch.setattr(engine_class, "generate", generate)
 
 
 def script_generate(monkeypatch: Any, engine_class: Any, reply: Callable[[Any], str | None]) -> None:

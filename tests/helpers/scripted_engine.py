@@ -1,4 +1,5 @@
-"""A scripted engine for tests of engine.phases: writes a fixed continuation as a model would."""
+"""Scripted engines: `ScriptedEngine` writes a fixed continuation token by token as a model would (for
+tests of engine.phases); `Replies` answers each model turn of a conversation with a fixed text."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def continue_script(tokenizer: Any, rest: list[int], params: SamplingParams, pro
     text = cut_at_stop(tokenizer.decode(out, skip_special_tokens=True), params.stop)
     return Completion(text=text, token_ids=out, prompt_token_ids=prompt, finish_reason=why,
                       logprobs=[-1.0] * len(out) if params.logprobs else None)
+
+
+class Replies:
+    """An engine that answers a conversation's k-th model turn with replies[k] (the last repeats)."""
+
+    name = "replies"
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = replies
+
+    def generate(self, requests):
+        for i, request in enumerate(requests):
+            turn = sum(m["role"] == "assistant" for m in request.messages or [])
+            yield i, Completion(text=self.replies[min(turn, len(self.replies) - 1)])
+
+    def close(self) -> None:
+        pass
