@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from arlecli import rundir
 from arlecli.errors import UserError
+from arlecli.records import Sample, samples_of
 from arlecli.results import mean_stderr, pass_at_k
 
 Z95 = 1.959963984540054  # two-sided 95% quantile of the normal distribution
@@ -130,29 +131,26 @@ def _no_nan(value: Any) -> Any:
     return value
 
 
-def natural_key(text: str) -> list[Any]:
-    """A sort key that orders task ids as people do: "2" < "10", "HumanEval/9" < "HumanEval/10"."""
+def _natural(text: str) -> list[Any]:
+    # Task ids like "2" < "10", "HumanEval/9" < "HumanEval/10".
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-_natural = natural_key  # report.py's older name for it
-
-
-def _by_task(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    by_task: dict[str, list[dict[str, Any]]] = {}
+def _by_task(samples: list[Sample]) -> dict[str, list[Sample]]:
+    by_task: dict[str, list[Sample]] = {}
     for s in samples:
-        by_task.setdefault(str(s["task_id"]), []).append(s)
+        by_task.setdefault(str(s.task_id), []).append(s)
     return by_task
 
 
-def task_values(by_task: dict[str, list[dict[str, Any]]], metric: str) -> dict[str, float] | None:
+def task_values(by_task: dict[str, list[Sample]], metric: str) -> dict[str, float] | None:
     """Each task's value of `metric`, computed as results.json aggregates it (mean over the task's
     samples; pass@k and pass^k from its n samples and c correct). None when this run cannot give
     it for every task (pass@k with fewer than k samples)."""
     m = _PASS_RE.match(metric)
     out = {}
     for tid, samples in by_task.items():
-        n, c = len(samples), sum(bool(s["correct"]) for s in samples)
+        n, c = len(samples), sum(bool(s.correct) for s in samples)
         if m:
             k = int(m.group(2))
             if n < k:
@@ -166,7 +164,7 @@ def task_values(by_task: dict[str, list[dict[str, Any]]], metric: str) -> dict[s
         elif metric == "accuracy":
             out[tid] = c / n
         else:
-            out[tid] = sum(float(s["details"].get(metric, 0.0)) for s in samples) / n
+            out[tid] = sum(float(s.details.get(metric, 0.0)) for s in samples) / n
     return out
 
 
@@ -182,13 +180,14 @@ def _compare_metric(metric: str, a: dict[str, float], b: dict[str, float], tasks
                             mcnemar_exact(lost, won) if binary else None)
 
 
-def compare_samples(samples_a: list[dict[str, Any]], samples_b: list[dict[str, Any]],
+def compare_samples(samples_a: Sequence[Sample | dict[str, Any]], samples_b: Sequence[Sample | dict[str, Any]],
                     metrics: list[str]) -> Comparison:
-    """Compare two runs' samples on the task ids both hold, for each of `metrics` either run can
-    compute per task; groups come from the samples' `group` field (cards with group_by). The
-    run fields (paths, benchmark, models) are left empty for the caller."""
-    ta, tb = _by_task(samples_a), _by_task(samples_b)
-    shared = sorted(set(ta) & set(tb), key=natural_key)
+    """Compare two runs' samples (records or samples.jsonl objects) on the task ids both hold,
+    for each of `metrics` either run can compute per task; groups come from the samples' `group`
+    field (cards with group_by). The run fields (paths, benchmark, models) are left empty for
+    the caller."""
+    ta, tb = _by_task(samples_of(samples_a)), _by_task(samples_of(samples_b))
+    shared = sorted(set(ta) & set(tb), key=_natural)
     if not shared:
         raise UserError("the two runs share no task ids, so there is nothing to pair; compare runs of the same "
                         "benchmark and split")
@@ -200,9 +199,10 @@ def compare_samples(samples_a: list[dict[str, Any]], samples_b: list[dict[str, A
         return [_compare_metric(m, a_values[m], b_values[m], tasks) for m in usable]  # type: ignore[arg-type]
 
     groups: dict[str, list[str]] = {}
-    if any("group" in s for s in samples_a):
+    if any(s.group is not None for samples in ta.values() for s in samples):
         for tid in shared:
-            groups.setdefault(str(ta[tid][0].get("group", "")), []).append(tid)
+            group = ta[tid][0].group
+            groups.setdefault(str(group if group is not None else ""), []).append(tid)
     # Flips are read on accuracy (the reward's `correct`), whichever metrics were asked for.
     acc_a: dict[str, float] = task_values(ta, "accuracy") or {}
     acc_b: dict[str, float] = task_values(tb, "accuracy") or {}
@@ -216,12 +216,12 @@ def compare_samples(samples_a: list[dict[str, Any]], samples_b: list[dict[str, A
 def _refusal(a: rundir.EvalRun, b: rundir.EvalRun) -> str | None:
     """Why two runs do not measure the same thing (None: they do)."""
     ra, rb = a.results, b.results
-    if ra.get("benchmark") != rb.get("benchmark"):
-        return f"different benchmarks ({ra.get('benchmark')} vs {rb.get('benchmark')})"
-    if ra.get("split") != rb.get("split"):
-        return f"different splits ({ra.get('split')} vs {rb.get('split')})"
+    if ra.benchmark != rb.benchmark:
+        return f"different benchmarks ({ra.benchmark} vs {rb.benchmark})"
+    if ra.split != rb.split:
+        return f"different splits ({ra.split} vs {rb.split})"
     # --rows runs name their split by the file; the same path may hold other rows by now.
-    ha, hb = a.meta.get("data_hash"), b.meta.get("data_hash")
+    ha, hb = a.meta.data_hash, b.meta.data_hash
     if ha and hb and ha != hb:
         return f"different --rows contents (hash {ha} vs {hb})"
     return None
@@ -238,17 +238,17 @@ def compare_runs(run_a: Path | str, run_b: Path | str, *, force: bool = False) -
     if why and not force:
         raise UserError(f"{run_a} and {run_b} are not comparable: {why}; pass --force to pair the task ids "
                         f"they share anyway")
-    names_b = set(b.results["metrics"])
-    metrics = [m for m in a.results["metrics"] if m in names_b]
+    names_b = set(b.results.metrics)
+    metrics = [m for m in a.results.metrics if m in names_b]
     cmp = compare_samples(a.samples, b.samples, metrics)
     cmp.run_a, cmp.run_b = str(run_a), str(run_b)
-    cmp.benchmark, cmp.split = a.results.get("benchmark"), a.results.get("split")
-    cmp.model_a, cmp.model_b = a.results.get("model"), b.results.get("model")
+    cmp.benchmark, cmp.split = a.results.benchmark, a.results.split
+    cmp.model_a, cmp.model_b = a.results.model, b.results.model
     if why:
         cmp.warnings.append(f"compared despite {why} (--force)")
-    if a.results.get("card_version") != b.results.get("card_version"):
-        cmp.warnings.append(f"card versions differ ({a.results.get('card_version')} vs "
-                            f"{b.results.get('card_version')}): the tasks may be scored differently")
+    if a.results.card_version != b.results.card_version:
+        cmp.warnings.append(f"card versions differ ({a.results.card_version} vs "
+                            f"{b.results.card_version}): the tasks may be scored differently")
     cmp.compute = [compute_point(a, str(run_a)), compute_point(b, str(run_b))]
     return cmp
 
@@ -286,9 +286,9 @@ def _int_option(options: Any, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _count(sample: dict[str, Any], *keys: str) -> int | None:
+def _count(sample: Sample, *keys: str) -> int | None:
     for key in keys:
-        value = sample.get(key)
+        value = getattr(sample, key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
@@ -298,26 +298,24 @@ def compute_point(run: rundir.EvalRun, label: str | None = None) -> ComputePoint
     """Where `run` sits on the accuracy-vs-compute curve (see the module docstring); accuracy is
     results.json's (mean over tasks, with its stderr)."""
     samples = run.samples
-    stat = (run.results.get("metrics") or {}).get("accuracy") or {}
-    accuracy = stat.get("value")
+    accuracy, stderr = run.results.stat("accuracy")
     if not isinstance(accuracy, (int, float)):  # a run without the metric: the share of correct samples
-        accuracy = sum(bool(s.get("correct")) for s in samples) / len(samples) if samples else float("nan")
-    stderr = stat.get("stderr")
-    thought = [s for s in samples if "thinking_cut" in s]
+        accuracy = sum(bool(s.correct) for s in samples) / len(samples) if samples else float("nan")
+    thought = [s for s in samples if s.thinking_cut is not None]
     # A sample that did not think spent no thinking tokens; one that thought counts where known.
-    thinking = [0 if "thinking_cut" not in s else _count(s, "thinking_tokens") for s in samples]
+    thinking = [0 if s.thinking_cut is None else _count(s, "thinking_tokens") for s in samples]
     known = [t for t in thinking if t is not None]
     generated = [_count(s, "completion_tokens", "num_tokens") for s in samples]
     counted = [g for g in generated if g is not None]
-    options = run.meta.get("options")
+    options = run.meta.options
     n = len(samples)
     return ComputePoint(
-        run=label if label is not None else str(run.path), model=run.results.get("model"),
+        run=label if label is not None else str(run.path), model=run.results.model,
         accuracy=float(accuracy), stderr=float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
         n_samples=n,
         thinking_tokens=sum(known) / len(known) if thought and len(known) > n - len(thought) else None,
         thought_share=len(thought) / n if n else 0.0,
-        cut_share=sum(bool(s.get("thinking_cut")) for s in thought) / len(thought) if thought else None,
+        cut_share=sum(bool(s.thinking_cut) for s in thought) / len(thought) if thought else None,
         completion_tokens=sum(counted) / len(counted) if counted else None,
         completion_tokens_total=sum(counted) if counted else None,
         max_thinking_tokens=_int_option(options, "max_thinking_tokens"), max_tokens=_int_option(options, "max_tokens"))

@@ -3,7 +3,7 @@
 
 Everything here is computed from samples.jsonl lines alone, like the metrics in results.py,
 so a resumed run and a recomputation give the same numbers. What each sample line holds
-(written by eval.py):
+(records.Sample, written by eval.py):
 
     prompt_tokens, completion_tokens   summed over the episode's turns (a later turn's prompt
                                        repeats the conversation, and is billed again); the
@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from arlecli.errors import UserError
+from arlecli.records import Sample, samples_of
 
-Sample = dict[str, Any]
+Lines = Iterable[Sample | Mapping[str, Any]]  # records, or samples.jsonl objects
 
 
 @dataclass(frozen=True)
@@ -93,45 +94,21 @@ def make_prices(price_input: float | None, price_output: float | None, origin: s
     return Prices(price_input, price_output)
 
 
-def _sum_or_none(values: list[Any]) -> Any:
-    return None if any(v is None for v in values) else sum(values)
-
-
-def sample_counts(turns: list[Any]) -> dict[str, Any]:
-    """A sample's `prompt_tokens`, `completion_tokens` and `latency_s` from its Turns (summed;
-    None when any turn lacks it)."""
-    return {"prompt_tokens": _sum_or_none([t.prompt_count() for t in turns]),
-            "completion_tokens": _sum_or_none([t.completion_count() for t in turns]),
-            "latency_s": _sum_or_none([t.latency_s for t in turns])}
-
-
-def thinking_counts(turns: list[Any]) -> dict[str, Any]:
-    """What a sample records of its thinking (nothing when no turn thought): the last turn's
-    `thinking` text and whether it was cut (`thinking_cut`: no answer), and over all turns
-    `thinking_tokens` and `answer_tokens` (None where the engine gave no counts)."""
-    if not any(t.thinking is not None for t in turns):
-        return {}
-    thought = _sum_or_none([t.thinking_tokens if t.thinking is not None else 0 for t in turns])
-    generated = _sum_or_none([t.completion_count() for t in turns])
-    answer = generated - thought if thought is not None and generated is not None else None
-    return {"thinking": turns[-1].thinking, "thinking_cut": turns[-1].thinking_cut,
-            "thinking_tokens": thought, "answer_tokens": answer}
-
-
-def reasoning_stats(samples: list[Sample]) -> dict[str, Any] | None:
+def reasoning_stats(lines: Lines) -> dict[str, Any] | None:
     """`reasoning`: how the samples that thought did: how many (`n`), their thinking tokens
     (mean, median; over those with counts), the share cut inside their thinking (no answer),
     and the accuracy of the cut and of the others (what a bigger thinking budget could win
     back). None when no sample thought."""
-    thought = [s for s in samples if "thinking_cut" in s]
+    samples = samples_of(lines)
+    thought = [s for s in samples if s.thinking_cut is not None]
     if not thought:
         return None
     tokens = _known(thought, "thinking_tokens")
-    cut = [s for s in thought if s.get("thinking_cut")]
-    whole = [s for s in thought if not s.get("thinking_cut")]
+    cut = [s for s in thought if s.thinking_cut]
+    whole = [s for s in thought if not s.thinking_cut]
 
     def accuracy(group: list[Sample]) -> float | None:
-        return sum(bool(s.get("correct")) for s in group) / len(group) if group else None
+        return sum(bool(s.correct) for s in group) / len(group) if group else None
 
     return {"n": len(thought), "share_of_samples": len(thought) / len(samples),
             "thinking_tokens": ({"mean": sum(tokens) / len(tokens), "median": percentile(tokens, 50),
@@ -149,12 +126,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _known(samples: list[Sample], key: str) -> list[Any]:
-    return [s[key] for s in samples if isinstance(s.get(key), (int, float)) and not isinstance(s.get(key), bool)]
+    # The numbers a field holds, over the samples where it is one (null: unknown).
+    values = [getattr(s, key) for s in samples]
+    return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def token_stats(samples: list[Sample]) -> dict[str, Any] | None:
+def token_stats(lines: Lines) -> dict[str, Any] | None:
     """`tokens`: {prompt, completion}: {mean, total, n} per sample, over samples whose counts are
     known (n says how many); None when no sample has counts."""
+    samples = samples_of(lines)
     out = {}
     for side in ("prompt", "completion"):
         values = _known(samples, f"{side}_tokens")
@@ -163,19 +143,20 @@ def token_stats(samples: list[Sample]) -> dict[str, Any] | None:
     return out or None
 
 
-def time_stats(samples: list[Sample]) -> dict[str, Any] | None:
+def time_stats(lines: Lines) -> dict[str, Any] | None:
     """`time`: wall seconds of the run and throughput, latency percentiles where known.
 
     wall_s adds up each session (one `arle eval` process: its samples share
     `session_started_at`) from its start to its last written sample, so a resumed run counts
     the time each part took and not the pause between; what a killed session did after its
     last written sample was redone and is counted there."""
+    samples = samples_of(lines)
     sessions: dict[float, float] = {}
-    timed = [s for s in samples if isinstance(s.get("session_started_at"), (int, float))
-             and isinstance(s.get("finished_at"), (int, float))]
+    timed = [s for s in samples if isinstance(s.session_started_at, (int, float))
+             and isinstance(s.finished_at, (int, float))]
     for s in timed:
-        start = s["session_started_at"]
-        sessions[start] = max(sessions.get(start, start), s["finished_at"])
+        start = s.session_started_at
+        sessions[start] = max(sessions.get(start, start), s.finished_at)
     out: dict[str, Any] = {}
     if timed:
         wall = sum(end - start for start, end in sessions.items())
@@ -191,40 +172,42 @@ def time_stats(samples: list[Sample]) -> dict[str, Any] | None:
     return out or None
 
 
-def agent_stats(samples: list[Sample]) -> dict[str, Any] | None:
+def agent_stats(lines: Lines) -> dict[str, Any] | None:
     """`agents` (multi-turn episodes only, i.e. samples with `num_turns`): per-episode means of
     turns, tool calls and tool errors (the latter where the env counts them), end reasons,
     steps-to-success (mean turns of the correct episodes; null if none) and tokens per success
     (prompt + completion tokens of all episodes over the correct ones; null if none or unknown)."""
-    episodes = [s for s in samples if isinstance(s.get("num_turns"), int)]
+    samples = samples_of(lines)
+    episodes = [s for s in samples if isinstance(s.num_turns, int)]
     if not episodes:
         return None
-    wins = [s for s in episodes if s["correct"]]
+    wins = [s for s in episodes if s.correct]
     out: dict[str, Any] = {"episodes": len(episodes),
-                           "turns_per_episode": sum(s["num_turns"] for s in episodes) / len(episodes)}
+                           "turns_per_episode": sum(s.num_turns or 0 for s in episodes) / len(episodes)}
     for key in ("tool_calls", "tool_errors"):
         values = _known(episodes, key)
         if values:
             out[f"{key}_per_episode"] = sum(values) / len(values)
     reasons: dict[str, int] = {}
     for s in episodes:
-        reason = str(s.get("end_reason", "unknown"))
+        reason = str(s.end_reason if s.end_reason is not None else "unknown")
         reasons[reason] = reasons.get(reason, 0) + 1
     out["end_reasons"] = dict(sorted(reasons.items()))
     out["successes"] = len(wins)
-    out["steps_to_success"] = sum(s["num_turns"] for s in wins) / len(wins) if wins else None
+    out["steps_to_success"] = sum(s.num_turns or 0 for s in wins) / len(wins) if wins else None
     prompt, completion = _known(episodes, "prompt_tokens"), _known(episodes, "completion_tokens")
     known = len(prompt) == len(completion) == len(episodes)
     out["tokens_per_success"] = (sum(prompt) + sum(completion)) / len(wins) if wins and known else None
     return out
 
 
-def game_stats(samples: list[Sample]) -> dict[str, Any] | None:
+def game_stats(lines: Lines) -> dict[str, Any] | None:
     """`games` (game cards only: samples whose env_info has a seat and an outcome): win, draw
     and loss rates per seat, the share of games lost to an invalid move, invalid moves per
     move and the mean moves per game of the recorded player."""
-    games = [s["env_info"] for s in samples
-             if isinstance(s.get("env_info"), dict) and "outcome" in s["env_info"] and "seat" in s["env_info"]]
+    samples = samples_of(lines)
+    games = [s.env_info for s in samples
+             if isinstance(s.env_info, dict) and "outcome" in s.env_info and "seat" in s.env_info]
     if not games:
         return None
     per_seat: dict[str, dict[str, Any]] = {}
@@ -239,23 +222,23 @@ def game_stats(samples: list[Sample]) -> dict[str, Any] | None:
             "turns_per_game": turns / len(games)}
 
 
-def cost_stats(samples: list[Sample], n_tasks: int, prices: Prices | None) -> dict[str, Any] | None:
+def cost_stats(lines: Lines, n_tasks: int, prices: Prices | None) -> dict[str, Any] | None:
     """`cost` in USD (None without prices): total, per task, per sample, and cost-of-pass, the
     expected cost of one correct sample: total cost / correct samples (= mean cost per sample /
     accuracy; with one sample per task, cost per task / accuracy). Null when no sample is
     correct, and every amount null when some sample's token counts are unknown
     (`samples_without_counts` says how many)."""
+    samples = samples_of(lines)
     if prices is None:
         return None
     out: dict[str, Any] = {"currency": "USD", "price_input_per_1m": prices.input_per_1m,
                            "price_output_per_1m": prices.output_per_1m}
-    missing = sum(1 for s in samples if not (isinstance(s.get("prompt_tokens"), int)
-                                             and isinstance(s.get("completion_tokens"), int)))
+    missing = sum(1 for s in samples if not (isinstance(s.prompt_tokens, int) and isinstance(s.completion_tokens, int)))
     if missing or not samples:
         out.update(total=None, per_task=None, per_sample=None, cost_of_pass=None, samples_without_counts=missing)
         return out
-    total = sum(prices.cost(s["prompt_tokens"], s["completion_tokens"]) for s in samples)
-    correct = sum(bool(s["correct"]) for s in samples)
+    total = sum(prices.cost(s.prompt_tokens or 0, s.completion_tokens or 0) for s in samples)
+    correct = sum(bool(s.correct) for s in samples)
     out.update(total=total, per_task=total / n_tasks, per_sample=total / len(samples),
                cost_of_pass=total / correct if correct else None)
     return out
@@ -267,7 +250,7 @@ def all_agree(by_task: dict[str, list[Sample]], task_ids: list[str]) -> dict[str
     multi = [t for t in task_ids if len(by_task[t]) > 1]
     if not multi:
         return {"tasks": 0, "all_agree": None, "same_answer": None}
-    agree = sum(len({bool(s["correct"]) for s in by_task[t]}) == 1 for t in multi)
+    agree = sum(len({bool(s.correct) for s in by_task[t]}) == 1 for t in multi)
     # Answers compare by their JSON form: extracted values may be lists or dicts.
-    same = sum(len({repr(s.get("extracted")) for s in by_task[t]}) == 1 for t in multi)
+    same = sum(len({repr(s.extracted) for s in by_task[t]}) == 1 for t in multi)
     return {"tasks": len(multi), "all_agree": agree / len(multi), "same_answer": same / len(multi)}

@@ -13,21 +13,23 @@ import os
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from arlecli import fewshot, rundir
+from arlecli import fewshot
 from arlecli.cards import Card
-from arlecli.efficiency import Prices, sample_counts, thinking_counts
+from arlecli.efficiency import Prices
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.engine.base import Engine
 from arlecli.envs import env_kind
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
 from arlecli.fewshot import Exemplars
-from arlecli.results import META, RESULTS, SAMPLES, SampleWriter, aggregate, read_samples, write_json
+from arlecli.records import RunDir, Sample, sample_id
+from arlecli.results import SampleWriter, read_samples
 from arlecli.rewards import REWARD_ERROR, check_task_fields, check_tasks, get_reward, score_samples
+from arlecli.rundir import close_run, open_run
 from arlecli.safeio import terminal_text
 from arlecli.registry import card_runs_code
 from arlecli.sandbox import ensure_isolation
@@ -49,11 +51,6 @@ class EvalOptions:
     data: str | None = None
     opponent: str | None = None  # two-player game cards: who plays the other seat (None: the card's)
     max_thinking_tokens: int | None = None  # a thinking model's thought per turn, apart from max_tokens
-
-
-def sample_id(task_id: str, k: int) -> str:
-    """The unique id of sample k of a task (the resume key)."""
-    return f"{task_id}#{k}"
 
 
 def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) -> tuple[list[Task], Exemplars]:
@@ -106,7 +103,7 @@ def legacy_ids(card: Card, run_dir: Path, resume: bool) -> bool:
     from arlecli.data.sources import generator_prefix
 
     prefix = generator_prefix(card)
-    if not resume or prefix is None or not (Path(run_dir) / SAMPLES).is_file():
+    if not resume or prefix is None or not RunDir(run_dir).samples.is_file():
         return False
     return any(str(s.get("task_id", "")).startswith(prefix) for s in read_samples(Path(run_dir)))
 
@@ -118,7 +115,7 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
              prices: Prices | None = None, scoring: str | None = None) -> dict[str, Any]:
     """Evaluate, appending to `run_dir/samples.jsonl`; return (and write) results.json's content.
 
-    `on_start(total, already_done)` and `on_sample(sample)` feed a progress display.
+    `on_start(total, already_done)` and `on_sample(sample)` (its samples.jsonl object) feed a progress display.
     `prices` adds results.json's `cost` block; they are not part of the run's settings (a
     resume may change them: results are recomputed from the samples either way).
     `scoring` "loglikelihood" scores multiple choice as lm-eval does (arlecli/loglik.py);
@@ -174,40 +171,11 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             record(task, k, episode, result)
 
     def record(task: Task, k: int, episode: Episode, result: Score) -> None:
-        # No turns: a game's seat that never got to move (the other seat ended the game first).
-        first, last = (episode.turns[0], episode.turns[-1]) if episode.turns else (None, None)
-        sample = {
-            "id": sample_id(task.id, k), "task_id": task.id, "sample": k,
-            "prompt": first.prompt if first else None, "completion": episode.completion,
-            "extracted": result.extracted,
-            "target": task.target, "reward": float(result.reward), "correct": bool(result.correct),
-            "details": result.details, "finish_reason": last.finish_reason if last else None,
-            "num_tokens": sum(len(t.token_ids or []) for t in episode.turns),
-            **sample_counts(episode.turns),
-            **thinking_counts(episode.turns),
-        }
-        if multi_turn:  # every turn, with what the environment answered
-            sample["turns"] = [{"completion": t.completion, "observation": t.observation,
-                                "finish_reason": t.finish_reason, "num_tokens": len(t.token_ids or []),
-                                "prompt_tokens": t.prompt_count(), "completion_tokens": t.completion_count(),
-                                "latency_s": t.latency_s,
-                                **({"thinking": t.thinking, "thinking_cut": t.thinking_cut,
-                                    "thinking_tokens": t.thinking_tokens} if t.thinking is not None else {})}
-                               for t in episode.turns]
-            sample["num_turns"] = len(episode.turns)
-            for key in ("tool_calls", "tool_errors"):  # where the env counts them (envs/tools.py)
-                if isinstance(episode.info.get(key), int):
-                    sample[key] = episode.info[key]
-            sample["end_reason"] = episode.end_reason
-            sample["env_info"] = episode.info
-            sample["tools"] = episode.tools  # always present (null: none), so older runs are told apart
-        if card.group_by:
-            sample["group"] = task.fields.get(card.group_by, "")
-        sample["session_started_at"] = session_started_at
-        sample["finished_at"] = time.time()
+        sample = Sample.from_episode(task, k, episode, result, multi_turn=multi_turn, group_by=card.group_by,
+                                     session_started_at=session_started_at)
         writer.write(sample)
         if on_sample:
-            on_sample(sample)
+            on_sample(sample.to_json())
 
     ok = False
     try:
@@ -236,66 +204,5 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     if results.get("reward_errors"):
         print(terminal_text(f"warning: reward '{card.reward}' raised on {results['reward_errors']} of "
                             f"{results['n_samples']} samples; they are scored wrong, and details.{REWARD_ERROR} "
-                            f"in {run_dir / SAMPLES} says why"), file=sys.stderr)
-    return results
-
-
-def open_run(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool,
-             command: list[str] | None, expected: int, scoring: str, **extra: Any) -> set[str]:
-    """Start (or resume) an eval run in `run_dir`: write meta.json, refuse a resume whose
-    settings differ, and return the ids of the samples already done. `extra` joins meta.json."""
-    meta = {
-        "command": command or sys.argv,
-        "benchmark": card.name,
-        "card_version": card.version,
-        "card_hash": card.hash,
-        "card_path": str(card.path),
-        "model": model,
-        "engine": engine.name,
-        "options": asdict(opts),
-        # How the model was asked and read: they shape the prompts and the answers as much as the options.
-        "model_options": model_options(engine),
-        # so a resume with the other --scoring is refused, not mixed in
-        "scoring": scoring,
-        **extra,
-        # --data's content, not only its path: a file rewritten in place is other tasks.
-        "data_hash": rundir.file_hash(opts.data) if opts.data else None,
-        # So `arle runs list` can tell how far an interrupted run got (it has no results.json yet).
-        "expected_samples": expected,
-        "versions": rundir.versions(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    # A run's samples are read (and so checked) before prepare() records the resume in
-    # meta.json: a damaged samples.jsonl stops the run with the directory exactly as it was.
-    rundir.check_fresh(run_dir, resume)
-    previous = read_samples(run_dir) if (run_dir / META).exists() else None
-    # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
-    rundir.prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "model_options", "data_hash",
-                                                   "scoring"))
-    return {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
-
-
-def model_options(engine: Engine) -> dict[str, Any]:
-    """The engine's think tags (`none`: not split) and chat-template switches, for meta.json."""
-    from arlecli.thinking import tags_for
-
-    tags = tags_for(engine)
-    return {"think_tags": tags.option() if tags is not None else "none",
-            "chat_template_kwargs": getattr(engine, "chat_template_kwargs", None) or {}}
-
-
-def close_run(card: Card, opts: EvalOptions, *, model: str, run_dir: Path, metrics: list[str],
-              prices: Prices | None, **extra: Any) -> dict[str, Any]:
-    """Aggregate `run_dir`'s samples into results.json (`extra` joins it) and return it."""
-    samples = read_samples(run_dir)
-    ids = [s["id"] for s in samples]
-    if len(ids) != len(set(ids)):
-        raise UserError(f"{run_dir}/samples.jsonl holds duplicate sample ids; it was written by two runs at once")
-    results = {
-        "benchmark": card.name, "card_version": card.version, "model": model,
-        "split": opts.data or (opts.split or card.source.default_split),
-        "num_samples": opts.num_samples, **extra,
-        **aggregate(samples, metrics, opts.num_samples, card.group_by, prices),
-    }
-    write_json(run_dir / RESULTS, results)
+                            f"in {RunDir(run_dir).samples} says why"), file=sys.stderr)
     return results

@@ -29,7 +29,9 @@ from arlecli import fewshot
 from arlecli.cards import Card, Loglikelihood
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.errors import UserError
+from arlecli.records import Sample, sample_id
 from arlecli.results import SampleWriter
+from arlecli.rundir import close_run, open_run
 from arlecli.types import Task
 
 
@@ -227,7 +229,6 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
                       prices: Any = None) -> dict[str, Any]:
     """Score every document by loglikelihood into `run_dir` (resumable); return results.json's content."""
     from arlecli.engine.base import LoglikRequest
-    from arlecli.eval import close_run, open_run, sample_id
 
     spec = spec_of(card)
     if opts.num_samples != 1:
@@ -256,31 +257,23 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
                 sample = _sample(spec, pending[j], results[j], card, started)
                 writer.write(sample)
                 if on_sample:
-                    on_sample(sample)
+                    on_sample(sample.to_json())
     finally:
         writer.close()
     return close_run(card, opts, model=model, run_dir=run_dir, metrics=spec.metrics, prices=prices,
                      scoring="loglikelihood", lm_eval_task=spec.task)
 
 
-def _sample(spec: Loglikelihood, doc: Doc, lls: list[Any], card: Card, started: float) -> dict[str, Any]:
-    from arlecli.eval import sample_id
-
+def _sample(spec: Loglikelihood, doc: Doc, lls: list[Any], card: Card, started: float) -> Sample:
     values = [ll.logprob for ll in lls]
     metrics = mc_metrics(values, doc.choices, doc.gold)
     pred = metrics["pred"]
-    sample = {
-        "id": sample_id(doc.task.id, 0), "task_id": doc.task.id, "sample": 0,
-        "prompt": doc.contexts[pred], "completion": doc.continuations[pred], "extracted": pred,
-        "target": doc.gold, "reward": metrics["acc"], "correct": bool(metrics["acc"]),
-        "details": {**metrics, "loglikelihoods": values, "greedy": [ll.greedy for ll in lls],
-                    "continuation_tokens": [ll.num_tokens for ll in lls], "fewshot": doc.fewshot},
-        "choices": doc.continuations if spec.contexts is None else doc.contexts,
-        "finish_reason": "loglikelihood", "num_tokens": sum(ll.num_tokens for ll in lls),
-        "prompt_tokens": None, "completion_tokens": None, "latency_s": None,
-    }
-    if card.group_by:
-        sample["group"] = doc.task.fields.get(card.group_by, "")
-    sample["session_started_at"] = started
-    sample["finished_at"] = time.time()
-    return sample
+    return Sample(
+        sample_id(doc.task.id, 0), doc.task.id, 0, prompt=doc.contexts[pred], completion=doc.continuations[pred],
+        extracted=pred, target=doc.gold, reward=metrics["acc"], correct=bool(metrics["acc"]),
+        details={**metrics, "loglikelihoods": values, "greedy": [ll.greedy for ll in lls],
+                 "continuation_tokens": [ll.num_tokens for ll in lls], "fewshot": doc.fewshot},
+        choices=doc.continuations if spec.contexts is None else doc.contexts,
+        finish_reason="loglikelihood", num_tokens=sum(ll.num_tokens for ll in lls),
+        group=doc.task.fields.get(card.group_by, "") if card.group_by else None,
+        session_started_at=started, finished_at=time.time())

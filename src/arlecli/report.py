@@ -45,7 +45,8 @@ from typing import Any
 
 from arlecli import rundir, safeio
 from arlecli.errors import UserError
-from arlecli.results import RESULTS, SAMPLES, read_json
+from arlecli.records import Meta, RewardRow, RunDir, Sample, TrainSummary
+from arlecli.results import RESULTS, read_json
 from arlecli.rundir import EvalRun
 
 SAMPLE_CAP = 2000          # samples embedded per run; more make the page slow to open
@@ -59,6 +60,15 @@ TRAIN_CURVES = [           # (metrics.jsonl key, title); the ones a trainer did 
 ]
 _BLOCKS_SKIP = {"metrics", "groups", "benchmark", "card_version", "model", "split", "num_samples",
                 "n_tasks", "n_samples"}
+# What the sample browser (report_assets/report.js) shows in blocks of its own, of a sample and
+# of a turn (records.Sample, records.TurnRecord; `question` is the report's); every other field
+# is listed under "other fields" / "turn fields". The page's data carries these lists.
+BROWSER_SCHEMA = {
+    "shown": ["id", "task_id", "sample", "prompt", "completion", "extracted", "target", "reward", "correct",
+              "details", "turns", "env_info", "group", "thinking", "thinking_cut", "thinking_tokens", "question"],
+    "turn_shown": ["completion", "observation", "finish_reason", "tool_calls", "thinking", "thinking_cut",
+                   "thinking_tokens"],
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,10 +80,10 @@ class TrainRun:
     """A training run directory (`arle train`), read back for a report."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: Meta
     metrics: list[dict[str, Any]]
-    rewards: list[dict[str, Any]]
-    summary: dict[str, Any] | None
+    rewards: list[RewardRow]
+    summary: TrainSummary | None
     evals: dict[int, EvalRun]              # finished held-out evals by step
     notes: list[str] = field(default_factory=list)
 
@@ -110,18 +120,20 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def load_train(path: Path, meta: dict[str, Any]) -> TrainRun:
+def load_train(path: Path, meta: Meta) -> TrainRun:
     """A training run directory: metrics.jsonl, rewards.jsonl, summary.json and eval/step-N/.
 
     A training run is shown while it runs too: what it has not written yet is named in notes."""
     notes: list[str] = []
-    metrics = _read_lines(path / "metrics.jsonl", notes)
-    rewards = _read_lines(path / "rewards.jsonl", notes)
+    files = RunDir(path)
+    metrics = _read_lines(files.metrics, notes)
+    rewards = [RewardRow.from_json(r) for r in _read_lines(files.rewards, notes)]
     summary = None
-    if (path / "summary.json").is_file():
-        summary = read_json(path / "summary.json")
+    if files.summary.is_file():
+        data = read_json(files.summary)
+        summary = TrainSummary.from_json(data) if isinstance(data, dict) else None
     else:
-        notes.append("no summary.json yet: the run has not finished (or was interrupted)")
+        notes.append(f"no {files.SUMMARY} yet: the run has not finished (or was interrupted)")
     evals: dict[int, EvalRun] = {}
     for sub in rundir.held_out_dirs(path):
         if not (sub / RESULTS).is_file():
@@ -136,7 +148,7 @@ def load_run(path: Path | str) -> Run:
     or a one-line UserError saying why it is not one. Reads only."""
     path = Path(path)
     meta = rundir.read_meta(path)
-    if rundir.is_training(meta):
+    if meta.is_training:
         return load_train(path, meta)
     return rundir.load_eval(path)
 
@@ -417,20 +429,20 @@ def plain_rows(block: str, value: Any) -> list[tuple[str, str]]:
 def _efficiency(run: EvalRun) -> str:
     """results.json's efficiency, cost and consistency blocks, one small table each; for runs
     written before those blocks, what samples.jsonl tells (tokens, finish reasons, turns)."""
-    blocks = {k: v for k, v in run.results.items() if k not in _BLOCKS_SKIP and isinstance(v, dict)}
+    blocks = {k: v for k, v in run.results.to_json().items() if k not in _BLOCKS_SKIP and isinstance(v, dict)}
     source = "from results.json"
     if not blocks:
         source = "counted from samples.jsonl (this run's results.json has no efficiency block)"
         samples = run.samples
         counted: dict[str, Any] = {}
-        tokens = [s.get("num_tokens") for s in samples if isinstance(s.get("num_tokens"), int)]
+        tokens = [s.num_tokens for s in samples if isinstance(s.num_tokens, int)]
         if tokens:
             counted["completion tokens, total"] = sum(tokens)
             counted["completion tokens, mean"] = sum(tokens) / len(tokens)
         for s in samples:
-            key = f"finish reason: {s.get('finish_reason')}"
+            key = f"finish reason: {s.finish_reason}"
             counted[key] = counted.get(key, 0) + 1
-        turns = [len(s["turns"]) for s in samples if isinstance(s.get("turns"), list)]
+        turns = [len(s.turns) for s in samples if s.turns is not None]
         if turns:
             counted["turns per episode, mean"] = sum(turns) / len(turns)
         blocks = {"samples": counted} if counted else {}
@@ -445,19 +457,19 @@ def _efficiency(run: EvalRun) -> str:
             f'<div class="blocks">{"".join(tables)}</div>')
 
 
-def _tokens_of(sample: dict[str, Any]) -> int | None:
-    value = sample.get("thinking_tokens")
+def _tokens_of(sample: Sample | RewardRow) -> int | None:
+    value = sample.thinking_tokens
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def thinking_buckets(samples: list[dict[str, Any]], buckets: int = THINK_BUCKETS) -> list[dict[str, Any]]:
+def thinking_buckets(samples: list[Sample], buckets: int = THINK_BUCKETS) -> list[dict[str, Any]]:
     """The samples that thought (and whose thinking tokens are counted), in at most `buckets`
     ranges of thinking length holding about as many samples each (a count is never split
     across two): [{lo, hi, n, correct, accuracy, stderr, cut}], shortest first."""
     from arlecli.results import mean_stderr
 
-    points = sorted((t, bool(s.get("correct")), bool(s.get("thinking_cut")))
-                    for s in samples if "thinking_cut" in s and (t := _tokens_of(s)) is not None)
+    points = sorted((t, bool(s.correct), bool(s.thinking_cut))
+                    for s in samples if s.thinking_cut is not None and (t := _tokens_of(s)) is not None)
     k = min(buckets, len({t for t, _, _ in points}))
     out, start = [], 0
     for b in range(k):
@@ -483,10 +495,10 @@ def _thinking(run: EvalRun, figs: _Figures) -> str:
     (a chart and its table); nothing for a run without thinking."""
     import plotly.graph_objects as go
 
-    thought = [s for s in run.samples if "thinking_cut" in s]
+    thought = [s for s in run.samples if s.thinking_cut is not None]
     if not thought:
         return ""
-    cut = sum(bool(s.get("thinking_cut")) for s in thought)
+    cut = sum(bool(s.thinking_cut) for s in thought)
     head = (f'<h3>Thinking</h3><p class="note">{len(thought):,} of {len(run.samples):,} samples thought; '
             f'{cut:,} of them ended inside their thinking with no answer (scored wrong).</p>')
     buckets = thinking_buckets(run.samples)
@@ -517,14 +529,14 @@ def _browser_payload(run: EvalRun, cap: int) -> tuple[dict[str, Any], str]:
     left = run.samples[cap:]
     note = ""
     if left:
-        right = sum(bool(s.get("correct")) for s in left)
+        right = sum(bool(s.correct) for s in left)
         note = (f"This file embeds the first {len(shown):,} of {len(run.samples):,} samples (in samples.jsonl "
                 f"order); the {len(left):,} left out ({right:,} correct, {len(left) - right:,} wrong) are counted "
-                f"in the metrics above and are in {run.path / SAMPLES}.")
+                f"in the metrics above and are in {RunDir(run.path).samples}.")
     samples = []
     for s in shown:
-        row = _cap_text({k: v for k, v in s.items() if k not in ("session_started_at", "finished_at")})
-        row["question"] = question_of(s.get("prompt"))  # shown on the collapsed row
+        row = _cap_text({k: v for k, v in s.to_json().items() if k not in ("session_started_at", "finished_at")})
+        row["question"] = question_of(s.prompt)  # shown on the collapsed row
         samples.append(row)
     return {"samples": samples, "total": len(run.samples), "omitted": len(left), "orders": sample_orders(shown)}, note
 
@@ -550,14 +562,14 @@ def question_of(prompt: Any) -> str:
     return text if len(text) <= QUESTION_CAP else text[:QUESTION_CAP - 1] + "…"
 
 
-def _length(sample: dict[str, Any]) -> float:
-    for key in ("completion_tokens", "num_tokens"):
-        if isinstance(sample.get(key), (int, float)) and not isinstance(sample.get(key), bool):
-            return float(sample[key])
-    return float(len(str(sample.get("completion") or "")))
+def _length(sample: Sample) -> float:
+    for value in (sample.completion_tokens, sample.num_tokens):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return float(len(str(sample.completion or "")))
 
 
-def sample_orders(samples: list[dict[str, Any]]) -> dict[str, list[int]]:
+def sample_orders(samples: list[Sample]) -> dict[str, list[int]]:
     """The sample browser's sort orders, as positions into `samples`: by task (natural order of
     ids, then sample number), reward (highest first), latency (slowest first; unknown last) and
     length (longest first: completion tokens, else characters). Ties keep samples.jsonl's order."""
@@ -565,12 +577,12 @@ def sample_orders(samples: list[dict[str, Any]]) -> dict[str, list[int]]:
 
     idx = list(range(len(samples)))
 
-    def number(s: dict[str, Any], key: str) -> float | None:
-        v = s.get(key)
+    def number(s: Sample, key: str) -> float | None:
+        v = getattr(s, key)
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
     def task_key(i: int) -> tuple[Any, ...]:
-        return (_natural(str(samples[i].get("task_id", ""))), number(samples[i], "sample") or 0)
+        return (_natural(str(samples[i].task_id)), number(samples[i], "sample") or 0)
 
     def down(key: str) -> Any:
         return lambda i: (number(samples[i], key) is None, -(number(samples[i], key) or 0.0))
@@ -585,7 +597,7 @@ def _sample_browser(run: EvalRun, browsers: list[dict[str, Any]], cap: int, titl
     index = len(browsers)
     browsers.append(payload)
     n = payload["total"]
-    right = sum(bool(s.get("correct")) for s in run.samples)
+    right = sum(bool(s.correct) for s in run.samples)
     omitted = f'<p class="omitted">{_esc(note)}</p>' if note else ""
     return (f'<h3>{_esc(title)}</h3>'
             f'<p class="sample-count" data-total="{n}">{n:,} samples: {right:,} correct, {n - right:,} wrong</p>'
@@ -593,14 +605,13 @@ def _sample_browser(run: EvalRun, browsers: list[dict[str, Any]], cap: int, titl
 
 
 def _eval_section(run: EvalRun, label: str, figs: _Figures, browsers: list[dict[str, Any]], cap: int) -> str:
-    res = run.results
-    head = (f'<p class="meta">{_esc(res.get("benchmark"))} · {_esc(res.get("model"))} · split '
-            f'{_esc(res.get("split"))} · {_fmt(res.get("n_tasks"))} tasks · {_fmt(res.get("n_samples"))} samples'
-            f'{" · " + _fmt(res.get("num_samples")) + " per task" if (res.get("num_samples") or 1) > 1 else ""}'
-            f' · {_esc(run.meta.get("created", ""))}</p>')
-    command = run.meta.get("command")
-    if isinstance(command, list):
-        head += f'<p class="meta"><code>{_esc(" ".join(map(str, command)))}</code></p>'
+    r, res = run.results, run.results.to_json()
+    head = (f'<p class="meta">{_esc(r.benchmark)} · {_esc(r.model)} · split '
+            f'{_esc(r.split)} · {_fmt(r.n_tasks)} tasks · {_fmt(r.n_samples)} samples'
+            f'{" · " + _fmt(r.num_samples) + " per task" if (r.num_samples or 1) > 1 else ""}'
+            f' · {_esc(run.meta.created or "")}</p>')
+    if run.meta.command:
+        head += f'<p class="meta"><code>{_esc(" ".join(map(str, run.meta.command)))}</code></p>'
     parts = [head, '<div class="overview"><div>', "<h3>Metrics</h3>", _metrics_table(res), "</div>",
              _group_chart(figs, [(label, res)], ""), "</div>", _thinking(run, figs), _efficiency(run),
              _sample_browser(run, browsers, cap)]
@@ -611,14 +622,14 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
     import plotly.graph_objects as go
 
     meta = run.meta
-    trainer = meta.get("trainer") if isinstance(meta.get("trainer"), dict) else {}
-    # rft logs one line per round (its max_steps caps each round's SFT)
-    length = (f'rounds of {_esc(trainer.get("rounds", "?"))}' if meta.get("algo") == "rft"
-              else f'steps of {_esc(trainer.get("max_steps", "?"))}')
-    parts = [f'<p class="meta">{_esc(meta.get("benchmark"))} · {_esc(meta.get("model"))} · '
-             f'{_esc(meta.get("algo"))}{" + LoRA r=" + _esc(meta["options"]["lora_rank"]) if (meta.get("options") or {}).get("lora_rank") else ""}'
+    # What the algorithm logs a line per (rft: rounds; its max_steps caps each round's SFT).
+    unit, field_name = meta.steps
+    length = f'{unit} of {_esc(meta.trainer.get(field_name, "?"))}'
+    lora = meta.options.get("lora_rank")
+    parts = [f'<p class="meta">{_esc(meta.benchmark)} · {_esc(meta.model)} · '
+             f'{_esc(meta.algo)}{" + LoRA r=" + _esc(lora) if lora else ""}'
              f' · {_fmt(len(run.metrics))} logged {length} · '
-             f'{_esc(meta.get("created", ""))}</p>']
+             f'{_esc(meta.created or "")}</p>']
     parts += [f'<p class="note">{_esc(n)}</p>' for n in run.notes]
 
     # Curves over steps: one chart per quantity the trainer logged.
@@ -647,8 +658,8 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
     if run.evals:
         parts.append("<h3>Held-out evaluations</h3>")
         xs = list(run.evals)
-        head = _headline(run.evals[xs[-1]].results) or "accuracy"
-        stats = [run.evals[s].results.get("metrics", {}).get(head, {}) for s in xs]
+        head = _headline(run.evals[xs[-1]].results.to_json()) or "accuracy"
+        stats = [run.evals[s].results.metrics.get(head, {}) for s in xs]
         fig = go.Figure(go.Scatter(x=xs, y=[st.get("value") for st in stats], mode="lines+markers", name=head,
                                    error_y=dict(type="data", array=[st.get("stderr") or 0 for st in stats],
                                                 visible=True)))
@@ -673,7 +684,7 @@ def _before_after(first: EvalRun, last: EvalRun, a: str, b: str) -> str:
     """First vs last held-out eval: each metric, its difference, and paired statistics where
     `arlecli.compare` provides them."""
     rows = []
-    ma, mb = first.results.get("metrics") or {}, last.results.get("metrics") or {}
+    ma, mb = first.results.metrics, last.results.metrics
     for name in [n for n in ma if n in mb]:
         va, vb = ma[name].get("value"), mb[name].get("value")
         delta = vb - va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None
@@ -709,19 +720,19 @@ def _paired(a: EvalRun, b: EvalRun) -> str:
             f"on the {cmp.shared:,} tasks both hold</h4>{warn}{table}{''.join(flips)}")
 
 
-def _thinking_summary(row: dict[str, Any]) -> str:
+def _thinking_summary(row: RewardRow) -> str:
     about = [f"{_fmt(t)} tokens"] if (t := _tokens_of(row)) is not None else []
-    if row.get("thinking_cut"):
+    if row.thinking_cut:
         about.append("cut: no answer")
     return "thinking" + (f" ({', '.join(about)})" if about else "")
 
 
-def _folded_thinking(row: dict[str, Any]) -> str:
+def _folded_thinking(row: RewardRow) -> str:
     """A row's thinking as a closed <details> (static, escaped); "" when it did not think."""
-    thinking = row.get("thinking")
+    thinking = row.thinking
     if not isinstance(thinking, str):
         return ""
-    cut = "1" if row.get("thinking_cut") else "0"
+    cut = "1" if row.thinking_cut else "0"
     return (f'<details class="thinking" data-cut="{cut}"><summary>{_esc(_thinking_summary(row))}</summary>'
             f'<pre>{_esc(_cap_text(thinking))}</pre></details>')
 
@@ -730,21 +741,21 @@ def _step_completions(run: TrainRun) -> str:
     """A few completions per logged step (rewards.jsonl), as static escaped text."""
     if not run.rewards:
         return ""
-    by_step: dict[Any, list[dict[str, Any]]] = {}
-    for r in run.rewards:
-        by_step.setdefault(r.get("step"), []).append(r)
+    by_step: dict[Any, list[RewardRow]] = {}
+    for r in run.rewards:  # records, or rewards.jsonl objects
+        r = r if isinstance(r, RewardRow) else RewardRow.from_json(r)
+        by_step.setdefault(r.step, []).append(r)
     steps = list(by_step)[-STEP_ROWS_CAP:]
     rows = []
     for step in steps:
         for r in by_step[step][:STEP_SAMPLES]:
-            text = r.get("completion")
-            text = text if isinstance(text, str) else json.dumps(text)
-            rows.append([_esc(step), _esc(r.get("task_id")), _fmt(r.get("reward")),
-                         "✓" if r.get("correct") else "✗", _esc(r.get("extracted")), _esc(r.get("target")),
+            text = r.completion if isinstance(r.completion, str) else json.dumps(r.completion)
+            rows.append([_esc(step), _esc(r.task_id), _fmt(r.reward),
+                         "✓" if r.correct else "✗", _esc(r.extracted), _esc(r.target),
                          f"{_folded_thinking(r)}<pre>{_esc(_cap_text(text))}</pre>"])
     left = len(by_step) - len(steps)
     note = (f'<p class="omitted">Completions of the first {left:,} logged steps are left out (the last '
-            f'{len(steps):,} are shown); all are in {_esc(run.path / "rewards.jsonl")}.</p>') if left else ""
+            f'{len(steps):,} are shown); all are in {_esc(RunDir(run.path).rewards)}.</p>') if left else ""
     return (f"<h3>Sampled completions per step</h3><p class=\"note\">Up to {STEP_SAMPLES} per logged step, "
             f"from rewards.jsonl.</p>{note}"
             + _table(["step", "task", "reward", "", "extracted", "target", "completion"], rows, "step-samples"))
@@ -757,26 +768,25 @@ def shared_results(evals: list[EvalRun]) -> tuple[list[dict[str, Any]], list[str
     from arlecli.compare import _natural
     from arlecli.results import aggregate
 
-    sets = [{str(s["task_id"]) for s in run.samples} for run in evals]
+    sets = [{str(s.task_id) for s in run.samples} for run in evals]
     shared = set.intersection(*sets) if sets else set()
     ids = sorted(shared, key=_natural)
     if all(ts == shared for ts in sets):
-        return [run.results for run in evals], ids
+        return [run.results.to_json() for run in evals], ids
     out = []
     for run in evals:
-        kept = [s for s in run.samples if str(s["task_id"]) in shared]
-        names = [m for m in (run.results.get("metrics") or {}) if m != "accuracy" and not m.startswith("pass")]
-        options = run.meta.get("options") if isinstance(run.meta.get("options"), dict) else {}
-        grouped = any("group" in s for s in kept)
-        res = aggregate(kept, names, int(options.get("num_samples") or 1), group_by="group" if grouped else None) \
-            if kept else {"metrics": {}}
-        out.append({**res, "benchmark": run.results.get("benchmark")})
+        kept = [s for s in run.samples if str(s.task_id) in shared]
+        names = [m for m in run.results.metrics if m != "accuracy" and not m.startswith("pass")]
+        grouped = any(s.group is not None for s in kept)
+        res = aggregate(kept, names, int(run.meta.options.get("num_samples") or 1),
+                        group_by="group" if grouped else None) if kept else {"metrics": {}}
+        out.append({**res, "benchmark": run.results.benchmark})
     return out, ids
 
 
 def _compared_tasks(evals: list[EvalRun], shared: list[str], all_tasks: bool) -> str:
     """The line under the comparison that says which tasks its chart compares."""
-    counts = [len({str(s["task_id"]) for s in run.samples}) for run in evals]
+    counts = [len({str(s.task_id) for s in run.samples}) for run in evals]
     if len(set(counts)) == 1 and len(shared) == counts[0]:
         return f"The chart compares the runs on the same {len(shared):,} tasks."
     each = ", ".join(f"{n:,}" for n in counts)
@@ -793,10 +803,10 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: b
     results = []
     for run, label in zip(runs, labels):
         if isinstance(run, EvalRun):
-            results.append((label, run, run.results))
+            results.append((label, run, run.results.to_json()))
         elif run.evals:
             last = list(run.evals)[-1]
-            results.append((label, run, run.evals[last].results))
+            results.append((label, run, run.evals[last].results.to_json()))
         else:
             results.append((label, run, {}))
     names: list[str] = []
@@ -806,8 +816,8 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: b
     for label, run, res in results:
         metrics = res.get("metrics") or {}
         kind = "train (last held-out eval)" if isinstance(run, TrainRun) else "eval"
-        rows.append([_esc(label), kind, _esc(res.get("benchmark") or run.meta.get("benchmark")),
-                     _esc(res.get("model") or run.meta.get("model")), _fmt(res.get("n_samples"))]
+        rows.append([_esc(label), kind, _esc(res.get("benchmark") or run.meta.benchmark),
+                     _esc(res.get("model") or run.meta.model), _fmt(res.get("n_samples"))]
                     + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else ""
                        for n in names])
     table = _table(["run", "kind", "benchmark", "model", "samples", *map(_esc, names)], rows, "comparison")
@@ -929,7 +939,7 @@ def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_t
     title = "arle report: " + ", ".join(labels)
     # The library's JavaScript, once per file; a `</script` inside it would end the element early.
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
-    data = _script_json({"figures": figs.items, "browsers": browsers})
+    data = _script_json({"figures": figs.items, "browsers": browsers, "schema": BROWSER_SCHEMA})
     generated = time.strftime("%Y-%m-%d %H:%M:%S")
     # The policy lets the inline code run and forbids every request: no hostile sample (nor
     # the library) can load an image, a script, a font or a frame from anywhere.

@@ -1,5 +1,5 @@
 """A run directory's files: meta.json, samples.jsonl (append-only), results.json; metric aggregation.
-(Naming run directories, what meta.json holds and the resume check: rundir.py.)
+(Their names and records: records.py. Naming run directories, the resume check: rundir.py.)
 
 samples.jsonl is the single source of truth: results.json is always recomputed from it,
 so a resumed run and an uninterrupted one aggregate the same lines the same way. A
@@ -14,16 +14,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from arlecli import efficiency, safeio
 from arlecli.efficiency import Prices
 from arlecli.errors import UserError
+from arlecli.records import RunDir, Sample, samples_of
 from arlecli.rewards import REWARD_ERROR
 
-META = "meta.json"
-SAMPLES = "samples.jsonl"
-RESULTS = "results.json"
+META, SAMPLES, RESULTS = RunDir.META, RunDir.SAMPLES, RunDir.RESULTS  # the names importers use
 
 
 # What aggregation reads from every sample; a line without them was not written by arle.
@@ -31,13 +30,14 @@ _SAMPLE_KEYS = ("id", "task_id", "correct", "details")
 
 
 def read_samples(run_dir: Path) -> list[dict[str, Any]]:
-    """Every complete sample line; a torn last line (from a kill mid-write) is ignored.
+    """Every complete sample line as its JSON object (`records.Sample.from_json` types one); a
+    torn last line (from a kill mid-write) is ignored.
 
     A write ends with its newline, so only the last line can be torn, and that one is
     redone. Any other line that is not a sample means the file was damaged or edited:
     that raises UserError naming the file and line, because skipping it (or everything
     after it) would silently redo or lose samples and change the results."""
-    path = Path(run_dir) / SAMPLES
+    path = RunDir(run_dir).samples
     if not path.exists():
         return []
     samples = []
@@ -64,7 +64,7 @@ class SampleWriter:
     """Appends one JSON line per finished sample; safe to call from scoring threads."""
 
     def __init__(self, run_dir: Path) -> None:
-        path = Path(run_dir) / SAMPLES
+        path = RunDir(run_dir).samples
         self._truncate_torn_tail(path)
         self._f = open(path, "a", encoding="utf-8")
         self._lock = threading.Lock()
@@ -79,9 +79,9 @@ class SampleWriter:
             with open(path, "r+b") as f:
                 f.truncate(end)
 
-    def write(self, sample: dict[str, Any]) -> None:
+    def write(self, sample: Sample) -> None:
         """Append one sample as a whole line and flush it to the OS."""
-        line = safeio.dumps(sample, default=str) + "\n"
+        line = safeio.dumps(sample.to_json(), default=str) + "\n"
         with self._lock:
             self._f.write(line)
             self._f.flush()
@@ -167,7 +167,7 @@ def pass_ks(n: int) -> list[int]:
     return sorted(ks)
 
 
-def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: int,
+def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], num_samples: int,
               group_by: str | None = None, prices: Prices | None = None) -> dict[str, Any]:
     """Per-task means (over a task's samples), then mean and stderr over tasks.
 
@@ -177,11 +177,13 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
     same breakdown per group; `reward_errors` counts the samples whose reward raised (only
     when there are any). Then the efficiency blocks (arlecli.efficiency): `tokens`,
     `time`, `agents` (multi-turn runs), `games` (game cards), `consistency` (several samples per task) and `cost`
-    (only with `prices`); a block with nothing to report is left out.
+    (only with `prices`); a block with nothing to report is left out. `lines`: Samples or
+    samples.jsonl objects.
     """
-    by_task: dict[str, list[dict[str, Any]]] = {}
+    samples = samples_of(lines)
+    by_task: dict[str, list[Sample]] = {}
     for s in samples:
-        by_task.setdefault(s["task_id"], []).append(s)
+        by_task.setdefault(s.task_id, []).append(s)
 
     def summarize(task_ids: list[str]) -> dict[str, dict[str, float | int]]:
         out: dict[str, dict[str, float | int]] = {}
@@ -189,19 +191,19 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
         for name in names:
             per_task = []
             for tid in task_ids:
-                vals = [float(s["correct"]) if name == "accuracy" else float(s["details"].get(name, 0.0))
+                vals = [float(s.correct) if name == "accuracy" else float(s.details.get(name, 0.0))
                         for s in by_task[tid]]
                 per_task.append(sum(vals) / len(vals))
             out[name] = mean_stderr(per_task).as_dict()
         ks = pass_ks(num_samples) if num_samples > 1 else [1]
         if num_samples > 1 or any(m.startswith("pass@") for m in metrics):
             for k in ks:
-                per_task = [pass_at_k(len(by_task[t]), sum(bool(s["correct"]) for s in by_task[t]), k)
+                per_task = [pass_at_k(len(by_task[t]), sum(bool(s.correct) for s in by_task[t]), k)
                             for t in task_ids]
                 out[f"pass@{k}"] = mean_stderr(per_task).as_dict()
         if num_samples > 1:
             for k in ks:
-                per_task = [pass_hat_k(len(by_task[t]), sum(bool(s["correct"]) for s in by_task[t]), k)
+                per_task = [pass_hat_k(len(by_task[t]), sum(bool(s.correct) for s in by_task[t]), k)
                             for t in task_ids if len(by_task[t]) >= k]
                 out[f"pass^{k}"] = mean_stderr(per_task).as_dict()
         return out
@@ -209,13 +211,14 @@ def aggregate(samples: list[dict[str, Any]], metrics: list[str], num_samples: in
     task_ids = sorted(by_task)
     result: dict[str, Any] = {"metrics": summarize(task_ids), "n_tasks": len(task_ids), "n_samples": len(samples)}
     # Samples whose reward raised are in the metrics as wrong; the count says how many (rewards.score_samples).
-    errors = sum(1 for s in samples if isinstance(s["details"], dict) and REWARD_ERROR in s["details"])
+    errors = sum(1 for s in samples if REWARD_ERROR in s.detail_map)
     if errors:
         result["reward_errors"] = errors
     if group_by:
         groups: dict[str, list[str]] = {}
         for tid in task_ids:
-            groups.setdefault(str(by_task[tid][0].get("group", "")), []).append(tid)
+            group = by_task[tid][0].group
+            groups.setdefault(str(group if group is not None else ""), []).append(tid)
         result["groups"] = {g: summarize(ids) for g, ids in sorted(groups.items())}
     blocks = {
         "tokens": efficiency.token_stats(samples),

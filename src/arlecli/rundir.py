@@ -1,4 +1,5 @@
-"""Run directories, shared by `arle eval` and `arle train`: naming, meta.json, resume, checkpoints.
+"""Run directories, shared by `arle eval` and `arle train`: naming, meta.json, resume, an eval
+run opened and closed, checkpoints. (Their paths and records: records.py.)
 
     runs/BENCH-MODEL-TIMESTAMP/         an eval run (`arle eval`)
     runs/train-BENCH-MODEL-TIMESTAMP/   a training run (`arle train`)
@@ -6,9 +7,10 @@
 meta.json is written once, when the run starts. A `--resume` compares the settings that
 shape the results with the ones stored there and refuses to continue under different ones;
 the few a resume may change (a longer max_steps, another save cadence) are written back,
-with the time of each resume under "resumed". What goes into the files themselves
-(samples.jsonl, results.json) lives in results.py. Reading runs back (finding them, their
-status, a finished eval run checked whole) is the last section here.
+with the time of each resume under "resumed". An eval run (eval.py, loglik.py) starts with
+`open_run` and ends with `close_run`. How samples.jsonl and results.json are read, written and
+aggregated lives in results.py. Reading runs back (finding them, their status, a finished eval
+run checked whole) is the last section here.
 """
 
 from __future__ import annotations
@@ -17,15 +19,22 @@ import os
 import platform
 import re
 import shutil
+import sys
 import time
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Collection, Iterable
 
 from arlecli import __version__, safeio
 from arlecli.errors import UserError
-from arlecli.results import META, RESULTS, SAMPLES, read_json, read_samples, write_json
+from arlecli.records import SCHEMA, Meta, Results, RunDir, Sample, TrainSummary, samples_of
+from arlecli.results import META, RESULTS, SAMPLES, aggregate, read_json, read_samples, write_json
+
+if TYPE_CHECKING:
+    from arlecli.cards import Card
+    from arlecli.efficiency import Prices
+    from arlecli.engine.base import Engine
 
 RUNS = Path("runs")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -191,6 +200,72 @@ def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change:
 
 
 # ---------------------------------------------------------------------------------------------
+# An eval run opened and closed (eval.py and loglik.py)
+
+
+def open_run(card: "Card", engine: "Engine", opts: Any, *, model: str, run_dir: Path, resume: bool,
+             command: list[str] | None, expected: int, scoring: str, **extra: Any) -> set[str]:
+    """Start (or resume) an eval run in `run_dir`: write meta.json, refuse a resume whose
+    settings differ, and return the ids of the samples already done. `opts`: the run's
+    EvalOptions; `extra` joins meta.json."""
+    meta = {
+        "command": command or sys.argv,
+        "benchmark": card.name,
+        "card_version": card.version,
+        "card_hash": card.hash,
+        "card_path": str(card.path),
+        "model": model,
+        "engine": engine.name,
+        "options": asdict(opts),
+        # How the model was asked and read: they shape the prompts and the answers as much as the options.
+        "model_options": model_options(engine),
+        # so a resume with the other --scoring is refused, not mixed in
+        "scoring": scoring,
+        **extra,
+        # --data's content, not only its path: a file rewritten in place is other tasks.
+        "data_hash": file_hash(opts.data) if opts.data else None,
+        # So `arle runs list` can tell how far an interrupted run got (it has no results.json yet).
+        "expected_samples": expected,
+        "versions": versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "schema": SCHEMA,
+    }
+    # A run's samples are read (and so checked) before prepare() records the resume in
+    # meta.json: a damaged samples.jsonl stops the run with the directory exactly as it was.
+    check_fresh(run_dir, resume)
+    previous = read_samples(run_dir) if RunDir(run_dir).meta.exists() else None
+    # Everything in EvalOptions shapes the results; batch size and concurrency are not in it.
+    prepare(run_dir, meta, resume, compare=("card_hash", "model", "options", "model_options", "data_hash", "scoring"))
+    return {s["id"] for s in (read_samples(run_dir) if previous is None else previous)}
+
+
+def model_options(engine: "Engine") -> dict[str, Any]:
+    """The engine's think tags (`none`: not split) and chat-template switches, for meta.json."""
+    from arlecli.thinking import tags_for
+
+    tags = tags_for(engine)
+    return {"think_tags": tags.option() if tags is not None else "none",
+            "chat_template_kwargs": getattr(engine, "chat_template_kwargs", None) or {}}
+
+
+def close_run(card: "Card", opts: Any, *, model: str, run_dir: Path, metrics: list[str],
+              prices: "Prices | None", **extra: Any) -> dict[str, Any]:
+    """Aggregate `run_dir`'s samples into results.json (`extra` joins it) and return it."""
+    samples = read_samples(run_dir)
+    ids = [s["id"] for s in samples]
+    if len(ids) != len(set(ids)):
+        raise UserError(f"{run_dir}/{SAMPLES} holds duplicate sample ids; it was written by two runs at once")
+    results = {
+        "benchmark": card.name, "card_version": card.version, "model": model,
+        "split": opts.data or (opts.split or card.source.default_split),
+        "num_samples": opts.num_samples, **extra,
+        **aggregate(samples, metrics, opts.num_samples, card.group_by, prices),
+    }
+    write_json(RunDir(run_dir).results, results)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
 # Checkpoints
 
 
@@ -244,10 +319,7 @@ def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
 # ---------------------------------------------------------------------------------------------
 # Reading runs back (`arle runs`, `arle compare`, `arle report`)
 
-# The training run's closing file (train/run.py writes it last; imported from there it would
-# pull the trainer's modules into `arle runs list`).
-SUMMARY = "summary.json"
-HELD_OUT = "eval"  # <train run>/eval/step-N/: the held-out evaluations, ordinary eval runs
+SUMMARY, HELD_OUT = RunDir.SUMMARY, RunDir.HELD_OUT  # the names importers use
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -267,7 +339,7 @@ def find_runs(base: Path) -> list[Path]:
     return sorted(found)
 
 
-def read_meta(run_dir: Path) -> dict[str, Any]:
+def read_meta(run_dir: Path) -> Meta:
     """A run's meta.json; UserError (one line) when `run_dir` is no run directory or the file is damaged."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -280,17 +352,12 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise UserError(f"{run_dir / META} is not a JSON object, so {run_dir} is not a readable run; "
                         f"it was not written by arle or was edited")
-    return meta
-
-
-def is_training(meta: dict[str, Any]) -> bool:
-    """Whether meta.json belongs to a training run (`arle train` records kind: train)."""
-    return meta.get("kind") == "train"
+    return Meta.from_json(meta)
 
 
 def held_out_dirs(run_dir: Path) -> list[Path]:
     """A training run's held-out eval directories (eval/step-N), lowest step first."""
-    root = Path(run_dir) / HELD_OUT
+    root = RunDir(run_dir).held_out
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
@@ -340,20 +407,14 @@ class RunInfo:
         return asdict(self)
 
 
-def _stat(results: dict[str, Any], name: str) -> tuple[float | None, float | None]:
-    stat = (results.get("metrics") or {}).get(name) or {}
-    return stat.get("value"), stat.get("stderr")
-
-
-def _expected_samples(meta: dict[str, Any], results: dict[str, Any] | None) -> int | None:
-    if results and isinstance(results.get("n_tasks"), int):
-        return results["n_tasks"] * int(results.get("num_samples") or 1)
-    if isinstance(meta.get("expected_samples"), int):
-        return meta["expected_samples"]
+def _expected_samples(meta: Meta, results: Results | None) -> int | None:
+    if results and isinstance(results.n_tasks, int):
+        return results.n_tasks * int(results.num_samples or 1)
+    if isinstance(meta.expected_samples, int):
+        return meta.expected_samples
     # Runs started before meta.json recorded expected_samples: known only under --limit.
-    opts = meta.get("options") if isinstance(meta.get("options"), dict) else {}
-    if isinstance(opts.get("limit"), int):
-        return opts["limit"] * int(opts.get("num_samples") or 1)
+    if isinstance(meta.options.get("limit"), int):
+        return meta.options["limit"] * int(meta.options.get("num_samples") or 1)
     return None
 
 
@@ -367,35 +428,40 @@ def describe(run_dir: Path) -> RunInfo:
         return RunInfo(str(run_dir), "?", None, None, None, None, None, None, None, None, "samples", "damaged",
                        False, None, str(exc))
     try:
-        return _describe_train(run_dir, meta) if is_training(meta) else _describe_eval(run_dir, meta)
+        return _describe_train(run_dir, meta) if meta.is_training else _describe_eval(run_dir, meta)
     except OSError as exc:  # an unreadable samples.jsonl or metrics.jsonl (permissions, a folder in its place)
-        return RunInfo(str(run_dir), "train" if is_training(meta) else "eval", meta.get("benchmark"),
-                       meta.get("model"), None, None, None, None, None, None, "samples", "damaged", False,
-                       meta.get("created"), f"cannot read it: {exc.strerror or exc}")
+        return RunInfo(str(run_dir), "train" if meta.is_training else "eval", meta.benchmark, meta.model, None,
+                       None, None, None, None, None, "samples", "damaged", False, meta.created,
+                       f"cannot read it: {exc.strerror or exc}")
 
 
-def _describe_eval(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
+def _read_results(path: Path) -> Results | None:
+    # results.json as a record; None when it is not an object (the callers say what is wrong).
+    data = read_json(path)
+    return Results.from_json(data) if isinstance(data, dict) else None
+
+
+def _describe_eval(run_dir: Path, meta: Meta) -> RunInfo:
     done, torn = count_lines(run_dir / SAMPLES)
-    opts = meta.get("options") if isinstance(meta.get("options"), dict) else {}
-    info = RunInfo(str(run_dir), "eval", meta.get("benchmark"), meta.get("model"),
-                   opts.get("data") or opts.get("split"), "accuracy", None, None, done, None, "samples",
-                   "interrupted", True, meta.get("created"))
+    info = RunInfo(str(run_dir), "eval", meta.benchmark, meta.model,
+                   meta.options.get("data") or meta.options.get("split"), "accuracy", None, None, done, None,
+                   "samples", "interrupted", True, meta.created)
     results = None
     if (run_dir / RESULTS).exists():
         try:
-            results = read_json(run_dir / RESULTS)
+            results = _read_results(run_dir / RESULTS)
         except UserError as exc:
             info.status, info.resumable, info.note = "damaged", False, str(exc)
             return info
-    info.expected = _expected_samples(meta, results if isinstance(results, dict) else None)
-    if isinstance(results, dict):
-        info.split = results.get("split", info.split)
-        info.value, info.stderr = _stat(results, "accuracy")
+    info.expected = _expected_samples(meta, results)
+    if results is not None:
+        info.split = results.split if "split" in results.order else info.split
+        info.value, info.stderr = results.stat("accuracy")
         if torn:  # a resume drops the torn line and redoes its sample, as for any interrupted run
             info.note = f"{SAMPLES} ends in a torn line: rerun its command with --resume to redo that sample"
-        elif done != results.get("n_samples"):
+        elif done != results.n_samples:
             info.status, info.resumable = "damaged", False
-            info.note = f"{SAMPLES} holds {done} samples, {RESULTS} counts {results.get('n_samples')}"
+            info.note = f"{SAMPLES} holds {done} samples, {RESULTS} counts {results.n_samples}"
         else:
             info.status, info.resumable = "complete", False
     else:
@@ -403,32 +469,29 @@ def _describe_eval(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
     return info
 
 
-def _describe_train(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
-    from arlecli.train.metrics import read_metrics  # light (no torch), but train/ is not rundir's to import eagerly
-
-    trainer = meta.get("trainer") if isinstance(meta.get("trainer"), dict) else {}
-    steps = [int(r["step"]) for r in read_metrics(run_dir) if isinstance(r.get("step"), (int, float))]
-    # An rft run counts rounds (its metrics.jsonl has one line per round, step = round).
-    rft = meta.get("algo") == "rft"
-    expected, unit = (trainer.get("rounds"), "rounds") if rft else (trainer.get("max_steps"), "steps")
-    info = RunInfo(str(run_dir), "train", meta.get("benchmark"), meta.get("model"), meta.get("eval_split"),
-                   None, None, None, max(steps, default=0), expected, unit, "interrupted", True, meta.get("created"))
+def _describe_train(run_dir: Path, meta: Meta) -> RunInfo:
+    steps = [int(r["step"]) for r in RunDir(run_dir).read_metrics() if isinstance(r.get("step"), (int, float))]
+    # What the algorithm counts (rft: rounds; its metrics.jsonl has one line per round, step = round).
+    unit, length = meta.steps
+    info = RunInfo(str(run_dir), "train", meta.benchmark, meta.model, meta.eval_split, None, None, None,
+                   max(steps, default=0), meta.trainer.get(length), unit, "interrupted", True, meta.created)
     # Headline: held-out accuracy of the latest finished evaluation (the "after" of summary.json).
     for folder in reversed(held_out_dirs(run_dir)):
         if (folder / RESULTS).exists():
             try:
-                results = read_json(folder / RESULTS)
+                results = _read_results(folder / RESULTS)
             except UserError:
                 continue
-            info.value, info.stderr = _stat(results, "accuracy")
+            info.value, info.stderr = results.stat("accuracy") if results else (None, None)
             info.metric = f"accuracy@{folder.name}"
             break
-    if (run_dir / SUMMARY).exists():
+    summary_file = RunDir(run_dir).summary
+    if summary_file.exists():
         info.status, info.resumable = "complete", False
         try:
-            summary = read_json(run_dir / SUMMARY)
-            if isinstance(summary, dict) and isinstance(summary.get("global_step"), int):
-                info.done = summary["global_step"]
+            summary = read_json(summary_file)
+            step = TrainSummary.from_json(summary).global_step if isinstance(summary, dict) else None
+            info.done = step if step is not None else info.done
         except UserError as exc:
             info.status, info.note = "damaged", str(exc)
     else:
@@ -437,10 +500,9 @@ def _describe_train(run_dir: Path, meta: dict[str, Any]) -> RunInfo:
     return info
 
 
-def _finish_hint(run_dir: Path, meta: dict[str, Any]) -> str:
+def _finish_hint(run_dir: Path, meta: Meta) -> str:
     # A training run's held-out eval is continued by resuming the training run, not by arle eval.
-    command = meta.get("command") if isinstance(meta.get("command"), list) else []
-    if "(held-out eval)" in command:
+    if "(held-out eval)" in meta.command:
         return f"resume the training run ({run_dir.parent.parent}) with arle train ... --resume"
     return f"rerun its arle eval command with --resume --output {run_dir}"
 
@@ -450,9 +512,9 @@ class EvalRun:
     """A finished eval run read back whole, checked for `arle runs show`, `arle compare` and reports."""
 
     path: Path
-    meta: dict[str, Any]
-    results: dict[str, Any]
-    samples: list[dict[str, Any]]
+    meta: Meta
+    results: Results
+    samples: list[Sample]
 
 
 def load_eval(run_dir: Path) -> EvalRun:
@@ -462,10 +524,10 @@ def load_eval(run_dir: Path) -> EvalRun:
     written, so a damaged run stays exactly as it was for a resume or a repair."""
     run_dir = Path(run_dir)
     meta = read_meta(run_dir)
-    if is_training(meta):
+    if meta.is_training:
         evals = [str(p) for p in held_out_dirs(run_dir) if (p / RESULTS).exists()]
         hint = (f"use its held-out evals, e.g. {evals[0]} and {evals[-1]}" if len(evals) > 1 else
-                f"its held-out evals are {run_dir / HELD_OUT}/step-N (none finished yet)" if not evals else
+                f"its held-out evals are {RunDir(run_dir).held_out}/step-N (none finished yet)" if not evals else
                 f"its one finished held-out eval is {evals[0]}")
         raise UserError(f"{run_dir} is a training run, not an eval run; {hint}")
     if not (run_dir / RESULTS).exists():
@@ -473,16 +535,17 @@ def load_eval(run_dir: Path) -> EvalRun:
         expected = _expected_samples(meta, None)
         raise UserError(f"{run_dir} has no {RESULTS}: the run was interrupted or is still running "
                         f"({done}/{expected if expected is not None else '?'} samples done); {_finish_hint(run_dir, meta)}")
-    results = read_json(run_dir / RESULTS)
-    if not isinstance(results, dict) or not isinstance(results.get("metrics"), dict):
+    data = read_json(run_dir / RESULTS)
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise UserError(f"{run_dir / RESULTS} is not an arle results file (no metrics); it was edited or "
                         f"damaged: {_finish_hint(run_dir, meta)} to recompute it")
+    results = Results.from_json(data)
     _, torn = count_lines(run_dir / SAMPLES)
     if torn:
         raise UserError(f"{run_dir / SAMPLES} ends in a torn line (a write cut off by a kill), so it does not "
                         f"match {RESULTS}; nothing was changed: {_finish_hint(run_dir, meta)} to redo that sample")
-    samples = read_samples(run_dir)  # raises in one line for a damaged line in the middle
-    if len(samples) != results.get("n_samples"):
+    samples = samples_of(read_samples(run_dir))  # raises in one line for a damaged line in the middle
+    if len(samples) != results.n_samples:
         raise UserError(f"{run_dir}: {SAMPLES} holds {len(samples)} samples but {RESULTS} counts "
-                        f"{results.get('n_samples')}; the run is still being written or its files were mixed up")
+                        f"{results.n_samples}; the run is still being written or its files were mixed up")
     return EvalRun(run_dir, meta, results, samples)

@@ -58,7 +58,7 @@ from typing import Any, Iterable
 
 from arlecli import safeio
 from arlecli.errors import UserError
-from arlecli.results import SAMPLES
+from arlecli.records import RunDir, Sample
 from arlecli.rundir import EvalRun, load_eval
 
 
@@ -140,9 +140,9 @@ def load_runs(paths: Iterable[Path], *, force: bool = False) -> list[EvalRun]:
             raise UserError(f"{path} is given twice (as {seen[real]}); its samples would be written twice")
         seen[real] = Path(path)
         runs.append(load_eval(Path(path)))
-    benches = {str(r.meta.get("benchmark")) for r in runs}
+    benches = {str(r.meta.benchmark) for r in runs}
     if len(benches) > 1 and not force:
-        which = ", ".join(f"{r.path} ({r.meta.get('benchmark')})" for r in runs)
+        which = ", ".join(f"{r.path} ({r.meta.benchmark})" for r in runs)
         raise UserError(f"the runs are of different benchmarks: {which}; pass --force to mix them in one file")
     return runs
 
@@ -151,67 +151,79 @@ def trajectories(run: EvalRun, *, drop_thinking: bool = False) -> list[Trajector
     """Every sample of `run` as a Trajectory, in samples.jsonl's order (assistant turns with their
     thinking as `reasoning_content` unless `drop_thinking`). A sample without turns (a game's
     seat the other ended the game before it moved) holds nothing the model said."""
-    return [_trajectory(run, s, n, drop_thinking) for n, s in enumerate(run.samples, 1) if s.get("num_turns") != 0]
-
-
-def _trajectory(run: EvalRun, sample: dict[str, Any], line: int, drop_thinking: bool = False) -> Trajectory:
-    where = f"{run.path / SAMPLES} line {line}"
-    prompt = sample.get("prompt")
-    if isinstance(prompt, str):
-        return _text_trajectory(run, sample, where, prompt, drop_thinking)
-    if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
-        raise UserError(f"{where}: `prompt` is not a list of chat messages; the file was edited or damaged")
-    turns = sample.get("turns")
-    tools = None
-    if turns is None:  # single-turn: one reply
-        continuation = [_assistant(sample.get("completion"), where, None if drop_thinking else sample.get("thinking"))]
-        cut = sample.get("finish_reason") == "length"
-        thinking_cut = bool(sample.get("thinking_cut"))
-    else:
-        info = sample.get("env_info") if isinstance(sample.get("env_info"), dict) else {}
-        if "rollout" in info:
+    where = RunDir(run.path).samples
+    out = []
+    for n, s in enumerate(run.samples, 1):
+        if s.num_turns == 0:
+            continue
+        recorded = _chat(s.prompt) and (s.turns is not None or "turns" in s.extra)  # a multi-turn episode
+        if recorded and "rollout" in (s.env_info if isinstance(s.env_info, dict) else {}):
             # An agent's own requests (its tools, a rewritten history) are not in samples.jsonl.
             raise UserError(f"{run.path} is a @rollout agent's run, whose conversations samples.jsonl does not "
                             f"hold whole; from-eval reads runs of single-turn and env cards")
-        if "tools" not in sample:
-            raise UserError(f"{where}: recorded by an older arle that did not record the tool schemas its prompts "
-                            f"carried; rerun the eval (arle eval ... --output NEW) to export it")
-        tools = sample["tools"]
-        if not isinstance(turns, list) or not turns or (tools is not None and not isinstance(tools, list)):
+        if recorded and not s.has_tools:
+            raise UserError(f"{where} line {n}: recorded by an older arle that did not record the tool schemas its "
+                            f"prompts carried; rerun the eval (arle eval ... --output NEW) to export it")
+        out.append(trajectory(s, run=str(run.path), benchmark=str(run.meta.benchmark), model=str(run.meta.model),
+                              where=f"{where} line {n}", drop_thinking=drop_thinking))
+    return out
+
+
+def trajectory(sample: Sample, *, run: str, benchmark: str, model: str, where: str = "a sample",
+               drop_thinking: bool = False) -> Trajectory:
+    """A sample as the conversation the model had (see the module docstring): an eval run's
+    line, or an episode's `Sample.from_episode` (train.rft). UserError naming `where` for
+    what arle does not write."""
+    prompt = sample.prompt
+    if isinstance(prompt, str):
+        return _text_trajectory(sample, where, prompt, drop_thinking, run=run, benchmark=benchmark, model=model)
+    if not _chat(prompt):
+        raise UserError(f"{where}: `prompt` is not a list of chat messages; the file was edited or damaged")
+    turns = sample.turns
+    tools = None
+    if turns is None and "turns" not in sample.extra:  # single-turn: one reply
+        continuation = [_assistant(sample.completion, where, None if drop_thinking else sample.thinking)]
+        cut = sample.finish_reason == "length"
+        thinking_cut = bool(sample.thinking_cut)
+    else:
+        tools = sample.tools
+        if not turns or (tools is not None and not isinstance(tools, list)):
             raise UserError(f"{where}: `turns` or `tools` is not what arle writes; the file was edited or damaged")
         continuation = []
         for turn in turns:
-            observation = turn.get("observation") if isinstance(turn, dict) else None
-            if not isinstance(observation, list) or not all(isinstance(m, dict) and "role" in m for m in observation):
+            observation = turn.observation
+            if not _chat(observation):
                 raise UserError(f"{where}: a turn has no list of observation messages; the file was edited or damaged")
-            thought = None if drop_thinking else turn.get("thinking")
-            continuation += [_assistant(turn.get("completion"), where, thought), *observation]
-        cut = any(turn.get("finish_reason") == "length" for turn in turns)
-        thinking_cut = any(bool(turn.get("thinking_cut")) for turn in turns) or bool(sample.get("thinking_cut"))
-    return Trajectory(run=str(run.path), benchmark=str(run.meta.get("benchmark")), model=str(run.meta.get("model")),
-                      task_id=str(sample["task_id"]), sample=int(sample.get("sample") or 0),
-                      reward=float(sample.get("reward") or 0.0), correct=bool(sample["correct"]),
+            thought = None if drop_thinking else turn.thinking
+            continuation += [_assistant(turn.completion, where, thought), *observation]
+        cut = any(turn.finish_reason == "length" for turn in turns)
+        thinking_cut = any(bool(turn.thinking_cut) for turn in turns) or bool(sample.thinking_cut)
+    return Trajectory(run=run, benchmark=benchmark, model=model, task_id=str(sample.task_id),
+                      sample=int(sample.sample or 0), reward=float(sample.reward or 0.0), correct=bool(sample.correct),
                       prompt=prompt, continuation=continuation, tools=tools, cut=cut, thinking_cut=thinking_cut)
 
 
-def _text_trajectory(run: EvalRun, sample: dict[str, Any], where: str, prompt: str,
-                     drop_thinking: bool) -> Trajectory:
+def _text_trajectory(sample: Sample, where: str, prompt: str, drop_thinking: bool, *, run: str, benchmark: str,
+                     model: str) -> Trajectory:
     """A completion-format card's sample: its plain-text prompt and the reply's text."""
-    completion = sample.get("completion")
-    if sample.get("turns") is not None or not isinstance(completion, str):
+    completion = sample.completion
+    if sample.turns is not None or "turns" in sample.extra or not isinstance(completion, str):
         raise UserError(f"{where}: a plain-text prompt with turns or without a text completion is not what arle "
                         f"writes; the file was edited or damaged")
-    if isinstance(sample.get("thinking"), str) and not drop_thinking:
+    if isinstance(sample.thinking, str) and not drop_thinking:
         # A text row has no message to carry the thought in, and where the think tags go is the
         # model's; the answer alone is a row only when asked for.
-        raise UserError(f"{run.path}: a completion-format card's samples hold the model's thinking apart from its "
+        raise UserError(f"{run}: a completion-format card's samples hold the model's thinking apart from its "
                         f"answer, which a prompt/completion row cannot carry; pass --drop-thinking to write the "
                         f"answers alone")
-    return Trajectory(run=str(run.path), benchmark=str(run.meta.get("benchmark")), model=str(run.meta.get("model")),
-                      task_id=str(sample["task_id"]), sample=int(sample.get("sample") or 0),
-                      reward=float(sample.get("reward") or 0.0), correct=bool(sample["correct"]),
+    return Trajectory(run=run, benchmark=benchmark, model=model, task_id=str(sample.task_id),
+                      sample=int(sample.sample or 0), reward=float(sample.reward or 0.0), correct=bool(sample.correct),
                       prompt=prompt, continuation=completion, tools=None,
-                      cut=sample.get("finish_reason") == "length", thinking_cut=bool(sample.get("thinking_cut")))
+                      cut=sample.finish_reason == "length", thinking_cut=bool(sample.thinking_cut))
+
+
+def _chat(messages: Any) -> bool:
+    return isinstance(messages, list) and all(isinstance(m, dict) and "role" in m for m in messages)
 
 
 def _assistant(completion: Any, where: str, thinking: Any = None) -> dict[str, Any]:
@@ -316,7 +328,7 @@ def _count(export: Export, name: str, before: list[Trajectory], after: list[Traj
 
 
 def _run_list(runs: list[EvalRun]) -> list[dict[str, Any]]:
-    return [{"run": str(r.path), "benchmark": r.meta.get("benchmark"), "model": r.meta.get("model"),
+    return [{"run": str(r.path), "benchmark": r.meta.benchmark, "model": r.meta.model,
              "samples": len(r.samples)} for r in runs]
 
 

@@ -31,13 +31,14 @@ def newest_run(base: Path = Path("runs")) -> Path:
     """The run under `base` whose files were written last (the run that just finished)."""
     from arlecli import rundir
     from arlecli.errors import UserError
-    from arlecli.results import META
+    from arlecli.records import RunDir
 
     found = rundir.find_runs(base) if base.is_dir() else []
     if not found:
         raise UserError(f"no run under {base}/; pass a run directory: arle report RUN")
     def written(run: Path) -> float:
-        return max((run / f).stat().st_mtime for f in (META, "results.json", "summary.json") if (run / f).exists())
+        files = RunDir(run)
+        return max(p.stat().st_mtime for p in (files.meta, files.results, files.summary) if p.exists())
 
     return max(found, key=written)
 

@@ -19,6 +19,7 @@ import typer
 
 from arlecli.cli.output import Column, console, err_console, plain, print_json, print_lines, print_table
 from arlecli.errors import UserError
+from arlecli.records import Results, RunDir, Sample
 
 app = typer.Typer(help="List and inspect run directories.", no_args_is_help=True)
 
@@ -120,15 +121,15 @@ def _one_line(text: Any, width: int = 160) -> str:
     return text if len(text) <= width else text[:width] + "…"
 
 
-def _thinking_line(sample: dict[str, Any]) -> str | None:
+def _thinking_line(sample: Sample) -> str | None:
     """A sample's thinking as one line, with its token count and whether it was cut; None when
     the model did not think."""
-    thinking = sample.get("thinking")
+    thinking = sample.thinking
     if not isinstance(thinking, str):
         return None
-    tokens = sample.get("thinking_tokens")
+    tokens = sample.thinking_tokens
     about = [f"{tokens:,} tokens"] if isinstance(tokens, int) and not isinstance(tokens, bool) else []
-    if sample.get("thinking_cut"):
+    if sample.thinking_cut:
         about.append("cut: no answer")
     return f"    thinking{' (' + ', '.join(about) + ')' if about else ''}: {_one_line(thinking)}"
 
@@ -138,24 +139,25 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
 
     run = rundir.load_eval(run_dir)
     info = rundir.describe(run_dir)
-    res = run.results
-    wrong = [s for s in run.samples if not s.get("correct")]
+    r, res = run.results, run.results.to_json()
+    wrong = [s for s in run.samples if not s.correct]
     if as_json:
-        print_json({"info": info.as_dict(), "meta": run.meta, "results": res, "failed": wrong[:failed]})
+        print_json({"info": info.as_dict(), "meta": run.meta.to_json(), "results": res,
+                    "failed": [s.to_json() for s in wrong[:failed]]})
         return
     from rich.table import Table
 
     out = console()
-    print_lines(out, [str(res.get("benchmark")), str(res.get("model")), f"split {res.get('split')}",
-                      f"{res.get('n_tasks')} tasks", f"{res.get('n_samples')} samples"])
+    print_lines(out, [str(r.benchmark), str(r.model), f"split {r.split}", f"{r.n_tasks} tasks",
+                      f"{r.n_samples} samples"])
     print_lines(out, [f"status: {_status_text(info)}", f"started {info.started or '-'}", str(run_dir)])
-    if isinstance(run.meta.get("command"), list):
-        out.print("command: " + " ".join(map(str, run.meta["command"])), markup=False, highlight=False)
+    if run.meta.command:
+        out.print("command: " + " ".join(map(str, run.meta.command)), markup=False, highlight=False)
     table = Table()
     for col, justify in (("group", "left"), ("metric", "left"), ("value", "right"), ("± stderr", "right"),
                          ("n", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for group, metrics in [("all", res["metrics"]), *(res.get("groups") or {}).items()]:
+    for group, metrics in [("all", r.metrics), *r.groups.items()]:
         for name, stat in metrics.items():
             table.add_row(plain(group), plain(name), _num(stat.get("value")), _num(stat.get("stderr")),
                           _num(stat.get("n")))
@@ -164,14 +166,13 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
     if wrong and failed:
         out.print(f"failed samples (first {min(failed, len(wrong))} of {len(wrong)}):", markup=False, highlight=False)
         for s in wrong[:failed]:
-            out.print(f"  {s['id']}  target {_one_line(s.get('target'), 60)}  extracted "
-                      f"{_one_line(s.get('extracted'), 60)}  finish {s.get('finish_reason')}", markup=False,
-                      highlight=False)
+            out.print(f"  {s.id}  target {_one_line(s.target, 60)}  extracted "
+                      f"{_one_line(s.extracted, 60)}  finish {s.finish_reason}", markup=False, highlight=False)
             thinking = _thinking_line(s)
             if thinking is not None:  # the thought above its answer, dimmed: context, not the answer
                 out.print(thinking, markup=False, highlight=False, style="dim")
             label = "answer" if thinking is not None else "completion"
-            out.print(f"    {label}: {_one_line(s.get('completion'))}", markup=False, highlight=False)
+            out.print(f"    {label}: {_one_line(s.completion)}", markup=False, highlight=False)
     elif not wrong:
         out.print("failed samples: none", highlight=False)
 
@@ -179,21 +180,21 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
 def _show_train(run_dir: Path, as_json: bool) -> None:
     from arlecli import rundir
     from arlecli.results import RESULTS, read_json
-    from arlecli.train.metrics import read_metrics
 
+    files = RunDir(run_dir)
     info = rundir.describe(run_dir)
     meta = rundir.read_meta(run_dir)
-    summary = read_json(run_dir / rundir.SUMMARY) if (run_dir / rundir.SUMMARY).exists() else None
+    summary = read_json(files.summary) if files.summary.exists() else None
     evals = {p.name: read_json(p / RESULTS) for p in rundir.held_out_dirs(run_dir) if (p / RESULTS).exists()}
-    steps = read_metrics(run_dir)
+    steps = files.read_metrics()
     if as_json:
-        print_json({"info": info.as_dict(), "meta": meta, "summary": summary, "evals": evals,
+        print_json({"info": info.as_dict(), "meta": meta.to_json(), "summary": summary, "evals": evals,
                     "last_step": steps[-1] if steps else None})
         return
     from rich.table import Table
 
     out = console()
-    out.print(f"train · {meta.get('benchmark')} · {meta.get('model')} · {meta.get('algo')} · "
+    out.print(f"train · {meta.benchmark} · {meta.model} · {meta.algo} · "
               f"{_done_text(info)}", markup=False, highlight=False)
     note = f" ({info.note})" if info.note and info.status != "damaged" else ""
     out.print(f"status: {_status_text(info)}{note} · started {info.started or '-'} · {run_dir}", markup=False,
@@ -203,9 +204,9 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
         for col in ("eval", "accuracy", "± stderr", "tasks", "path"):
             table.add_column(col)
         for label, res in evals.items():
-            stat = (res.get("metrics") or {}).get("accuracy") or {}
-            table.add_row(plain(label), _num(stat.get("value")), _num(stat.get("stderr")), _num(res.get("n_tasks")),
-                          plain(run_dir / rundir.HELD_OUT / label))
+            held = Results.from_json(res if isinstance(res, dict) else {})
+            value, stderr = held.stat("accuracy")
+            table.add_row(plain(label), _num(value), _num(stderr), _num(held.n_tasks), plain(files.eval_dir(label)))
         out.print(table)
     if steps:
         last = steps[-1]
@@ -216,7 +217,7 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
         _print_blocks(out, {"summary": {k: v for k, v in summary.items() if k != "evals"}}, set())
     if len(evals) > 1:
         labels = list(evals)
-        root = run_dir / rundir.HELD_OUT
+        root = files.held_out
         # soft_wrap: a long path must not be broken across lines in a command meant to be copied.
         out.print(f"before/after: arle compare {root / labels[0]} {root / labels[-1]}", markup=False,
                   highlight=False, soft_wrap=True)
@@ -233,7 +234,7 @@ def show_command(
     from arlecli import rundir
 
     meta = rundir.read_meta(run)
-    if rundir.is_training(meta):
+    if meta.is_training:
         _show_train(run, as_json)
     else:
         _show_eval(run, failed, as_json)

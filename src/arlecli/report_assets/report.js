@@ -8,9 +8,9 @@ function block(parent, label, value){ if(value===undefined){return;} parent.appe
   parent.appendChild(el("pre","",str(value))); }
 function promptText(p){ if(typeof p==="string"){return p;} if(Array.isArray(p)){return p.map(function(m){
   return "["+(m&&m.role)+"] "+str(m&&m.content);}).join("\n\n");} return str(p); }
-var KNOWN = {id:1,task_id:1,sample:1,prompt:1,completion:1,extracted:1,target:1,reward:1,correct:1,details:1,turns:1,
-  env_info:1,group:1,thinking:1,thinking_cut:1,thinking_tokens:1,question:1};
-var TURN_SHOWN = ["completion","observation","finish_reason","tool_calls","thinking","thinking_cut","thinking_tokens"];
+// The fields shown in blocks of their own (report.py's BROWSER_SCHEMA); the rest are "other fields".
+var KNOWN = {}; data.schema.shown.forEach(function(k){ KNOWN[k]=1; });
+var TURN_SHOWN = data.schema.turn_shown;
 // A turn's thinking, folded (closed <details>) above its answer, with its token count and whether it was cut.
 function thinking(parent, t){ if(typeof t.thinking!=="string"){return false;}
   var about=[]; if(typeof t.thinking_tokens==="number"){about.push(t.thinking_tokens+" tokens");}

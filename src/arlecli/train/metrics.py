@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from arlecli import safeio
+from arlecli.records import RunDir
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = RunDir.METRICS
 
 
 def _plain(value: Any) -> Any:
@@ -75,21 +76,7 @@ class MetricsLog:
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The complete lines of metrics.jsonl (a torn last line is skipped)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for raw in path.read_bytes().splitlines(keepends=True):
-        if not raw.endswith(b"\n"):
-            break
-        try:
-            row = safeio.loads(raw)
-        except ValueError:  # damaged (or nested too deep): nothing after it is trusted
-            break
-        if not isinstance(row, dict):
-            break
-        rows.append(row)
-    return rows
+    return RunDir(run_dir).read_metrics()
 
 
 def truncate_metrics(run_dir: Path, after_step: int) -> None:

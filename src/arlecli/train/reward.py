@@ -14,13 +14,13 @@ from typing import Any, Callable
 
 from arlecli import safeio
 from arlecli.cards import Card
-from arlecli.efficiency import thinking_counts
 from arlecli.envs import env_kind
+from arlecli.records import RewardRow, RunDir
 from arlecli.rewards import check_tasks, get_reward, score_samples
 from arlecli.train.dapo import DAPOOptions, shaped
 from arlecli.types import Episode, Score, Task
 
-REWARDS_FILE = "rewards.jsonl"
+REWARDS_FILE = RunDir.REWARDS
 
 
 class CardReward:
@@ -45,7 +45,7 @@ class CardReward:
         self.score_fn = get_reward(card.reward, card.reward_params)
         check_tasks(self.score_fn, card, tasks)
         self.multi_turn = env_kind(card.env).multi_turn
-        self.path = Path(run_dir) / REWARDS_FILE if run_dir is not None else None
+        self.path = RunDir(run_dir).rewards if run_dir is not None else None
         self.__name__ = card.reward  # TRL names the logged metric rewards/<__name__>/mean
         self._lock = threading.Lock()
         self._correct: list[bool] = []  # since the last pop_accuracy(), for loops without log_metric
@@ -81,23 +81,10 @@ class CardReward:
         step = self.step if step is None else step
         lines: list[str] = []
         for k, (episode, index, result) in enumerate(zip(episodes, indices, scores, strict=True)):
-            task = self.tasks[int(index)]
-            penalty = result.details.get("overlong_penalty") if isinstance(result.details, dict) else None
-            details = {k2: v for k2, v in result.details.items() if k2 != "overlong_penalty"} \
-                if penalty is not None else result.details
-            line = {"step": step, "task_id": task.id, "task_index": int(index), "completion": episode.completion,
-                    "extracted": result.extracted, "target": task.target,
-                    "reward": float(result.reward) - (penalty or 0.0), "correct": bool(result.correct),
-                    "details": details, "finish_reason": episode.turns[-1].finish_reason if episode.turns else None,
-                    "completion_tokens": sum(t.completion_count() or 0 for t in episode.turns),
-                    **thinking_counts(episode.turns)}
-            if penalty is not None:
-                line.update(overlong_penalty=penalty, trained_reward=float(result.reward))
-            if dropped is not None:
-                line["dropped"] = bool(dropped[k])
-            if self.multi_turn:
-                line.update(turns=len(episode.turns), end_reason=episode.end_reason, env_info=episode.info)
-            lines.append(safeio.dumps(line, default=str) + "\n")  # valid UTF-8 whatever the model wrote
+            row = RewardRow.from_episode(step, self.tasks[int(index)], index, episode, result,
+                                         multi_turn=self.multi_turn,
+                                         dropped=bool(dropped[k]) if dropped is not None else None)
+            lines.append(safeio.dumps(row.to_json(), default=str) + "\n")  # valid UTF-8 whatever the model wrote
         if self.gather is not None:
             lines = self.gather(lines)
         with self._lock:
@@ -136,7 +123,7 @@ class CardReward:
 
 def truncate_rewards(run_dir: Path, after_step: int) -> None:
     """On resume: drop lines of steps after the checkpoint, which are about to be redone."""
-    path = Path(run_dir) / REWARDS_FILE
+    path = RunDir(run_dir).rewards
     if not path.exists():
         return
     keep = []

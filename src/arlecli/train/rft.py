@@ -50,7 +50,9 @@ from arlecli.train.metrics import MetricsLog, open_reporter
 from arlecli.train.reward import CardReward
 from arlecli.train.rollout import Rollouts
 from arlecli.results import write_json
+from arlecli.records import Sample
 from arlecli.trajectories import Trajectory, sft_row, write_jsonl
+from arlecli.trajectories import trajectory as sample_trajectory
 from arlecli.types import Episode, Score, Task
 
 ROWS_FILE = "rows.jsonl"
@@ -147,21 +149,12 @@ def trajectory(episode: Episode, task: Task, sample: int, score: Score, *, bench
     """An episode as the conversation the model had: its first prompt, then each of its turns
     (the answer as `content`, the thinking as `reasoning_content`, as the env driver's next
     prompt holds them) and the env's answer to it (what trajectories.py rebuilds from an eval
-    run's sample)."""
-    first = episode.turns[0].prompt
-    if isinstance(first, str):  # a completion-format card: its rows are prompt/completion text
-        return Trajectory(run=run, benchmark=benchmark, model=model, task_id=task.id, sample=sample,
-                          reward=float(score.reward), correct=bool(score.correct), prompt=first,
-                          continuation=episode.turns[0].completion, tools=None)
-    continuation: list[dict[str, Any]] = []
-    for turn in episode.turns:
-        said: dict[str, Any] = {"role": "assistant", "content": turn.completion}
-        if turn.thinking is not None:
-            said["reasoning_content"] = turn.thinking
-        continuation += [said, *turn.observation]
-    return Trajectory(run=run, benchmark=benchmark, model=model, task_id=task.id, sample=sample,
-                      reward=float(score.reward), correct=bool(score.correct), prompt=list(first),
-                      continuation=continuation, tools=episode.tools)
+    run's sample: the same `trajectories.trajectory`, over the episode's Sample)."""
+    text = isinstance(episode.turns[0].prompt, str)  # a completion-format card: prompt/completion text rows
+    record = Sample.from_episode(task, sample, episode, score, multi_turn=not text, group_by=None,
+                                 session_started_at=0.0)
+    # A text row carries the answer alone (where a thought would go between the think tags is the model's).
+    return sample_trajectory(record, run=run, benchmark=benchmark, model=model, drop_thinking=text)
 
 
 def to_rows(episodes: list[Episode], draws: list[tuple[int, int]], scores: list[Score], keep: list[bool],
