@@ -124,7 +124,8 @@ def main() -> None:
         rows.append({"workload": name, "programs": n, "jail_ms_per_program": 1000 * jail_s / n,
                      "degraded_ms_per_program": 1000 * plain_s / n, "ratio": jail_s / plain_s,
                      "pass_rate": checks[name]})
-    print(f"{'workload':<10} {'programs':>8} {'jail ms':>9} {'degraded ms':>12} {'ratio':>6}  pass rate (jail/degraded)")
+    print(f"{'workload':<10} {'programs':>8} {'jail ms':>9} {'degraded ms':>12} {'ratio':>6}  "
+          "pass rate (jail/degraded)")
     for r in rows:
         print(f"{r['workload']:<10} {r['programs']:>8} {r['jail_ms_per_program']:>9.1f} "
               f"{r['degraded_ms_per_program']:>12.1f} {r['ratio']:>6.2f}  "

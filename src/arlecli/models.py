@@ -21,7 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from arlecli import config
 from arlecli.errors import UserError
@@ -119,8 +119,8 @@ def _resolve(model: str | None, base_url: str | None, backend: str | None, api_k
             raise UserError(f"--base-url is served through the openai backend, not {backend!r}: drop --backend")
         endpoint = config.validate_profile(
             config.ModelProfile(name="cli", base_url=base_url, model=model, api_key_env=api_key_env))
-        return ModelSpec(kind="openai", name=model or endpoint.base_url, base_url=endpoint.base_url, model=model,
-                         api_key_env=api_key_env, backend="openai", request_timeout=request_timeout,
+        return ModelSpec(kind="openai", name=model or cast(str, endpoint.base_url), base_url=endpoint.base_url,
+                         model=model, api_key_env=api_key_env, backend="openai", request_timeout=request_timeout,
                          max_retries=max_retries)
     limits = request_timeout is not None or max_retries is not None
     spec = _resolve_weights_or_profile(model, backend, api_key_env, limits)
@@ -279,9 +279,10 @@ def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env
                          think_tags=profile.think_tags, chat_template_kwargs=profile.chat_template_kwargs)
     if profile.path and not Path(profile.path).is_dir():
         raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
-                        f"rerun `arle model setup --name {profile.name} --path DIR` or `arle model remove {profile.name}`")
+                        f"rerun `arle model setup --name {profile.name} --path DIR` or "
+                        f"`arle model remove {profile.name}`")
     return ModelSpec(kind="hf", name=profile.name, path_or_id=profile.path or profile.hub_id, backend=backend,
-                     is_adapter=bool(profile.path) and is_adapter_folder(Path(profile.path)), profile=profile.name,
+                     is_adapter=bool(profile.path and is_adapter_folder(Path(profile.path))), profile=profile.name,
                      price_input=profile.price_input, price_output=profile.price_output,
                      think_tags=profile.think_tags, chat_template_kwargs=profile.chat_template_kwargs)
 
@@ -319,7 +320,8 @@ def _prepare(models: Path, target: Path) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(dir=models, prefix=f".{EMBEDDED_NAME}.tmp-"))
         try:
-            print(f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr, flush=True)
+            print(f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr,
+                  flush=True)
             gguf = find_gguf(work)
             out = work / "model"
             start = time.perf_counter()

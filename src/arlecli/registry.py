@@ -186,8 +186,9 @@ def check_declared(card: Card, path: Path | str) -> None:
     """Hold the card's reward params and metrics to what the reward declares (its factory's
     signature, its `metrics=`).
 
-    Done on every card loaded (listing cards too). An unknown reward name is left to `resolve_references`, which reports it with near names,
-    and so is a reward named by "module:attr" or "file.py:attr" (listing cards runs no user code)."""
+    Done on every card loaded (listing cards too). An unknown reward name is left to
+    `resolve_references`, which reports it with near names, and so is a reward named by
+    "module:attr" or "file.py:attr" (listing cards runs no user code)."""
     from arlecli.rewards import check_params
 
     if ":" in card.reward:
@@ -214,7 +215,8 @@ def _check_metrics(card: Card, path: Path | str) -> None:
     known = ", ".join([*reward_metrics(card.reward, card.reward_params), "pass@k"])
     how = ("" if declared_metrics(reward_factory(card.reward)) is not None else
            " (a reward declares more with @register(..., metrics=[...]))")
-    raise card_error(path, "metrics", f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
+    raise card_error(path, "metrics",
+                     f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
 
 
 def _check_env_params(card: Card, where: Path | str) -> None:

@@ -45,7 +45,7 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast, overload
 
 from arlecli.safeio import terminal_text
 from arlecli.envs import Step, register_env
@@ -250,7 +250,8 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
                     session, answer, error = fut.result()
                     if error is not None and not warned.is_set():
                         warned.set()
-                        print(terminal_text(f"arle: rollout function '{jobs[i].env.name}' raised {error} (task "
+                        function = cast(RolloutEnv, jobs[i].env).name
+                        print(terminal_text(f"arle: rollout function '{function}' raised {error} (task "
                                             f"{jobs[i].task.id}; the episode ends with end_reason 'error'; later "
                                             "errors are in each sample's env_info)"), file=sys.stderr)
                     # Closed first: a thread the agent left behind can no longer add to the episode.
@@ -285,7 +286,7 @@ def _episode(job: Job, i: int, root: str, sessions: Any) -> tuple[str, str | Non
 def _call(job: Job, client: ClientConfig) -> tuple[str | None, str | None]:
     """(answer, error): what the function returned, or why it failed (never raises, so one bad
     episode does not end the run)."""
-    env = job.env
+    env = cast(RolloutEnv, job.env)  # run_rollout_episodes runs the envs rollout_env makes
     try:
         out = env.fn(job.task, client, **env.params)
         if out is not None and not isinstance(out, str):
@@ -313,7 +314,8 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         # The gateway stamps each request's arrival and each choice's end: the turn's latency.
         start, end = record.get("received_at"), choice.get("finished_at")
         latency = end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
-        turns.append(Turn(prompt=record.get("messages", record.get("prompt")), completion=_answer(choice),
+        prompt: Any = record.get("messages", record.get("prompt"))  # a chat request's messages, else the prompt
+        turns.append(Turn(prompt=prompt, completion=_answer(choice),
                           prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
                           logprobs=choice["logprobs"], finish_reason=choice["finish_reason"],
                           latency_s=latency, thinking=choice.get("reasoning_content"),
@@ -331,7 +333,7 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
             turn.observation = after.prompt[n + 1:]
     if not turns:  # the function failed (or answered) without calling the model
         turns.append(_empty_turn(job, engine, "error" if error else "stop"))
-    info: dict[str, Any] = {"rollout": job.env.name, "calls": len(records)}
+    info: dict[str, Any] = {"rollout": cast(RolloutEnv, job.env).name, "calls": len(records)}
     if seams:
         info["seams"] = seams
     if error is not None:

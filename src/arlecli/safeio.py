@@ -26,7 +26,7 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from arlecli.errors import UserError
 
@@ -111,6 +111,7 @@ def _openers(text: str | bytes) -> int:
 def _too_deep(value: Any) -> bool:
     # Iterative: a recursive walk would hit the recursion limit on the values it checks.
     stack = [(value, 0)]
+    children: Iterable[Any]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from arlecli.cli.output import Column, console, plain, print_json, print_table
+from arlecli.cli.output import Column, console, print_json, print_table
 from arlecli.errors import UserError
 
 app = typer.Typer(help="Browse benchmark cards.", no_args_is_help=True)
@@ -48,7 +48,8 @@ def list_command(
     out = console()
     # Card text, shown as is (print_table shows cells plain); at 80 columns one record per card.
     print_table(out, [Column("name", key=True), Column("category"), Column("source", wrap=True), Column("reward")],
-                [[str(c.name), str(c.category), _source_text(c, short=True), str(c.reward)] for c in cards], title=title)
+                [[str(c.name), str(c.category), _source_text(c, short=True), str(c.reward)] for c in cards],
+                title=title)
     for b in broken:  # one unwrapped line each, so the reason reads whole in a log or a grep
         out.print(f"broken: {b.name}: {b.reason}", style="red", markup=False, highlight=False, soft_wrap=True)
 
@@ -75,7 +76,8 @@ def show_command(
     if rows:
         task = tasks_from_rows(card, rows, "fixture")[0]
         example = make_env(card, task).reset()  # what the model sees first (tool guide included)
-    info = {"name": card.name, "version": card.version, "category": card.category, "description": card.description,
+    info: dict[str, Any] = {
+            "name": card.name, "version": card.version, "category": card.category, "description": card.description,
             "source": _source_text(card), "splits": split_names(card), "default_split": card.source.default_split,
             "reward": card.reward, "reward_params": card.reward_params, "metrics": card.metrics,
             "format": card.prompt.format, "stop": card.prompt.stop, "max_tokens": card.prompt.max_tokens,

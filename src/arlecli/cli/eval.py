@@ -72,17 +72,12 @@ def eval_command(
     from arlecli.sandbox import set_policy
 
     set_policy(sandbox)
-    from arlecli.engine import make_engine
-    from arlecli.engine.base import EngineRequestError
-    from arlecli.engine.vllm import VLLMOptions
-    from arlecli.eval import EvalOptions, run_eval
+    from arlecli.eval import EvalOptions
     from arlecli.models import resolve_model
     from arlecli.cards import SCORINGS
     from arlecli.registry import load_card, resolve_references
-    from arlecli import rundir
     from arlecli.efficiency import check_price, make_prices
     from arlecli.config import parse_template_kwargs
-    from arlecli.thinking import check_budget, thinks
 
     if data is not None:  # the old spelling: `arle train --data` is SFT/DPO rows, so one word for both
         if rows is not None:
@@ -127,8 +122,8 @@ def eval_command(
     meter = Meter(phase=f"loading {spec.name}" if spec.kind == "hf" else "starting")
     view = ProgressView(card.name, meter, turns=env_kind(card.env).multi_turn)
     try:
-        results, run_dir = _run(card, spec, opts, meter, view, output=output, resume=resume, scoring=scoring, prices=prices,
-                       opponent_spec=opponent_spec, batch_size=batch_size, concurrency=concurrency,
+        results, run_dir = _run(card, spec, opts, meter, view, output=output, resume=resume, scoring=scoring,
+                       prices=prices, opponent_spec=opponent_spec, batch_size=batch_size, concurrency=concurrency,
                        max_thinking_tokens=max_thinking_tokens, vllm=dict(
                            tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
@@ -194,9 +189,7 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
                            on_sample=lambda sample: meter.sample(sample["correct"]), prices=prices, scoring=scoring)
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
-        from arlecli.records import RunDir
-
-        samples = RunDir(run_dir).samples
+        samples = run_dir / "samples.jsonl"
         if samples.is_file() and samples.stat().st_size > 0:
             raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
                             "rerun with --resume to continue") from None

@@ -32,7 +32,7 @@ def _plain_help() -> None:
         return
     core._arle_plain_help = True  # type: ignore[attr-defined]
     core.HAS_RICH = False  # click's formatter (typer reads this flag at each help)
-    core._TyperParameter.display_type = lambda self, ctx: ""  # type: ignore[method-assign,assignment]
+    core._TyperParameter.display_type = lambda self, ctx: ""  # type: ignore[method-assign]
     for cls in (core.TyperArgument, core.TyperOption):
         cls._get_number_range_help_str = lambda self: None  # type: ignore[method-assign]
     core.TyperArgument.display_name_raw = property(  # type: ignore[method-assign,assignment]
@@ -80,7 +80,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Show the version and exit."),
 ) -> None:
     """Evaluate and RL-train LLMs and agents on benchmarks."""
 

@@ -86,7 +86,8 @@ def _ask_missing(name: str | None, path: str | None, hub_id: str | None, base_ur
         if not stdin_is_tty():
             if not name:
                 raise UserError("arle model setup needs a profile name: pass --name NAME")
-            raise UserError("arle model setup needs a model: pass one of --path DIR, --hub-id ORG/NAME or --base-url URL")
+            raise UserError("arle model setup needs a model: pass one of --path DIR, --hub-id ORG/NAME or "
+                            "--base-url URL")
     from rich.prompt import Prompt
 
     if not name:
@@ -110,9 +111,12 @@ def setup(
     name: str | None = typer.Option(None, "--name", help="Profile name, e.g. my-qwen."),
     path: str | None = typer.Option(None, "--path", help="A local model folder."),
     hub_id: str | None = typer.Option(None, "--hub-id", help="A hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct."),
-    base_url: str | None = typer.Option(None, "--base-url", help="An OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
-    model: str | None = typer.Option(None, "--model", help="Served model name at --base-url (default: ask the endpoint)."),
-    api_key_env: str | None = typer.Option(None, "--api-key-env", help="NAME of the env var holding the endpoint's API key (the key itself is never stored)."),
+    base_url: str | None = typer.Option(None, "--base-url",
+                                        help="An OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
+    model: str | None = typer.Option(None, "--model",
+                                     help="Served model name at --base-url (default: ask the endpoint)."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="NAME of the env var holding the endpoint's "
+                                           "API key (the key itself is never stored)."),
     backend: str | None = typer.Option(None, "--backend", help="hf, vllm or openai (default: automatic)."),
     request_timeout: str | None = options.REQUEST_TIMEOUT,
     max_retries: str | None = options.MAX_RETRIES,

@@ -10,7 +10,8 @@ DATA_PARALLEL = typer.Option(1, "--data-parallel-size", min=1,
                              help="vllm backend: model replicas, each in its own process.")
 GPU_MEMORY = typer.Option(0.9, "--gpu-memory-utilization", min=0.05, max=1.0,
                           help="vllm backend: share of GPU memory for weights and KV cache.")
-MAX_MODEL_LEN = typer.Option(None, "--max-model-len", min=1, help="vllm backend: context length (default: the model's).")
+MAX_MODEL_LEN = typer.Option(None, "--max-model-len", min=1,
+                             help="vllm backend: context length (default: the model's).")
 QUANTIZATION = typer.Option(None, "--quantization", help="vllm backend: vLLM's quantization method (fp8, awq, "
                             "gptq, ...); a method this machine cannot run is refused in one line.")
 KV_CACHE_DTYPE = typer.Option(None, "--kv-cache-dtype", help="vllm backend: KV cache dtype (auto, fp8, ...).")

@@ -6,8 +6,9 @@ clipboard (OSC 52), retitle the window, move the cursor or rewrite what is on sc
 string printed goes through `terminal_text`, which shows such characters as escapes (`\\x1b`):
 the consoles here apply it to everything they render, and anything written past them (plain
 `typer.echo`, a server's log line) calls it itself (it lives in safeio.py, beside the
-other rules for text arle does not control, so the server and engines use it too). `--json` output keeps JSON's own escapes
-and also escapes the characters JSON leaves raw (C1 controls, U+2028/U+2029, bidi controls).
+other rules for text arle does not control, so the server and engines use it too). `--json`
+output keeps JSON's own escapes and also escapes the characters JSON leaves raw (C1 controls,
+U+2028/U+2029, bidi controls).
 """
 
 from __future__ import annotations

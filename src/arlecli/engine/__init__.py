@@ -71,7 +71,7 @@ def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
 def _openai(spec: ModelSpec, *, concurrency: int = 8, **_: Any) -> Engine:
     from arlecli.engine.openai import OpenAIEngine
 
-    limits = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
+    limits: dict[str, Any] = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
     return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency,
                         chat_template_kwargs=spec.chat_template_kwargs,
                         **{k: v for k, v in limits.items() if v is not None})

@@ -64,7 +64,7 @@ class HFEngine:
     admits = True  # generate() takes `more` (requests that join a running call: arle serve's new arrivals)
 
     def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
-                 dtype: str | None = None, model_obj: object | None = None, tokenizer: object | None = None,
+                 dtype: str | None = None, model_obj: Any | None = None, tokenizer: Any | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
         import torch
 
@@ -227,7 +227,11 @@ class HFEngine:
     def _run(self, waiting: deque[_Row], then: Then | None = None) -> Iterator[tuple[int, Completion]]:
         torch = self.torch
         active: list[_Row] = []
-        cache = mask = next_pos = last = None  # the running batch: KV cache, mask, positions, fed tokens
+        # The running batch: KV cache, mask, positions, fed tokens (tensors and a transformers cache).
+        cache: Any = None
+        mask: Any = None
+        next_pos: Any = None
+        last: Any = None
         with torch.inference_mode():
             while True:
                 if self._more is not None:
@@ -485,7 +489,8 @@ def pack_linears(model: Any) -> list[Any]:
     if not linears or not _onednn_linear_works():
         return []
     for m in linears:
-        m.forward = _packed_forward(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach()))
+        # An instance attribute over the class's method, on purpose (unpack_linears deletes it).
+        m.forward = _packed_forward(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach()))  # type: ignore[method-assign]
     return linears
 
 

@@ -177,7 +177,11 @@ class OpenAIEngine:
         futures = []
         for i, coro in enumerate(coros):
             fut = asyncio.run_coroutine_threadsafe(coro, loop)
-            fut.add_done_callback(lambda f, i=i: done.put((i, f)))
+
+            def finished(f: concurrent.futures.Future[T | Exception], i: int = i) -> None:
+                done.put((i, f))
+
+            fut.add_done_callback(finished)
             futures.append(fut)
         try:
             for _ in futures:
@@ -697,6 +701,7 @@ def _logprobs(raw: Any, chat: bool) -> list[float] | None:
         return None
     if not isinstance(raw, dict):
         raise MalformedReply(f"choices[0].logprobs is {_kind(raw)}, not an object")
+    values: list[Any] | None
     if chat:
         entries = raw.get("content")
         if entries is None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from arlecli.engine.base import Completion, Engine, GenerationRequest, SamplingParams
 from arlecli.thinking import ThinkTags, answer_start, prompt_opens, tags_for, thinks
@@ -70,11 +70,13 @@ class PhasedEngine:
     runs each request of a thinking model in phases (see the module docstring)."""
 
     def __init__(self, engine: Engine, tags: ThinkTags) -> None:
-        self.engine = engine
+        # Any: an in-process engine, which has a tokenizer (phased checks it) and, when it chains,
+        # takes generate(..., then=); the Engine protocol declares neither.
+        self.engine: Any = engine
         self.tags = tags
         self.think_tags = tags
         self.thinks = True
-        tokenizer = getattr(engine, "tokenizer")
+        tokenizer = cast(Any, engine).tokenizer
         self.forced_ids = list(tokenizer.encode(FORCED_CLOSE.format(end=tags.end), add_special_tokens=False))
         # An end tag that is one token of its own (Qwen3's, R1's) stops a thought by its id: the
         # engine need not decode every step to look for it.
@@ -98,6 +100,7 @@ class PhasedEngine:
         """Yield (index, merged completion) as each request's last phase finishes."""
         tokenizer = self.engine.tokenizer
         turns: dict[int, _Turn] = {}
+        turn: _Turn | None
         round_: list[tuple[int, GenerationRequest]] = []
         for i, request in enumerate(requests):
             if not needs_phases(request.params):

@@ -4,8 +4,9 @@ Requests go in together and are scheduled by vLLM's continuous batching; we driv
 vLLM's engine one step at a time (`LLM.enqueue` + `llm_engine.step()`), so each
 completion is yielded the moment its request finishes rather than when the whole
 list does, a server's request that arrives meanwhile joins the running call (`more`), and a
-streamed request sees its tokens after every step (`on_tokens`). Prompt ids come from `engine.tokens.encode_request`, the same function the
-hf backend uses; token ids, logprobs and finish reasons come from vLLM's own output.
+streamed request sees its tokens after every step (`on_tokens`). Prompt ids come from
+`engine.tokens.encode_request`, the same function the hf backend uses; token ids, logprobs and
+finish reasons come from vLLM's own output.
 Several threads may call generate at once (a server does): they share the stepping.
 
 vLLM's `LLM` refuses `data_parallel_size > 1` in one process, so data parallelism is
@@ -29,7 +30,7 @@ import warnings
 from dataclasses import dataclass, fields
 from importlib import metadata, util
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 from arlecli.engine.base import Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, encode_pair
 from arlecli.engine.tokens import check_template_kwargs, encode_request
@@ -457,7 +458,11 @@ class VLLMEngine:
             if state is None:  # not where this release keeps it: the request still answers, whole
                 continue
             state.output_kind = RequestOutputKind.CUMULATIVE
-            self._hooks[rid.split("-", 1)[0]] = lambda got, i=i: on_tokens(i, got)
+
+            def hook(got: list[int], i: int = i) -> None:
+                on_tokens(i, got)
+
+            self._hooks[rid.split("-", 1)[0]] = hook
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
         """Yield (index, Loglik) per (context, continuation): vLLM's prompt logprobs of the
@@ -574,7 +579,7 @@ class _Replicas:
                 ours, theirs = socket.socketpair()
                 proc = subprocess.Popen([sys.executable, "-c", _REPLICA_MAIN, str(theirs.fileno())],
                                         pass_fds=(theirs.fileno(),), env={**os.environ, **env},
-                                        stdout=sys.__stderr__.fileno())
+                                        stdout=sys.__stderr__.fileno())  # type: ignore[union-attr]
                 theirs.close()
                 conn = Connection(ours.detach())
                 conn.send(engine_kwargs)
@@ -592,7 +597,7 @@ class _Replicas:
             yield from self._generate(requests)
 
     def _generate(self, requests: list[GenerationRequest]) -> Iterator[tuple[int, Completion]]:
-        from multiprocessing.connection import wait
+        from multiprocessing.connection import Connection, wait
 
         if not self.conns:
             raise RuntimeError("the vLLM replicas were shut down")
@@ -603,7 +608,7 @@ class _Replicas:
             busy.append(conn)
         try:
             while busy:
-                for conn in wait(busy):
+                for conn in cast("list[Connection]", wait(busy)):  # wait returns some of the connections given
                     kind, payload = _recv(conn)
                     if kind == "done":
                         yield payload
@@ -636,7 +641,8 @@ def _replica_envs(dp: int, tp: int, *, cpu: bool) -> list[dict[str, str]]:
     if cpu:
         if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:  # the user's binding wins (and is shared)
             return [{} for _ in range(dp)]
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else list(range(os.cpu_count() or 1)))
         if len(cores) < dp * tp:
             raise UserError(f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {dp * tp} CPU cores; "
                             f"this machine has {len(cores)}")

@@ -56,7 +56,7 @@ def keep_linear_weights() -> bool:
         if not isinstance(weight, torch.Tensor) or weight.is_meta or weight.ndim != 2:
             return original(layer, remove_weight)
         # cpu_unquantized_gemm calls layer.cpu_linear(x, layer.weight, bias): the live Parameter.
-        layer.cpu_linear = torch.nn.functional.linear
+        layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]  # a function, not a Module
         return None
 
     setattr(dispatch_keeping_weight, _MARK, True)

@@ -168,7 +168,7 @@ def replay(rows: list[str], completions: list[str]) -> Lake:
 class FrozenLakeTextEnv:
     """The card's prompt with the starting board, then one board per reply until the end."""
 
-    tools = None
+    tools: list[dict[str, Any]] | None = None
 
     def __init__(self, card: Any, task: Task, exemplars: list[Task], max_turns: int | None = None) -> None:
         rows = task.fields.get("map")

@@ -55,7 +55,7 @@ def verdict_of(text: str) -> str | None:
 class SolverJudgeEnv:
     """Two turns: the solver's proposal, then the same model judging it."""
 
-    tools = None
+    tools: list[dict[str, Any]] | None = None
     max_turns = 2
 
     def __init__(self, card: Any, task: Task, exemplars: list[Task], judge: str = DEFAULT_JUDGE) -> None:

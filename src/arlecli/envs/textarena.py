@@ -330,9 +330,9 @@ def _matches(engine: Any, jobs: list[Job]) -> list[_Match]:
         setup = first.env  # type: ignore[assignment]
         seats = []
         for seat in range(setup.players):
-            j = by_seat.get(seat)
-            if j is not None:
-                seats.append(_Seat(engine=engine, job=j, params=jobs[j].params))
+            recorded = by_seat.get(seat)
+            if recorded is not None:
+                seats.append(_Seat(engine=engine, job=recorded, params=jobs[recorded].params))
             elif setup.opponent == SELF or not isinstance(setup.opponent, str):
                 other = engine if setup.opponent == SELF else setup.opponent
                 # An unrecorded seat samples with its own seeds, apart from every recorded sample's.
@@ -355,6 +355,7 @@ def _advance(match: _Match, tokenizers: dict[int, Any]) -> None:
         seat = match.seats[pid]
         text = render(messages, pid)
         if seat.builtin is not None:
+            assert seat.rng is not None  # _matches gives every built-in seat its rng
             seat.invalid += game.act(builtin_move(seat.builtin, game, pid, seat.rng))
             continue
         if seat.transcript is None:
@@ -413,7 +414,7 @@ def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
     while live:
         by_engine: dict[int, list[_Match]] = {}
         engines: dict[int, Any] = {}
-        waiting = []
+        waiting: list[_Match] = []
         for match in live:
             match.waiting = None
             _advance(match, tokenizers)
@@ -432,7 +433,7 @@ def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
             tags = tags_for(engine)
             for r, comp in engine.generate(requests):
                 match, seat = batch[r], seats[r]
-                turn = seat.transcript.record(comp, tags, tokenizers[key])  # type: ignore[union-attr]
+                turn = seat.transcript.record(comp, tags, tokenizers[key])
                 seat.invalid += match.game.act(turn.completion)  # the answer, not a move thought about
         live = waiting
 
@@ -465,7 +466,8 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
                                      "(a model plays through `arle eval --opponent PROFILE`)")
 
 
-@register_env("textarena", driver=run_games, check=check_params)
+# The factory makes a GameSetup, not an Env: run_games plays it (a game has several players).
+@register_env("textarena", driver=run_games, check=check_params)  # type: ignore[arg-type]
 def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, game: str | None = None,
                   players: int = 1, opponent: Any = "random", max_turns: int = _DEFAULT_MAX_TURNS,
                   game_params: dict[str, Any] | None = None) -> GameSetup:
@@ -510,5 +512,5 @@ def textarena_rows(*, seed: int, size: int, params: dict[str, Any] | None = None
     if cfg:
         raise UserError(f"unknown params for textarena: {', '.join(sorted(cfg))}; known: game")
     name = game_name(game).lower()
-    return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}", "answer": "win"}
-            for i in range(size)]
+    return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}",
+             "answer": "win"} for i in range(size)]

@@ -72,7 +72,7 @@ def _is_english_word(text: str, match: re.Match[str]) -> bool:
     if match.group(1) not in "AI":
         return False
     after = _WORD_AFTER.match(text, match.end())
-    return bool(after) and after.group(1) not in _OPTION_VERBS
+    return after is not None and after.group(1) not in _OPTION_VERBS
 
 
 def extract_letter(text: str, n_choices: int) -> str | None:

@@ -283,9 +283,9 @@ class JudgeReward:
     def close(self) -> None:
         """Stop the judge engine; say how many replies had no verdict (they scored 0)."""
         if self.failed:
-            print(safeio.terminal_text(f"warning: judge {self.spec.name}: {self.failed} of {self.graded} replies had no "
-                                "usable verdict and scored 0 (see details.judge_error in the samples); check the "
-                                "rubric, the scale and the judge's max_tokens"), file=sys.stderr)
+            print(safeio.terminal_text(f"warning: judge {self.spec.name}: {self.failed} of {self.graded} replies "
+                                "had no usable verdict and scored 0 (see details.judge_error in the samples); "
+                                "check the rubric, the scale and the judge's max_tokens"), file=sys.stderr)
             self.failed = self.graded = 0
         with self._lock:
             engine, self._engine = self._engine, None
@@ -323,7 +323,8 @@ def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: 
         raise ValueError(f"param 'scale': {exc}") from None
     if not model.strip():
         raise ValueError("param 'model' is missing: name the judge (a profile, a local folder, a hub id or an "
-                         "http(s) endpoint URL), e.g. model: judge after `arle model setup --name judge --base-url URL`")
+                         "http(s) endpoint URL), e.g. model: judge after "
+                         "`arle model setup --name judge --base-url URL`")
     if not rubric.strip():
         raise ValueError("param 'rubric' is missing: say what a good response is (it may use {column} placeholders)")
     if threshold > 1:

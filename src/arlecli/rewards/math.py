@@ -19,7 +19,7 @@ import cmath
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from arlecli.rewards import RewardFn, register
 from arlecli.rewards.procedural import answer_tag
@@ -191,9 +191,9 @@ def gsm8k(primary: str = "flexible_extract", strict_regex: str = STRICT_REGEX) -
     def score(task: Task, episode: Episode) -> Score:
         reference = str(task.target)
         text = episode.completion
-        extractions = {name: f(text) for name, f in filters.items()}
+        extractions: dict[str, str | None] = {name: f(text) for name, f in filters.items()}
         details: dict[str, Any] = {
-            name: int(exact_match(got, reference, GSM8K_IGNORE, ignore_case=True))
+            name: int(exact_match(cast(str, got), reference, GSM8K_IGNORE, ignore_case=True))  # a filter's: a str
             for name, got in extractions.items()
         }
         pred = mv_parse(text)

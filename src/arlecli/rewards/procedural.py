@@ -470,8 +470,8 @@ def arc_grid() -> RewardFn:
     def score(task: Task, episode: Episode) -> Score:
         target = _target_grid(task)
         grid = parse_grid(episode.completion)
-        valid = bool(grid) and len({len(r) for r in grid}) == 1
-        shape = valid and len(grid) == len(target) and len(grid[0]) == len(target[0])
+        valid = bool(grid and len({len(r) for r in grid}) == 1)
+        shape = valid and grid is not None and len(grid) == len(target) and len(grid[0]) == len(target[0])
         correct = shape and grid == target
         details = {"accuracy": int(correct), "valid_grid": int(valid), "shape_match": int(shape)}
         return Score(float(correct), correct, grid, details)

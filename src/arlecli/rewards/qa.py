@@ -20,7 +20,7 @@ import itertools
 import math
 import re
 import string
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from arlecli.rewards import RewardFn, register
 from arlecli.rewards.procedural import answer_tag
@@ -379,7 +379,7 @@ def tatqa() -> RewardFn:
         spans = [re.sub(r"[$]", "", s).strip() for s in split_spans(body)]
         candidates = [_render(spans, pred_scale)]
         if not pred_scale and len(spans) == 1 and _as_float(spans[0]) is not None:
-            candidates.append("%.4f" % _as_float(spans[0]))  # TAT-QA's add_percent_pred
+            candidates.append("%.4f" % cast(float, _as_float(spans[0])))  # TAT-QA's add_percent_pred
         gold_str = _render(golds, gold_scale)
         if len(golds) == 1 and _as_float(golds[0]) is not None:
             # A numeric gold: compare the rendered numbers themselves, because DROP's

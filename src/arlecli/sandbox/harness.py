@@ -176,7 +176,7 @@ def _split(job: dict[str, Any], budget: float) -> list[tuple[int, dict[str, Any]
     tests = job["tests"]
     inputs = [{"kind": "stdin", "input": t.get("input", "")} if t["kind"] == "stdin"
               else {"kind": "call", "args": t["args"]} for t in tests]
-    parts = []
+    parts: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
     for first in range(0, max(len(inputs), 1), IO_TESTS_PER_JOB):
         public = {"mode": "io", "program": job["program"], "tests": inputs[first:first + IO_TESTS_PER_JOB],
                   "fn_name": job.get("fn_name"), "prelude": job.get("prelude"),

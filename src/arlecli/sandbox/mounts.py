@@ -31,7 +31,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 JAIL_DIR = "/sandbox"
 # Mounted rw in the jail (size-limited): whatever bubblewrap creates below them is writable.
@@ -158,7 +158,7 @@ def _distributions_of(module: str) -> list[str]:
 
 
 @functools.cache
-def _top_level_index() -> dict[str, list[str]]:
+def _top_level_index() -> Mapping[str, list[str]]:
     from importlib import metadata
 
     return metadata.packages_distributions()

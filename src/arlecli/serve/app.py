@@ -58,7 +58,7 @@ import time
 import traceback
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -249,8 +249,9 @@ class _Api:
             events = self._stream(req, futures, waiting, rid, int(received), session, endpoint, received, continues,
                                   streams, request)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        gathered = asyncio.ensure_future(asyncio.gather(*waiting))
-        gone = asyncio.ensure_future(_disconnected(request))
+        # Future[Any]: the answers and the disconnect watch race in one wait.
+        gathered: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*waiting))
+        gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait([gathered, gone], return_when=asyncio.FIRST_COMPLETED)
             if not gathered.done():  # the client went away: nobody will read the answer
@@ -338,7 +339,8 @@ class _Api:
         for ids, sc in zip(prompt_ids, scored):
             generate = req.params.max_tokens >= 1
             tokens = [sc.next_token] if generate else []
-            text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
+            # An engine with a scorer is in-process: it has the tokenizer the Engine protocol does not declare.
+            text = cast(Any, self.engine).tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
             comp = Completion(text=cut_at_stop(text, req.params.stop), token_ids=tokens, prompt_token_ids=ids,
                               logprobs=[sc.next_logprob] if generate else [], finish_reason="length")
             full = scoring.Scored(sc.logprobs + ([sc.next_logprob] if generate else []),
@@ -435,19 +437,21 @@ class _Api:
         try:
             if req.chat:  # the role goes out at once, so clients know the request is being served
                 yield event([protocol.first_delta(req, i) for i in range(len(waiting))])
-            pending: set[asyncio.Future[Finished]] = set(waiting)
+            # Future[Any]: the wake-up task waits beside the choices' futures.
+            pending: set[asyncio.Future[Any]] = set(waiting)
             prompt_ids_sent = False
             wake = streams[0].wake if streams else None
             while pending:
-                ringing = asyncio.ensure_future(wake.event.wait()) if wake is not None else None
+                ringing: asyncio.Future[Any] | None = (asyncio.ensure_future(wake.event.wait()) if wake is not None
+                                                       else None)
                 try:
                     done, pending = await asyncio.wait(pending | ({ringing} if ringing else set()),
                                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     if ringing is not None:
                         ringing.cancel()
-                pending.discard(ringing)  # type: ignore[arg-type]
-                done.discard(ringing)  # type: ignore[arg-type]
+                pending.discard(ringing)
+                done.discard(ringing)
                 if wake is not None and streams is not None:
                     wake.reset()  # before reading: ids that come meanwhile ring again
                     for i in range(len(waiting)):

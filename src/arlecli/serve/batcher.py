@@ -28,7 +28,7 @@ import time
 import traceback
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from arlecli.safeio import terminal_text
 from arlecli.engine.base import Completion, Engine, GenerationRequest
@@ -149,6 +149,7 @@ class Batcher:
         worker thread ended within `timeout`; False while a generate call still runs (the engine
         is busy, and cannot be interrupted mid-batch)."""
         error = RuntimeError(SHUTDOWN)
+        item: _Item | None
         with self._lock:
             self._closed = True
             for item in self._running:
@@ -245,7 +246,8 @@ class Batcher:
     def _generate(self, items: list[_Item]) -> None:
         self.generate_calls += 1
         started = time.time()
-        requests = [it.request for it in items]
+        # cast: a batch holds requests only (a job, whose request is None, runs alone in _run_job).
+        requests = cast(list[GenerationRequest], [it.request for it in items])
         kwargs: dict[str, Any] = {}
         if self.streams:
             def on_tokens(i: int, ids: list[int]) -> None:
@@ -256,7 +258,7 @@ class Batcher:
             kwargs["on_tokens"] = on_tokens
         if self._admits and not self._retrying:
             kwargs["more"] = lambda: self._more(items)
-        stream = self.engine.generate(requests, **kwargs)  # type: ignore[call-arg]
+        stream = self.engine.generate(requests, **kwargs)
         size = len(items)
         try:
             for i, completion in stream:

@@ -81,7 +81,8 @@ class Continuations:
     def __init__(self, tokenizer: Any, max_bytes: int = DEFAULT_MAX_BYTES,
                  template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.template_kwargs = template_kwargs  # the engine's chat_template_kwargs: a continued turn renders as a fresh one
+        # The engine's chat_template_kwargs: a continued turn renders as a fresh one.
+        self.template_kwargs = template_kwargs
         self.max_bytes = max_bytes
         self.bytes = 0
         self.evicted = 0

@@ -275,11 +275,11 @@ def _message(i: int, m: Any) -> dict[str, Any]:
     if m["role"] == "assistant":
         # An earlier reply's thinking, sent back as it came (vLLM: `reasoning` or `reasoning_content`):
         # kept for the chat template, which may render it (Qwen3's does after the last user turn).
-        key = next((k for k in ("reasoning_content", "reasoning") if m.get(k) is not None), None)
-        if key is not None:
-            if not isinstance(m[key], str):
-                raise _bad(f"messages[{i}].{key} must be a string", "messages")
-            out["reasoning_content"] = m[key]
+        thought = next((k for k in ("reasoning_content", "reasoning") if m.get(k) is not None), None)
+        if thought is not None:
+            if not isinstance(m[thought], str):
+                raise _bad(f"messages[{i}].{thought} must be a string", "messages")
+            out["reasoning_content"] = m[thought]
     return out
 
 
@@ -472,10 +472,11 @@ def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText, scored: A
     alt_ids = sorted({t for a in alts if a for t, _ in a})
     alt_text = dict(zip(alt_ids, token_text(alt_ids))) if alt_ids else {}
     if req.chat:
-        def entry(t: str, lp: float) -> dict[str, Any]:
+        def entry(t: str, lp: float | None) -> dict[str, Any]:
             return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass"))}
 
-        return {"content": [{**entry(t, lp), "top_logprobs": [entry(alt_text[i], _finite(a)) for i, a in (alts[k] or [])]}
+        return {"content": [{**entry(t, lp),
+                             "top_logprobs": [entry(alt_text[i], _finite(a)) for i, a in (alts[k] or [])]}
                             for k, (t, lp) in enumerate(zip(texts, values))]}
     offsets, at = [], 0
     for t in texts:

@@ -188,7 +188,8 @@ def _config(app: Any) -> uvicorn.Config:
     limits = getattr(state, "limits", None) or ServeLimits()
     # Our own ready line replaces uvicorn's banner; warnings and errors still show.
     return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                          # uvicorn annotates it int but waits any number of seconds
+                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
                           http=guarded_protocol(limits, connection_cap(limits)), ws="none",
                           timeout_keep_alive=max(1, int(limits.keep_alive_s)),
                           h11_max_incomplete_event_size=limits.max_header_bytes)

@@ -213,7 +213,7 @@ def _json_calls(body: str, arg_keys: tuple[str, ...]) -> list[tuple[str, dict[st
     for item in items:
         if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
             return None
-        args = next((item[k] for k in arg_keys if k in item), {})
+        args: Any = next((item[k] for k in arg_keys if k in item), {})
         if isinstance(args, str):
             try:
                 args = safeio.loads(args)

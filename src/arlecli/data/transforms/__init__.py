@@ -2,8 +2,9 @@
 
 A transform returns a new dict with the columns the card's field map and prompt template
 read (it may keep the original columns), or a list of such dicts when one source record
-holds several questions (TAT-QA: one table, many questions; each becomes a task). Each module in this package holds one family's
-transforms (choice, math, code, qa, procedural) and registers them with `@transform("name")`;
+holds several questions (TAT-QA: one table, many questions; each becomes a task). Each module
+in this package holds one family's transforms (choice, math, code, qa, procedural) and
+registers them with `@transform("name")`;
 cards name them by that key, by "module:function" or "file.py:function" (relative to the
 card), and packages add them through `arle.transforms` entry points (arlecli/plugins.py).
 """
@@ -11,7 +12,7 @@ card), and packages add them through `arle.transforms` entry points (arlecli/plu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from arlecli.plugins import Registry
 
@@ -21,9 +22,10 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 # Every module of this package registers its transforms on import (on the first lookup).
 TRANSFORMS: Registry[Transform] = Registry("transforms", "transform", builtin=["arlecli.data.transforms.*"])
+_T = TypeVar("_T", bound=Transform)
 
 
-def transform(name: str | None = None) -> Callable[[Transform], Transform]:
+def transform(name: str | None = None) -> Callable[[_T], _T]:
     """Register a row transform under `name` (default: its own name; a decorator)."""
     return TRANSFORMS.decorator(name)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from arlecli import safeio
 from arlecli.data.transforms import Row, transform
@@ -134,7 +134,7 @@ def tatqa(row: Row) -> Row | list[Row]:
     paragraphs rendered in order. A row that is already one question is rendered as is."""
     if "questions" in row:
         context = {k: v for k, v in row.items() if k != "questions"}
-        return [tatqa({**context, **question}) for question in row["questions"]]
+        return [cast(Row, tatqa({**context, **question})) for question in row["questions"]]  # one question: one Row
     table = row.get("table") or {}
     cells = table.get("table") if isinstance(table, dict) else table
     paragraphs = sorted(row.get("paragraphs") or [], key=lambda p: int(p.get("order") or 0))
