@@ -189,7 +189,9 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
                            on_sample=lambda sample: meter.sample(sample["correct"]), prices=prices, scoring=scoring)
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
-        samples = run_dir / "samples.jsonl"
+        from arlecli.records import RunDir
+
+        samples = RunDir(run_dir).samples
         if samples.is_file() and samples.stat().st_size > 0:
             raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
                             "rerun with --resume to continue") from None
