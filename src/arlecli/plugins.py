@@ -1,7 +1,8 @@
 """One plugin mechanism: a `Registry` for each kind of part a card names.
 
-Kinds: rewards, envs, tools, transforms, generators, engines, rollouts. Every registry looks
-a name up the same way:
+Kinds: rewards, envs, tools, transforms, generators, engines, rollouts, algorithms (training:
+arlecli.train.algorithm). Each kind's registry lives beside it; every one looks a name up the
+same way:
 
     exact                   a registered name: arle's own (its modules are imported on the first
                             lookup, so `arle --help` stays fast), one a decorator registered in a

@@ -1,5 +1,6 @@
-"""`arle train BENCH --algo grpo|rloo|ppo|sft|dpo`: train a model on a benchmark (RL on its reward, or SFT/DPO on
-recorded trajectories)."""
+"""`arle train BENCH --algo grpo|rloo|ppo|sft|dpo|rft`: train a model on a benchmark (RL on its reward, or SFT/DPO
+on recorded trajectories). The flags become a TrainConfig; train.run.run_train does the rest (its refusals
+included), so a Python caller gets what this command does."""
 
 from __future__ import annotations
 
@@ -226,14 +227,12 @@ def train_command(
     """Train a model on a benchmark: RL on its reward, or SFT/DPO on recorded trajectories (--data);
     writes checkpoints, metrics, held-out evals and the final model."""
     from arlecli import rundir
-    from arlecli.cards import resolve_references
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
-    from arlecli.sandbox import FORGEABLE_REWARDS, card_runs_code, ensure_isolation, set_policy
+    from arlecli.registry import load_card, resolve_references
     from arlecli.config import parse_template_kwargs
     from arlecli.train.config import load_recipe, parse_set, resolve
     from arlecli.train import launch
-    from arlecli.train.run import TrainView, run_train
+    from arlecli.train.run import TrainView, refuse, run_train
 
     launch_opts = launch.LaunchOptions(num_processes, num_machines, machine_rank, main_process_ip,
                                        main_process_port, deepspeed, fsdp, accelerate_config)
@@ -256,27 +255,13 @@ def train_command(
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
-    if cfg.options.data:  # sft/dpo: a bad data file is refused before anything starts
-        from arlecli.train.offline import training_rows
-
-        training_rows(cfg)
-    if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
-        raise UserError(f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
-                        f"only evaluates; train on generated answers: set `default: false` in a copy of the card")
-    set_policy(sandbox)
-    if card_runs_code(card):
-        ensure_isolation()  # refuse before loading a model, not at the first reward
-    if card.reward in FORGEABLE_REWARDS:
-        err_console().print(f"warning: {card.name}'s reward ({card.reward}) decides its verdict inside the model's "
-                            "own interpreter: code written to cheat can forge a pass there, and RL rewards it for "
-                            "that. Read the high-reward completions in rewards.jsonl.", highlight=False)
+    refuse(card, cfg, sandbox=sandbox)  # before resolving the model (the embedded one unpacks): nothing loads
     spec = resolve_model(cfg.options.model, think_tags=cfg.options.think_tags,
                          chat_template_kwargs=cfg.options.chat_template_kwargs)
-    if cfg.options.max_thinking_tokens is not None:
-        _check_thinking_budget(spec, cfg.options.max_thinking_tokens)
     run_dir = rundir.choose_dir(output, f"train-{card.name}", spec.name, resume)
     command = launch.original_command() or ["arle", *sys.argv[1:]]
     if launch_opts.wanted():
+        refuse(card, cfg, spec, sandbox=sandbox)  # the model's checks too, before any process starts
         launch.check(launch_opts, cfg.options.algo)
         if (num_machines or 1) > 1 and output is None:
             raise UserError("--num-machines needs --output: the same run directory (on a shared filesystem) "
@@ -288,17 +273,15 @@ def train_command(
         raise typer.Exit(rc)
     if launch.rank() != 0:  # a launched rank other than the main one: the main process speaks for the run
         try:
-            run_train(card, cfg, spec, run_dir, resume=resume, command=command, view=TrainView(message=_quiet))
+            run_train(card, cfg, spec, run_dir, resume=resume, command=command, view=TrainView(message=_quiet),
+                      sandbox=sandbox)
         except UserError:
             raise typer.Exit(2) from None  # the main process prints the error once
         return
     rundir.check_fresh(run_dir, resume)  # before any model loads: a resume of a folder that never ran is refused
     view = _View()
-    err_console().print(f"training {spec.name} on {card.name} with {cfg.options.algo}"
-                        f"{' + LoRA r=' + str(cfg.options.lora_rank) if cfg.options.lora_rank else ''} "
-                        f"for {_length(cfg.trainer)} -> {run_dir}", highlight=False, soft_wrap=True)
-    try:
-        summary = run_train(card, cfg, spec, run_dir, resume=resume, command=command,
+    try:  # run_train refuses what cannot train, says what it trains, then trains
+        summary = run_train(card, cfg, spec, run_dir, resume=resume, command=command, sandbox=sandbox,
                             view=TrainView(log=view.log, eval_start=view.eval_start, eval_sample=view.eval_sample,
                                            eval_done=view.eval_done, message=view.message))
     finally:
@@ -309,23 +292,6 @@ def train_command(
         print_summary(summary, run_dir)
     # What to do next with the run; on stderr under --json, so stdout stays one JSON document.
     (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
-
-
-def _check_thinking_budget(spec: Any, max_thinking_tokens: int) -> None:
-    """Refuse --max-thinking-tokens for a model not known to think, before any weights load
-    (its tokenizer says; thinking.check_budget)."""
-    from arlecli import thinking
-
-    tokenizer = None
-    if spec.kind == "hf" and spec.path_or_id:
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id)
-        except (OSError, ValueError):
-            return  # no tokenizer to ask: loading the model will say what is wrong with it
-    option = thinking.parse_option(spec.think_tags, "--think-tags")
-    thinking.check_budget(max_thinking_tokens, thinking.declared(option, tokenizer), spec.name)
 
 
 _LAUNCH_PARAMS = {"num_processes", "deepspeed", "fsdp", "accelerate_config", "num_machines", "machine_rank",
@@ -358,13 +324,6 @@ def _child_args(ctx: typer.Context) -> list[str]:
     return args
 
 
-def _length(trainer: dict[str, Any]) -> str:
-    # rft counts rounds (each: sampling, then up to max_steps SFT steps); the others optimizer steps.
-    if "rounds" in trainer:
-        return f"{trainer['rounds']} rounds of up to {trainer['max_steps']} SFT steps"
-    return f"{trainer['max_steps']} steps"
-
-
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     """Before/after held-out accuracy, where the model is, how to evaluate it."""
     out = console()
@@ -373,7 +332,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         delta = (after["accuracy"] or 0.0) - (before["accuracy"] or 0.0)
         out.print(f"held-out accuracy: {before['accuracy']:.4f} ({before['label']}) -> {after['accuracy']:.4f} "
                   f"({after['label']}), {delta:+.4f}", highlight=False)
-    unit = "rounds" if summary.get("algo") == "rft" else "steps"
+    from arlecli.train.algorithm import recorded  # here, not at the top: `arle --help` stays fast
+
+    declared = recorded(summary.get("algo"))
+    unit = declared.unit if declared else "steps"
     out.print(f"{summary['global_step']} {unit}; final model: {summary['final_model']}", highlight=False)
     out.print(f"run directory: {run_dir}  (evaluate: arle eval {summary['benchmark']} --model "
               f"{summary['final_model']})", highlight=False)

@@ -4,13 +4,13 @@ A run's settings come, lowest first, from arle's defaults, a recipe file (`--rec
 command-line flags (`--max-steps` ...) and `--set key=value`. Every key is one of:
 
 - an arle field (`TrainOptions`: benchmark, algo, model, LoRA, held-out eval ...);
-- a field of the algorithm's trainer config: any `trl.GRPOConfig` field for grpo, any
-  `trl.RLOOConfig` field for rloo (loss_type, beta, epsilon, scale_rewards, num_iterations,
-  per_device_train_batch_size, temperature ...), and for ppo the fields of
-  `arlecli.train.ppo.PPOParams` plus the few that `train_ppo` takes as arguments; any
-  `trl.SFTConfig` field for sft and any `trl.DPOConfig` field for dpo (max_length, beta,
+- a field of the algorithm's settings (`Algorithm.settings`, train.algorithm): any
+  `trl.GRPOConfig` field for grpo, any `trl.RLOOConfig` field for rloo (loss_type, beta,
+  epsilon, scale_rewards, num_iterations, per_device_train_batch_size, temperature ...), for
+  ppo `arlecli.train.ppo_run.PPOConfig` (PPOParams plus what `train_ppo` takes as arguments);
+  any `trl.SFTConfig` field for sft and any `trl.DPOConfig` field for dpo (max_length, beta,
   loss_type, packing ...); for rft the SFTConfig fields (each round's SFT) plus how rounds
-  sample and keep (`arlecli.train.rft.RFT_FIELDS`: rounds, num_generations, tasks_per_round,
+  sample and keep (`arlecli.train.rft.RFTConfig`: rounds, num_generations, tasks_per_round,
   min_reward, keep_cut, temperature, top_p, max_completion_length).
 
 - a DAPO control (`arlecli.train.dapo.DAPOOptions`: overlong_filter, overlong_buffer_len,
@@ -19,8 +19,9 @@ command-line flags (`--max-steps` ...) and `--set key=value`. Every key is one o
 One flat namespace, so a recipe reads like the trainer's own docs and `--set` reaches
 everything. An unknown key is a one-line UserError that names the nearest known keys.
 
-Stages (grpo, rloo): a recipe's `stages:` list trains in stages, each resuming the last
-one's checkpoint, DeepScaleR's staged context lengthening (8k -> 16k -> 24k tokens):
+Stages (an algorithm declared `staged`: grpo, rloo): a recipe's `stages:` list trains in
+stages, each resuming the last one's checkpoint, DeepScaleR's staged context lengthening
+(8k -> 16k -> 24k tokens):
 
     stages:
       - {name: 8k, steps: 1040, max_completion_length: 8192}
@@ -46,11 +47,9 @@ import yaml
 
 from arlecli import safeio
 from arlecli.errors import UserError
+from arlecli.train.algorithm import Algorithm, algorithm, names
 from arlecli.train.dapo import DAPO_FIELDS, DAPOOptions
 
-ALGOS = ("grpo", "rloo", "ppo", "sft", "dpo", "rft")
-# Algorithms that learn from a data file of recorded trajectories (`--data`), not from rollouts.
-OFFLINE_ALGOS = ("sft", "dpo")
 TRAIN_BACKENDS = ("hf", "vllm")
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
 
@@ -127,8 +126,6 @@ class TrainOptions:
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
 
 
-# Algorithms that train in stages (each stage resumes the trainer's own checkpoint).
-STAGED_ALGOS = ("grpo", "rloo")
 # What a stage cannot change: it would make the stages one run no longer (another model or
 # data), or the checkpoint being resumed would ignore it (the optimizer's and the scheduler's
 # state, restored on resume, keep the learning rate and its schedule).
@@ -168,6 +165,11 @@ class TrainConfig:
     # rate schedule spans every stage (as one run's would); training stops here instead.
     stop_at: int | None = None
 
+    @property
+    def seed(self) -> int:
+        """The run's seed (TRAINER_DEFAULTS' 1234 unless set): rollouts, held-out evals, vLLM."""
+        return int(self.trainer["seed"])
+
     def sessions(self) -> list[Stage]:
         """The stages to train, in order; a run without stages is one stage of max_steps."""
         if self.stages:
@@ -177,25 +179,10 @@ class TrainConfig:
 
 
 def trainer_fields(algo: str) -> dict[str, Any]:
-    """Field name -> declared type for the algorithm's trainer settings.
+    """Field name -> declared type for the algorithm's trainer settings (its `settings`).
 
     Imports TRL (seconds): called only once a run is being set up."""
-    if algo == "ppo":
-        from arlecli.train.ppo import PPOParams
-
-        fields = {f.name: f.type for f in dataclasses.fields(PPOParams)}
-        fields.update({"max_steps": int, "learning_rate": float, "num_generations": int,
-                       "max_completion_length": int, "temperature": float, "seed": int, "save_steps": int,
-                       "save_total_limit": int, "report_to": str})
-        return fields
-    if algo == "rft":  # the SFT trainer's fields, plus how each round samples and keeps
-        from arlecli.train.rft import RFT_FIELDS
-
-        return {**trainer_fields("sft"), **RFT_FIELDS}
-    from trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig
-
-    cls = {"grpo": GRPOConfig, "rloo": RLOOConfig, "sft": SFTConfig, "dpo": DPOConfig}[algo]
-    return {f.name: f.type for f in dataclasses.fields(cls) if f.init}
+    return algorithm(algo).fields()
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -270,16 +257,16 @@ def _check_key(key: str, known: list[str], algo: str, where: str) -> None:
     if near:
         hint = f"; did you mean {', '.join(near)}?"
     else:
-        others = [a for a in ALGOS if a != algo and key in _fields_or_empty(a)]
+        others = names(lambda other: other.name != algo and key in _fields_or_empty(other))
         hint = (f"; it is a setting of --algo {' and '.join(others)}" if others
                 else "; see `arle train --help` and the trainer's config docs")
     raise UserError(f"{where}: unknown setting '{key}' for --algo {algo}{hint}")
 
 
-def _fields_or_empty(algo: str) -> dict[str, Any]:
+def _fields_or_empty(other: Algorithm) -> dict[str, Any]:
     try:
-        return trainer_fields(algo)
-    except ImportError:  # ppo's module may be absent from a build
+        return other.fields()
+    except ImportError:  # an algorithm's trainer may be absent from a build
         return {}
 
 
@@ -296,8 +283,7 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
     algo = "grpo"
     for layer, _ in layers:
         algo = layer.get("algo", algo)
-    if algo not in ALGOS:
-        raise UserError(f"unknown algorithm {algo!r}: choose one of {', '.join(ALGOS)}")
+    algorithm(algo)  # an unknown name is one line naming the near ones
     cfg = _merge(layers, algo, recipe_name)
     if stages is not None:
         cap = given.get("max_steps", sets.get("max_steps"))
@@ -309,16 +295,13 @@ def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any],
 def _merge(layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str | None) -> TrainConfig:
     """One TrainConfig from settings layers, lowest first (every key checked and coerced)."""
     declared = {f.name: f.type for f in dataclasses.fields(TrainOptions)}
-    trainer_types = trainer_fields(algo)
+    algo_ = algorithm(algo)
+    trainer_types = algo_.fields()
     known = sorted(set(ARLE_KEYS) | set(trainer_types) | set(DAPO_FIELDS))
 
     arle: dict[str, Any] = {}
     dapo: dict[str, Any] = {}
-    trainer: dict[str, Any] = dict(TRAINER_DEFAULTS)
-    if algo == "rft":  # rounds, samples per task, tasks per round ... (so meta.json records them)
-        from arlecli.train.rft import RFT_DEFAULTS
-
-        trainer.update(RFT_DEFAULTS)
+    trainer: dict[str, Any] = {**TRAINER_DEFAULTS, **algo_.defaults}  # all of them in meta.json
     for layer, where in layers:
         for key, value in layer.items():
             _check_key(key, known, algo, where)
@@ -328,26 +311,21 @@ def _merge(layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str
                 dapo[key] = _coerce(key, value, DAPO_FIELDS[key], where)
             else:
                 trainer[key] = _coerce(key, value, trainer_types[key], where)
-    opts = TrainOptions(**arle)
-    _validate(opts, trainer)
-    controls = _dapo(dapo, algo)
-    if algo == "rft":
-        from arlecli.train.rft import RFTSettings
-
-        RFTSettings.of(trainer)  # checks them
-    return TrainConfig(options=opts, trainer=trainer, recipe=recipe_name, dapo=controls)
+    cfg = TrainConfig(options=TrainOptions(**arle), trainer=trainer, recipe=recipe_name, dapo=_dapo(dapo))
+    algo_.validate(cfg)  # the algorithm's own refusals first (rft's settings, sft's missing --data)
+    _validate(cfg.options, trainer, algo_)
+    cfg.dapo.check(algo_)
+    return cfg
 
 
-def _dapo(values: dict[str, Any], algo: str) -> DAPOOptions:
+def _dapo(values: dict[str, Any]) -> DAPOOptions:
     """The DAPO controls among a run's settings, checked (one line naming the bad one)."""
     wanted = {"bool": (bool, "true or false"), "int": (int, "a whole number"), "float": ((int, float), "a number")}
     for key, value in values.items():
         types, words = wanted[str(DAPO_FIELDS[key])]
         if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
             raise UserError(f"{key} must be {words}, got {value!r}")
-    controls = DAPOOptions(**values)
-    controls.check(algo)
-    return controls
+    return DAPOOptions(**values)
 
 
 def _stages(raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str | None,
@@ -355,9 +333,9 @@ def _stages(raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recip
     """The recipe's `stages:` as resolved stages, cut at step `cap` when the command line gave
     --max-steps (a short run of a long recipe), and the plan as written."""
     where = f"recipe {recipe_name}"
-    if algo not in STAGED_ALGOS:
+    if not algorithm(algo).staged:
         raise UserError(f"{where}: stages resume the trainer's own checkpoints, which --algo "
-                        f"{' and '.join(STAGED_ALGOS)} write; not {algo}")
+                        f"{' and '.join(names(lambda a: a.staged))} write; not {algo}")
     if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
         raise UserError(f"{where}: stages must be a list of mappings, e.g. "
                         "[{name: 8k, steps: 100, max_completion_length: 8192}, ...]")
@@ -399,24 +377,17 @@ def _validate_thinking(opts: TrainOptions) -> None:
         raise UserError(f"max_thinking_tokens must be a whole number >= 1, got {budget!r}")
 
 
-def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
+def _validate(opts: TrainOptions, trainer: dict[str, Any], algo: Algorithm) -> None:
+    """The settings every algorithm shares, checked (its own: `Algorithm.validate`)."""
     if opts.backend not in TRAIN_BACKENDS:
         raise UserError(f"unknown rollout backend {opts.backend!r}: choose one of {', '.join(TRAIN_BACKENDS)}")
-    if opts.vllm_server:
-        if opts.algo == "ppo":
-            raise UserError("--vllm-server is TRL's server mode, for --algo grpo and rloo; PPO's rollouts run "
-                            "in-process: use --backend vllm")
-        if not opts.vllm_server.startswith(("http://", "https://")):
-            raise UserError(f"--vllm-server {opts.vllm_server!r}: give the server's URL, e.g. http://node1:8000")
-    if opts.algo in OFFLINE_ALGOS and not opts.data:
-        kind = "preference pairs (`arle data from-eval RUN --pairs -o pairs.jsonl`)" if opts.algo == "dpo" \
-            else "trajectories (`arle data from-eval RUN -o rows.jsonl`)"
-        raise UserError(f"--algo {opts.algo} trains on recorded {kind}: pass --data FILE.jsonl")
-    if opts.data and opts.algo not in OFFLINE_ALGOS:
-        raise UserError(f"--data is recorded trajectories for --algo {' and '.join(OFFLINE_ALGOS)}; --algo "
+    if opts.vllm_server and not opts.vllm_server.startswith(("http://", "https://")):
+        raise UserError(f"--vllm-server {opts.vllm_server!r}: give the server's URL, e.g. http://node1:8000")
+    if opts.data and not algo.data:
+        raise UserError(f"--data is recorded trajectories for --algo {' and '.join(names(lambda a: a.data))}; --algo "
                         f"{opts.algo} samples from the benchmark's rows: drop --data (for the benchmark's rows "
                         f"from a local file, as `arle eval --rows` reads them, pass --rows FILE)")
-    if opts.rows and opts.algo in OFFLINE_ALGOS:
+    if opts.rows and algo.data:
         raise UserError(f"--rows is the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
                         f"(recorded trajectories): drop --rows, or pass --eval-rows FILE to evaluate on local rows")
     if opts.rows and opts.split:
@@ -426,7 +397,7 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any]) -> None:
         if value is not None and not Path(str(value)).expanduser().is_file():
             raise UserError(f"--{key.replace('_', '-')} {value}: no such file; give a jsonl, json, parquet or csv "
                             f"file of rows in the dataset's own schema")
-    if opts.vllm_server and opts.algo in OFFLINE_ALGOS:
+    if opts.vllm_server and algo.data:
         raise UserError(f"--vllm-server serves rollouts; --algo {opts.algo} has none (its held-out evals can use "
                         f"--backend vllm): drop --vllm-server")
     if opts.lora_rank < 0:

@@ -31,11 +31,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from arlecli.errors import UserError
+from arlecli.train.algorithm import Algorithm, names
 from arlecli.types import Episode, Score
-
-# The trainers each control works with (a one-line error names them for the others).
-FILTER_ALGOS = ("grpo", "rloo", "ppo")
-GROUP_ALGOS = ("grpo", "rloo")  # dynamic sampling needs groups of completions of one task
 
 
 @dataclass(frozen=True)
@@ -72,19 +69,19 @@ class DAPOOptions:
     dynamic_sampling: bool = False
     dynamic_sampling_rounds: int = 4
 
-    def check(self, algo: str, where: str = "settings") -> None:
-        """A UserError naming the setting that `algo` cannot use, or a bad value."""
+    def check(self, algo: Algorithm, where: str = "settings") -> None:
+        """A UserError naming the setting that `algo` cannot use (its declaration says which it
+        takes: overlong_filter, dynamic_sampling), or a bad value."""
         if self.overlong_buffer_len < 0 or self.dynamic_sampling_rounds < 0:
             raise UserError(f"{where}: overlong_buffer_len and dynamic_sampling_rounds must be >= 0")
         if self.overlong_penalty_factor < 0:
             raise UserError(f"{where}: overlong_penalty_factor must be >= 0 (it is subtracted from the reward)")
-        if (self.overlong_filter or self.overlong_buffer_len) and algo not in FILTER_ALGOS:
-            hint = "; rft drops cut episodes already (keep_cut: false)" if algo == "rft" else ""
+        if (self.overlong_filter or self.overlong_buffer_len) and not algo.overlong_filter:
             raise UserError(f"{where}: overlong_filter and overlong_buffer_len are for --algo "
-                            f"{', '.join(FILTER_ALGOS)}, not {algo}{hint}")
-        if self.dynamic_sampling and algo not in GROUP_ALGOS:
+                            f"{', '.join(names(lambda a: a.overlong_filter))}, not {algo.name}")
+        if self.dynamic_sampling and not algo.dynamic_sampling:
             raise UserError(f"{where}: dynamic_sampling drops groups of completions of one task, which only "
-                            f"--algo {' and '.join(GROUP_ALGOS)} sample; not {algo}")
+                            f"--algo {' and '.join(names(lambda a: a.dynamic_sampling))} sample; not {algo.name}")
 
 
 DAPO_FIELDS = {name: spec.type for name, spec in DAPOOptions.__dataclass_fields__.items()}

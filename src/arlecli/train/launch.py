@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from arlecli.errors import UserError
+from arlecli.train.algorithm import algorithm
 
 LAUNCHED_ENV = "ARLE_LAUNCHED"      # set in every process accelerate starts
 COMMAND_ENV = "ARLE_COMMAND"        # the user's original command line (JSON), for meta.json
@@ -72,14 +73,14 @@ def original_command() -> list[str] | None:
 
 
 def check(opts: LaunchOptions, algo: str) -> None:
-    """User mistakes in the launch flags, before anything starts."""
+    """User mistakes in the launch flags for --algo `algo`, before anything starts."""
     modes = [m for m, on in (("--deepspeed", opts.deepspeed), ("--fsdp", opts.fsdp),
                              ("--accelerate-config", opts.accelerate_config)) if on]
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} cannot be combined: pick one")
     if opts.deepspeed is not None and opts.deepspeed not in DEEPSPEED_MODES:
         raise UserError(f"--deepspeed takes zero2 or zero3, not {opts.deepspeed!r}")
-    if algo in ("ppo", "rft"):
+    if not algorithm(algo).distributed:
         raise UserError(f"--algo {algo} runs in one process; multi-process training (--num-processes, --deepspeed, "
                         "--fsdp, --accelerate-config) supports --algo grpo and rloo")
     if opts.accelerate_config is not None and not Path(opts.accelerate_config).is_file():

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from arlecli import safeio
+from arlecli.errors import UserError
 from arlecli.records import RunDir
 
 METRICS_FILE = RunDir.METRICS
@@ -128,8 +129,6 @@ def open_reporter(report_to: str | list[str] | None, run_dir: Path, config: dict
     """A reporter for `report_to` (none, tensorboard, trackio, wandb, a list, or "all" = every
     installed one), or None when there is nothing to report to. A named integration whose
     package is missing is a UserError naming the pip install."""
-    from arlecli.errors import UserError
-
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     if "all" in names:
         names = [n for n, pkg in _PACKAGES.items() if importlib.util.find_spec(pkg) is not None]

@@ -16,6 +16,8 @@ from typing import Any
 from arlecli import safeio
 from arlecli.errors import UserError
 from arlecli.models import EMBEDDED_NAME, ModelSpec
+from arlecli.results import read_json
+from arlecli.train.algorithm import recorded
 
 README = "README.md"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the embedded default is a quantised copy of
@@ -40,7 +42,8 @@ def model_card(spec: ModelSpec, summary: dict[str, Any], meta: dict[str, Any], f
     options = meta.get("options") if isinstance(meta.get("options"), dict) else {}
     lora = options.get("lora_rank") or 0
     algo, bench = str(summary.get("algo")), str(summary.get("benchmark"))
-    unit = "rounds" if algo == "rft" else "steps"
+    declared = recorded(summary.get("algo"))
+    unit = declared.unit if declared else "steps"
     on_hub = not os.path.isdir(base)
     source = f"[{base}](https://huggingface.co/{base})" if on_hub else f"`{base}`"
     kind = f"A LoRA adapter (rank {lora}) for" if lora else "A fine-tune of"
@@ -71,8 +74,6 @@ def model_card(spec: ModelSpec, summary: dict[str, Any], meta: dict[str, Any], f
 
 def write_model_card(run_dir: Path, spec: ModelSpec, summary: dict[str, Any]) -> None:
     """README.md in the run directory and in final/ (over TRL's and peft's), when final/ exists."""
-    from arlecli.results import read_json
-
     final = Path(run_dir) / "final"
     if not final.is_dir():
         return

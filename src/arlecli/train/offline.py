@@ -10,26 +10,25 @@ The run is an RL run's without rollouts: the same run directory (meta.json with 
 path, hash and row count; metrics.jsonl; checkpoint-N/; eval/step-N/; final/; summary.json,
 no rewards.jsonl), the same held-out evaluations (before, every --eval-every steps, after),
 the same `--resume` (from the newest checkpoint; a data file whose content changed is refused),
-and the same TRL loop (grpo.train_loop) around SFTTrainer (train.sft) or DPOTrainer (train.dpo).
-`--limit N` trains on the first N rows of the file.
+and the same TRL loop (trl_glue.train_loop) around SFTTrainer (train.sft) or DPOTrainer
+(train.dpo). `--limit N` trains on the first N rows of the file. This module registers the
+algorithms sft and dpo (declared `data`: train.run opens the run directory without rollouts).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
-from arlecli import rundir, safeio
+from arlecli import safeio
 from arlecli.cards import Card
 from arlecli.errors import UserError
-from arlecli.models import ModelSpec
+from arlecli.train import dpo, sft
+from arlecli.train.algorithm import ALGORITHMS, Algorithm, Prepared, TrainContext
 from arlecli.train.config import TrainConfig
-from arlecli.train.metrics import MetricsLog
-from arlecli.train.ranks import Ranks
-from arlecli.train.rollout import PolicyEngine
+from arlecli.train.trl_glue import import_trl, load_model, train_loop
 
 SFT_SHAPE = ('{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]} or {"prompt": "text", '
              '"completion": "text"}')
@@ -134,8 +133,8 @@ def read_rows(path: str | Path, algo: str) -> list[dict[str, Any]]:
 
 
 def training_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """The rows an sft/dpo run trains on (the first --limit of --data), checked; the CLI calls it
-    before it starts anything, so a bad file is the only thing printed."""
+    """The rows an sft/dpo run trains on (the first --limit of --data), checked; the algorithm's
+    check reads them before anything starts, so a bad file is the only thing printed."""
     opts = cfg.options
     if opts.split:
         raise UserError(f"--split picks the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
@@ -152,45 +151,53 @@ def other_benchmarks(rows: list[dict[str, Any]], bench: str) -> Counter:
     return Counter(r["benchmark"] for r in rows if isinstance(r.get("benchmark"), str) and r["benchmark"] != bench)
 
 
-def run_offline(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, meta: dict[str, Any], *,
-                resume: bool, view: Any) -> dict[str, Any]:
-    """Train `spec`'s model with sft or dpo on cfg's --data file; return (and write) summary.json's
-    content. `meta` is train.run's meta.json for the run; the data file's identity is added."""
-    from arlecli.train.grpo import load_model, train_loop
-    from arlecli.train.run import COMPARED, held_out, open_run, vllm_options, write_summary
-    from arlecli.train.sft import load_tokenizer, trainer_args
-
+def validate_offline(cfg: TrainConfig) -> None:
+    """sft and dpo train on a --data file: refuse a run without one."""
     opts = cfg.options
+    if not opts.data:
+        kind = "preference pairs (`arle data from-eval RUN --pairs -o pairs.jsonl`)" if opts.algo == "dpo" \
+            else "trajectories (`arle data from-eval RUN -o rows.jsonl`)"
+        raise UserError(f"--algo {opts.algo} trains on recorded {kind}: pass --data FILE.jsonl")
+
+
+def check_offline(cfg: TrainConfig, card: Card, run_dir: Path) -> Prepared:
+    """The --data rows (every line checked: a bad file is the only thing printed) and the
+    SFTConfig / DPOConfig, before the run directory exists."""
     rows = training_rows(cfg)
-    others = other_benchmarks(rows, card.name)
+    return Prepared(sft.trainer_args(cfg, run_dir), rows)
+
+
+def run_offline(ctx: TrainContext, build: Callable[..., Any]) -> tuple[dict[str, dict[str, Any]], int]:
+    """Train `ctx.spec`'s model on the checked --data rows (ctx.prepared) with the trainer
+    `build(cfg, args, model, tokenizer, rows, callbacks, template_kwargs)` makes; returns
+    (every evaluation's results by label, the last step)."""
+    card, cfg, spec, prepared = ctx.card, ctx.cfg, ctx.spec, ctx.prepared
+    others = other_benchmarks(prepared.rows, card.name)
     if others:
         names = ", ".join(f"{name} ({n} rows)" for name, n in others.most_common(3))
-        view.message(f"warning: {opts.data} holds trajectories of {names}, not {card.name}; held-out evaluations "
-                     f"measure {card.name}")
-    args = trainer_args(cfg, run_dir)
-    meta = {**meta, "train_split": None, "data_hash": rundir.file_hash(opts.data or ""), "data_rows": len(rows),
-            "trainer_resolved": args.to_dict()}
-    ranks = Ranks.current()  # after the trainer config: it set up the processes' shared state
-    view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=(*COMPARED, "data_hash"))
-    metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
-    ranks.barrier()
-
-    tokenizer = load_tokenizer(spec.path_or_id or "")
+        ctx.view.message(f"warning: {cfg.options.data} holds trajectories of {names}, not {card.name}; held-out "
+                         f"evaluations measure {card.name}")
+    tokenizer = sft.load_tokenizer(spec.path_or_id or "")
     model = load_model(spec.path_or_id or "", spec.is_adapter)
-    if opts.algo == "dpo":
-        from arlecli.train.dpo import build_dpo_trainer as build
-    else:
-        from arlecli.train.sft import build_sft_trainer as build
-    engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
-                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))),
-                          think_tags=spec.think_tags, chat_template_kwargs=spec.chat_template_kwargs)
-    heldout = held_out(card, cfg, spec, run_dir, engine, view)
-    started = time.monotonic()
-    try:
-        evals, global_step = train_loop(lambda callbacks: build(cfg, args, model, tokenizer, rows, callbacks,
-                                                                  spec.chat_template_kwargs),
-                                        cfg, spec, run_dir, checkpoint, metrics, heldout, view, ranks)
-    finally:
-        engine.close()
-    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started,
-                         ranks)
+    return train_loop(ctx, lambda callbacks: build(cfg, prepared.trainer_args, model, tokenizer, prepared.rows,
+                                                   callbacks, spec.chat_template_kwargs))
+
+
+def run_sft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
+    """SFT on recorded trajectories (train.sft)."""
+    return run_offline(ctx, sft.build_sft_trainer)
+
+
+def run_dpo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
+    """DPO on preference pairs (train.dpo)."""
+    return run_offline(ctx, dpo.build_dpo_trainer)
+
+
+def _config(name: str) -> Sequence[type]:
+    return (getattr(import_trl(False), name),)
+
+
+# On --data rows, in one process or many.
+_OFFLINE = dict(data=True, distributed=True, validate=validate_offline, check=check_offline)
+ALGORITHMS.add("sft", Algorithm("sft", run_sft, lambda: _config("SFTConfig"), **_OFFLINE), source=run_sft)
+ALGORITHMS.add("dpo", Algorithm("dpo", run_dpo, lambda: _config("DPOConfig"), **_OFFLINE), source=run_dpo)

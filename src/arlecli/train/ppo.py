@@ -67,6 +67,7 @@ from typing import Any, Callable
 import torch
 
 from arlecli.rundir import latest_checkpoint, prune_checkpoints
+from arlecli.train.rollout import Sequences, rescore_segments
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,8 +348,6 @@ def forward_pass(model: Any, value_head: torch.nn.Linear | None, sequences: torc
     segment after a seam are scored on that segment's own context (its prompt and what follows),
     one more forward pass per segment.
     """
-    from arlecli.train.rollout import rescore_segments
-
     out = _forward_rows(model, value_head, sequences, attention_mask, prompt_len, temperature, bf16, with_entropy)
     if segment is None:
         return out
@@ -430,8 +429,6 @@ def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], tempe
     """Turn sampled episodes into PPO's batch: their token sequences (train.rollout.Sequences)
     and the policy's, reference's and critic's view of every completion token. An episode for
     which `no_loss` is True (overlong filtering) keeps its tokens with no action among them."""
-    from arlecli.train.rollout import Sequences
-
     seqs = Sequences.of(episodes, policy.eos_ids[0]).without_loss([no_loss(e) for e in episodes] if no_loss else None)
     prompt_ids, prompt_attn = _left_pad(seqs.prompt_ids, policy.pad_id, policy.device)
     completions = _right_pad(seqs.completion_ids, policy.pad_id, torch.long, policy.device)

@@ -3,29 +3,53 @@
 `train_ppo` is plain PyTorch over callables; this is where a run's pieces meet it: the
 rollouts (train.rollout.Rollouts, the eval's episode producer), the reward adapter (whose
 verdicts go to rewards.jsonl), metrics.jsonl and reporters, and held-out evaluations before the
-first step, every --eval-every steps and after the last, on the rollout engine.
+first step, every --eval-every steps and after the last, on the rollout engine. It registers
+the algorithm ppo: its settings are `ppo.PPOParams` and `PPOArgs`.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from arlecli.cards import Card
 from arlecli.errors import UserError
-from arlecli.train.config import TrainConfig
-from arlecli.train.heldout import HeldOut
-from arlecli.train.metrics import MetricsLog, open_reporter
-from arlecli.train.ppo import parse_params, train_ppo
-from arlecli.train.reward import CardReward
-from arlecli.train.rollout import Rollouts
+from arlecli.train.algorithm import TrainContext, register_algorithm
+from arlecli.train.config import TRAINER_DEFAULTS, TrainConfig
+from arlecli.train.metrics import open_reporter
+
+
+@dataclass
+class PPOArgs:
+    """The settings `train_ppo` takes as arguments (beside `ppo.PPOParams`, its `params`); the
+    defaults are the run's (train.config.TRAINER_DEFAULTS) where arle sets one."""
+
+    max_steps: int = TRAINER_DEFAULTS["max_steps"]  # optimizer steps
+    learning_rate: float | None = None         # None: 1e-6 for a full fine-tune, 1e-5 for LoRA
+    num_generations: int = 1                   # completions per prompt
+    max_completion_length: int | None = None   # tokens per model turn (None: the card's max_tokens)
+    temperature: float = 1.0                   # rollout sampling temperature
+    seed: int = TRAINER_DEFAULTS["seed"]
+    save_steps: int = TRAINER_DEFAULTS["save_steps"]  # checkpoint every N steps
+    save_total_limit: int | None = TRAINER_DEFAULTS["save_total_limit"]  # checkpoints kept (the newest)
+    report_to: str = TRAINER_DEFAULTS["report_to"]  # none, tensorboard, trackio or wandb
+
+
+def ppo_settings() -> Sequence[type]:
+    """PPO's settings: PPOParams and PPOArgs."""
+    from arlecli.train.ppo import PPOParams  # torch: imported only once a run is being set up
+
+    return (PPOParams, PPOArgs)
 
 
 def ppo_params(cfg: TrainConfig) -> dict[str, Any]:
     """What goes to train_ppo's `params`: the trainer keys it does not take as arguments
     (checked now, so a bad setting fails before the run directory exists)."""
+    from arlecli.train.ppo import parse_params  # torch: imported only once a run is being set up
+
     opts = cfg.options
     params = {k: v for k, v in cfg.trainer.items() if k not in _PPO_ARGS}
     if opts.lora_alpha is not None:
@@ -39,13 +63,28 @@ def ppo_params(cfg: TrainConfig) -> dict[str, Any]:
     return params
 
 
-def run_ppo(card: Card, cfg: TrainConfig, spec: Any, num_tasks: int, rollouts: Rollouts, reward: CardReward,
-            run_dir: Path, checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
-            view: Any) -> tuple[dict[str, dict[str, Any]], int]:
+def validate_ppo(cfg: TrainConfig) -> None:
+    """PPO's rollouts run in this process: no TRL server."""
+    if cfg.options.vllm_server:
+        raise UserError("--vllm-server is TRL's server mode, for --algo grpo and rloo; PPO's rollouts run "
+                        "in-process: use --backend vllm")
+
+
+def check_ppo(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
+    """PPO's params, checked before the run directory exists."""
+    ppo_params(cfg)
+
+
+@register_algorithm("ppo", settings=ppo_settings, validate=validate_ppo, check=check_ppo, overlong_filter=True)
+def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     """Train with PPO on the card's rollouts and reward, held-out evals on the rollout engine;
     returns (every evaluation's results by label, the last step)."""
-    from arlecli.train.run import FINAL
+    from arlecli.train.ppo import train_ppo  # torch: imported only once a run is being set up
 
+    card, cfg, spec, run_dir, metrics, heldout, view = (ctx.card, ctx.cfg, ctx.spec, ctx.run_dir, ctx.metrics,
+                                                        ctx.heldout, ctx.view)
+    assert ctx.rollouts is not None and ctx.reward is not None
+    rollouts, reward = ctx.rollouts, ctx.reward
     if spec.is_adapter:
         raise UserError("--algo ppo trains from full weights: pass the base model, not a LoRA adapter folder")
     opts, t = cfg.options, dict(cfg.trainer)
@@ -81,10 +120,10 @@ def run_ppo(card: Card, cfg: TrainConfig, spec: Any, num_tasks: int, rollouts: R
     params = ppo_params(cfg)
     try:
         final = train_ppo(
-            spec.path_or_id or "", num_tasks, rollout, reward.score, output_dir=run_dir, max_steps=max_steps,
+            spec.path_or_id or "", len(rollouts.tasks), rollout, reward.score, output_dir=run_dir, max_steps=max_steps,
             learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6), lora_rank=opts.lora_rank,
             num_generations=t.get("num_generations", 1), temperature=rollouts.sampling.temperature, seed=t["seed"],
-            save_steps=t["save_steps"], resume=checkpoint is not None, params=params, on_log=on_log,
+            save_steps=t["save_steps"], resume=ctx.checkpoint is not None, params=params, on_log=on_log,
             save_total_limit=t.get("save_total_limit"), on_step_end=on_step_end,
             no_loss=rollouts.no_loss if rollouts.dapo.overlong_filter else None)
     except ValueError as exc:  # train_ppo's checks on params and arguments
@@ -92,12 +131,12 @@ def run_ppo(card: Card, cfg: TrainConfig, spec: Any, num_tasks: int, rollouts: R
     finally:
         if reporter is not None:
             reporter.close()
-    if Path(final).resolve() != (run_dir / FINAL).resolve():
-        shutil.copytree(final, run_dir / FINAL, dirs_exist_ok=True)
+    if Path(final).resolve() != ctx.final.resolve():
+        shutil.copytree(final, ctx.final, dirs_exist_ok=True)
     if heldout is not None:
         evals = {**heldout.finished(), **evals}  # evaluations from before a resume
         if f"step-{max_steps}" not in evals:  # resumed after the last step: nothing trained this session
-            evals[f"step-{max_steps}"] = heldout.evaluate_saved(f"step-{max_steps}", str(run_dir / FINAL))
+            evals[f"step-{max_steps}"] = heldout.evaluate_saved(f"step-{max_steps}", str(ctx.final))
     return evals, max_steps
 
 
@@ -105,3 +144,4 @@ def run_ppo(card: Card, cfg: TrainConfig, spec: Any, num_tasks: int, rollouts: R
 # max_completion_length and temperature reach PPO through the rollouts' sampling.
 _PPO_ARGS = {"max_steps", "learning_rate", "num_generations", "max_completion_length", "temperature", "seed",
              "save_steps", "report_to", "logging_steps", "save_total_limit"}
+

@@ -28,27 +28,31 @@ nothing takes no SFT step: it is logged and the next round samples again (new se
 In the run directory's terms a round is a step: `--resume` continues after the last finished
 round (arlecli.rundir.latest_checkpoint) and drops the lines of later rounds from
 metrics.jsonl and rewards.jsonl; a round cut short is sampled and trained again from its start
-(same tasks, same seeds).
+(same tasks, same seeds). This module registers the algorithm rft: its settings are the SFT
+trainer's (`trl.SFTConfig`, each round's SFT) and `RFTConfig`; it counts rounds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from arlecli import safeio
+from arlecli import rundir, safeio
 from arlecli.cards import Card
 from arlecli.envs import env_kind
 from arlecli.envs.episodes import collect
 from arlecli.errors import UserError
+from arlecli.train import sft
+from arlecli.train.algorithm import TrainContext, names, register_algorithm
 from arlecli.train.config import TrainConfig
-from arlecli.train.heldout import HeldOut
-from arlecli.train.metrics import MetricsLog, open_reporter
-from arlecli.train.reward import CardReward
-from arlecli.train.rollout import Rollouts
+from arlecli.train.metrics import open_reporter
+from arlecli.train.rollout import Rollouts, flatten_episode
+from arlecli.train.trl_glue import import_trl, load_model, lora_config
 from arlecli.results import write_json
 from arlecli.records import Sample
 from arlecli.trajectories import Trajectory, sft_row, write_jsonl
@@ -59,19 +63,24 @@ ROWS_FILE = "rows.jsonl"
 STATE_FILE = "trainer_state.json"  # the name rundir looks for: a checkpoint is complete once it is whole
 MODEL_DIR = "model"
 
-# RFT's own settings (trainer keys beside the SFT trainer's; see train.config.trainer_fields).
-RFT_FIELDS: dict[str, Any] = {
-    "rounds": int,                  # sample -> filter -> SFT cycles
-    "num_generations": int,         # episodes per task per round
-    "tasks_per_round": int,         # training tasks sampled per round (the next ones each round)
-    "min_reward": "float | None",   # keep reward >= this; None: keep the reward's `correct` verdicts
-    "temperature": float,           # sampling, as `arle eval --temperature`
-    "top_p": float,
-    "max_completion_length": int,   # tokens per model turn (None: the card's max_tokens)
-    "keep_cut": bool,               # keep episodes with a turn cut at the token limit (default: drop)
-}
-# num_train_epochs is the SFT trainer's own: each round's SFT makes this many passes over the
-# round's kept rows (at most max_steps optimizer steps), one by default rather than TRL's 3.
+@dataclass
+class RFTConfig:
+    """RFT's own settings: trainer keys beside the SFT trainer's (train.config)."""
+
+    rounds: int = 3                           # sample -> filter -> SFT cycles
+    num_generations: int = 4                  # episodes per task per round
+    tasks_per_round: int = 64                 # training tasks sampled per round (the next ones each round)
+    min_reward: float | None = None           # keep reward >= this; None: keep the reward's `correct` verdicts
+    temperature: float = 1.0                  # sampling, as `arle eval --temperature`
+    top_p: float = 1.0
+    max_completion_length: int | None = None  # tokens per model turn (None: the card's max_tokens)
+    keep_cut: bool = False                    # keep episodes with a turn cut at the token limit (default: drop)
+
+
+RFT_FIELDS: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(RFTConfig)}
+# What meta.json records unless set: RFTConfig's defaults (max_completion_length stays unset:
+# the card's). num_train_epochs is the SFT trainer's own: each round's SFT makes this many
+# passes over the round's kept rows (at most max_steps optimizer steps), one rather than TRL's 3.
 RFT_DEFAULTS: dict[str, Any] = {"rounds": 3, "num_generations": 4, "tasks_per_round": 64, "min_reward": None,
                                 "temperature": 1.0, "top_p": 1.0, "num_train_epochs": 1,
                                 "keep_cut": False}
@@ -111,11 +120,18 @@ class RFTSettings:
         return bool(score.correct) if self.min_reward is None else float(score.reward) >= self.min_reward
 
 
+def validate_rft(cfg: TrainConfig) -> None:
+    """RFT's settings, checked when they resolve; DAPO's overlong controls are not RFT's."""
+    if cfg.dapo.overlong_filter or cfg.dapo.overlong_buffer_len:
+        raise UserError(f"settings: overlong_filter and overlong_buffer_len are for --algo "
+                        f"{', '.join(names(lambda a: a.overlong_filter))}, not rft; rft drops cut episodes already "
+                        f"(keep_cut: false)")
+    RFTSettings.of(cfg.trainer)
+
+
 def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
     """Refuse bad settings (RFT's, the SFT trainer's, a card SFT cannot learn from) before the
     run directory exists."""
-    from arlecli.train import sft
-
     if not env_kind(card.env).replayable:
         # An agent's own requests (its tools, a rewritten history) are not what the episode
         # records turn by turn, so its episodes are no conversation to fine-tune on.
@@ -179,23 +195,34 @@ def token_sequences(episode: Episode) -> list[dict[str, list[int]]]:
     starts a new one), 1 on the model's own tokens (its thinking included, a forced end of
     thought not), 0 on prompts and env replies. Empty when the engine gave no ids (then SFT
     renders the messages: train.sft)."""
-    from arlecli.train.rollout import flatten_episode
-
     if not all(t.prompt_token_ids and t.token_ids for t in episode.turns):
         return []
     return [{"input_ids": ids, "completion_mask": mask} for ids, mask in flatten_episode(episode).pieces()
             if any(mask)]
 
 
-def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward: CardReward, run_dir: Path,
-            checkpoint: Path | None, metrics: MetricsLog, heldout: HeldOut | None,
-            view: Any) -> tuple[dict[str, dict[str, Any]], int]:
-    """Rounds of sample -> keep -> SFT from the last finished round (`checkpoint`) on; held-out
+@dataclass
+class Learner:
+    """What the rounds sample from and fine-tune: the policy, its tokenizer (left padding, for
+    sampling) and the SFT trainer's (padding on the right)."""
+
+    model: Any
+    tokenizer: Any
+    sft_tokenizer: Any
+
+
+def _rft_settings() -> Sequence[type]:
+    return (import_trl(False).SFTConfig, RFTConfig)
+
+
+@register_algorithm("rft", settings=_rft_settings, defaults=RFT_DEFAULTS, validate=validate_rft,
+                    check=check_settings, unit="rounds", length="rounds")
+def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
+    """Rounds of sample -> keep -> SFT from the last finished round (ctx.checkpoint) on; held-out
     evals before the first round, every `eval_every` rounds and after the last. Returns (every
     evaluation's results by label, the last round)."""
-    from arlecli.train import sft
-    from arlecli.train.run import FINAL
-
+    card, cfg, spec, run_dir, checkpoint, metrics, heldout = (ctx.card, ctx.cfg, ctx.spec, ctx.run_dir,
+                                                              ctx.checkpoint, ctx.metrics, ctx.heldout)
     settings = RFTSettings.of(cfg.trainer)
     opts = cfg.options
     done = _read_state(checkpoint) if checkpoint else {"round": 0, "model_dir": None, "sft_steps": 0}
@@ -203,13 +230,13 @@ def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward:
         raise UserError(f"{run_dir} already ran {done['round']} rounds; pass --set rounds=N with N >= {done['round']}")
     shutil.rmtree(run_dir / "sft", ignore_errors=True)  # a round cut short: redone from its start
     model, tokenizer = load_policy(cfg, spec, run_dir / done["model_dir"] if done["model_dir"] else None)
-    sft_tokenizer = sft.load_tokenizer(spec.path_or_id or "")  # the trainer's (padding on the right)
+    learner = Learner(model, tokenizer, sft.load_tokenizer(spec.path_or_id or ""))
     sft_steps = int(done["sft_steps"])
     evals: dict[str, dict[str, Any]] = {}
 
     def evaluate(label: str) -> None:
         started = time.monotonic()
-        evals[label] = heldout.evaluate(model, tokenizer, label, sft_steps)
+        evals[label] = heldout.evaluate(learner.model, tokenizer, label, sft_steps)
         metrics.exclude(time.monotonic() - started)
 
     if heldout is not None:
@@ -221,8 +248,7 @@ def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward:
     metrics.restart_clock()
     try:
         for round_no in range(done["round"] + 1, settings.rounds + 1):
-            model, done = one_round(round_no, card, cfg, spec, settings, rollouts, reward, run_dir, model, tokenizer,
-                                    sft_tokenizer, done, metrics, view)
+            learner.model, done = one_round(ctx, settings, round_no, learner, done)
             sft_steps = done["sft_steps"]  # names the weights for the evaluation's engine
             if reporter is not None:
                 reporter.log(round_no, done["metrics"])
@@ -238,19 +264,21 @@ def run_rft(card: Card, cfg: TrainConfig, spec: Any, rollouts: Rollouts, reward:
         if reporter is not None:
             reporter.close()
 
-    model.save_pretrained(str(run_dir / FINAL))
-    tokenizer.save_pretrained(str(run_dir / FINAL))
+    learner.model.save_pretrained(str(ctx.final))
+    tokenizer.save_pretrained(str(ctx.final))
     if heldout is not None and f"step-{settings.rounds}" not in evals:
         evaluate(f"step-{settings.rounds}")
     return evals, settings.rounds
 
 
-def one_round(round_no: int, card: Card, cfg: TrainConfig, spec: Any, settings: RFTSettings, rollouts: Rollouts,
-              reward: CardReward, run_dir: Path, model: Any, tokenizer: Any, sft_tokenizer: Any,
-              previous: dict[str, Any], metrics: MetricsLog, view: Any) -> tuple[Any, dict[str, Any]]:
+def one_round(ctx: TrainContext, settings: RFTSettings, round_no: int, learner: Learner,
+              previous: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Round `round_no`: sample, score, keep, SFT; writes checkpoint-R (rows, weights) and the
     round's metrics line. Returns the model and the round's state (what trainer_state.json
     records once the caller has finished the round)."""
+    assert ctx.rollouts is not None and ctx.reward is not None
+    card, cfg, spec, run_dir, rollouts, reward = ctx.card, ctx.cfg, ctx.spec, ctx.run_dir, ctx.rollouts, ctx.reward
+    model, tokenizer = learner.model, learner.tokenizer
     started = time.monotonic()
     indices = round_tasks(round_no, settings.tasks_per_round, len(rollouts.tasks))
     draws = [(i, k) for i in indices for k in range(settings.num_generations)]
@@ -269,24 +297,25 @@ def one_round(round_no: int, card: Card, cfg: TrainConfig, spec: Any, settings: 
     stats: dict[str, Any] = {"loss": None, "steps": 0}
     sft_started = time.monotonic()
     if rows:
-        model, stats = fine_tune(cfg, model, sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}", round_no)
+        model, stats = fine_tune(cfg, model, learner.sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}",
+                                 round_no)
         model.save_pretrained(str(ckpt / MODEL_DIR))
         model_dir: str | None = f"{ckpt.name}/{MODEL_DIR}"
     else:
-        view.message(f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
+        ctx.view.message(f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
                      f"the weights stay as they were")
         model_dir = previous["model_dir"]  # rounds that keep nothing point back to the last weights
     sft_s = time.monotonic() - sft_started
 
     n = len(draws)
-    row = metrics.record(round_no, {
+    row = ctx.metrics.record(round_no, {
         "round": round_no, "tasks": len(indices), "samples": n, "kept": len(rows),
         "keep_rate": len(rows) / n, "reward": sum(float(s.reward) for s in scores) / n,
         "accuracy": sum(bool(s.correct) for s in scores) / n, "cut": sum(e.cut for e in episodes),
         "loss": stats["loss"],
         "sft_steps": stats["steps"], "sampling_s": round(sampled_s, 2), "sft_s": round(sft_s, 2),
         "round_s": round(time.monotonic() - started, 2)})
-    view.message(round_line(row, settings.rounds))
+    ctx.view.message(round_line(row, settings.rounds))
     return model, {"round": round_no, "global_step": round_no, "model_dir": model_dir,
                    "sft_steps": int(previous["sft_steps"]) + stats["steps"], "metrics": row}
 
@@ -310,10 +339,6 @@ def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str,
     message carries loss, prompt and env tokens do not) for `num_train_epochs` passes over them,
     at most `max_steps` optimizer steps; returns the trained model and {"loss": mean training
     loss, "steps": optimizer steps}."""
-    from arlecli.train import sft
-
-    import math
-
     fields = sft_settings(cfg)
     batch = int(fields.get("per_device_train_batch_size", 8)) * int(fields.get("gradient_accumulation_steps", 1))
     epochs = float(fields.get("num_train_epochs", 1))
@@ -322,7 +347,7 @@ def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str,
     # No checkpoints inside a round (a round cut short is redone whole), no reporting of each
     # round's SFT as a run of its own, and a seed of the round's own (its own shuffle).
     fields.update(max_steps=steps, save_strategy="no", report_to="none",
-                  seed=int(fields.get("seed", 1234)) + round_no)
+                  seed=cfg.seed + round_no)
     args = sft.trainer_args(replace(cfg, trainer=fields), output_dir)
     trainer = sft.train_sft(cfg, args, model, tokenizer, rows)
     losses = [h["train_loss"] for h in trainer.state.log_history if "train_loss" in h]
@@ -335,8 +360,6 @@ def load_policy(cfg: TrainConfig, spec: Any, saved: Path | None) -> tuple[Any, A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-
-    from arlecli.train.grpo import load_model, lora_config
 
     hf_logging.disable_progress_bar()
     # fp32 weights, as TRL loads a policy from a path (its model_init_kwargs default); on a GPU
@@ -385,8 +408,6 @@ def _read_state(checkpoint: Path) -> dict[str, Any]:
 def _prune(run_dir: Path, model_dir: str | None, keep: int | None) -> None:
     """Keep the newest `keep` rounds' folders, and always the one holding the current weights
     (rounds that kept nothing point back to it)."""
-    from arlecli import rundir
-
     if not keep:
         return
     current = model_dir.split("/")[0] if model_dir else None

@@ -1,4 +1,4 @@
-"""A training run from start to finish: run directory, data, reward, trainer, evaluations.
+"""A training run from start to finish: refusals, run directory, data, reward, the algorithm, evaluations.
 
     <run>/meta.json          command, versions, card hash, model, algo, every setting
     <run>/metrics.jsonl      one line per logged step (reward, accuracy, kl, loss, throughput)
@@ -18,53 +18,48 @@ line per completion, in rank order); the trainer saves checkpoints and final/ as
 accelerate run. The other ranks wait at a barrier while the main process evaluates (train.ranks).
 
 The run directory itself (naming, meta.json, resume checks, checkpoints) is arlecli.rundir's;
-the trainers' loops are grpo.run_trl (GRPO, RLOO) and ppo_run.run_ppo; sft and dpo (no rollouts:
-a data file of trajectories) run through offline.run_offline, with the same run directory.
+the algorithm is a registered plugin (train.algorithm): its `check` runs before the run
+directory exists, its `run` gets one TrainContext per stage. An RL algorithm's context carries
+the rollouts and the reward; a `--data` one's (sft, dpo) the checked rows, with the same run
+directory.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from arlecli import rundir
-from arlecli.cards import Card
+from arlecli import rundir, thinking
+from arlecli.cards import Card, render_prompt
 from arlecli.data.sources import split_names
-from arlecli.envs import single_turn
 from arlecli.envs.episodes import Sampling
+from arlecli.envs.textarena import BUILTIN_OPPONENTS, SELF, is_multiplayer, with_opponent
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, load_tasks
 from arlecli.fewshot import exemplars_for
 from arlecli.models import ModelSpec
+from arlecli.records import SCHEMA
 from arlecli.results import write_json
-from arlecli.train.config import OFFLINE_ALGOS, TrainConfig
+from arlecli.registry import card_forgeable, card_runs_code
+from arlecli.sandbox import ensure_isolation, set_policy
+from arlecli.train.algorithm import FINAL, Algorithm, TrainContext, TrainView, algorithm
+from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
 from arlecli.train.ranks import Ranks
 from arlecli.train.metrics import MetricsLog
+from arlecli.train.model_card import write_model_card
 from arlecli.train.reward import CardReward, truncate_rewards
 from arlecli.train.rollout import PolicyEngine, Rollouts
 
 SUMMARY = "summary.json"
-FINAL = "final"
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
 # What a resume must keep (options and trainer field by field, all but RESUMABLE).
 COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer", "dapo",
             "stages", "rows_hash", "eval_rows_hash")
-
-
-@dataclass
-class TrainView:
-    """Where progress goes (the CLI's live view); every hook is optional."""
-
-    log: Callable[[dict[str, Any]], None] | None = None               # one logged step
-    eval_start: Callable[[str, int, int], None] | None = None         # (label, total, done)
-    eval_sample: Callable[[dict[str, Any]], None] | None = None
-    eval_done: Callable[[str, dict[str, Any]], None] | None = None
-    message: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
 
 
 def train_split(card: Card, requested: str | None) -> str:
@@ -75,80 +70,53 @@ def train_split(card: Card, requested: str | None) -> str:
 
 
 def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, resume: bool = False,
-              command: list[str] | None = None, view: TrainView | None = None) -> dict[str, Any]:
+              command: list[str] | None = None, view: TrainView | None = None,
+              sandbox: str = "require") -> dict[str, Any]:
     """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content.
 
-    A staged run (cfg.stages) trains its stages one after the other in the same run
-    directory, each resuming the trainer's checkpoint at the end of the one before (so steps
-    and weights continue), with the stage's own settings; a resumed staged run starts in the
-    stage its checkpoint falls in."""
+    Everything `arle train` refuses is refused here, before the run directory exists (`refuse`,
+    then the algorithm's check of each stage); `sandbox` is the code sandbox's policy (require:
+    model-written code runs only where it can be isolated). A staged run (cfg.stages) trains its
+    stages one after the other in the same run directory, each resuming the trainer's
+    checkpoint at the end of the one before (so steps and weights continue), with the stage's
+    own settings; a resumed staged run starts in the stage its checkpoint falls in."""
     view = view or TrainView()
     opts = cfg.options
-    if spec.kind != "hf" or not spec.path_or_id:
-        raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
-                        "not an endpoint")
-    split = train_split(card, opts.split) if not opts.rows else None
+    algo = algorithm(opts.algo)
+    refuse(card, cfg, spec, sandbox=sandbox, message=view.message)
+    split = train_split(card, opts.split) if not (opts.rows or algo.data) else None
     eval_split = (opts.eval_split or card.source.default_split) if not heldout_rows(opts) else None
-    meta = {
-        "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
-        "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
-        "algo": opts.algo, "train_split": opts.rows or split,
-        "eval_split": heldout_rows(opts) or eval_split, "recipe": cfg.recipe,
-        "options": asdict(opts), "trainer": cfg.trainer, "dapo": asdict(cfg.dapo), "versions": rundir.versions(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if cfg.stages:
-        meta["stages"] = cfg.stage_plan
-    for key in ("rows", "eval_rows"):  # a file whose content changed since is refused on resume
-        if getattr(opts, key):
-            meta[f"{key}_hash"] = rundir.file_hash(getattr(opts, key))
-    if opts.algo in OFFLINE_ALGOS:  # sft, dpo: a data file of trajectories; no rollouts, no reward
-        from arlecli.train.offline import run_offline
-
-        return run_offline(card, cfg, spec, run_dir, meta, resume=resume, view=view)
     # Settings errors surface before the run directory exists, so a fixed rerun needs no new --output.
     sessions = cfg.sessions()
-    trainer_args = [check_settings(card, stage.config, run_dir) for stage in sessions]
-    if trainer_args[0] is not None:
-        # Every field the trainer ran with, defaults included (resume compares only "trainer").
-        meta["trainer_resolved"] = trainer_args[0].to_dict()
-    # After trainer_args: its config set up the processes' shared state. PPO runs in one process.
-    ranks = Ranks.current() if opts.algo not in ("ppo", "rft") else Ranks()
-    played = rollout_card(card, cfg, ranks)  # before the run directory exists, like every settings error
+    prepared = [algo.check(stage.config, card, run_dir) for stage in sessions]
+    meta = run_meta(card, cfg, spec, algo, command, split, eval_split, prepared[0])
+    # After the checks: a trainer's config sets up the processes' shared state.
+    ranks = Ranks.current() if algo.distributed else Ranks()
+    played = None if algo.data else rollout_card(card, cfg, ranks)  # before the run directory, like every refusal
     check_dynamic_sampling(cfg, card, ranks)
-    view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks)
-
-    # The rows `arle eval` scores: the same loader, for the card's split or a --rows file.
-    tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot,
-                                                    data=opts.rows))
-    if not tasks:
-        raise UserError(f"no tasks to train on in {opts.rows or f'{card.name}:{split}'} (check --split, --rows and "
-                        f"--limit)")
-    prompts = [single_turn.reset(card.prompt, t, exemplars_for(exemplars, t)) for t in tasks]  # what TRL logs; rollouts render their own
-    if opts.eval_limit and (split, opts.rows) == (eval_split, heldout_rows(opts)):
-        where = f"the rows of {opts.rows}" if opts.rows else f"split '{split}' of {card.name}"
-        view.message(f"warning: training and held-out evaluation both use {where}; pass "
-                     f"{'--eval-rows FILE or --eval-split' if opts.rows else '--eval-split or --split'} to keep "
-                     f"them apart")
-
-    if ranks.main:
+    view.message(f"training {spec.name} on {card.name} with {opts.algo}"
+                 f"{' + LoRA r=' + str(opts.lora_rank) if opts.lora_rank else ''} for {_length(cfg.trainer)} -> "
+                 f"{run_dir}")
+    compare = (*COMPARED, "data_hash") if algo.data else COMPARED
+    view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=compare)
+    data = None if played is None else train_data(card, played, cfg, split, eval_split, view)
+    if ranks.main and data is not None:
         truncate_rewards(run_dir, start_step)
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
     ranks.barrier()
-    data = TrainData(played, tasks, exemplars, prompts)
 
     started = time.monotonic()
     heldout: HeldOut | None = None
     evals: dict[str, dict[str, Any]] = {}
     global_step = start_step
-    for n, (stage, args) in enumerate(zip(sessions, trainer_args, strict=True)):
+    for n, (stage, ready) in enumerate(zip(sessions, prepared, strict=True)):
         if cfg.stages and start_step >= stage.end and n < len(sessions) - 1:
             continue  # finished before this resume
         if cfg.stages:
             view.message(f"stage {stage.name} ({n + 1}/{len(sessions)}): steps {stage.end - stage.steps + 1}-"
                          f"{stage.end}{_stage_changes(stage)}")
             metrics.tags = {"stage": stage.name}
-        evals, global_step, heldout = train_session(card, stage.config, spec, run_dir, args, data, checkpoint,
+        evals, global_step, heldout = train_session(algo, card, stage.config, spec, run_dir, ready, data, checkpoint,
                                                     metrics, view, ranks)
         checkpoint = rundir.latest_checkpoint(run_dir)
         start_step = global_step
@@ -157,9 +125,87 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
                          ranks)
 
 
+def run_meta(card: Card, cfg: TrainConfig, spec: ModelSpec, algo: Algorithm, command: list[str] | None,
+             split: str | None, eval_split: str | None, prepared: Any) -> dict[str, Any]:
+    """meta.json's content: the command, versions, card, model, algorithm and every setting,
+    with the identity of the files trained on (a file whose content changed since is refused on
+    resume) and the trainer's resolved config when the algorithm's check made one."""
+    opts = cfg.options
+    meta = {
+        "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
+        "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
+        "algo": opts.algo, "train_split": None if algo.data else opts.rows or split,
+        "eval_split": heldout_rows(opts) or eval_split, "recipe": cfg.recipe,
+        "options": asdict(opts), "trainer": cfg.trainer, "dapo": asdict(cfg.dapo), "versions": rundir.versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # What a step is called and the trainer field counting them (rundir reads them back).
+        "unit": algo.unit, "length": algo.length, "schema": SCHEMA,
+    }
+    if cfg.stages:
+        meta["stages"] = cfg.stage_plan
+    for key in ("rows", "eval_rows"):
+        if getattr(opts, key):
+            meta[f"{key}_hash"] = rundir.file_hash(getattr(opts, key))
+    if algo.data:
+        meta.update(data_hash=rundir.file_hash(opts.data or ""), data_rows=len(prepared.rows))
+    if hasattr(prepared, "to_dict"):
+        # Every field the trainer ran with, defaults included (resume compares only "trainer").
+        meta["trainer_resolved"] = prepared.to_dict()
+    return meta
+
+
+def refuse(card: Card, cfg: TrainConfig, spec: ModelSpec | None = None, *, sandbox: str = "require",
+           message: Any = None) -> None:
+    """What no algorithm can train, refused before any model loads (one line each): a card that
+    scores by loglikelihood, model-written code where the sandbox cannot isolate it (under
+    `sandbox` require) and, given the model's `spec`, an endpoint for a model or a thinking
+    budget for a model that does not think. Sets the sandbox's policy, and warns (`message`)
+    of a reward whose verdict the model's own code could forge. Cheap to repeat: the CLI calls
+    it before it resolves the model (which may unpack one), run_train again with it."""
+    if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
+        raise UserError(f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
+                        f"only evaluates; train on generated answers: set `default: false` in a copy of the card")
+    set_policy(sandbox)
+    if card_runs_code(card):
+        ensure_isolation()  # refuse before loading a model, not at the first reward
+    if card_forgeable(card) and message is not None:
+        message(f"warning: {card.name}'s reward ({card.reward}) decides its verdict inside the model's own "
+                "interpreter: code written to cheat can forge a pass there, and RL rewards it for that. Read the "
+                "high-reward completions in rewards.jsonl.")
+    if spec is None:
+        return
+    if spec.kind != "hf" or not spec.path_or_id:
+        raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
+                        "not an endpoint")
+    if cfg.options.max_thinking_tokens is not None:
+        _check_thinking_budget(spec, cfg.options.max_thinking_tokens)
+
+
+def _check_thinking_budget(spec: ModelSpec, max_thinking_tokens: int) -> None:
+    """Refuse --max-thinking-tokens for a model not known to think, before any weights load
+    (its tokenizer says; thinking.check_budget)."""
+    from transformers import AutoTokenizer  # seconds: only when a thinking budget is asked for
+
+    tokenizer = None
+    if spec.kind == "hf" and spec.path_or_id:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id)
+        except (OSError, ValueError):
+            return  # no tokenizer to ask: loading the model will say what is wrong with it
+    option = thinking.parse_option(spec.think_tags, "--think-tags")
+    thinking.check_budget(max_thinking_tokens, thinking.declared(option, tokenizer), spec.name)
+
+
+def _length(trainer: dict[str, Any]) -> str:
+    # rft counts rounds (each: sampling, then up to max_steps SFT steps); the others optimizer steps.
+    if "rounds" in trainer:
+        return f"{trainer['rounds']} rounds of up to {trainer['max_steps']} SFT steps"
+    return f"{trainer['max_steps']} steps"
+
+
 @dataclass
 class TrainData:
-    """What every stage of a run trains on: the card rollouts play, its tasks, exemplars and
+    """What every stage of an RL run trains on: the card rollouts play, its tasks, exemplars and
     the prompts TRL logs (row i: task i's)."""
 
     card: Card
@@ -168,22 +214,22 @@ class TrainData:
     prompts: list[Any]
 
 
-def check_settings(card: Card, cfg: TrainConfig, run_dir: Path) -> Any:
-    """Refuse bad settings of one stage (or of the run) before the run directory exists; the
-    GRPOConfig / RLOOConfig for grpo and rloo, None for the others."""
-    if cfg.options.algo == "ppo":
-        from arlecli.train.ppo_run import ppo_params
-
-        ppo_params(cfg)
-        return None
-    if cfg.options.algo == "rft":
-        from arlecli.train.rft import check_settings as check_rft
-
-        check_rft(cfg, card, run_dir)
-        return None
-    from arlecli.train.grpo import trainer_args as make_args
-
-    return make_args(cfg, run_dir, card.prompt.max_tokens)
+def train_data(card: Card, played: Card, cfg: TrainConfig, split: str | None, eval_split: str | None,
+               view: TrainView) -> TrainData:
+    """The rows `arle eval` scores, for the card's split or a --rows file (the same loader)."""
+    opts = cfg.options
+    tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot,
+                                                    data=opts.rows))
+    if not tasks:
+        raise UserError(f"no tasks to train on in {opts.rows or f'{card.name}:{split}'} (check --split, --rows and "
+                        f"--limit)")
+    prompts = [render_prompt(card.prompt, t, exemplars_for(exemplars, t)) for t in tasks]  # what TRL logs; rollouts render their own
+    if opts.eval_limit and (split, opts.rows) == (eval_split, heldout_rows(opts)):
+        where = f"the rows of {opts.rows}" if opts.rows else f"split '{split}' of {card.name}"
+        view.message(f"warning: training and held-out evaluation both use {where}; pass "
+                     f"{'--eval-rows FILE or --eval-split' if opts.rows else '--eval-split or --split'} to keep "
+                     f"them apart")
+    return TrainData(played, tasks, exemplars, prompts)
 
 
 def check_dynamic_sampling(cfg: TrainConfig, card: Card, ranks: Ranks) -> None:
@@ -191,8 +237,6 @@ def check_dynamic_sampling(cfg: TrainConfig, card: Card, ranks: Ranks) -> None:
     groups of one task's completions (a self-play game's seats have baselines of their own)."""
     if not any(stage.config.dapo.dynamic_sampling for stage in cfg.sessions()):
         return
-    from arlecli.envs.textarena import is_multiplayer
-
     if ranks.world > 1:
         raise UserError("dynamic_sampling refills each process's own groups: train in one process "
                         "(drop --num-processes) or drop dynamic_sampling")
@@ -206,44 +250,35 @@ def _stage_changes(stage: Any) -> str:
     return f" ({shown})" if shown else ""
 
 
-def train_session(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, trainer_args: Any, data: TrainData,
-                  checkpoint: Path | None, metrics: MetricsLog, view: TrainView,
+def train_session(algo: Algorithm, card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, prepared: Any,
+                  data: TrainData | None, checkpoint: Path | None, metrics: MetricsLog, view: TrainView,
                   ranks: Ranks) -> tuple[dict[str, dict[str, Any]], int, HeldOut | None]:
     """Train with one stage's settings up to its max_steps, from `checkpoint` when given; returns
-    (every evaluation's results by label, the last step, the held-out evaluations)."""
+    (every evaluation's results by label, the last step, the held-out evaluations). `data`
+    (None for a --data algorithm) is what the rollouts sample."""
     opts = cfg.options
-    sampling = rollout_sampling(cfg, card)
-    reward = CardReward(card, data.tasks, run_dir if ranks.main else None,
-                        gather=ranks.gather if ranks.world > 1 else None, shaping=cfg.dapo,
-                        max_tokens=sampling.max_tokens)
     engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
-                          vllm_options=vllm_options(opts, int(cfg.trainer.get("seed", 1234))),
-                          think_tags=spec.think_tags, chat_template_kwargs=spec.chat_template_kwargs)
-    # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
-    rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "", think_tags=spec.think_tags,
-                                  chat_template_kwargs=spec.chat_template_kwargs) if opts.vllm_server else engine
-    rollouts = Rollouts(data.card, data.tasks, data.exemplars, sampling, rollout_engine, dapo=cfg.dapo)
-    heldout = held_out(card, cfg, spec, run_dir, engine, view)
+                          vllm_options=vllm_options(opts, cfg.seed), think_tags=spec.think_tags,
+                          chat_template_kwargs=spec.chat_template_kwargs)
+    ctx = TrainContext(card, cfg, spec, run_dir, checkpoint, metrics, view, ranks, engine,
+                       held_out(card, cfg, spec, run_dir, engine, view), prepared)
+    if data is not None:
+        sampling = rollout_sampling(cfg, card)
+        ctx.reward = CardReward(card, data.tasks, run_dir if ranks.main else None,
+                                gather=ranks.gather if ranks.world > 1 else None, shaping=cfg.dapo,
+                                max_tokens=sampling.max_tokens)
+        # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
+        rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "", think_tags=spec.think_tags,
+                                      chat_template_kwargs=spec.chat_template_kwargs) if opts.vllm_server else engine
+        ctx.rollouts = Rollouts(data.card, data.tasks, data.exemplars, sampling, rollout_engine, dapo=cfg.dapo)
+        ctx.prompts = data.prompts
     try:
-        if opts.algo == "ppo":
-            from arlecli.train.ppo_run import run_ppo
-
-            evals, global_step = run_ppo(card, cfg, spec, len(data.tasks), rollouts, reward, run_dir, checkpoint,
-                                         metrics, heldout, view)
-        elif opts.algo == "rft":
-            from arlecli.train.rft import run_rft
-
-            evals, global_step = run_rft(card, cfg, spec, rollouts, reward, run_dir, checkpoint, metrics, heldout,
-                                         view)
-        else:
-            from arlecli.train.grpo import run_trl
-
-            evals, global_step = run_trl(cfg, trainer_args, spec, data.prompts, rollouts, reward, run_dir,
-                                         checkpoint, metrics, heldout, view, ranks)
+        evals, global_step = algo.run(ctx)
     finally:
         engine.close()
-        reward.close()
-    return evals, global_step, heldout
+        if ctx.reward is not None:
+            ctx.reward.close()
+    return evals, global_step, ctx.heldout
 
 
 def open_run(run_dir: Path, meta: dict[str, Any], resume: bool, view: TrainView, ranks: Ranks, *,
@@ -275,7 +310,7 @@ def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engin
                             data=heldout_rows(opts),
                             temperature=0.0, max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
                             max_thinking_tokens=opts.max_thinking_tokens,
-                            seed=int(cfg.trainer.get("seed", 1234)))
+                            seed=cfg.seed)
     return HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample, view.eval_done)
 
 
@@ -302,8 +337,6 @@ def write_summary(card: Card, spec: ModelSpec, algo: str, global_step: int, run_
     }
     if ranks.main:
         write_json(run_dir / SUMMARY, summary)
-        from arlecli.train.model_card import write_model_card
-
         write_model_card(run_dir, spec, summary)  # over TRL's, which names a local base model None
     return summary
 
@@ -311,8 +344,6 @@ def write_summary(card: Card, spec: ModelSpec, algo: str, global_step: int, run_
 def rollout_card(card: Card, cfg: TrainConfig, ranks: Ranks) -> Card:
     """The card rollouts play: for a two-player game, with the other seat played by
     `--opponent` (default self: self-play, each seat trained with its own outcome)."""
-    from arlecli.envs.textarena import BUILTIN_OPPONENTS, SELF, is_multiplayer, with_opponent
-
     opponent = cfg.options.opponent
     if not is_multiplayer(card):
         return card if opponent is None else with_opponent(card, opponent)  # refused: not a game for two
@@ -320,14 +351,9 @@ def rollout_card(card: Card, cfg: TrainConfig, ranks: Ranks) -> Card:
     if opponent not in (*BUILTIN_OPPONENTS, SELF):
         raise UserError(f"--opponent {opponent}: training plays {SELF}, {' or '.join(BUILTIN_OPPONENTS)} "
                         "(a model opponent plays in `arle eval --opponent`)")
-    if opponent == SELF:
-        if cfg.options.algo == "rloo":
-            raise UserError("self-play trains with --algo grpo (each seat's advantage against its own seat's "
-                            "baseline); rloo's leave-one-out baseline would mix the seats: use grpo, or "
-                            "--opponent random")
-        if ranks.world > 1:
-            raise UserError("self-play training runs in one process (each seat's advantages are computed over "
-                            "the whole batch): drop --num-processes")
+    if opponent == SELF and ranks.world > 1:
+        raise UserError("self-play training runs in one process (each seat's advantages are computed over "
+                        "the whole batch): drop --num-processes")
     return with_opponent(card, opponent)
 
 
@@ -337,7 +363,7 @@ def rollout_sampling(cfg: TrainConfig, card: Card) -> Sampling:
     t = cfg.trainer
     return Sampling(temperature=float(t.get("temperature", 1.0)), top_p=float(t.get("top_p", 1.0)),
                     max_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
-                    seed=int(t.get("seed", 1234)), logprobs=True,
+                    seed=cfg.seed, logprobs=True,
                     max_thinking_tokens=cfg.options.max_thinking_tokens)
 
 

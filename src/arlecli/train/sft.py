@@ -49,6 +49,7 @@ from typing import Any, Iterable
 
 from arlecli.errors import UserError
 from arlecli.train.config import TrainConfig
+from arlecli.train.trl_glue import common_fields, import_trl, lora_config
 
 IGNORE = -100  # the label of a token that carries no loss (what transformers' loss skips)
 
@@ -163,8 +164,6 @@ def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], template_kwargs:
 
 def trainer_args(cfg: TrainConfig, run_dir: Path) -> Any:
     """The SFTConfig (--algo sft) or DPOConfig (--algo dpo) for this run."""
-    from arlecli.train.grpo import common_fields, import_trl
-
     opts = cfg.options
     trl = import_trl(False)
     dpo = opts.algo == "dpo"
@@ -192,8 +191,6 @@ def load_tokenizer(path: str) -> Any:
 
 def _peft_config(cfg: TrainConfig, model: Any) -> Any:
     # A model that already carries an adapter keeps training it; otherwise the run's LoRA, if any.
-    from arlecli.train.grpo import lora_config
-
     return None if hasattr(model, "peft_config") else lora_config(cfg)
 
 
@@ -204,8 +201,6 @@ def build_sft_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, r
     import datasets
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
-
-    from arlecli.train.grpo import import_trl
 
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()  # TRL's dataset preparation bars: noise in the live view
