@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from arlecli.cards import load_card_file, parse_card, resolve_references
+from arlecli.cards import parse_card, render_prompt
 from arlecli.data.sources import read_rows_file, tasks_from_rows
-from arlecli.envs import single_turn
 from arlecli.errors import UserError
-from arlecli.registry import card_paths, load_card
+from arlecli.registry import card_paths, load_card, load_card_file, resolve_references
 
 MINIMAL = {"name": "mini", "category": "math", "source": {"kind": "files", "path": "rows.jsonl"},
            "reward": {"name": "gsm8k"}}
@@ -86,7 +85,7 @@ def test_mmlu_fixture_maps_answers_to_letters():
     card = load_card("mmlu")
     tasks = tasks_from_rows(card, read_rows_file(card.fixture_path), "fixture")
     assert [t.target for t in tasks] == ["B", "C", "A", "D"]
-    assert "B. Mercury" in single_turn.reset(card.prompt, tasks[0])[-1]["content"]
+    assert "B. Mercury" in render_prompt(card.prompt, tasks[0])[-1]["content"]
 
 
 def test_a_transform_may_split_one_record_into_several_tasks(tmp_path):

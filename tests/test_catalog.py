@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from arlecli.cards import Card, resolve_references
+from arlecli.cards import Card, render_prompt
 from arlecli.data.sources import read_rows_file, tasks_from_rows
-from arlecli.envs import single_turn
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import list_cards
+from arlecli.registry import list_cards, resolve_references
 from arlecli.rewards import get_reward
 from arlecli.types import Episode, Task, Turn
 
@@ -71,7 +70,7 @@ def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, re
     assert len(answers) == len(tasks), f"{card.name}: one answers line per fixture row"
     score = get_reward(card.reward, card.reward_params)
     for task, answer in zip(tasks, answers):
-        prompt = single_turn.reset(card.prompt, task)
+        prompt = render_prompt(card.prompt, task)
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         assert task.input and task.input in text, f"{card.name}/{task.id}: the prompt lost the input"
         right, wrong = (score(task, played(card, task, answer[key]) if isinstance(answer[key], list)

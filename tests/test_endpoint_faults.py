@@ -457,7 +457,7 @@ def test_eval_on_a_malformed_endpoint_exits_2_in_one_line(tmp_path):
                        "--output", str(tmp_path / "run"), "--max-retries", "0")
     line = one_error_line(proc)
     assert "malformed completion" in line and "choices[0].text is an object" in line
-    assert "--resume" not in line  # its only sample failed: nothing was kept to resume
+    assert "no sample finished before it" in line  # its only sample failed: nothing kept is claimed
 
 
 @pytest.mark.parametrize("args,names", [

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from arlecli.cards import resolve_references
+from arlecli.registry import resolve_references
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.envs.textarena import Game

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arlecli.cards import load_card_file, resolve_references
+from arlecli.registry import load_card_file, resolve_references
 from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.errors import UserError
 from arlecli.registry import load_card

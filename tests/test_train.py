@@ -113,7 +113,7 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
     from arlecli.data.sources import load_rows, tasks_from_rows
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, load_tasks, run_eval
-    from arlecli.envs import single_turn
+    from arlecli.cards import render_prompt
     from arlecli.envs.episodes import Sampling, collect
     from arlecli.models import resolve_model
     from arlecli.registry import load_card
@@ -153,7 +153,7 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
         samples = {s["task_id"]: s for s in map(json.loads, (tmp_path / card.name / "samples.jsonl").open())}
         if raw_rows is not None:
             assert [t.id for t in tasks] == [t.id for t in tasks_from_rows(card, raw_rows)]
-        prompts = [single_turn.reset(card.prompt, t, exemplars) for t in tasks]
+        prompts = [render_prompt(card.prompt, t, exemplars) for t in tasks]
         adapter = CardReward(card, tasks, tmp_path)
         # TRL's own decoding of the ids (uncut: it knows no stop strings) is not what is scored.
         completions = [reply({"messages": p} if isinstance(p, list) else {"prompt": p}) for p in prompts]

@@ -46,7 +46,7 @@ def gsm8k_card(tmp_path: Path, tiny_model: Path) -> Path:
     never writes the card's own "Question:"), so stops really cut its completions. The string
     is read off the very samples step 0 draws (seed SEED, samples 0-3 of every task, card stops
     only): a stop cuts text it occurs in, and the text before it is unchanged."""
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.engine.hf import HFEngine
     from arlecli.envs.episodes import Sampling, collect
     from arlecli.eval import EvalOptions, load_tasks
@@ -110,7 +110,7 @@ def eval_episodes(card_path: Path, model: Path, backend: str, temperature: float
                   ) -> tuple[dict[tuple[str, int], Any], dict[tuple[str, int], dict]]:
     """`arle eval` with the trainer's seed, samples, temperature and budget: its episodes and samples."""
     import arlecli.eval as eval_module
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
@@ -217,7 +217,7 @@ def test_every_trainer_consumes_exactly_the_eval_samples(tmp_path, tiny_model, m
 def _greedy_rollouts(card_path: Path, model: Path, backend: str, tasks: list) -> list:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.envs.episodes import Sampling
     from arlecli.registry import load_card
     from arlecli.train.rollout import PolicyEngine, Rollouts

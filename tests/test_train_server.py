@@ -48,7 +48,7 @@ def test_the_server_engine_produces_the_collectors_episodes(tiny_model):
     encodes, the card's stop strings and budget, each sample's seed, and the text cut at the stop."""
     from transformers import AutoTokenizer
 
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.engine.trl_server import TRLServerEngine
     from arlecli.engine.tokens import encode_request
     from arlecli.envs.episodes import Sampling, collect

@@ -131,8 +131,8 @@ def _no_nan(value: Any) -> Any:
     return value
 
 
-def _natural(text: str) -> list[Any]:
-    # Task ids like "2" < "10", "HumanEval/9" < "HumanEval/10".
+def natural_key(text: str) -> list[Any]:
+    """A sort key that orders task ids as people do: "2" < "10", "HumanEval/9" < "HumanEval/10"."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
@@ -187,7 +187,7 @@ def compare_samples(samples_a: Sequence[Sample | dict[str, Any]], samples_b: Seq
     field (cards with group_by). The run fields (paths, benchmark, models) are left empty for
     the caller."""
     ta, tb = _by_task(samples_of(samples_a)), _by_task(samples_of(samples_b))
-    shared = sorted(set(ta) & set(tb), key=_natural)
+    shared = sorted(set(ta) & set(tb), key=natural_key)
     if not shared:
         raise UserError("the two runs share no task ids, so there is nothing to pair; compare runs of the same "
                         "benchmark and split")

@@ -573,7 +573,7 @@ def sample_orders(samples: list[Sample]) -> dict[str, list[int]]:
     """The sample browser's sort orders, as positions into `samples`: by task (natural order of
     ids, then sample number), reward (highest first), latency (slowest first; unknown last) and
     length (longest first: completion tokens, else characters). Ties keep samples.jsonl's order."""
-    from arlecli.compare import _natural
+    from arlecli.compare import natural_key
 
     idx = list(range(len(samples)))
 
@@ -582,7 +582,7 @@ def sample_orders(samples: list[Sample]) -> dict[str, list[int]]:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
     def task_key(i: int) -> tuple[Any, ...]:
-        return (_natural(str(samples[i].task_id)), number(samples[i], "sample") or 0)
+        return (natural_key(str(samples[i].task_id)), number(samples[i], "sample") or 0)
 
     def down(key: str) -> Any:
         return lambda i: (number(samples[i], key) is None, -(number(samples[i], key) or 0.0))
@@ -765,12 +765,12 @@ def shared_results(evals: list[EvalRun]) -> tuple[list[dict[str, Any]], list[str
     """Each run's results recomputed on the tasks every run holds (results.aggregate over
     those tasks' samples: the same metrics, groups and stderr as results.json), and those
     task ids, naturally sorted. Runs that hold the same tasks keep their results.json."""
-    from arlecli.compare import _natural
+    from arlecli.compare import natural_key
     from arlecli.results import aggregate
 
     sets = [{str(s.task_id) for s in run.samples} for run in evals]
     shared = set.intersection(*sets) if sets else set()
-    ids = sorted(shared, key=_natural)
+    ids = sorted(shared, key=natural_key)
     if all(ts == shared for ts in sets):
         return [run.results.to_json() for run in evals], ids
     out = []
