@@ -20,7 +20,7 @@ from arlecli.envs.episodes import Job
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, load_tasks, run_eval
 from arlecli.registry import load_card
-from arlecli.rollout import get_rollout, rollout_names, run_rollout_episodes
+from arlecli.agent import get_rollout, rollout_names, run_rollout_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "openai_agent"
@@ -252,7 +252,7 @@ def test_a_card_names_its_function_by_path_module_registry_or_entry_point(tmp_pa
 
     from importlib import metadata
 
-    from arlecli.rollout import ROLLOUTS
+    from arlecli.agent import ROLLOUTS
 
     real = metadata.entry_points
     package = metadata.EntryPoint("from_a_package", "test_rollout_decorator:flaky", "arle.rollouts")

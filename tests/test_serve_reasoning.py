@@ -221,7 +221,7 @@ def test_recorded_thinking_becomes_the_episodes_turns(thinker):
     between the calls is the turn's observation (the reply was sent back with its thinking)."""
     from arlecli.engine.base import SamplingParams
     from arlecli.envs.episodes import Job
-    from arlecli.rollout import RolloutEnv, build_episode
+    from arlecli.agent import RolloutEnv, build_episode
     from arlecli.types import Task
 
     sid = httpx.post(thinker.root + "/sessions").json()["id"]

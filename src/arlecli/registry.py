@@ -150,7 +150,7 @@ def part_origins(card: Card) -> dict[str, str]:
     from arlecli.envs import ENVS
     from arlecli.envs.tools import TOOLS
     from arlecli.rewards import REWARDS
-    from arlecli.rollout import ROLLOUTS
+    from arlecli.agent import ROLLOUTS
 
     base = card.path.parent if card.path is not None else None
 

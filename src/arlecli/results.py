@@ -20,7 +20,7 @@ from arlecli import efficiency, safeio
 from arlecli.efficiency import Prices
 from arlecli.errors import UserError
 from arlecli.records import RunDir, Sample, samples_of
-from arlecli.rewards import REWARD_ERROR
+from arlecli.types import REWARD_ERROR
 
 META, SAMPLES, RESULTS = RunDir.META, RunDir.SAMPLES, RunDir.RESULTS  # the names importers use
 

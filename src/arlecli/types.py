@@ -103,6 +103,9 @@ class Episode:
         return any(t.finish_reason == "length" for t in self.turns)
 
 
+REWARD_ERROR = "reward_error"  # the detail a Score carries when its reward raised (scored wrong)
+
+
 @dataclass
 class Score:
     """A reward's verdict. `details` holds named sub-metrics (e.g. strict_match)."""

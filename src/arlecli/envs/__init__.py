@@ -94,8 +94,8 @@ def _as_kind(obj: Any, name: str) -> EnvKind:
     return kind if isinstance(kind, EnvKind) else EnvKind(name, obj)
 
 
-# Every module of this package registers its env kinds on import; arlecli.rollout adds `rollout`.
-ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "arlecli.rollout"], wrap=_as_kind)
+# Every module of this package registers its env kinds on import; arlecli.agent adds `rollout`.
+ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "arlecli.agent"], wrap=_as_kind)
 
 
 def register_env(name: str | None = None, *, driver: Driver | None = None,

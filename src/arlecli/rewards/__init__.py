@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 from arlecli.errors import ParamError, UserError
 from arlecli.plugins import Registry
 from arlecli.safeio import clean_text
-from arlecli.types import Episode, Score, Task
+from arlecli.types import REWARD_ERROR, Episode, Score, Task
 
 RewardFn = Callable[[Task, Episode], Score]
 RewardFactory = Callable[..., RewardFn]
@@ -167,7 +167,6 @@ def reward_factory(name: str) -> RewardFactory:
 _factory = reward_factory
 
 
-REWARD_ERROR = "reward_error"  # the detail a sample whose reward raised carries
 MAX_ERROR_CHARS = 300
 
 

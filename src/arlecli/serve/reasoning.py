@@ -14,7 +14,7 @@ a plain model see nothing new. /v1/completions returns the raw text, as vLLM doe
 The split is the one eval and training make (envs.episodes.Transcript.record): the engine's
 think tags (`thinking.tags_for`), whether the prompt's ids end inside an opened thought
 (`thinking.prompt_opens`), or an endpoint's own reasoning field when the engine is one. So
-an agent served by arle and the same agent's recorded episode (rollout.py reads the records)
+an agent served by arle and the same agent's recorded episode (agent.py reads the records)
 see the same thinking and the same answer.
 """
 

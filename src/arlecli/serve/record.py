@@ -9,7 +9,7 @@ on recorded agent traffic needs. Each choice keeps the generated `text` whole an
 as the client got it (reasoning.py), its answer (`content`) and, when the model thought, its
 `reasoning_content`, `thinking_cut` (no answer) and `thinking_tokens`, and when it called
 tools (a request with `tools`, also recorded) its `tool_calls` and `tool_text` (the answer as
-written, calls and all): rollout.py rebuilds the
+written, calls and all): agent.py rebuilds the
 episode's turns from these, so training and eval see the split the agent saw.
 
 Lines end in `\n` and nothing else does: `safeio.dumps` escapes every character below

@@ -176,7 +176,7 @@ class RolloutEnv:
 
     def step(self, completion: str) -> Step:
         raise UserError("a rollout function drives its own turns: run its episodes with "
-                        "arlecli.rollout.run_rollout_episodes")
+                        "arlecli.agent.run_rollout_episodes")
 
     def info(self) -> dict[str, Any]:
         return {}
