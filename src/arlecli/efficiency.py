@@ -155,8 +155,8 @@ def time_stats(lines: Lines) -> dict[str, Any] | None:
     timed = [s for s in samples if isinstance(s.session_started_at, (int, float))
              and isinstance(s.finished_at, (int, float))]
     for s in timed:
-        start = s.session_started_at
-        sessions[start] = max(sessions.get(start, start), s.finished_at)
+        start, end = float(s.session_started_at), float(s.finished_at)  # type: ignore[arg-type]  # numbers: filtered above
+        sessions[start] = max(sessions.get(start, start), end)
     out: dict[str, Any] = {}
     if timed:
         wall = sum(end - start for start, end in sessions.items())

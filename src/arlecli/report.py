@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from arlecli import rundir, safeio
 from arlecli.errors import UserError
@@ -800,7 +800,7 @@ def _compared_tasks(evals: list[EvalRun], shared: list[str], all_tasks: bool) ->
 def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: bool = False) -> str:
     """Several runs: one row per run, and the per-group chart with one bar per run: on the
     tasks every run holds (paired) unless `all_tasks`, saying which."""
-    results = []
+    results: list[tuple[str, Run, dict[str, Any]]] = []
     for run, label in zip(runs, labels):
         if isinstance(run, EvalRun):
             results.append((label, run, run.results.to_json()))
@@ -955,12 +955,12 @@ def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_t
             f'<script>{plotly_js}</script><script>{_JS}</script></body></html>\n')
 
 
-def default_output(paths: list[Path]) -> Path:
+def default_output(paths: Sequence[Path | str]) -> Path:
     """report.html inside the run directory for one run; ./report.html for several."""
     return Path(paths[0]) / "report.html" if len(paths) == 1 else Path("report.html")
 
 
-def write_report(paths: list[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP,
+def write_report(paths: Sequence[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP,
                  all_tasks: bool = False) -> Path:
     """Check the runs, build the report and write it (atomically); return where it went.
 

@@ -194,7 +194,7 @@ def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change:
     if diffs:
         raise UserError(f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
                         f"rerun with the original settings or use a new --output")
-    resumed = old.get("resumed") if isinstance(old.get("resumed"), list) else []
+    resumed: list[Any] = old["resumed"] if isinstance(old.get("resumed"), list) else []
     updated["resumed"] = [*resumed, meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%S%z")]
     write_json(run_dir / META, updated)
 

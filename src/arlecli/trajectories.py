@@ -249,7 +249,7 @@ def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: floa
     is left."""
     found = [t for run in runs for t in trajectories(run, drop_thinking=drop_thinking)]
     for t in found:
-        if not t.is_text and any(m.get("role") == "assistant" for m in t.prompt):
+        if not isinstance(t.prompt, str) and any(m.get("role") == "assistant" for m in t.prompt):
             raise UserError(f"{t.run}: its prompts hold few-shot exemplars as assistant turns, which an SFT row "
                             f"would train on as the model's own; rerun the eval with --num-fewshot 0 "
                             f"(--pairs keeps them in the prompt)")
