@@ -17,7 +17,7 @@ import pytest
 from arlecli.engine.base import Completion
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.envs.textarena import Game, builtin_move, with_opponent
+from arlecli.envs.textarena import Game, builtin_move, model_opponent, with_opponent
 from arlecli.registry import load_card
 
 from helpers import game_players
@@ -251,7 +251,9 @@ def test_an_engine_opponent_plays_the_other_seat_unrecorded(tmp_path):
     card = load_card("connect_four")
     other = Reactive("ConnectFour-v0", want="win", suffix=" (other)", name="other-engine")
     me = Reactive("ConnectFour-v0", want="loss")
-    result, samples = evaluate(with_opponent(card, other), me, tmp_path, split="test", limit=2, num_samples=2)
+    with model_opponent("other-engine", other):  # what `arle eval --opponent PROFILE` does with its engine
+        result, samples = evaluate(with_opponent(card, "other-engine"), me, tmp_path, split="test", limit=2,
+                                   num_samples=2)
     assert len(samples) == 4 and other.log and me.log
     # games: the other engine's requests, by their game's sampling seed (turn k samples with seed + k)
     games: dict[int, list[str]] = {}

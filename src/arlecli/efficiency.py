@@ -26,9 +26,7 @@ cannot be known is null, never estimated: a run without prices has no `cost` blo
     agents                multi-turn runs: episodes, turns_per_episode, tool_calls_per_episode,
                           tool_errors_per_episode, end_reasons: {reason: count}, successes,
                           steps_to_success (mean turns of correct episodes), tokens_per_success
-    games                 game cards (env textarena): games, per_seat: {seat: {games, win, draw,
-                          loss}} (rates), invalid_move_rate (share of games lost to an invalid
-                          move), invalid_moves_per_turn, turns_per_game
+    (an env kind's own)   e.g. `games` of game cards: envs/textarena.py's game_stats
     consistency           with -n > 1: samples_per_task, tasks (those with 2+ samples),
                           all_agree (share whose samples are all correct or all wrong),
                           same_answer (share whose extracted answers are all equal)
@@ -199,27 +197,6 @@ def agent_stats(lines: Lines) -> dict[str, Any] | None:
     known = len(prompt) == len(completion) == len(episodes)
     out["tokens_per_success"] = (sum(prompt) + sum(completion)) / len(wins) if wins and known else None
     return out
-
-
-def game_stats(lines: Lines) -> dict[str, Any] | None:
-    """`games` (game cards only: samples whose env_info has a seat and an outcome): win, draw
-    and loss rates per seat, the share of games lost to an invalid move, invalid moves per
-    move and the mean moves per game of the recorded player."""
-    samples = samples_of(lines)
-    games = [s.env_info for s in samples
-             if isinstance(s.env_info, dict) and "outcome" in s.env_info and "seat" in s.env_info]
-    if not games:
-        return None
-    per_seat: dict[str, dict[str, Any]] = {}
-    for seat in sorted({int(g["seat"]) for g in games}):
-        mine = [g for g in games if int(g["seat"]) == seat]
-        per_seat[str(seat)] = {"games": len(mine), **{o: sum(g["outcome"] == o for g in mine) / len(mine)
-                                                      for o in ("win", "draw", "loss")}}
-    turns = sum(int(g.get("turns", 0)) for g in games)
-    return {"games": len(games), "per_seat": per_seat,
-            "invalid_move_rate": sum(bool(g.get("invalid_move")) for g in games) / len(games),
-            "invalid_moves_per_turn": sum(int(g.get("invalid_moves", 0)) for g in games) / turns if turns else None,
-            "turns_per_game": turns / len(games)}
 
 
 def cost_stats(lines: Lines, n_tasks: int, prices: Prices | None) -> dict[str, Any] | None:

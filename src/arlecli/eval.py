@@ -200,7 +200,8 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         if hasattr(score, "close"):  # a reward holding a judge engine releases it
             score.close()
 
-    results = close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices)
+    results = close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices,
+                        env_stats=env_kind(card.env).stats)
     if results.get("reward_errors"):
         print(terminal_text(f"warning: reward '{card.reward}' raised on {results['reward_errors']} of "
                             f"{results['n_samples']} samples; they are scored wrong, and details.{REWARD_ERROR} "

@@ -14,7 +14,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from arlecli import efficiency, safeio
 from arlecli.efficiency import Prices
@@ -168,7 +168,8 @@ def pass_ks(n: int) -> list[int]:
 
 
 def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], num_samples: int,
-              group_by: str | None = None, prices: Prices | None = None) -> dict[str, Any]:
+              group_by: str | None = None, prices: Prices | None = None,
+              env_stats: Callable[[list[Sample]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per-task means (over a task's samples), then mean and stderr over tasks.
 
     Always reports `accuracy` (the reward's `correct`); each name in `metrics` is read
@@ -176,9 +177,10 @@ def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], n
     values of `pass_ks` (pass^k over the tasks with at least k samples). `group_by` adds the
     same breakdown per group; `reward_errors` counts the samples whose reward raised (only
     when there are any). Then the efficiency blocks (arlecli.efficiency): `tokens`,
-    `time`, `agents` (multi-turn runs), `games` (game cards), `consistency` (several samples per task) and `cost`
-    (only with `prices`); a block with nothing to report is left out. `lines`: Samples or
-    samples.jsonl objects.
+    `time`, `agents` (multi-turn runs), the blocks `env_stats` gives (the card's env kind's own:
+    `games` for game cards), `consistency` (several samples per task) and `cost` (only with
+    `prices`); a block with nothing to report is left out. `lines`: Samples or samples.jsonl
+    objects.
     """
     samples = samples_of(lines)
     by_task: dict[str, list[Sample]] = {}
@@ -224,7 +226,7 @@ def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], n
         "tokens": efficiency.token_stats(samples),
         "time": efficiency.time_stats(samples),
         "agents": efficiency.agent_stats(samples),
-        "games": efficiency.game_stats(samples),
+        **(env_stats(samples) if env_stats is not None else {}),  # the env kind's own (a game's `games`)
         "consistency": ({"samples_per_task": num_samples, **efficiency.all_agree(by_task, task_ids)}
                         if num_samples > 1 else None),
         "cost": efficiency.cost_stats(samples, len(task_ids), prices),

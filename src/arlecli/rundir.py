@@ -24,7 +24,7 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
 
 from arlecli import __version__, safeio
 from arlecli.errors import UserError
@@ -249,8 +249,10 @@ def model_options(engine: "Engine") -> dict[str, Any]:
 
 
 def close_run(card: "Card", opts: Any, *, model: str, run_dir: Path, metrics: list[str],
-              prices: "Prices | None", **extra: Any) -> dict[str, Any]:
-    """Aggregate `run_dir`'s samples into results.json (`extra` joins it) and return it."""
+              prices: "Prices | None", env_stats: Callable[[list[Any]], dict[str, Any]] | None = None,
+              **extra: Any) -> dict[str, Any]:
+    """Aggregate `run_dir`'s samples into results.json (`extra` joins it; `env_stats` adds the
+    card's env kind's own blocks) and return it."""
     samples = read_samples(run_dir)
     ids = [s["id"] for s in samples]
     if len(ids) != len(set(ids)):
@@ -259,7 +261,7 @@ def close_run(card: "Card", opts: Any, *, model: str, run_dir: Path, metrics: li
         "benchmark": card.name, "card_version": card.version, "model": model,
         "split": opts.data or (opts.split or card.source.default_split),
         "num_samples": opts.num_samples, **extra,
-        **aggregate(samples, metrics, opts.num_samples, card.group_by, prices),
+        **aggregate(samples, metrics, opts.num_samples, card.group_by, prices, env_stats),
     }
     write_json(RunDir(run_dir).results, results)
     return results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -147,7 +148,7 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
     from arlecli.engine import make_engine
     from arlecli.engine.base import EngineRequestError
     from arlecli.engine.vllm import VLLMOptions
-    from arlecli.envs.textarena import with_opponent
+    from arlecli.envs.textarena import model_opponent
     from arlecli.eval import run_eval
     from arlecli.progress import metered
     from arlecli.thinking import check_budget, thinks
@@ -165,13 +166,14 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
         engine.close()
         raise
     opponent_engine = None
+    lent: Any = contextlib.nullcontext()
     if opponent_spec is not None:
-        try:  # a model plays the other seat: its own engine, closed with the eval's
+        try:  # a model plays the other seat: its own engine, lent to the games, closed with the eval's
             opponent_engine = make_engine(opponent_spec, batch_size=batch_size, concurrency=concurrency)
         except BaseException:
             engine.close()
             raise
-        card = with_opponent(card, opponent_engine)
+        lent = model_opponent(card.env_params["opponent"], opponent_engine)
 
     def start(total: int, done: int) -> None:
         meter.start(total, done)
@@ -184,9 +186,11 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
         # An endpoint given by --base-url alone is named by the model it serves, not its URL.
         served = getattr(engine, "served_model", None)
         model_name = served() if served is not None and spec.kind == "openai" and not spec.model else spec.name
-        results = run_eval(card, metered(engine, meter), opts, model=model_name, run_dir=run_dir, resume=resume,
-                           command=["arle", *sys.argv[1:]], on_start=start,
-                           on_sample=lambda sample: meter.sample(sample["correct"]), prices=prices, scoring=scoring)
+        with lent:
+            results = run_eval(card, metered(engine, meter), opts, model=model_name, run_dir=run_dir,
+                               resume=resume, command=["arle", *sys.argv[1:]], on_start=start,
+                               on_sample=lambda sample: meter.sample(sample["correct"]), prices=prices,
+                               scoring=scoring)
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
         from arlecli.records import RunDir

@@ -59,6 +59,8 @@ Driver = Callable[..., Iterator[tuple[int, Any]]]
 # (the card's env params, the card's folder or None) -> None; raises errors.ParamError naming
 # the bad param (or UserError) when the card loads, before any episode runs.
 ParamsCheck = Callable[[dict[str, Any], Path | None], None]
+# A kind's own results.json blocks from a run's samples (records.Sample): {block name: stats}.
+Stats = Callable[[list[Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,9 @@ class EnvKind:
     so samples need no per-turn record. `replayable` False (the @rollout gateway) means its
     episodes' turns are not the whole conversation the model had (an agent's own requests,
     its rewritten history), so they are no SFT data (rft refuses the card). `check`, when
-    set, holds a card's env params to what the kind takes when the card loads."""
+    set, holds a card's env params to what the kind takes when the card loads. `stats`, when
+    set, is the kind's own results.json blocks from a run's samples ({block: stats}, e.g. a
+    game env's `games`), next to the blocks every run gets."""
 
     name: str
     factory: EnvFactory
@@ -77,6 +81,7 @@ class EnvKind:
     multi_turn: bool = True
     replayable: bool = True
     check: ParamsCheck | None = None
+    stats: Stats | None = None
 
     def run(self, engine: Any, jobs: list[Any]) -> Iterator[tuple[int, Any]]:
         """Run `jobs` (envs.episodes.Job) on `engine` with this kind's driver."""
@@ -100,13 +105,14 @@ ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "ar
 
 def register_env(name: str | None = None, *, driver: Driver | None = None,
                  multi_turn: bool = True, replayable: bool = True,
-                 check: ParamsCheck | None = None) -> Callable[[EnvFactory], EnvFactory]:
+                 check: ParamsCheck | None = None, stats: Stats | None = None,
+                 ) -> Callable[[EnvFactory], EnvFactory]:
     """Register an env factory `(card, task, exemplars, native_tools, **params) -> Env` under
     `name` (default: its own name), with the driver that runs its episodes (default: the
-    turn-by-turn env driver); see EnvKind for `multi_turn`, `replayable` and `check`."""
+    turn-by-turn env driver); see EnvKind for `multi_turn`, `replayable`, `check` and `stats`."""
 
     def deco(factory: EnvFactory) -> EnvFactory:
-        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable, check)
+        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable, check, stats)
         factory.__arle_env__ = kind  # type: ignore[attr-defined]
         ENVS.add(kind.name, kind, source=factory)
         return factory

@@ -19,7 +19,8 @@ Players. Seat 0 moves first. A two-player game's other seat is played by `oppone
 `random` (a uniformly random legal move), `scripted` (a simple fixed strategy: win, else
 block, else centre for the board games; bet the best card for Kuhn poker), `self` (the
 policy: the engine being evaluated or trained) or any model arle can run (`arle eval
---opponent PROFILE`; the command line opens its engine). Against a fixed opponent the model's
+--opponent PROFILE`: the command line opens its engine and lends it to the games by name with
+`model_opponent`; the card holds only the name, so it stays data). Against a fixed opponent the model's
 seat alternates: seat = (game seed + sample number) % players. With `self`, samples pair up
 into games: samples 2m and 2m+1 of a task play game m as seats 0 and 1, each recorded as its
 own episode with its own outcome (self-play training trains both seats from one game); a
@@ -56,6 +57,7 @@ from arlecli.envs.episodes import Job, Transcript
 from arlecli.cards import render_prompt
 from arlecli.data.generators import generator
 from arlecli.errors import ParamError, UserError
+from arlecli.records import Sample
 from arlecli.thinking import tags_for
 from arlecli.types import Episode, Task
 
@@ -271,7 +273,7 @@ class GameSetup:
     task: Task
     game: str
     players: int
-    opponent: Any                 # a built-in name, "self", or an engine (opened by the CLI)
+    opponent: str                 # a built-in name, "self", or a model lent with `model_opponent`
     max_turns: int
     game_params: dict[str, Any]
 
@@ -333,8 +335,8 @@ def _matches(engine: Any, jobs: list[Job]) -> list[_Match]:
             recorded = by_seat.get(seat)
             if recorded is not None:
                 seats.append(_Seat(engine=engine, job=recorded, params=jobs[recorded].params))
-            elif setup.opponent == SELF or not isinstance(setup.opponent, str):
-                other = engine if setup.opponent == SELF else setup.opponent
+            elif setup.opponent not in BUILTIN_OPPONENTS:
+                other = engine if setup.opponent == SELF else _lent(setup.opponent)
                 # An unrecorded seat samples with its own seeds, apart from every recorded sample's.
                 params = replace(first.params, seed=None if first.params.seed is None
                                  else first.params.seed + 1_000_003 * (seat + 1))
@@ -395,10 +397,35 @@ def _finish(match: _Match) -> None:
         match.finished.append((seat.job, episode))
 
 
-def _opponent_name(opponent: Any) -> str | None:
-    if isinstance(opponent, str):
+def _opponent_name(opponent: str) -> str | None:
+    """What episode.info calls the opponent: its own name, or a lent model's engine name."""
+    if opponent in OPPONENT_NAMES or opponent not in _LENT:
         return opponent
-    return getattr(opponent, "name", None) or type(opponent).__name__
+    lent = _LENT[opponent]
+    return getattr(lent, "name", None) or type(lent).__name__
+
+
+# Engines lent to the games for model opponents, by the name a card's `opponent` holds.
+_LENT: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def model_opponent(name: str, engine: Any) -> Iterator[None]:
+    """While inside, a game whose `opponent` is `name` has its other seats played by `engine`
+    (`arle eval --opponent PROFILE` opens the engine; `with_opponent(card, PROFILE)` names it)."""
+    _LENT[name] = engine
+    try:
+        yield
+    finally:
+        _LENT.pop(name, None)
+
+
+def _lent(name: str) -> Any:
+    engine = _LENT.get(name)
+    if engine is None:
+        raise UserError(f"opponent '{name}' is not one of {', '.join(OPPONENT_NAMES)} and no model plays under "
+                        "that name (a model plays through `arle eval --opponent PROFILE`)")
+    return engine
 
 
 def run_games(engine: Any, jobs: list[Job]) -> Iterator[tuple[int, Episode]]:
@@ -461,15 +488,38 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
     if game_params is not None and not isinstance(game_params, dict):
         raise ParamError("game_params", f"must be a mapping of the game's constructor arguments, got {game_params!r}")
     opponent = params.get("opponent", "random")
-    if isinstance(opponent, str) and params.get("players", 1) > 1 and opponent not in OPPONENT_NAMES:
+    if params.get("players", 1) > 1 and not isinstance(opponent, str):
+        raise ParamError("opponent", f"must be a name, got {type(opponent).__name__}")
+    if params.get("players", 1) > 1 and opponent not in OPPONENT_NAMES and opponent not in _LENT:
         raise ParamError("opponent", f"'{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
                                      "(a model plays through `arle eval --opponent PROFILE`)")
 
 
+def game_stats(samples: list[Sample]) -> dict[str, Any]:
+    """results.json's `games` block (the env kind's `stats`; samples whose env_info has a seat
+    and an outcome): games, per_seat {seat: {games, win, draw, loss}} (rates), invalid_move_rate
+    (the share of games lost to an invalid move), invalid_moves_per_turn and turns_per_game of
+    the recorded player."""
+    games = [s.env_info for s in samples
+             if isinstance(s.env_info, dict) and "outcome" in s.env_info and "seat" in s.env_info]
+    if not games:
+        return {}
+    per_seat: dict[str, dict[str, Any]] = {}
+    for seat in sorted({int(g["seat"]) for g in games}):
+        mine = [g for g in games if int(g["seat"]) == seat]
+        per_seat[str(seat)] = {"games": len(mine), **{o: sum(g["outcome"] == o for g in mine) / len(mine)
+                                                      for o in ("win", "draw", "loss")}}
+    turns = sum(int(g.get("turns", 0)) for g in games)
+    return {"games": {"games": len(games), "per_seat": per_seat,
+            "invalid_move_rate": sum(bool(g.get("invalid_move")) for g in games) / len(games),
+            "invalid_moves_per_turn": sum(int(g.get("invalid_moves", 0)) for g in games) / turns if turns else None,
+            "turns_per_game": turns / len(games)}}
+
+
 # The factory makes a GameSetup, not an Env: run_games plays it (a game has several players).
-@register_env("textarena", driver=run_games, check=check_params)  # type: ignore[arg-type]
+@register_env("textarena", driver=run_games, check=check_params, stats=game_stats)  # type: ignore[arg-type]
 def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, game: str | None = None,
-                  players: int = 1, opponent: Any = "random", max_turns: int = _DEFAULT_MAX_TURNS,
+                  players: int = 1, opponent: str = "random", max_turns: int = _DEFAULT_MAX_TURNS,
                   game_params: dict[str, Any] | None = None) -> GameSetup:
     """Env factory for `env: {name: textarena, params: {game, players, opponent, max_turns,
     game_params}}` (see the module doc)."""
@@ -482,9 +532,10 @@ def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bo
     return GameSetup(card, task, str(game), int(players), opponent, int(max_turns), dict(game_params or {}))
 
 
-def with_opponent(card: Any, opponent: Any) -> Any:
-    """`card` with its game's other seats played by `opponent` (a built-in name, "self" or an
-    engine). A card that is not a two-player game is refused in one line."""
+def with_opponent(card: Any, opponent: str) -> Any:
+    """`card` with its game's other seats played by `opponent` (a built-in name, "self" or the
+    name of a model lent with `model_opponent`). A card that is not a two-player game is
+    refused in one line."""
     if not is_multiplayer(card):
         raise UserError(f"--opponent applies to two-player game cards; {card.name} is not one")
     return replace(card, env_params={**card.env_params, "opponent": opponent})
