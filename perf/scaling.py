@@ -94,11 +94,21 @@ def child(args: argparse.Namespace) -> None:
     with open(run_dir / "r0" / "samples.jsonl") as f:
         samples = [json.loads(line) for line in f]
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(MARK + json.dumps({
-        "startup_s": startup, "eval_s": statistics.median(evals), "all_eval_s": evals, "samples": len(samples),
-        "tokens": sum(s["num_tokens"] for s in samples), "maxrss_mib": usage.ru_maxrss / 1024,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-    }), flush=True)
+    print(
+        MARK
+        + json.dumps(
+            {
+                "startup_s": startup,
+                "eval_s": statistics.median(evals),
+                "all_eval_s": evals,
+                "samples": len(samples),
+                "tokens": sum(s["num_tokens"] for s in samples),
+                "maxrss_mib": usage.ru_maxrss / 1024,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+            }
+        ),
+        flush=True,
+    )
 
 
 def child_env(policy: str) -> dict[str, str]:
@@ -113,14 +123,28 @@ def child_env(policy: str) -> dict[str, str]:
 def spawn(n: int, batch: int, args: argparse.Namespace, model: Path, work: Path, tag: str) -> dict[str, Any]:
     """One child run; its figures (raises with the log on failure)."""
     run_dir = work / f"{tag}-n{n}-b{batch}"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--n", str(n), "--batch", str(batch),
-           "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats), "--model", str(model),
-           "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--n",
+        str(n),
+        "--batch",
+        str(batch),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--model",
+        str(model),
+        "--run-dir",
+        str(run_dir),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.omp_wait_policy))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"child n={n} batch={batch} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    got = json.loads(lines[-1][len(MARK):])
+    got = json.loads(lines[-1][len(MARK) :])
     got.update(n=n, batch=batch)
     return got
 
@@ -155,8 +179,18 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 def samples_curve(args: argparse.Namespace, model: Path, work: Path) -> dict[str, Any]:
     """Eval wall and peak RSS against n at a fixed batch; the linear fit and its residuals."""
     runs = per_size(args.sizes, lambda n: spawn(n, args.batch, args, model, work, "samples"))
-    rows = [{"n": n, "eval_s": r["eval_s"], "startup_s": r["startup_s"], "peak_rss_mib": r["maxrss_mib"],
-             "cpu_s": r["cpu_s"], "tokens": r["tokens"], "all_eval_s": r["all_eval_s"]} for n, r in runs.items()]
+    rows = [
+        {
+            "n": n,
+            "eval_s": r["eval_s"],
+            "startup_s": r["startup_s"],
+            "peak_rss_mib": r["maxrss_mib"],
+            "cpu_s": r["cpu_s"],
+            "tokens": r["tokens"],
+            "all_eval_s": r["all_eval_s"],
+        }
+        for n, r in runs.items()
+    ]
     xs, ys = [r["n"] for r in rows], [r["eval_s"] for r in rows]
     a, b, r2 = fit_line(xs, ys)
     (x0, y0), (x1, y1) = (xs[0], ys[0]), (xs[1], ys[1])
@@ -167,18 +201,33 @@ def samples_curve(args: argparse.Namespace, model: Path, work: Path) -> dict[str
         r["ratio_to_fit"] = r["eval_s"] / r["fit_s"]
         r["extrapolated_s"] = y0 + slope2 * (r["n"] - x0)
         r["ratio_to_extrapolated"] = r["eval_s"] / r["extrapolated_s"]
-    return {"batch": args.batch, "max_tokens": args.max_tokens, "rows": rows,
-            "fit": {"a_s": a, "b_ms_per_sample": 1000 * b, "r2": r2}}
+    return {
+        "batch": args.batch,
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        "fit": {"a_s": a, "b_ms_per_sample": 1000 * b, "r2": r2},
+    }
 
 
 def batch_curve(args: argparse.Namespace, model: Path, work: Path) -> dict[str, Any]:
     """Eval wall and peak RSS against batch size at fixed n."""
     runs = per_size(args.batch_sizes, lambda bs: spawn(args.batch_n, bs, args, model, work, "batch"))
     base = runs[args.batch_sizes[0]]["eval_s"]
-    return {"n": args.batch_n, "rows": [
-        {"batch": bs, "eval_s": r["eval_s"], "peak_rss_mib": r["maxrss_mib"], "cpu_s": r["cpu_s"],
-         "samples_per_s": args.batch_n / r["eval_s"], "speedup_vs_first": base / r["eval_s"],
-         "all_eval_s": r["all_eval_s"]} for bs, r in runs.items()]}
+    return {
+        "n": args.batch_n,
+        "rows": [
+            {
+                "batch": bs,
+                "eval_s": r["eval_s"],
+                "peak_rss_mib": r["maxrss_mib"],
+                "cpu_s": r["cpu_s"],
+                "samples_per_s": args.batch_n / r["eval_s"],
+                "speedup_vs_first": base / r["eval_s"],
+                "all_eval_s": r["all_eval_s"],
+            }
+            for bs, r in runs.items()
+        ],
+    }
 
 
 def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
@@ -227,10 +276,18 @@ def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
     for c, rs in runs.items():
         ideal = math.ceil(n / c) * delay
         wall, wall0 = med(rs, "wall_s"), med(base[c], "wall_s")
-        rows.append({"concurrency": c, "wall_s": wall, "ideal_s": ideal, "ratio_to_ideal": wall / ideal,
-                     "overhead_s": wall - ideal, "no_delay_wall_s": wall0,
-                     "ratio_to_ideal_plus_no_delay": wall / (ideal + wall0),
-                     "max_in_flight": max(r["max_in_flight"] for r in rs)})
+        rows.append(
+            {
+                "concurrency": c,
+                "wall_s": wall,
+                "ideal_s": ideal,
+                "ratio_to_ideal": wall / ideal,
+                "overhead_s": wall - ideal,
+                "no_delay_wall_s": wall0,
+                "ratio_to_ideal_plus_no_delay": wall / (ideal + wall0),
+                "max_in_flight": max(r["max_in_flight"] for r in rs),
+            }
+        )
     return {"n": n, "delay_s": delay, "rows": rows}
 
 
@@ -240,42 +297,64 @@ def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     """CPU model, cores, load and versions."""
     versions = package_versions(("arle", "torch", "transformers", "httpx"))
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "cpu": cpu_model(), "cores": os.cpu_count(),
-            "platform": platform.platform(), "loadavg_start": os.getloadavg(), "versions": versions}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+        "versions": versions,
+    }
 
 
 def print_tables(info: dict[str, Any], rep: dict[str, Any], cfg: dict[str, Any]) -> None:
     """The three curves as plain tables."""
-    print(f"\narle eval scaling · {info['date']} · {info['cpu']} · {info['cores']} cores · "
-          f"load {info['loadavg_start'][0]:.1f}->{info['loadavg_end'][0]:.1f}")
+    print(
+        f"\narle eval scaling · {info['date']} · {info['cpu']} · {info['cores']} cores · "
+        f"load {info['loadavg_start'][0]:.1f}->{info['loadavg_end'][0]:.1f}"
+    )
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
-    print(f"tiny Qwen2 model, hf backend, card {CARD}, greedy, max_tokens {cfg['max_tokens']}, "
-          f"repeats {cfg['repeats']} (median), OMP_WAIT_POLICY={cfg['omp_wait_policy']}")
+    print(
+        f"tiny Qwen2 model, hf backend, card {CARD}, greedy, max_tokens {cfg['max_tokens']}, "
+        f"repeats {cfg['repeats']} (median), OMP_WAIT_POLICY={cfg['omp_wait_policy']}"
+    )
     s = rep["samples"]
-    print(f"\n1. samples (batch {s['batch']}): fit eval_s = {s['fit']['a_s']:.2f} + "
-          f"{s['fit']['b_ms_per_sample']:.1f} ms * n, R^2 = {s['fit']['r2']:.4f}")
-    print(f"{'n':>6} {'eval s':>8} {'ms/sample':>9} {'fit s':>7} {'/fit':>6} {'extrap s':>8} {'/extrap':>7} "
-          f"{'start-up s':>10} {'peak MiB':>8} {'CPU s':>7}")
+    print(
+        f"\n1. samples (batch {s['batch']}): fit eval_s = {s['fit']['a_s']:.2f} + "
+        f"{s['fit']['b_ms_per_sample']:.1f} ms * n, R^2 = {s['fit']['r2']:.4f}"
+    )
+    print(
+        f"{'n':>6} {'eval s':>8} {'ms/sample':>9} {'fit s':>7} {'/fit':>6} {'extrap s':>8} {'/extrap':>7} "
+        f"{'start-up s':>10} {'peak MiB':>8} {'CPU s':>7}"
+    )
     for r in s["rows"]:
-        print(f"{r['n']:>6} {r['eval_s']:>8.2f} {r['per_sample_ms']:>9.1f} {r['fit_s']:>7.2f} "
-              f"{r['ratio_to_fit']:>6.3f} "
-              f"{r['extrapolated_s']:>8.2f} {r['ratio_to_extrapolated']:>7.3f} {r['startup_s']:>10.2f} "
-              f"{r['peak_rss_mib']:>8.0f} {r['cpu_s']:>7.1f}")
+        print(
+            f"{r['n']:>6} {r['eval_s']:>8.2f} {r['per_sample_ms']:>9.1f} {r['fit_s']:>7.2f} "
+            f"{r['ratio_to_fit']:>6.3f} "
+            f"{r['extrapolated_s']:>8.2f} {r['ratio_to_extrapolated']:>7.3f} {r['startup_s']:>10.2f} "
+            f"{r['peak_rss_mib']:>8.0f} {r['cpu_s']:>7.1f}"
+        )
     b = rep["batch"]
     print(f"\n2. batch size (n = {b['n']})")
     print(f"{'batch':>6} {'eval s':>8} {'samples/s':>9} {'speed-up':>8} {'peak MiB':>8} {'CPU s':>7}")
     for r in b["rows"]:
-        print(f"{r['batch']:>6} {r['eval_s']:>8.2f} {r['samples_per_s']:>9.1f} {r['speedup_vs_first']:>8.2f} "
-              f"{r['peak_rss_mib']:>8.0f} {r['cpu_s']:>7.1f}")
+        print(
+            f"{r['batch']:>6} {r['eval_s']:>8.2f} {r['samples_per_s']:>9.1f} {r['speedup_vs_first']:>8.2f} "
+            f"{r['peak_rss_mib']:>8.0f} {r['cpu_s']:>7.1f}"
+        )
     c = rep["concurrency"]
     print(f"\n3. concurrency (openai backend, fake server, n = {c['n']}, {1000 * c['delay_s']:.0f} ms per request)")
     print("   (no-delay s: the same eval against a server that answers at once, i.e. arle's own cost)")
-    print(f"{'conc':>6} {'wall s':>8} {'ideal s':>8} {'/ideal':>7} {'overhead s':>10} {'no-delay s':>10} "
-          f"{'/(ideal+no-delay)':>17} {'max in flight':>13}")
+    print(
+        f"{'conc':>6} {'wall s':>8} {'ideal s':>8} {'/ideal':>7} {'overhead s':>10} {'no-delay s':>10} "
+        f"{'/(ideal+no-delay)':>17} {'max in flight':>13}"
+    )
     for r in c["rows"]:
-        print(f"{r['concurrency']:>6} {r['wall_s']:>8.2f} {r['ideal_s']:>8.2f} {r['ratio_to_ideal']:>7.2f} "
-              f"{r['overhead_s']:>10.2f} {r['no_delay_wall_s']:>10.2f} {r['ratio_to_ideal_plus_no_delay']:>17.2f} "
-              f"{r['max_in_flight']:>13}")
+        print(
+            f"{r['concurrency']:>6} {r['wall_s']:>8.2f} {r['ideal_s']:>8.2f} {r['ratio_to_ideal']:>7.2f} "
+            f"{r['overhead_s']:>10.2f} {r['no_delay_wall_s']:>10.2f} {r['ratio_to_ideal_plus_no_delay']:>17.2f} "
+            f"{r['max_in_flight']:>13}"
+        )
 
 
 def ints(text: str) -> list[int]:
@@ -331,9 +410,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("concurrency curve", file=sys.stderr)
     report["concurrency"] = concurrency_curve(args)
     info["loadavg_end"] = os.getloadavg()
-    cfg = {"max_tokens": args.max_tokens, "repeats": args.repeats, "omp_wait_policy": args.omp_wait_policy,
-           "quick": args.quick, "card": CARD,
-           "model": "tests/helpers/tiny_model.py build_tiny_model (random, 4 layers)"}
+    cfg = {
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "omp_wait_policy": args.omp_wait_policy,
+        "quick": args.quick,
+        "card": CARD,
+        "model": "tests/helpers/tiny_model.py build_tiny_model (random, 4 layers)",
+    }
     print_tables(info, report, cfg)
     out = {"machine": info, "config": cfg, **report}
     args.out.parent.mkdir(parents=True, exist_ok=True)

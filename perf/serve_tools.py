@@ -89,13 +89,20 @@ def tool_work_ms(model: Path, system: str) -> dict[str, float]:
         return statistics.median(times) * 1000
 
     # Interleaved, so both encodings meet the same neighbours on the CPU.
-    pairs = [(median_ms(lambda: encode_request(tok, GenerationRequest(messages=messages(1), tools=tools())), 20),
-              median_ms(lambda: encode_request(tok, GenerationRequest(messages=messages(1, system))), 20))
-             for _ in range(10)]
+    pairs = [
+        (
+            median_ms(lambda: encode_request(tok, GenerationRequest(messages=messages(1), tools=tools())), 20),
+            median_ms(lambda: encode_request(tok, GenerationRequest(messages=messages(1, system))), 20),
+        )
+        for _ in range(10)
+    ]
     with_tools, same = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-    out = {"validate_ms": median_ms(lambda: serve_tools.parse_tool_request(body)),
-           "encode_with_tools_ms": with_tools, "encode_same_prompt_ms": same,
-           "parse_reply_ms": median_ms(lambda: serve_tools.with_calls(reply, request, "hermes"))}
+    out = {
+        "validate_ms": median_ms(lambda: serve_tools.parse_tool_request(body)),
+        "encode_with_tools_ms": with_tools,
+        "encode_same_prompt_ms": same,
+        "parse_reply_ms": median_ms(lambda: serve_tools.with_calls(reply, request, "hermes")),
+    }
     out["tools_work_ms"] = out["validate_ms"] + (with_tools - same) + out["parse_reply_ms"]
     return out
 
@@ -129,16 +136,22 @@ async def batch(url: str, variant: str, args: argparse.Namespace, stream: bool) 
     async def one(i: int) -> None:
         sent = time.perf_counter()
         if not stream:
-            reply = await client.chat.completions.create(model=args.served, messages=messages(i, system),
-                                                         max_tokens=args.tokens, temperature=0, **extra)
+            reply = await client.chat.completions.create(
+                model=args.served, messages=messages(i, system), max_tokens=args.tokens, temperature=0, **extra
+            )
             tokens[0] += reply.usage.completion_tokens
             prompt_tokens[0] += reply.usage.prompt_tokens
             calls[0] += bool(reply.choices[0].message.tool_calls)
             return
-        chunks = await client.chat.completions.create(model=args.served, messages=messages(i, system),
-                                                      max_tokens=args.tokens,
-                                                      temperature=0, stream=True,
-                                                      stream_options={"include_usage": True}, **extra)
+        chunks = await client.chat.completions.create(
+            model=args.served,
+            messages=messages(i, system),
+            max_tokens=args.tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **extra,
+        )
         seen = False
         async for chunk in chunks:
             for choice in chunk.choices:
@@ -155,9 +168,11 @@ async def batch(url: str, variant: str, args: argparse.Namespace, stream: bool) 
     out: dict[str, Any] = {"wall_s": wall, "completion_tokens": tokens[0], "tokens_per_s": tokens[0] / wall}
     if stream:
         first.sort()
-        out.update(ttft_p50_s=statistics.median(first) if first else None,
-                   ttft_p95_s=first[min(len(first) - 1, int(0.95 * len(first)))] if first else None,
-                   first_tokens=len(first))
+        out.update(
+            ttft_p50_s=statistics.median(first) if first else None,
+            ttft_p95_s=first[min(len(first) - 1, int(0.95 * len(first)))] if first else None,
+            first_tokens=len(first),
+        )
     else:
         out.update(replies_with_calls=calls[0], prompt_tokens=prompt_tokens[0])
     return out
@@ -168,17 +183,29 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     asyncio.run(batch(url, "tools", argparse.Namespace(**{**vars(args), "requests": 2}), False))  # warm-up
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     for r in range(args.repeats):
-        for variant in (VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))):
+        for variant in VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS)):
             plain = asyncio.run(batch(url, variant, args, stream=False))
             streamed = asyncio.run(batch(url, variant, args, stream=True))
             runs[variant].append({**plain, **{f"stream_{k}": v for k, v in streamed.items()}})
-            print(f"  repeat {r + 1} {variant}: {plain['tokens_per_s']:.1f} tok/s, first token p50 "
-                  f"{streamed['ttft_p50_s']:.2f} s", flush=True)
-    med = {v: {k: statistics.median(run[k] for run in runs[v]) for k in runs[v][0]
-               if all(run[k] is not None for run in runs[v])} for v in VARIANTS}
-    return {"median": med, "runs": runs,
-            "tools_vs_same_prompt_throughput": med["tools"]["tokens_per_s"] / med["same_prompt"]["tokens_per_s"],
-            "tools_vs_plain_throughput": med["tools"]["tokens_per_s"] / med["plain"]["tokens_per_s"]}
+            print(
+                f"  repeat {r + 1} {variant}: {plain['tokens_per_s']:.1f} tok/s, first token p50 "
+                f"{streamed['ttft_p50_s']:.2f} s",
+                flush=True,
+            )
+    med = {
+        v: {
+            k: statistics.median(run[k] for run in runs[v])
+            for k in runs[v][0]
+            if all(run[k] is not None for run in runs[v])
+        }
+        for v in VARIANTS
+    }
+    return {
+        "median": med,
+        "runs": runs,
+        "tools_vs_same_prompt_throughput": med["tools"]["tokens_per_s"] / med["same_prompt"]["tokens_per_s"],
+        "tools_vs_plain_throughput": med["tools"]["tokens_per_s"] / med["plain"]["tokens_per_s"],
+    }
 
 
 def main() -> None:
@@ -202,38 +229,49 @@ def main() -> None:
     results: dict[str, Any] = {}
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         print(f"{backend}: starting arle serve", flush=True)
-        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log",
-                                 served=args.served)
+        proc, url = start_server(model, backend, args.requests, env, work / f"serve-{backend}.log", served=args.served)
         try:
             results[backend] = measure(url, args)
         finally:
             proc.terminate()
             proc.wait(30)
 
-    print(f"\n{args.requests} concurrent chat requests, max {args.tokens} tokens, greedy, tiny model (Qwen2.5 tool "
-          f"template), openai client; median of {args.repeats}; {cpu_model()}; load average {os.getloadavg()[0]:.1f}")
-    print("| backend | | plain | same prompt | tools | tools / same prompt | tools / plain |\n"
-          "|---|---|---|---|---|---|---|")
+    print(
+        f"\n{args.requests} concurrent chat requests, max {args.tokens} tokens, greedy, tiny model (Qwen2.5 tool "
+        f"template), openai client; median of {args.repeats}; {cpu_model()}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| backend | | plain | same prompt | tools | tools / same prompt | tools / plain |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for backend, res in results.items():
         med = res["median"]
-        for label, key, fmt in (("throughput (tok/s)", "tokens_per_s", ".1f"),
-                                ("wall time (s)", "wall_s", ".2f"),
-                                ("prompt tokens", "prompt_tokens", ".0f"),
-                                ("completion tokens", "completion_tokens", ".0f"),
-                                ("first streamed token p50 (s)", "stream_ttft_p50_s", ".2f"),
-                                ("first streamed token p95 (s)", "stream_ttft_p95_s", ".2f")):
+        for label, key, fmt in (
+            ("throughput (tok/s)", "tokens_per_s", ".1f"),
+            ("wall time (s)", "wall_s", ".2f"),
+            ("prompt tokens", "prompt_tokens", ".0f"),
+            ("completion tokens", "completion_tokens", ".0f"),
+            ("first streamed token p50 (s)", "stream_ttft_p50_s", ".2f"),
+            ("first streamed token p95 (s)", "stream_ttft_p95_s", ".2f"),
+        ):
             if any(key not in med[v] for v in VARIANTS):
                 continue
             a, same, b = (med[v][key] for v in VARIANTS)
             ratios = " | ".join(f"{b / x:.3f}" if x else "-" for x in (same, a))
             print(f"| {backend} | {label} | {a:{fmt}} | {same:{fmt}} | {b:{fmt}} | {ratios} |")
-    print(f"function-calling work per request: {work_ms['tools_work_ms']:.3f} ms (validation "
-          f"{work_ms['validate_ms']:.3f}, template and encoding with tools {work_ms['encode_with_tools_ms']:.2f} vs "
-          f"{work_ms['encode_same_prompt_ms']:.2f} without, parsing the reply {work_ms['parse_reply_ms']:.3f})")
-    result = {"tool_work_ms": work_ms,
-              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "cpu": cpu_model(), "load_average": os.getloadavg()[0],
-              "versions": package_versions(("torch", "transformers", "openai")), "backends": results}
+    print(
+        f"function-calling work per request: {work_ms['tools_work_ms']:.3f} ms (validation "
+        f"{work_ms['validate_ms']:.3f}, template and encoding with tools {work_ms['encode_with_tools_ms']:.2f} vs "
+        f"{work_ms['encode_same_prompt_ms']:.2f} without, parsing the reply {work_ms['parse_reply_ms']:.3f})"
+    )
+    result = {
+        "tool_work_ms": work_ms,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "cpu": cpu_model(),
+        "load_average": os.getloadavg()[0],
+        "versions": package_versions(("torch", "transformers", "openai")),
+        "backends": results,
+    }
     write_result(result, args.out, work, args.keep)
 
 

@@ -70,8 +70,9 @@ def count_positions(engine: Any) -> dict[str, int]:
     return counter
 
 
-def one_eval(engine: Any, variant: str, args: argparse.Namespace, run_dir: Path,
-             counter: dict[str, int]) -> dict[str, Any]:
+def one_eval(
+    engine: Any, variant: str, args: argparse.Namespace, run_dir: Path, counter: dict[str, int]
+) -> dict[str, Any]:
     """Run the eval one way; its wall and CPU time, what it generated and what it computed."""
     from arlecli import thinking
     from arlecli.eval import EvalOptions, run_eval
@@ -79,8 +80,11 @@ def one_eval(engine: Any, variant: str, args: argparse.Namespace, run_dir: Path,
     from arlecli.results import read_samples
 
     thinking.configure(engine, thinking.parse_option("none" if variant == "off" else None))
-    budget = {"max_tokens": args.answer, "max_thinking_tokens": args.thinking} if variant == "forcing" \
+    budget = (
+        {"max_tokens": args.answer, "max_thinking_tokens": args.thinking}
+        if variant == "forcing"
         else {"max_tokens": args.thinking + args.answer}
+    )
     opts = EvalOptions(limit=args.rows, num_fewshot=0, seed=1234, **budget)
     counter["positions"] = 0
     started, cpu = time.perf_counter(), time.process_time()
@@ -89,9 +93,15 @@ def one_eval(engine: Any, variant: str, args: argparse.Namespace, run_dir: Path,
     samples = read_samples(run_dir)
     generated = sum(s["completion_tokens"] for s in samples)
     forced = 2 * len(samples) if variant == "forcing" else 0  # "\n</think>": written, not sampled
-    return {"wall_s": wall, "cpu_s": cpu, "sampled_tokens": generated - forced, "samples": len(samples),
-            "thinking_cut": sum(bool(s.get("thinking_cut")) for s in samples),
-            "tokens_per_s": (generated - forced) / wall, "model_positions": counter["positions"]}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "sampled_tokens": generated - forced,
+        "samples": len(samples),
+        "thinking_cut": sum(bool(s.get("thinking_cut")) for s in samples),
+        "tokens_per_s": (generated - forced) / wall,
+        "model_positions": counter["positions"],
+    }
 
 
 def main() -> None:
@@ -134,25 +144,43 @@ def main() -> None:
 
     med = {v: {k: statistics.median(run[k] for run in runs[v]) for k in runs[v][0]} for v in VARIANTS}
     base = med["off"]["wall_s"]
-    print(f"\n{args.rows} rows of countdown, T={args.thinking} thinking + A={args.answer} answer tokens, greedy, "
-          f"hf batch {args.batch}, median of {args.repeats}; {cpu_model()}; load average "
-          f"{os.getloadavg()[0]:.1f}")
+    print(
+        f"\n{args.rows} rows of countdown, T={args.thinking} thinking + A={args.answer} answer tokens, greedy, "
+        f"hf batch {args.batch}, median of {args.repeats}; {cpu_model()}; load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     print("| | off | scoring | forcing |\n|---|---|---|---|")
-    rows = [("wall time (s)", "wall_s", ".2f"), ("CPU time (s)", "cpu_s", ".2f"),
-            ("sampled tokens", "sampled_tokens", ".0f"), ("model positions computed", "model_positions", ".0f"),
-            ("tokens/s", "tokens_per_s", ".1f"), ("thoughts cut (no answer)", "thinking_cut", ".0f")]
+    rows = [
+        ("wall time (s)", "wall_s", ".2f"),
+        ("CPU time (s)", "cpu_s", ".2f"),
+        ("sampled tokens", "sampled_tokens", ".0f"),
+        ("model positions computed", "model_positions", ".0f"),
+        ("tokens/s", "tokens_per_s", ".1f"),
+        ("thoughts cut (no answer)", "thinking_cut", ".0f"),
+    ]
     for label, key, fmt in rows:
         print(f"| {label} | " + " | ".join(format(med[v][key], fmt) for v in VARIANTS) + " |")
-    for label, key in (("wall vs off", "wall_s"), ("CPU time vs off", "cpu_s"),
-                       ("positions vs off", "model_positions")):
-        print(f"| {label} | - | " + " | ".join(f"{(med[v][key] / med['off'][key] - 1) * 100:+.1f}%"
-                                              for v in VARIANTS[1:]) + " |")
-    result = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "model": str(args.model or "tiny thinking model"), "cpu": cpu_model(),
-              "load_average": os.getloadavg()[0], "versions": package_versions(("torch", "transformers")),
-              "median": med, "runs": runs,
-              "overhead_vs_off": {v: med[v]["wall_s"] / base - 1 for v in VARIANTS[1:]},
-              "cpu_overhead_vs_off": {v: med[v]["cpu_s"] / med["off"]["cpu_s"] - 1 for v in VARIANTS[1:]}}
+    for label, key in (
+        ("wall vs off", "wall_s"),
+        ("CPU time vs off", "cpu_s"),
+        ("positions vs off", "model_positions"),
+    ):
+        print(
+            f"| {label} | - | "
+            + " | ".join(f"{(med[v][key] / med['off'][key] - 1) * 100:+.1f}%" for v in VARIANTS[1:])
+            + " |"
+        )
+    result = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "model": str(args.model or "tiny thinking model"),
+        "cpu": cpu_model(),
+        "load_average": os.getloadavg()[0],
+        "versions": package_versions(("torch", "transformers")),
+        "median": med,
+        "runs": runs,
+        "overhead_vs_off": {v: med[v]["wall_s"] / base - 1 for v in VARIANTS[1:]},
+        "cpu_overhead_vs_off": {v: med[v]["cpu_s"] / med["off"]["cpu_s"] - 1 for v in VARIANTS[1:]},
+    }
     write_result(result, args.out, work, args.keep)
 
 

@@ -58,17 +58,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(work: Path, name: str, model: str, steps: int, dynamic: bool, env: dict[str, str],
-        extra: list[str]) -> dict[str, Any]:
+def run(
+    work: Path, name: str, model: str, steps: int, dynamic: bool, env: dict[str, str], extra: list[str]
+) -> dict[str, Any]:
     """One `arle train` subprocess; its per-step figures."""
     out = work / name
-    cmd = [sys.executable, "-m", "arlecli", "train", "--recipe", str(RECIPE), "--model", model,
-           "--max-steps", str(steps), "--eval-limit", "0",
-           "--set", f"dynamic_sampling={'true' if dynamic else 'false'}", "--set", "save_steps=1000", *extra,
-           "--output", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arlecli",
+        "train",
+        "--recipe",
+        str(RECIPE),
+        "--model",
+        model,
+        "--max-steps",
+        str(steps),
+        "--eval-limit",
+        "0",
+        "--set",
+        f"dynamic_sampling={'true' if dynamic else 'false'}",
+        "--set",
+        "save_steps=1000",
+        *extra,
+        "--output",
+        str(out),
+    ]
     wall, rss = run_measured(cmd, work / f"{name}.log", env)
-    return {"name": name, "dynamic_sampling": dynamic, "wall_s": round(wall, 1), "peak_rss_mb": round(rss, 1),
-            "steps": read_steps(out)}
+    return {
+        "name": name,
+        "dynamic_sampling": dynamic,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(rss, 1),
+        "steps": read_steps(out),
+    }
 
 
 def read_steps(out: Path) -> list[dict[str, Any]]:
@@ -91,15 +114,20 @@ def step_figures(metrics: dict[str, Any], verdicts: list[dict[str, Any]]) -> dic
     # Without dynamic sampling: the tokens of groups whose rewards were all equal.
     flat = sum(tokens[i] for idx in by_task.values() if len({verdicts[i]["reward"] for i in idx}) == 1 for i in idx)
     total = sum(tokens) or 1
-    return {"step": metrics["step"], "seconds_per_step": metrics.get("seconds_per_step"),
-            "generated_tokens": sum(tokens), "samples": len(verdicts),
-            "signal_groups": signal,
-            "dropped_groups": metrics.get("dynamic_sampling/dropped_groups", 0.0),
-            "refill_rounds": metrics.get("dynamic_sampling/refill_rounds", 0.0),
-            "unfilled_groups": metrics.get("dynamic_sampling/unfilled_groups", 0.0),
-            "dropped_token_share": round(dropped / total, 4),
-            "zero_signal_token_share": round(flat / total, 4) if not any(v.get("dropped") for v in verdicts) else None,
-            "accuracy": metrics.get("accuracy"), "reward": metrics.get("reward")}
+    return {
+        "step": metrics["step"],
+        "seconds_per_step": metrics.get("seconds_per_step"),
+        "generated_tokens": sum(tokens),
+        "samples": len(verdicts),
+        "signal_groups": signal,
+        "dropped_groups": metrics.get("dynamic_sampling/dropped_groups", 0.0),
+        "refill_rounds": metrics.get("dynamic_sampling/refill_rounds", 0.0),
+        "unfilled_groups": metrics.get("dynamic_sampling/unfilled_groups", 0.0),
+        "dropped_token_share": round(dropped / total, 4),
+        "zero_signal_token_share": round(flat / total, 4) if not any(v.get("dropped") for v in verdicts) else None,
+        "accuracy": metrics.get("accuracy"),
+        "reward": metrics.get("reward"),
+    }
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -116,10 +144,13 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "signal_groups_per_step": signal / len(timed),
             "signal_groups_per_minute": 60 * signal / seconds if seconds else None,
             "dropped_groups_per_step": statistics.mean(s["dropped_groups"] for s in timed),
-            "dropped_token_share": (sum(s["dropped_token_share"] * s["generated_tokens"] for s in timed)
-                                    / max(1, sum(s["generated_tokens"] for s in timed))),
-            "zero_signal_token_share": (statistics.mean(s["zero_signal_token_share"] for s in timed)
-                                        if side == "off" else None),
+            "dropped_token_share": (
+                sum(s["dropped_token_share"] * s["generated_tokens"] for s in timed)
+                / max(1, sum(s["generated_tokens"] for s in timed))
+            ),
+            "zero_signal_token_share": (
+                statistics.mean(s["zero_signal_token_share"] for s in timed) if side == "off" else None
+            ),
         }
         for key, value in figures.items():
             table.setdefault(key, {})[side] = None if value is None else round(value, 4)
@@ -150,10 +181,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = args.steps or (3 if args.quick else 6)
     work = Path(tempfile.mkdtemp(prefix="arle-perf-dynamic-"))
     src, source = snapshot_source(work)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": str(args.threads),
-           "MKL_NUM_THREADS": str(args.threads),
-           "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     model, model_name = model_path(args.quick, work)
     # The tiny model: LoRA off (its random weights have nothing to adapt), an 8-token budget and
     # no length penalty (which would tell its all-wrong samples apart by their lengths).
@@ -163,13 +200,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, dynamic in (("off", False), ("on", True)):
         runs.append(run(work, name, model, steps, dynamic, env, extra))
         print(f"{name}: {runs[-1]['wall_s']} s", file=sys.stderr, flush=True)
-    result = {"title": "dynamic sampling on the CPU reasoning recipe (GRPO + LoRA, 4 prompts x 4 a step)",
-              "date": started, "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                                           "load_avg_at_end": os.getloadavg()},
-              "versions": package_versions(("torch", "transformers", "trl")), "model": model_name,
-              "recipe": str(RECIPE.relative_to(ROOT)), "steps": steps, "threads": args.threads, "source": source,
-              "command": " ".join(["python", "perf/train_dynamic_sampling.py", *(argv or [])]), "runs": runs,
-              "work": str(work) if args.keep else None}
+    result = {
+        "title": "dynamic sampling on the CPU reasoning recipe (GRPO + LoRA, 4 prompts x 4 a step)",
+        "date": started,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
+        "versions": package_versions(("torch", "transformers", "trl")),
+        "model": model_name,
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "steps": steps,
+        "threads": args.threads,
+        "source": source,
+        "command": " ".join(["python", "perf/train_dynamic_sampling.py", *(argv or [])]),
+        "runs": runs,
+        "work": str(work) if args.keep else None,
+    }
     result["table"] = summarize(result)
     print_table(result)
     out = args.out or RESULTS / ("train_dynamic_sampling_quick.json" if args.quick else "train_dynamic_sampling.json")

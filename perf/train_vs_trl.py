@@ -80,8 +80,20 @@ TARGET_RATIO = 0.8
 CEILING_RATIO = 1.0
 
 # Keys of the recipe that are arle's own, not GRPOConfig fields (see arlecli.train.config).
-ARLE_RECIPE_KEYS = {"algo", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "eval_split",
-                    "eval_limit", "eval_every", "eval_max_tokens", "eval_batch_size", "limit", "split"}
+ARLE_RECIPE_KEYS = {
+    "algo",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "eval_split",
+    "eval_limit",
+    "eval_every",
+    "eval_max_tokens",
+    "eval_batch_size",
+    "limit",
+    "split",
+}
 # GRPOConfig fields whose values name this run's directory, so they differ by design.
 PER_RUN_FIELDS = {"output_dir", "logging_dir", "run_name"}
 
@@ -117,8 +129,15 @@ def time_generation(trainer_cls: type, calls: list[dict[str, Any]]) -> None:
         out = original(self, prompts)
         completion_ids, env_mask = out[1], out[2]
         lengths = [sum(m) for m in env_mask] if env_mask is not None else [len(ids) for ids in completion_ids]
-        calls.append({"seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu,
-                      "rows": len(lengths), "tokens": int(sum(lengths)), "longest": int(max(lengths, default=0))})
+        calls.append(
+            {
+                "seconds": time.monotonic() - started,
+                "cpu_seconds": time.process_time() - cpu,
+                "rows": len(lengths),
+                "tokens": int(sum(lengths)),
+                "longest": int(max(lengths, default=0)),
+            }
+        )
         return out
 
     trainer_cls._generate = _generate
@@ -135,8 +154,9 @@ def trl_child(spec_path: Path) -> None:
     generate_calls: list[dict[str, Any]] = []
     time_generation(GRPOTrainer, generate_calls)
     rows = json.loads(Path(spec["prompts"]).read_text())
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"], "index": i}
-                                 for i, r in enumerate(rows)])
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], "answer": r["answer"], "index": i} for i, r in enumerate(rows)]
+    )
     seen: list[list[int]] = []  # task indices scored per reward call (checks both tools drew the same)
 
     def number(completions: list[Any], answer: list[str], index: list[int], **_: Any) -> list[float]:
@@ -156,9 +176,14 @@ def trl_child(spec_path: Path) -> None:
             if not logs or "train_runtime" in logs:
                 return
             now, cpu = time.monotonic(), time.process_time()
-            steps.append({"step": state.global_step, "seconds_per_step": now - self.last,
-                          "cpu_seconds_per_step": cpu - self.last_cpu,
-                          **{k: v for k, v in logs.items() if isinstance(v, (int, float))}})
+            steps.append(
+                {
+                    "step": state.global_step,
+                    "seconds_per_step": now - self.last,
+                    "cpu_seconds_per_step": cpu - self.last_cpu,
+                    **{k: v for k, v in logs.items() if isinstance(v, (int, float))},
+                }
+            )
             self.last, self.last_cpu = now, cpu
 
     lora = spec["lora"]
@@ -170,10 +195,15 @@ def trl_child(spec_path: Path) -> None:
         profiler = cProfile.Profile()
         profiler.enable()
     trainer = GRPOTrainer(
-        model=spec["model"], reward_funcs=number, args=GRPOConfig(**spec["config"]), train_dataset=dataset,
-        peft_config=LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=0.0,
-                               target_modules="all-linear", task_type="CAUSAL_LM"),
-        callbacks=[StepTimer()])
+        model=spec["model"],
+        reward_funcs=number,
+        args=GRPOConfig(**spec["config"]),
+        train_dataset=dataset,
+        peft_config=LoraConfig(
+            r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+        ),
+        callbacks=[StepTimer()],
+    )
     trainer.train()
     trainer.save_model(str(Path(spec["config"]["output_dir"]) / "final"))  # arle saves final/ too
     if profiler is not None:
@@ -236,6 +266,7 @@ def arle_child(argv: list[str]) -> None:
 # The harness.
 # --------------------------------------------------------------------------------------
 
+
 @dataclass
 class Run:
     """One subprocess run of either tool."""
@@ -244,8 +275,8 @@ class Run:
     repeat: int | str
     wall_s: float
     peak_rss_mb: float
-    steps: list[dict[str, Any]]            # per logged step: seconds_per_step, completion lengths ...
-    indices: list[int] = field(default_factory=list)   # task indices in scoring order
+    steps: list[dict[str, Any]]  # per logged step: seconds_per_step, completion lengths ...
+    indices: list[int] = field(default_factory=list)  # task indices in scoring order
     config: dict[str, Any] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)  # arle's rewards.jsonl (trl: none logged)
 
@@ -320,9 +351,11 @@ def snapshot_source(work: Path) -> tuple[Path, dict[str, Any]]:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return snap, {"commit": git("rev-parse", "--short", "HEAD"),
-                  "uncommitted_in_src": git("status", "--porcelain", "--", "src").splitlines(),
-                  "src_sha256": digest.hexdigest()[:16]}
+    return snap, {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_in_src": git("status", "--porcelain", "--", "src").splitlines(),
+        "src_sha256": digest.hexdigest()[:16],
+    }
 
 
 def run_measured(cmd: list[str], log: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -349,8 +382,10 @@ def trainer_fields(recipe: dict[str, Any], steps: int, max_completion_length: in
     if max_completion_length:
         fields["max_completion_length"] = max_completion_length
     if fields.get("save_steps", 0) <= steps:
-        raise SystemExit(f"--steps {steps} reaches the recipe's save_steps ({fields['save_steps']}): keep checkpoints "
-                         "out of the timed steps")
+        raise SystemExit(
+            f"--steps {steps} reaches the recipe's save_steps ({fields['save_steps']}): keep checkpoints "
+            "out of the timed steps"
+        )
     fields.update(disable_tqdm=True, use_cpu=True, bf16=False)  # what arle adds on a CPU without CUDA
     return fields
 
@@ -373,10 +408,27 @@ def render_prompts(path: Path) -> tuple[int, list[str]]:
 def arle_command(out: Path, model: str, config: dict[str, Any]) -> list[str]:
     """`arle train` on the demo card and recipe, with the steps, seed and token budget of
     `config` as flags (through arle_child, which only adds timers)."""
-    return [sys.executable, __file__, "--arle-child", "train", str(CARD), "--recipe", str(RECIPE),
-            "--max-steps", str(config["max_steps"]), "--seed", str(config["seed"]),
-            "--max-tokens", str(config["max_completion_length"]), "--eval-limit", "0", "--output", str(out),
-            "--model", model]
+    return [
+        sys.executable,
+        __file__,
+        "--arle-child",
+        "train",
+        str(CARD),
+        "--recipe",
+        str(RECIPE),
+        "--max-steps",
+        str(config["max_steps"]),
+        "--seed",
+        str(config["seed"]),
+        "--max-tokens",
+        str(config["max_completion_length"]),
+        "--eval-limit",
+        "0",
+        "--output",
+        str(out),
+        "--model",
+        model,
+    ]
 
 
 def with_generation(steps: list[dict[str, Any]], calls: list[dict[str, Any]], batch: int) -> list[dict[str, Any]]:
@@ -384,39 +436,75 @@ def with_generation(steps: list[dict[str, Any]], calls: list[dict[str, Any]], ba
     is 1 in this config, so call k belongs to step k+1)."""
     if len(calls) != len(steps):
         raise SystemExit(f"expected one generation per step, got {len(calls)} for {len(steps)} steps")
-    return [{**s, "_batch": batch, "generate_s": c["seconds"], "generate_cpu_s": c["cpu_seconds"],
-             "generate_tokens": c["tokens"], "generate_rows": c["rows"], "generate_longest": c["longest"]}
-            for s, c in zip(steps, calls)]
+    return [
+        {
+            **s,
+            "_batch": batch,
+            "generate_s": c["seconds"],
+            "generate_cpu_s": c["cpu_seconds"],
+            "generate_tokens": c["tokens"],
+            "generate_rows": c["rows"],
+            "generate_longest": c["longest"],
+        }
+        for s, c in zip(steps, calls)
+    ]
 
 
-def run_arle(work: Path, repeat: int | str, model: str, config: dict[str, Any], batch: int,
-             env: dict[str, str]) -> Run:
+def run_arle(work: Path, repeat: int | str, model: str, config: dict[str, Any], batch: int, env: dict[str, str]) -> Run:
     out = work / f"arle-{repeat}"
     calls_log = work / f"arle-{repeat}.generate.json"
-    wall, rss = run_measured(arle_command(out, model, config), work / f"arle-{repeat}.log",
-                             {**env, "ARLE_PERF_GENERATE_LOG": str(calls_log)})
+    wall, rss = run_measured(
+        arle_command(out, model, config), work / f"arle-{repeat}.log", {**env, "ARLE_PERF_GENERATE_LOG": str(calls_log)}
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
     reasons: dict[str, int] = {}
     for r in rewards:
         reasons[str(r.get("finish_reason"))] = reasons.get(str(r.get("finish_reason")), 0) + 1
     meta = json.loads((out / "meta.json").read_text())
-    return Run("arle", repeat, wall, rss, with_generation(rows, json.loads(calls_log.read_text()), batch),
-               [r["task_index"] for r in rewards], meta["trainer_resolved"], reasons)
+    return Run(
+        "arle",
+        repeat,
+        wall,
+        rss,
+        with_generation(rows, json.loads(calls_log.read_text()), batch),
+        [r["task_index"] for r in rewards],
+        meta["trainer_resolved"],
+        reasons,
+    )
 
 
-def run_trl(work: Path, repeat: int | str, model: str, prompts: Path, config: dict[str, Any], lora: dict[str, int],
-            batch: int, env: dict[str, str]) -> Run:
+def run_trl(
+    work: Path,
+    repeat: int | str,
+    model: str,
+    prompts: Path,
+    config: dict[str, Any],
+    lora: dict[str, int],
+    batch: int,
+    env: dict[str, str],
+) -> Run:
     out = work / f"trl-{repeat}"
-    spec = {"model": model, "prompts": str(prompts), "lora": lora, "result": str(work / f"trl-{repeat}.json"),
-            "config": {**config, "output_dir": str(out)}}
+    spec = {
+        "model": model,
+        "prompts": str(prompts),
+        "lora": lora,
+        "result": str(work / f"trl-{repeat}.json"),
+        "config": {**config, "output_dir": str(out)},
+    }
     spec_path = work / f"trl-{repeat}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    wall, rss = run_measured([sys.executable, __file__, "--trl-child", str(spec_path)], work / f"trl-{repeat}.log",
-                             env)
+    wall, rss = run_measured([sys.executable, __file__, "--trl-child", str(spec_path)], work / f"trl-{repeat}.log", env)
     res = json.loads(Path(spec["result"]).read_text())
-    return Run("trl", repeat, wall, rss, with_generation(res["steps"], res["generate_calls"], batch),
-               [i for call in res["indices"] for i in call], res["config"])
+    return Run(
+        "trl",
+        repeat,
+        wall,
+        rss,
+        with_generation(res["steps"], res["generate_calls"], batch),
+        [i for call in res["indices"] for i in call],
+        res["config"],
+    )
 
 
 # Where a step's time goes, by (file suffix, function), read from cProfile. arle's side: its
@@ -424,8 +512,10 @@ def run_trl(work: Path, repeat: int | str, model: str, prompts: Path, config: di
 # generation. Everything else is TRL/transformers/torch, the same calls on both sides.
 PROFILE_HOOKS = {
     "arle": {
-        "rollouts (Rollouts.sequences: envs.episodes.collect on the hf engine)": ("arlecli/train/rollout.py",
-                                                                                 "sequences"),
+        "rollouts (Rollouts.sequences: envs.episodes.collect on the hf engine)": (
+            "arlecli/train/rollout.py",
+            "sequences",
+        ),
         "  of which prompt encoding (HFEngine.encode: chat template)": ("arlecli/engine/hf.py", "encode"),
         "  of which prefill (HFEngine._prefill)": ("arlecli/engine/hf.py", "_prefill"),
         "  of which sampling (HFEngine._pick)": ("arlecli/engine/hf.py", "_pick"),
@@ -446,8 +536,9 @@ PROFILE_HOOKS = {
 BOOKKEEPING = ("reward adapter", "step log callback", "step-end callback")  # arle's own per-step code
 
 
-def profile_run(tool: str, run: Callable[[dict[str, str]], None], work: Path, steps: int,
-                env: dict[str, str]) -> dict[str, Any]:
+def profile_run(
+    tool: str, run: Callable[[dict[str, str]], None], work: Path, steps: int, env: dict[str, str]
+) -> dict[str, Any]:
     """One more run of `tool` under cProfile: seconds per step in the PROFILE_HOOKS functions and
     in the TRL step (for scale), and the functions with the most cumulative time."""
     import pstats
@@ -465,12 +556,17 @@ def profile_run(tool: str, run: Callable[[dict[str, str]], None], work: Path, st
         seconds, calls = cumulative(suffix, func)
         per_step[label] = {"seconds_per_step": round(seconds / steps, 5), "calls": calls}
     train_s, _ = cumulative("transformers/trainer.py", "training_step")
-    out = {"hooks": per_step, "trainer_training_step_seconds_per_step": round(train_s / steps, 3),
-           "top": top_functions(prof, steps), "top_own": top_functions(prof, steps, by="own"),
-           "note": "cProfile inflates Python-heavy code; the hooks' shares are upper bounds"}
+    out = {
+        "hooks": per_step,
+        "trainer_training_step_seconds_per_step": round(train_s / steps, 3),
+        "top": top_functions(prof, steps),
+        "top_own": top_functions(prof, steps, by="own"),
+        "note": "cProfile inflates Python-heavy code; the hooks' shares are upper bounds",
+    }
     if tool == "arle":
         out["arle_bookkeeping_seconds_per_step"] = round(
-            sum(v["seconds_per_step"] for k, v in per_step.items() if k.startswith(BOOKKEEPING)), 5)
+            sum(v["seconds_per_step"] for k, v in per_step.items() if k.startswith(BOOKKEEPING)), 5
+        )
     return out
 
 
@@ -488,8 +584,14 @@ def top_functions(prof: Path, steps: int, n: int = 25, by: str = "cumulative") -
         if func in skip or any(x in file for x in ("/click/", "/typer/", "arlecli/cli/")):
             continue
         short = "/".join(Path(file).parts[-3:]) if file.startswith("/") else file
-        out.append({"function": f"{short}:{line}({func})", "cumulative_s_per_step": round(cumtime / steps, 3),
-                    "own_s_per_step": round(tottime / steps, 3), "calls": calls})
+        out.append(
+            {
+                "function": f"{short}:{line}({func})",
+                "cumulative_s_per_step": round(cumtime / steps, 3),
+                "own_s_per_step": round(tottime / steps, 3),
+                "calls": calls,
+            }
+        )
         if len(out) == n:
             break
     return out
@@ -497,13 +599,20 @@ def top_functions(prof: Path, steps: int, n: int = 25, by: str = "cumulative") -
 
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
     """Resolved GRPOConfig fields that differ between the two tools (per-run paths aside)."""
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
-            if k not in PER_RUN_FIELDS and str(a.get(k)) != str(b.get(k))}
+    return {
+        k: [a.get(k), b.get(k)]
+        for k in sorted(set(a) | set(b))
+        if k not in PER_RUN_FIELDS and str(a.get(k)) != str(b.get(k))
+    }
 
 
 def machine() -> dict[str, Any]:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-            "load_avg_at_start": os.getloadavg()}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_avg_at_start": os.getloadavg(),
+    }
 
 
 def versions() -> dict[str, str]:
@@ -526,16 +635,21 @@ def median_of(runs: list[Run], fn: str) -> float:
 
 def summarize(runs: list[Run]) -> dict[str, Any]:
     """The table: per tool medians over repeats, and arle/trl ratios."""
-    metrics = {"seconds_per_step": "seconds_per_step", "cpu_seconds_per_step": "cpu_seconds_per_step",
-               "generation_seconds_per_step": "generate_seconds_per_step",
-               "rest_of_step_seconds": "rest_seconds_per_step",
-               "generated_tokens_per_step": "tokens_per_step",
-               "generation_tokens_per_s": "generate_tokens_per_second",
-               "step_tokens_per_s": "step_tokens_per_second",
-               "seconds_per_generated_token": "seconds_per_token",
-               "static_batch_token_slots_per_step": "static_slots_per_step",
-               "kept_share_of_static_slots": "kept_share_of_static_slots",
-               "peak_rss_mb": "peak_rss_mb", "startup_s": "startup_s", "wall_s": "wall_s"}
+    metrics = {
+        "seconds_per_step": "seconds_per_step",
+        "cpu_seconds_per_step": "cpu_seconds_per_step",
+        "generation_seconds_per_step": "generate_seconds_per_step",
+        "rest_of_step_seconds": "rest_seconds_per_step",
+        "generated_tokens_per_step": "tokens_per_step",
+        "generation_tokens_per_s": "generate_tokens_per_second",
+        "step_tokens_per_s": "step_tokens_per_second",
+        "seconds_per_generated_token": "seconds_per_token",
+        "static_batch_token_slots_per_step": "static_slots_per_step",
+        "kept_share_of_static_slots": "kept_share_of_static_slots",
+        "peak_rss_mb": "peak_rss_mb",
+        "startup_s": "startup_s",
+        "wall_s": "wall_s",
+    }
     table: dict[str, Any] = {}
     for name, fn in metrics.items():
         arle = median_of([r for r in runs if r.tool == "arle"], fn)
@@ -549,26 +663,36 @@ def print_table(result: dict[str, Any]) -> None:
     print("  ".join(f"{k} {v}" for k, v in result["versions"].items()))
     src = result["source"]
     print(f"arle source: commit {src['commit']}, uncommitted in src/: {src['uncommitted_in_src'] or 'none'}")
-    print(f"model {result['model']}; {result['steps']} steps (first = warm-up, not timed) x {result['repeats']} "
-          f"repeats per tool (seeds {result['seeds']}), interleaved; max_completion_length "
-          f"{result['trainer_config']['max_completion_length']}; threads: {result['threads'] or 'torch default'}")
+    print(
+        f"model {result['model']}; {result['steps']} steps (first = warm-up, not timed) x {result['repeats']} "
+        f"repeats per tool (seeds {result['seeds']}), interleaved; max_completion_length "
+        f"{result['trainer_config']['max_completion_length']}; threads: {result['threads'] or 'torch default'}"
+    )
     print(f"\n{'metric':30s} {'arle':>12s} {'trl':>12s} {'arle/trl':>9s}")
     for name, row in result["table"].items():
         ratio = "-" if row["ratio"] is None else row["ratio"]
         print(f"{name:30s} {row['arle']:12.4f} {row['trl']:12.4f} {ratio:>9}")
     print("\nper run (seconds per timed step):")
     for r in result["runs"]:
-        print(f"  {r['tool']:5s} #{r['repeat']}: {r['seconds_per_step']}  cpu {r['cpu_seconds_per_step']}  "
-              f"generation {r['generate_seconds_per_step']}  tokens/step {r['tokens_per_step']}  "
-              f"longest {r['longest_completion_per_step']}  rss {r['peak_rss_mb']:.0f} MB  wall {r['wall_s']:.1f} s")
-    print(f"\ncard stop strings: {result['card_stop'] or 'none'}; arle finish reasons: "
-          f"{[r['finish_reasons'] for r in result['runs'] if r['tool'] == 'arle']}")
+        print(
+            f"  {r['tool']:5s} #{r['repeat']}: {r['seconds_per_step']}  cpu {r['cpu_seconds_per_step']}  "
+            f"generation {r['generate_seconds_per_step']}  tokens/step {r['tokens_per_step']}  "
+            f"longest {r['longest_completion_per_step']}  rss {r['peak_rss_mb']:.0f} MB  wall {r['wall_s']:.1f} s"
+        )
+    print(
+        f"\ncard stop strings: {result['card_stop'] or 'none'}; arle finish reasons: "
+        f"{[r['finish_reasons'] for r in result['runs'] if r['tool'] == 'arle']}"
+    )
     ok, ceiling = result["target_met"], result["ceiling_met"]
-    print(f"target (arle <= {TARGET_RATIO:.2f} x trl seconds/step): {'met' if ok else 'MISSED'}; "
-          f"never worse than {CEILING_RATIO:.1f}x: {'met' if ceiling else 'MISSED'} "
-          f"(ratio {result['table']['seconds_per_step']['ratio']})")
-    print(f"same comparison in CPU seconds per step: ratio {result['table']['cpu_seconds_per_step']['ratio']}; "
-          f"per interleaved pair, wall: {result['pair_ratios']}")
+    print(
+        f"target (arle <= {TARGET_RATIO:.2f} x trl seconds/step): {'met' if ok else 'MISSED'}; "
+        f"never worse than {CEILING_RATIO:.1f}x: {'met' if ceiling else 'MISSED'} "
+        f"(ratio {result['table']['seconds_per_step']['ratio']})"
+    )
+    print(
+        f"same comparison in CPU seconds per step: ratio {result['table']['cpu_seconds_per_step']['ratio']}; "
+        f"per interleaved pair, wall: {result['pair_ratios']}"
+    )
     print(f"same GRPOConfig: {not result['config_diff']}  {result['config_diff'] or ''}")
     print(f"same tasks drawn each step: {result['same_tasks']}")
     for tool, prof in result.get("profiles", {}).items():
@@ -576,10 +700,14 @@ def print_table(result: dict[str, Any]) -> None:
         for label, row in prof["hooks"].items():
             print(f"  {label:66s} {row['seconds_per_step']:9.4f}  ({row['calls']} calls)")
         if "arle_bookkeeping_seconds_per_step" in prof:
-            print(f"  {'arle bookkeeping (reward adapter + callbacks), total':66s} "
-                  f"{prof['arle_bookkeeping_seconds_per_step']:9.4f}")
-        print(f"  {'for scale: Trainer.training_step (generation + loss + backward)':66s} "
-              f"{prof['trainer_training_step_seconds_per_step']:9.3f}")
+            print(
+                f"  {'arle bookkeeping (reward adapter + callbacks), total':66s} "
+                f"{prof['arle_bookkeeping_seconds_per_step']:9.4f}"
+            )
+        print(
+            f"  {'for scale: Trainer.training_step (generation + loss + backward)':66s} "
+            f"{prof['trainer_training_step_seconds_per_step']:9.3f}"
+        )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -589,15 +717,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="runs per tool, interleaved (default 2; quick 1)")
     # One thread by default: on a shared machine, multithreaded torch spin-waits for busy cores,
     # so identical steps measured 3 to 24 CPU seconds; one thread per run keeps time tied to work.
-    p.add_argument("--threads", type=int, default=1,
-                   help="OMP/torch threads in both subprocesses (default 1; 0: torch's default, all cores)")
-    p.add_argument("--max-completion-length", type=int,
-                   help="token budget per completion in both tools (default: the demo recipe's 24); a longer "
-                        "one makes completions more ragged")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP/torch threads in both subprocesses (default 1; 0: torch's default, all cores)",
+    )
+    p.add_argument(
+        "--max-completion-length",
+        type=int,
+        help="token budget per completion in both tools (default: the demo recipe's 24); a longer "
+        "one makes completions more ragged",
+    )
     p.add_argument("--out", type=Path, help="result JSON (default perf/results/train_vs_trl[_quick].json)")
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
-    p.add_argument("--profile", action="store_true",
-                   help="one more run per tool under cProfile: where a step goes (automatic when the target is missed)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more run per tool under cProfile: where a step goes (automatic when the target is missed)",
+    )
     p.add_argument("--no-profile", action="store_true", help="no profile runs, even when the target is missed")
     p.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -634,8 +772,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batch = int(config["per_device_train_batch_size"])
     work = Path(tempfile.mkdtemp(prefix="arle-perf-train-"))
     src, source = snapshot_source(work)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
-        [str(src), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
 
@@ -650,9 +791,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # different random streams, so one seed alone can hand one of them longer completions.
         cfg = {**config, "seed": int(config["seed"]) + repeat}
         # Interleaved, the order alternating, so load on the shared machine hits both alike.
-        for tool in (("arle", "trl") if repeat % 2 == 0 else ("trl", "arle")):
-            runs.append(run_arle(work, repeat, model, cfg, batch, env) if tool == "arle" else
-                        run_trl(work, repeat, model, prompts, cfg, lora, batch, env))
+        for tool in ("arle", "trl") if repeat % 2 == 0 else ("trl", "arle"):
+            runs.append(
+                run_arle(work, repeat, model, cfg, batch, env)
+                if tool == "arle"
+                else run_trl(work, repeat, model, prompts, cfg, lora, batch, env)
+            )
             print(f"{tool:4s} #{repeat}: {runs[-1].seconds_per_step():.2f} s/step", file=sys.stderr, flush=True)
 
     arle_runs = [r for r in runs if r.tool == "arle"]
@@ -660,12 +804,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = summarize(runs)
     result = {
         "title": "arle train --algo grpo vs plain TRL GRPOTrainer (seconds per step, LoRA r16, CPU)",
-        "date": started, "machine": mach, "versions": versions(), "model": model_name,
+        "date": started,
+        "machine": mach,
+        "versions": versions(),
+        "model": model_name,
         "card": str(CARD.relative_to(ROOT)),
-        "recipe": str(RECIPE.relative_to(ROOT)), "train_rows": n_rows, "steps": steps, "repeats": repeats,
-        "threads": args.threads, "trainer_config": config, "lora": lora,
-        "command": " ".join(["python", "perf/train_vs_trl.py", *argv]), "source": source,
-        "table": table, "target_ratio": TARGET_RATIO, "ceiling_ratio": CEILING_RATIO,
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "train_rows": n_rows,
+        "steps": steps,
+        "repeats": repeats,
+        "threads": args.threads,
+        "trainer_config": config,
+        "lora": lora,
+        "command": " ".join(["python", "perf/train_vs_trl.py", *argv]),
+        "source": source,
+        "table": table,
+        "target_ratio": TARGET_RATIO,
+        "ceiling_ratio": CEILING_RATIO,
         "target_met": table["seconds_per_step"]["ratio"] <= TARGET_RATIO,
         "ceiling_met": table["seconds_per_step"]["ratio"] <= CEILING_RATIO,
         # Process CPU seconds per step: the same comparison with shared-machine load taken out.
@@ -676,26 +831,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config_diff": {k: v for a, t in zip(arle_runs, trl_runs) for k, v in config_diff(a.config, t.config).items()},
         "same_tasks": all(a.indices == t.indices for a, t in zip(arle_runs, trl_runs)),
         "seeds": [int(config["seed"]) + r for r in range(repeats)],
-        "runs": [{"tool": r.tool, "repeat": r.repeat, "wall_s": round(r.wall_s, 2),
-                  "peak_rss_mb": round(r.peak_rss_mb, 1), "startup_s": round(r.startup_s(), 2),
-                  "seconds_per_step": [round(s["seconds_per_step"], 3) for s in r.steps],
-                  "cpu_seconds_per_step": [round(s["cpu_seconds_per_step"], 3) for s in r.steps],
-                  "generate_seconds_per_step": [round(s["generate_s"], 3) for s in r.steps],
-                  "tokens_per_step": [s["generate_tokens"] for s in r.steps],
-                  "longest_completion_per_step": [s["generate_longest"] for s in r.steps],
-                  "clipped_ratio_per_step": [s.get("completions/clipped_ratio") for s in r.steps],
-                  "finish_reasons": r.finish_reasons}
-                 for r in runs],
+        "runs": [
+            {
+                "tool": r.tool,
+                "repeat": r.repeat,
+                "wall_s": round(r.wall_s, 2),
+                "peak_rss_mb": round(r.peak_rss_mb, 1),
+                "startup_s": round(r.startup_s(), 2),
+                "seconds_per_step": [round(s["seconds_per_step"], 3) for s in r.steps],
+                "cpu_seconds_per_step": [round(s["cpu_seconds_per_step"], 3) for s in r.steps],
+                "generate_seconds_per_step": [round(s["generate_s"], 3) for s in r.steps],
+                "tokens_per_step": [s["generate_tokens"] for s in r.steps],
+                "longest_completion_per_step": [s["generate_longest"] for s in r.steps],
+                "clipped_ratio_per_step": [s.get("completions/clipped_ratio") for s in r.steps],
+                "finish_reasons": r.finish_reasons,
+            }
+            for r in runs
+        ],
         "load_avg_at_end": os.getloadavg(),
     }
     if args.profile or (not args.quick and not args.no_profile and not result["target_met"]):
         psteps = min(steps, 3)  # the hooks cost the same every step
         pconfig = {**config, "max_steps": psteps}
         result["profiles"] = {
-            "arle": profile_run("arle", lambda e: run_arle(work, "profiled", model, pconfig, batch, e), work, psteps,
-                                env),
-            "trl": profile_run("trl", lambda e: run_trl(work, "profiled", model, prompts, pconfig, lora, batch, e),
-                               work, psteps, env)}
+            "arle": profile_run(
+                "arle", lambda e: run_arle(work, "profiled", model, pconfig, batch, e), work, psteps, env
+            ),
+            "trl": profile_run(
+                "trl", lambda e: run_trl(work, "profiled", model, prompts, pconfig, lora, batch, e), work, psteps, env
+            ),
+        }
     print_table(result)
     out = args.out or RESULTS / ("train_vs_trl_quick.json" if args.quick else "train_vs_trl.json")
     write_result(result, out, work, args.keep)

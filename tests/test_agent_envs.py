@@ -81,7 +81,7 @@ def one_episode(card_name: str, row: dict, replies: list[str]) -> Episode:
 
 
 def tool_call(name: str, **arguments: str) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 # FrozenLake ---------------------------------------------------------------------------------
@@ -101,14 +101,26 @@ def test_frozenlake_generator_is_seeded_solvable_and_sized():
         generate_rows("frozenlake", seed=0, size=1, params={"slippery": True})
 
 
-@pytest.mark.parametrize("text, moves", [("<answer>down</answer>", ["down"]), ("Left", ["left"]),
-                                         ("think... <answer>Right, right down</answer>", ["right", "right", "down"])])
+@pytest.mark.parametrize(
+    "text, moves",
+    [
+        ("<answer>down</answer>", ["down"]),
+        ("Left", ["left"]),
+        ("think... <answer>Right, right down</answer>", ["right", "right", "down"]),
+    ],
+)
 def test_frozenlake_reads_moves(text, moves):
     assert parse_moves(text) == (moves, None)
 
 
-@pytest.mark.parametrize("text, why", [("<answer>jump</answer>", "'jump' is not a move"),
-                                       ("I go down", "'i' is not a move"), ("<answer></answer>", "no move")])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("<answer>jump</answer>", "'jump' is not a move"),
+        ("I go down", "'i' is not a move"),
+        ("<answer></answer>", "no move"),
+    ],
+)
 def test_frozenlake_rejects_what_is_not_a_move(text, why):
     moves, error = parse_moves(text)
     assert moves == [] and why in error
@@ -147,14 +159,29 @@ def test_frozenlake_wrong_moves_fail(tmp_path):
 
 def test_frozenlake_invalid_move_is_an_observation_and_the_game_goes_on():
     row = rows_of("frozenlake")[1]  # 4x4, hole right of the start
-    episode = one_episode("frozenlake", row, ["I would go down", "<answer>up</answer>", "<answer>down</answer>",
-                                              "<answer>down down right right right</answer>"])
+    episode = one_episode(
+        "frozenlake",
+        row,
+        [
+            "I would go down",
+            "<answer>up</answer>",
+            "<answer>down</answer>",
+            "<answer>down down right right right</answer>",
+        ],
+    )
     first, second = episode.turns[0].observation[0]["content"], episode.turns[1].observation[0]["content"]
     assert first.startswith("Invalid move: 'i' is not a move") and "row 1, column 1" in first
     assert "the edge stopped: up" in second
     assert episode.end_reason == "reached_goal" and len(episode.turns) == 4
-    assert episode.info["invalid_moves"] == 1 and episode.info["path"] == ["up", "down", "down", "down",
-                                                                          "right", "right", "right"]
+    assert episode.info["invalid_moves"] == 1 and episode.info["path"] == [
+        "up",
+        "down",
+        "down",
+        "down",
+        "right",
+        "right",
+        "right",
+    ]
 
 
 def test_frozenlake_turn_limit_and_its_param():
@@ -173,8 +200,12 @@ def test_frozenlake_reward_reads_the_env_outcome_and_replays_a_single_reply():
     [task] = tasks_from_rows(load_card("frozenlake"), [row])
     score = get_reward("frozenlake")
     # The env's outcome wins over what the text says (an episode the env played).
-    told = Episode(task.id, [Turn("", "<answer>right</answer>")], "reached_goal",
-                   {"reached_goal": True, "fell_in_hole": False, "path": ["down"] * 3 + ["right"] * 3})
+    told = Episode(
+        task.id,
+        [Turn("", "<answer>right</answer>")],
+        "reached_goal",
+        {"reached_goal": True, "fell_in_hole": False, "path": ["down"] * 3 + ["right"] * 3},
+    )
     assert score(task, told).correct
     # Without env info (one reply scored alone) the moves are replayed on the task's map.
     replayed = score(task, Episode(task.id, [Turn("", f"<answer>{row['answer']}</answer>")]))
@@ -219,8 +250,11 @@ def test_hotpotqa_search_scripted_agent(tmp_path, key):
 
 
 def test_search_ranks_title_matches_then_word_overlap():
-    paras = [("Kell River", "A short river."), ("Varrow", "A town. The Dellen River flows through Varrow."),
-             ("Glasswork Museum of Varrow", "A museum in Varrow.")]
+    paras = [
+        ("Kell River", "A short river."),
+        ("Varrow", "A town. The Dellen River flows through Varrow."),
+        ("Glasswork Museum of Varrow", "A museum in Varrow."),
+    ]
     assert [t for t, _ in rank_paragraphs("Varrow", paras)] == ["Varrow", "Glasswork Museum of Varrow"]
     assert [t for t, _ in rank_paragraphs("the museum of glass", paras)][0] == "Glasswork Museum of Varrow"
     assert [t for t, _ in rank_paragraphs("Dellen river", paras)] == ["Varrow", "Kell River"]
@@ -230,8 +264,15 @@ def test_search_ranks_title_matches_then_word_overlap():
 
 def test_hotpotqa_search_bad_calls_and_turn_limit():
     row = rows_of("hotpotqa_search")[0]
-    episode = one_episode("hotpotqa_search", row, ['<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>',
-                                                   "<tool_call>{oops}</tool_call>", "Answer: Dellen River"])
+    episode = one_episode(
+        "hotpotqa_search",
+        row,
+        [
+            '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>',
+            "<tool_call>{oops}</tool_call>",
+            "Answer: Dellen River",
+        ],
+    )
     assert "error: bad arguments for search" in episode.turns[0].observation[0]["content"]
     assert "not valid JSON" in episode.turns[1].observation[0]["content"]
     assert episode.end_reason == "answered" and episode.info == {"tool_calls": 2, "tool_errors": 2}
@@ -242,15 +283,21 @@ def test_hotpotqa_search_bad_calls_and_turn_limit():
 # FinQA with table_lookup --------------------------------------------------------------------
 
 FINQA_SCRIPTS = {
-    "change in revenue": [tool_call("table_lookup", row="Revenue", column="2019")
-                          + tool_call("table_lookup", row="revenue", column="2018"),
-                          tool_call("calculator", expression="5829 - 5735")],
-    "percentage change in operating": [tool_call("table_lookup", row="operating income", column="2019"),
-                                       tool_call("table_lookup", row="operating income", column="2018"),
-                                       tool_call("calculator", expression="(1210 - 1102) / 1102")],
-    "total number of shares": [tool_call("table_lookup", row="Q1", column="shares purchased")
-                               + tool_call("table_lookup", row="q2", column="shares"),
-                               tool_call("calculator", expression="1200 + 800")],
+    "change in revenue": [
+        tool_call("table_lookup", row="Revenue", column="2019")
+        + tool_call("table_lookup", row="revenue", column="2018"),
+        tool_call("calculator", expression="5829 - 5735"),
+    ],
+    "percentage change in operating": [
+        tool_call("table_lookup", row="operating income", column="2019"),
+        tool_call("table_lookup", row="operating income", column="2018"),
+        tool_call("calculator", expression="(1210 - 1102) / 1102"),
+    ],
+    "total number of shares": [
+        tool_call("table_lookup", row="Q1", column="shares purchased")
+        + tool_call("table_lookup", row="q2", column="shares"),
+        tool_call("calculator", expression="1200 + 800"),
+    ],
 }
 
 
@@ -264,8 +311,10 @@ def test_finqa_tools_scripted_agent(tmp_path, key):
     first = next(s for s in samples if "change in revenue" in s["prompt"][-1]["content"])
     assert "5829" not in first["prompt"][-1]["content"]  # the values are hidden; the labels are shown
     assert "Table row labels: revenue; operating income" in first["prompt"][-1]["content"]
-    looked_up = "\n".join(f"<tool_response>\nrevenue / {year}: $ {value}\n</tool_response>"
-                          for year, value in [("2019", 5829), ("2018", 5735)])
+    looked_up = "\n".join(
+        f"<tool_response>\nrevenue / {year}: $ {value}\n</tool_response>"
+        for year, value in [("2019", 5829), ("2018", 5735)]
+    )
     assert first["turns"][0]["observation"][0]["content"] == looked_up
     assert first["turns"][1]["observation"][0]["content"] == "<tool_response>\n94\n</tool_response>"
 
@@ -281,10 +330,15 @@ def test_table_lookup_matches_labels_loosely_and_says_what_exists():
 
 def test_finqa_tools_bad_lookup_is_an_error_observation_and_turns_run_out():
     row = rows_of("finqa_tools")[0]
-    episode = one_episode("finqa_tools", row, [tool_call("table_lookup", row="cash", column="2019"),
-                                               tool_call("table_lookup", row="revenue"), "Answer: 94"])
-    assert "error: ValueError: no row 'cash'; rows: revenue; operating income" in \
-        episode.turns[0].observation[0]["content"]
+    episode = one_episode(
+        "finqa_tools",
+        row,
+        [tool_call("table_lookup", row="cash", column="2019"), tool_call("table_lookup", row="revenue"), "Answer: 94"],
+    )
+    assert (
+        "error: ValueError: no row 'cash'; rows: revenue; operating income"
+        in episode.turns[0].observation[0]["content"]
+    )
     assert "error: bad arguments for table_lookup" in episode.turns[1].observation[0]["content"]
     assert episode.end_reason == "answered" and episode.info == {"tool_calls": 2, "tool_errors": 2}
     looping = one_episode("finqa_tools", row, [tool_call("calculator", expression="1 + 1")])
@@ -294,11 +348,14 @@ def test_finqa_tools_bad_lookup_is_an_error_observation_and_turns_run_out():
 # Countdown, solver then judge ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("solver, judge, correct, solver_correct, fixed", [
-    ("<answer>(8 + 9) + 81</answer>", "Verdict: incorrect\n<answer>(8 * 9) + 81</answer>", True, 0, 1),
-    ("<answer>(8 * 9) + 81</answer>", "Verdict: correct\n<answer>(8 * 9) + 81</answer>", True, 1, 0),
-    ("<answer>(8 * 9) + 81</answer>", "Verdict: incorrect\n<answer>(8 + 9) + 81</answer>", False, 1, 0),
-])
+@pytest.mark.parametrize(
+    "solver, judge, correct, solver_correct, fixed",
+    [
+        ("<answer>(8 + 9) + 81</answer>", "Verdict: incorrect\n<answer>(8 * 9) + 81</answer>", True, 0, 1),
+        ("<answer>(8 * 9) + 81</answer>", "Verdict: correct\n<answer>(8 * 9) + 81</answer>", True, 1, 0),
+        ("<answer>(8 * 9) + 81</answer>", "Verdict: incorrect\n<answer>(8 + 9) + 81</answer>", False, 1, 0),
+    ],
+)
 def test_solver_judge_scores_the_judges_final_answer(tmp_path, solver, judge, correct, solver_correct, fixed):
     row = rows_of("countdown_solver_judge")[1]
     agent = ScriptedAgent(by_question({row["question"]: [solver, judge]}))
@@ -327,8 +384,7 @@ def test_solver_judge_untagged_proposal_and_missing_verdict():
     row = rows_of("countdown_solver_judge")[0]
     episode = one_episode("countdown_solver_judge", row, ["Maybe this:\n58 + 59 - 46", "Looks fine to me."])
     assert "Proposal: Maybe this:\n58 + 59 - 46" in episode.turns[0].observation[0]["content"]
-    assert episode.end_reason == "judged" and episode.info == {"proposal": "Maybe this:\n58 + 59 - 46",
-                                                               "verdict": None}
+    assert episode.end_reason == "judged" and episode.info == {"proposal": "Maybe this:\n58 + 59 - 46", "verdict": None}
     [task] = tasks_from_rows(load_card("countdown_solver_judge"), [row])
     score = get_reward("solver_judge", {"reward": "countdown"})(task, episode)
     assert not score.correct and score.details["solver_correct"] == 1  # the judge dropped a right answer
@@ -342,8 +398,7 @@ def test_offline_agent_cards_run_on_the_tiny_model(card_name, tiny_model, tmp_pa
     from arlecli.engine.hf import HFEngine
 
     engine = HFEngine(str(tiny_model), batch_size=4)
-    result = run_eval(load_card(card_name), engine, EvalOptions(limit=2, max_tokens=8), model="tiny",
-                      run_dir=tmp_path)
+    result = run_eval(load_card(card_name), engine, EvalOptions(limit=2, max_tokens=8), model="tiny", run_dir=tmp_path)
     assert result["n_tasks"] == 2
     samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2

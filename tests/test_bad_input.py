@@ -21,8 +21,13 @@ from helpers.cli import arle, assert_one_line_error, snapshot
 from helpers.fake_openai import FakeOpenAIServer
 
 GSM_ROWS = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(4)]
-HUMANEVAL_ROW = {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
-                 "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
+HUMANEVAL_ROW = {
+    "task_id": "HumanEval/0",
+    "prompt": "def f():\n",
+    "canonical_solution": "    return 1\n",
+    "test": "def check(c):\n    assert c() == 1\n",
+    "entry_point": "f",
+}
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
@@ -65,13 +70,17 @@ def finished_run(gsm, tmp_path: Path) -> tuple[Path, Path]:
 # --rows files
 
 
-@pytest.mark.parametrize("name, content, shown", [
-    ("rows.jsonl", "null\n", "is null"),
-    ("rows.jsonl", json.dumps(GSM_ROWS[0]) + '\n"just text"\n', "row 2 of rows.jsonl is a string"),
-    ("rows.jsonl", "3\n", "is a number (3)"),
-    ("rows.json", "[[1, 2]]", "is a list ([1, 2])"),
-    ("rows.json", '{"rows": [null]}', "is null"),
-], ids=["null", "string", "number", "list", "json-rows-null"])
+@pytest.mark.parametrize(
+    "name, content, shown",
+    [
+        ("rows.jsonl", "null\n", "is null"),
+        ("rows.jsonl", json.dumps(GSM_ROWS[0]) + '\n"just text"\n', "row 2 of rows.jsonl is a string"),
+        ("rows.jsonl", "3\n", "is a number (3)"),
+        ("rows.json", "[[1, 2]]", "is a list ([1, 2])"),
+        ("rows.json", '{"rows": [null]}', "is null"),
+    ],
+    ids=["null", "string", "number", "list", "json-rows-null"],
+)
 def test_data_rows_that_are_scalars_or_null(gsm, tmp_path, name, content, shown):
     (tmp_path / name).write_text(content)
     proc = gsm("--rows", name, "--output", "run")
@@ -116,10 +125,15 @@ def test_rows_missing_the_id(server, tmp_path):
     rows = [{**HUMANEVAL_ROW, "task_id": f"HumanEval/{i}"} for i in range(2)]
     rows.append({k: v for k, v in HUMANEVAL_ROW.items() if k != "task_id"})
     write_jsonl(tmp_path / "rows.jsonl", rows)
-    proc = arle("eval", "humaneval", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
-                cwd=tmp_path)
-    assert_one_line_error(proc, "field 'fields.id': column 'task_id' is not in the rows of rows.jsonl",
-                          "row 3", "fix the card or give rows")
+    proc = arle(
+        "eval", "humaneval", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run", cwd=tmp_path
+    )
+    assert_one_line_error(
+        proc,
+        "field 'fields.id': column 'task_id' is not in the rows of rows.jsonl",
+        "row 3",
+        "fix the card or give rows",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -129,10 +143,12 @@ def test_rows_missing_a_field_the_reward_needs_are_refused_before_generation(ser
     del rows[2]["test"]
     write_jsonl(tmp_path / "rows.jsonl", rows)
     before = len(server.bodies())
-    proc = arle("eval", "humaneval", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
-                cwd=tmp_path)
-    assert_one_line_error(proc, "task 'HumanEval/2' of rows.jsonl has no field 'test'", "reward 'code_tests'",
-                          "param test_field")
+    proc = arle(
+        "eval", "humaneval", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run", cwd=tmp_path
+    )
+    assert_one_line_error(
+        proc, "task 'HumanEval/2' of rows.jsonl has no field 'test'", "reward 'code_tests'", "param test_field"
+    )
     assert len(server.bodies()) == before, "no sample may be generated before the rows are checked"
     assert not (tmp_path / "run").exists()
 
@@ -171,14 +187,21 @@ def test_each_rewards_declared_fields_name_real_params_of_it():
 def test_a_countdown_row_without_numbers_is_refused_before_generation(server, tmp_path):
     # Scoring reads `numbers` (or a reasoning-gym `metadata` holding them): without either the
     # reward would fail at scoring, after every sample was generated.
-    rows = [{"question": "Make 10 from 2 3 5", "numbers": [2, 3, 5], "target": 10},
-            {"question": "Make 24 from 1 2 3 4", "target": 24}]
+    rows = [
+        {"question": "Make 10 from 2 3 5", "numbers": [2, 3, 5], "target": 10},
+        {"question": "Make 24 from 1 2 3 4", "target": 24},
+    ]
     write_jsonl(tmp_path / "rows.jsonl", rows)
     before = len(server.bodies())
-    proc = arle("eval", "countdown", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run",
-                cwd=tmp_path)
-    assert_one_line_error(proc, "task '1' of rows.jsonl has no field 'numbers' or 'metadata'",
-                          "reward 'countdown' needs", "give rows with that column")
+    proc = arle(
+        "eval", "countdown", "--rows", "rows.jsonl", "--base-url", server.base_url, "--output", "run", cwd=tmp_path
+    )
+    assert_one_line_error(
+        proc,
+        "task '1' of rows.jsonl has no field 'numbers' or 'metadata'",
+        "reward 'countdown' needs",
+        "give rows with that column",
+    )
     assert len(server.bodies()) == before, "no sample may be generated before the rows are checked"
     assert not (tmp_path / "run").exists()
 
@@ -187,15 +210,23 @@ def test_a_countdown_row_without_numbers_is_refused_before_generation(server, tm
 # Cards
 
 BASE_CARD: dict[str, Any] = {
-    "name": "mine", "category": "math", "source": {"kind": "files", "path": "rows.jsonl"},
+    "name": "mine",
+    "category": "math",
+    "source": {"kind": "files", "path": "rows.jsonl"},
     "fields": {"input": "question", "target": "answer"},
-    "prompt": {"format": "completion", "template": "Question: {input}\nAnswer:", "stop": ["Question:"],
-               "max_tokens": 32},
+    "prompt": {
+        "format": "completion",
+        "template": "Question: {input}\nAnswer:",
+        "stop": ["Question:"],
+        "max_tokens": 32,
+    },
     "reward": {"name": "gsm8k"},
 }
 CODE_REWARD = {"name": "code_tests", "params": {"timeout_s": 10}}
 GENERATOR_CARD: dict[str, Any] = {
-    **BASE_CARD, "category": "procedural", "reward": {"name": "countdown"},
+    **BASE_CARD,
+    "category": "procedural",
+    "reward": {"name": "countdown"},
     "source": {"kind": "generator", "path": "countdown", "splits": {"test": {"seed": 1, "size": 5}}},
 }
 
@@ -221,27 +252,45 @@ CARD_CASES = {
     "max-tokens-text": ({"prompt.max_tokens": "many"}, "'prompt.max_tokens': must be int, got str"),
     "max-tokens-bool": ({"prompt.max_tokens": True}, "'prompt.max_tokens': must be int, got bool"),
     "fewshot-negative": ({"prompt.fewshot": {"split": "train", "n": -2}}, "'prompt.fewshot.n': must be 0 or more"),
-    "size-text": ({"source.splits.test.size": "ten"},
-                  "'source.splits.test.size': must be a whole number, got str ('ten')"),
+    "size-text": (
+        {"source.splits.test.size": "ten"},
+        "'source.splits.test.size': must be a whole number, got str ('ten')",
+    ),
     "size-float": ({"source.splits.test.size": 2.5}, "'source.splits.test.size': must be a whole number, got float"),
     "size-zero": ({"source.splits.test.size": 0}, "'source.splits.test.size': must be at least 1"),
     "seed-missing": ({"source.splits.test": {"size": 5}}, "'source.splits.test': a generator split needs {seed, size}"),
-    "timeout-negative": ({"reward": {**CODE_REWARD, "params": {"timeout_s": -1}}},
-                         "'reward.params.timeout_s': must not be negative, got -1"),
-    "timeout-zero": ({"reward": {**CODE_REWARD, "params": {"timeout_s": 0}}},
-                     "'reward.params.timeout_s': must be greater than 0"),
-    "param-text": ({"reward": {**CODE_REWARD, "params": {"timeout_s": "ten"}}},
-                   "'reward.params.timeout_s': must be a number, got str ('ten')"),
-    "param-bool-not-number": ({"reward": {**CODE_REWARD, "params": {"memory_mb": True}}},
-                              "'reward.params.memory_mb': must be a whole number, got bool"),
-    "param-number-not-bool": ({"reward": {**CODE_REWARD, "params": {"call_check": 1}}},
-                              "'reward.params.call_check': must be true or false, got int (1)"),
-    "param-list-of-numbers": ({"reward": {"name": "code_io", "params": {"tests_fields": [1]}}},
-                              "'reward.params.tests_fields': must be a string or a list of strings"),
-    "param-unknown": ({"reward": {**CODE_REWARD, "params": {"timout_s": 10}}},
-                      "'reward.params.timout_s': is not a param of reward 'code_tests'; did you mean 'timeout_s'?"),
-    "param-number-not-str": ({"reward": {"name": "gsm8k", "params": {"primary": 3}}},
-                                  "'reward.params.primary': must be a string, got int (3)"),
+    "timeout-negative": (
+        {"reward": {**CODE_REWARD, "params": {"timeout_s": -1}}},
+        "'reward.params.timeout_s': must not be negative, got -1",
+    ),
+    "timeout-zero": (
+        {"reward": {**CODE_REWARD, "params": {"timeout_s": 0}}},
+        "'reward.params.timeout_s': must be greater than 0",
+    ),
+    "param-text": (
+        {"reward": {**CODE_REWARD, "params": {"timeout_s": "ten"}}},
+        "'reward.params.timeout_s': must be a number, got str ('ten')",
+    ),
+    "param-bool-not-number": (
+        {"reward": {**CODE_REWARD, "params": {"memory_mb": True}}},
+        "'reward.params.memory_mb': must be a whole number, got bool",
+    ),
+    "param-number-not-bool": (
+        {"reward": {**CODE_REWARD, "params": {"call_check": 1}}},
+        "'reward.params.call_check': must be true or false, got int (1)",
+    ),
+    "param-list-of-numbers": (
+        {"reward": {"name": "code_io", "params": {"tests_fields": [1]}}},
+        "'reward.params.tests_fields': must be a string or a list of strings",
+    ),
+    "param-unknown": (
+        {"reward": {**CODE_REWARD, "params": {"timout_s": 10}}},
+        "'reward.params.timout_s': is not a param of reward 'code_tests'; did you mean 'timeout_s'?",
+    ),
+    "param-number-not-str": (
+        {"reward": {"name": "gsm8k", "params": {"primary": 3}}},
+        "'reward.params.primary': must be a string, got int (3)",
+    ),
 }
 
 
@@ -277,8 +326,9 @@ def test_a_broken_card_breaks_only_itself_in_bench_list(isolated_home, tmp_path)
     assert "must be at least 1" in entries["mine"]["broken"] and "broken" not in entries["good"]
     assert entries["gsm8k"]["category"] == "math"
     # Running the broken card itself is the usual one-line error.
-    assert_one_line_error(arle("eval", "mine", "--base-url", "http://127.0.0.1:9/v1", cwd=tmp_path),
-                          "field 'prompt.max_tokens'")
+    assert_one_line_error(
+        arle("eval", "mine", "--base-url", "http://127.0.0.1:9/v1", cwd=tmp_path), "field 'prompt.max_tokens'"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,9 +374,11 @@ def test_output_in_a_read_only_folder(gsm, tmp_path):
 # --resume: the run directory is left byte for byte as it was
 
 
-@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{not json", "", '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}",
-                                     b'{"model": "\xff"}'],
-                         ids=["list", "string", "broken", "empty", "20k-deep", "not-utf8"])
+@pytest.mark.parametrize(
+    "content",
+    ["[1, 2]", '"text"', "{not json", "", '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}", b'{"model": "\xff"}'],
+    ids=["list", "string", "broken", "empty", "20k-deep", "not-utf8"],
+)
 def test_resume_with_a_meta_json_that_is_not_an_object(gsm, finished_run, content):
     run, data = finished_run
     (run / "meta.json").write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -348,8 +400,11 @@ def test_resume_on_a_directory_that_never_held_a_run(gsm, tmp_path):
     assert snapshot(stray) == before and proc.requests == 0
 
 
-@pytest.mark.parametrize("bad_line", ["{not json", "", "[1, 2]", '{"id": "x"}', "\udcff"],
-                         ids=["broken-json", "blank", "not-an-object", "not-a-sample", "bad-utf8"])
+@pytest.mark.parametrize(
+    "bad_line",
+    ["{not json", "", "[1, 2]", '{"id": "x"}', "\udcff"],
+    ids=["broken-json", "blank", "not-an-object", "not-a-sample", "bad-utf8"],
+)
 def test_resume_with_a_corrupt_line_in_the_middle_of_samples(gsm, finished_run, bad_line):
     run, data = finished_run
     samples = run / "samples.jsonl"
@@ -383,8 +438,12 @@ def test_resume_compares_the_content_of_data_not_only_its_path(gsm, finished_run
     write_jsonl(data, [*GSM_ROWS[:3], {"question": "What is 9 plus 9?", "answer": "#### 18"}])  # same path
     before = snapshot(run)
     proc = gsm("--rows", str(data), "--output", str(run), "--resume")
-    assert_one_line_error(proc, f"cannot resume {run}: settings differ", "data_hash: ",
-                          "rerun with the original settings or use a new --output")
+    assert_one_line_error(
+        proc,
+        f"cannot resume {run}: settings differ",
+        "data_hash: ",
+        "rerun with the original settings or use a new --output",
+    )
     assert snapshot(run) == before and proc.requests == 0
 
     write_jsonl(data, GSM_ROWS)  # the original content again: the resume goes ahead
@@ -407,8 +466,7 @@ def test_resume_of_an_output_that_never_ran(gsm, tmp_path):
     # A typo in --output with --resume must not quietly start a fresh run somewhere else.
     data = write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
     proc = gsm("--rows", str(data), "--output", "runz", "--resume")
-    assert_one_line_error(proc, "cannot resume runz: no such directory", "check the --output path",
-                          "drop --resume")
+    assert_one_line_error(proc, "cannot resume runz: no such directory", "check the --output path", "drop --resume")
     assert proc.requests == 0 and not (tmp_path / "runz").exists()
     (tmp_path / "empty").mkdir()
     proc = gsm("--rows", str(data), "--output", "empty", "--resume")
@@ -426,8 +484,11 @@ def test_train_resume_of_an_output_that_never_ran(tmp_path):
 # YAML and JSON that would expand, nest or decode past what a reader can hold
 
 # A "billion laughs": 9 levels of 9 aliases each, ~387 M strings once expanded.
-ALIAS_BOMB = "[" + ", ".join(
-    [f"&a0 [{', '.join(['lol'] * 9)}]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]) + "]"
+ALIAS_BOMB = (
+    "["
+    + ", ".join([f"&a0 [{', '.join(['lol'] * 9)}]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)])
+    + "]"
+)
 DEEP_YAML = "[" * 20_000 + "]" * 20_000
 
 
@@ -437,9 +498,11 @@ def _card_text(description: str) -> str:
 
 
 @pytest.mark.parametrize("command", [["bench", "show"], ["eval"]], ids=["bench-show", "eval"])
-@pytest.mark.parametrize("description, shown", [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"),
-                                                (DEEP_YAML, "nested more than 200 deep")],
-                         ids=["alias-bomb", "20k-deep"])
+@pytest.mark.parametrize(
+    "description, shown",
+    [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"), (DEEP_YAML, "nested more than 200 deep")],
+    ids=["alias-bomb", "20k-deep"],
+)
 def test_a_card_that_would_expand_or_nest_without_end(tmp_path, command, description, shown):
     card = tmp_path / "mine.yaml"
     card.write_text(_card_text(description))
@@ -457,14 +520,16 @@ def test_a_card_that_is_not_utf8(tmp_path):
     assert_one_line_error(proc, f"card {card} is not UTF-8 text (byte ", "save it as UTF-8")
 
 
-@pytest.mark.parametrize("base_url, shown", [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"),
-                                             (DEEP_YAML, "nested more than 200 deep")], ids=["alias-bomb", "20k-deep"])
+@pytest.mark.parametrize(
+    "base_url, shown",
+    [(ALIAS_BOMB, "YAML aliases (*name) are not accepted here"), (DEEP_YAML, "nested more than 200 deep")],
+    ids=["alias-bomb", "20k-deep"],
+)
 def test_a_profile_that_would_expand_or_nest_without_end(gsm, isolated_home, tmp_path, base_url, shown):
     profiles = isolated_home / "models.yaml"
     profiles.write_text(f"default: mine\nprofiles:\n  mine:\n    backend: openai\n    base_url: {base_url}\n")
     write_jsonl(tmp_path / "rows.jsonl", GSM_ROWS)
-    proc = arle("eval", "gsm8k", "--model", "mine", "--rows", "rows.jsonl", "--output", "run", cwd=tmp_path,
-                timeout=60)
+    proc = arle("eval", "gsm8k", "--model", "mine", "--rows", "rows.jsonl", "--output", "run", cwd=tmp_path, timeout=60)
     line = assert_one_line_error(proc, f"{profiles}: not valid YAML (line 5; {shown}", "fix the file or delete it")
     assert len(line) < 300 and not (tmp_path / "run").exists()
     assert_one_line_error(arle("model", "list", cwd=tmp_path, timeout=60), f"{profiles}: not valid YAML")
@@ -487,14 +552,24 @@ def test_a_recipe_with_an_alias_bomb(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("name, content, shown", [
-    ("rows.jsonl", json.dumps(GSM_ROWS[0]) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n",
-     "rows.jsonl: line 2 is not valid JSON (JSON nested more than 200 deep); fix or remove that line"),
-    ("rows.json", '{"rows": ' + "[" * 100_000 + "]" * 100_000 + "}",
-     "cannot read rows.json: JSON nested more than 200 deep; repair or replace the file"),
-    ("rows.jsonl", b'{"question": "caf\xe9", "answer": "#### 1"}\n', "data file rows.jsonl is not UTF-8 text"),
-    ("rows.json", b'[{"question": "caf\xe9", "answer": "#### 1"}]', "data file rows.json is not UTF-8 text"),
-], ids=["jsonl-100k-deep", "json-100k-deep", "jsonl-not-utf8", "json-not-utf8"])
+@pytest.mark.parametrize(
+    "name, content, shown",
+    [
+        (
+            "rows.jsonl",
+            json.dumps(GSM_ROWS[0]) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n",
+            "rows.jsonl: line 2 is not valid JSON (JSON nested more than 200 deep); fix or remove that line",
+        ),
+        (
+            "rows.json",
+            '{"rows": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "cannot read rows.json: JSON nested more than 200 deep; repair or replace the file",
+        ),
+        ("rows.jsonl", b'{"question": "caf\xe9", "answer": "#### 1"}\n', "data file rows.jsonl is not UTF-8 text"),
+        ("rows.json", b'[{"question": "caf\xe9", "answer": "#### 1"}]', "data file rows.json is not UTF-8 text"),
+    ],
+    ids=["jsonl-100k-deep", "json-100k-deep", "jsonl-not-utf8", "json-not-utf8"],
+)
 def test_data_that_nests_without_end_or_is_not_utf8(gsm, tmp_path, name, content, shown):
     (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     proc = gsm("--rows", name, "--output", "run")
@@ -566,6 +641,7 @@ def test_score_samples_lets_interrupts_and_user_errors_through():
     def raising(exc: BaseException):
         def fn(task, episode):
             raise exc
+
         return fn
 
     with pytest.raises(KeyboardInterrupt):  # Ctrl-C still stops the run
@@ -583,6 +659,7 @@ def test_score_samples_lets_interrupts_and_user_errors_through():
             if task.id == "b":
                 raise ValueError("bad b")
             from arlecli.types import Score
+
             return Score(1.0, True)
 
     scores = score_samples(Batched(), tasks, episodes)

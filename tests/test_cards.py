@@ -9,8 +9,12 @@ from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.errors import UserError
 from arlecli.registry import card_paths, load_card, load_card_file, resolve_references
 
-MINIMAL = {"name": "mini", "category": "math", "source": {"kind": "files", "path": "rows.jsonl"},
-           "reward": {"name": "gsm8k"}}
+MINIMAL = {
+    "name": "mini",
+    "category": "math",
+    "source": {"kind": "files", "path": "rows.jsonl"},
+    "reward": {"name": "gsm8k"},
+}
 
 
 def test_foundation_cards_are_registered():
@@ -24,13 +28,16 @@ def test_missing_required_field_names_file_and_field(tmp_path):
         load_card_file(path)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"category": "maths"}, "'category': 'maths' is not one of"),
-    ({"source": {"kind": "ftp", "path": "x"}}, "'source.kind': 'ftp' is not one of"),
-    ({"promt": {}}, "'promt': is not a card field; did you mean 'prompt'"),
-    ({"prompt": {"max_tokens": "many"}}, "'prompt.max_tokens': must be int"),
-    ({"prompt": {"fewshot": {"n": 3}}}, "'prompt.fewshot.split': is missing"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"category": "maths"}, "'category': 'maths' is not one of"),
+        ({"source": {"kind": "ftp", "path": "x"}}, "'source.kind': 'ftp' is not one of"),
+        ({"promt": {}}, "'promt': is not a card field; did you mean 'prompt'"),
+        ({"prompt": {"max_tokens": "many"}}, "'prompt.max_tokens': must be int"),
+        ({"prompt": {"fewshot": {"n": 3}}}, "'prompt.fewshot.split': is missing"),
+    ],
+)
 def test_invalid_values_name_the_field(change, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
         parse_card({**MINIMAL, **change}, "card.yaml")
@@ -46,7 +53,8 @@ def test_user_dir_card_shadows_packaged_and_paths_load(isolated_home, tmp_path):
     user_dir = isolated_home / "benchmarks"
     user_dir.mkdir()
     (user_dir / "gsm8k.yaml").write_text(
-        "name: gsm8k\ncategory: math\ndescription: mine\nsource: {kind: files, path: rows.jsonl}\nreward: gsm8k\n")
+        "name: gsm8k\ncategory: math\ndescription: mine\nsource: {kind: files, path: rows.jsonl}\nreward: gsm8k\n"
+    )
     assert load_card("gsm8k").description == "mine"
     other = tmp_path / "elsewhere.yaml"
     other.write_text("name: elsewhere\ncategory: math\nsource: {kind: files, path: r.jsonl}\nreward: gsm8k\n")
@@ -58,7 +66,8 @@ def test_entry_point_cards_are_found(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "mybench.yaml").write_text(
-        "name: mybench\ncategory: qa\nsource: {kind: files, path: r.jsonl}\nreward: gsm8k\n")
+        "name: mybench\ncategory: qa\nsource: {kind: files, path: r.jsonl}\nreward: gsm8k\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
 
     class EP:
@@ -89,13 +98,20 @@ def test_mmlu_fixture_maps_answers_to_letters():
 
 
 def test_a_transform_may_split_one_record_into_several_tasks(tmp_path):
-    card = parse_card({**MINIMAL, "transform": "test_cards:explode_questions",
-                       "fields": {"input": "q", "target": "a"}}, tmp_path / "card.yaml")
-    rows = [{"table": "t1", "questions": [{"q": "x?", "a": "1"}, {"q": "y?", "a": "2"}]},
-            {"table": "t2", "questions": [{"q": "z?", "a": "3", "id": "uid-z"}]}]
+    card = parse_card(
+        {**MINIMAL, "transform": "test_cards:explode_questions", "fields": {"input": "q", "target": "a"}},
+        tmp_path / "card.yaml",
+    )
+    rows = [
+        {"table": "t1", "questions": [{"q": "x?", "a": "1"}, {"q": "y?", "a": "2"}]},
+        {"table": "t2", "questions": [{"q": "z?", "a": "3", "id": "uid-z"}]},
+    ]
     tasks = tasks_from_rows(card, rows)
-    assert [(t.id, t.input, t.fields["table"]) for t in tasks] == [("0-0", "x?", "t1"), ("0-1", "y?", "t1"),
-                                                                  ("uid-z", "z?", "t2")]
+    assert [(t.id, t.input, t.fields["table"]) for t in tasks] == [
+        ("0-0", "x?", "t1"),
+        ("0-1", "y?", "t1"),
+        ("uid-z", "z?", "t2"),
+    ]
 
 
 def explode_questions(row):

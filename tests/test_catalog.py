@@ -73,9 +73,15 @@ def test_reference_answers_score_correct_and_wrong_answers_do_not(card: Card, re
         prompt = render_prompt(card.prompt, task)
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         assert task.input and task.input in text, f"{card.name}/{task.id}: the prompt lost the input"
-        right, wrong = (score(task, played(card, task, answer[key]) if isinstance(answer[key], list)
-                              else Episode(task.id, [Turn(prompt=prompt, completion=answer[key])]))
-                        for key in ("correct", "wrong"))
+        right, wrong = (
+            score(
+                task,
+                played(card, task, answer[key])
+                if isinstance(answer[key], list)
+                else Episode(task.id, [Turn(prompt=prompt, completion=answer[key])]),
+            )
+            for key in ("correct", "wrong")
+        )
         assert right.correct and right.reward > 0, f"{card.name}/{task.id}: reference scored {right}"
         assert not wrong.correct, f"{card.name}/{task.id}: wrong answer scored {wrong}"
         for metric in card.metrics:

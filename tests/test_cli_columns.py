@@ -34,8 +34,10 @@ RUN_A, RUN_B = "runs/gsm8k-SmolLM2-135M-Instruct-20261202-030405", "runs/gsm8k-S
 ROWS = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(12)]
 # Styling Rich writes on a terminal, and the cursor/erase sequences of a live display.
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-TYPE_TOKENS = re.compile(r"<(?:str|int|float|bool|path|text|list\[\w+\])(?: range)?>|\[x[<>]=|\{[a-z_]+\}|"
-                         r"\b(?:TEXT|INTEGER|FLOAT|BOOLEAN|PATH)\b")
+TYPE_TOKENS = re.compile(
+    r"<(?:str|int|float|bool|path|text|list\[\w+\])(?: range)?>|\[x[<>]=|\{[a-z_]+\}|"
+    r"\b(?:TEXT|INTEGER|FLOAT|BOOLEAN|PATH)\b"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +67,9 @@ def arle_on_a_terminal(*args: str, cwd: Path) -> str:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, WIDTH, 0, 0))
     env = {**env80(), "TERM": "xterm-256color"}
-    proc = subprocess.Popen([*ARLE, *args], stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            close_fds=True)
+    proc = subprocess.Popen(
+        [*ARLE, *args], stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env, cwd=cwd, close_fds=True
+    )
     os.close(slave)
     out = read_pty(master, proc)
     stderr = proc.stderr.read().decode() if proc.stderr else ""
@@ -104,11 +107,28 @@ def project(tmp_path_factory) -> Iterator[tuple[Path, str, str]]:
             question = json.dumps(body)
             n = next(i for i in range(len(ROWS) - 1, -1, -1) if f"What is {i} plus" in question)
             return f"The answer is #### {n + 1}" if n < right else "#### 0"
+
         return respond
 
     def args(srv: FakeOpenAIServer, run: str) -> list[str]:
-        return ["eval", "gsm8k", "--base-url", srv.base_url, "--model", MODEL, "--num-fewshot", "0", "--rows",
-                "rows.jsonl", "--price-input", "0.15", "--price-output", "0.6", "-o", run]
+        return [
+            "eval",
+            "gsm8k",
+            "--base-url",
+            srv.base_url,
+            "--model",
+            MODEL,
+            "--num-fewshot",
+            "0",
+            "--rows",
+            "rows.jsonl",
+            "--price-input",
+            "0.15",
+            "--price-output",
+            "0.6",
+            "-o",
+            run,
+        ]
 
     with FakeOpenAIServer(answer(6), model=MODEL) as srv:
         out = arle(*args(srv, RUN_A), cwd=root)
@@ -144,9 +164,28 @@ def test_compare_fits_80_columns_without_cutting_numbers(project) -> None:
     assert_fits(arle_on_a_terminal("compare", RUN_A, RUN_B, cwd=root), *pieces)
 
 
-COMMANDS = ["", "eval", "train", "serve", "compare", "report", "runs", "runs list", "runs show", "bench",
-            "bench list", "bench show", "model", "model setup", "model list", "model show", "model remove",
-            "model default", "data", "data from-eval"]
+COMMANDS = [
+    "",
+    "eval",
+    "train",
+    "serve",
+    "compare",
+    "report",
+    "runs",
+    "runs list",
+    "runs show",
+    "bench",
+    "bench list",
+    "bench show",
+    "model",
+    "model setup",
+    "model list",
+    "model show",
+    "model remove",
+    "model default",
+    "data",
+    "data from-eval",
+]
 
 
 def test_help_fits_80_columns_without_type_tokens(monkeypatch, capsys) -> None:
@@ -180,8 +219,11 @@ def test_help_on_an_80_column_terminal(tmp_path) -> None:
 def test_a_bad_option_value_is_one_error_line(monkeypatch, capsys) -> None:
     from arlecli.cli import main as cli
 
-    for args, needle in ((["eval", "gsm8k", "--limit", "0"], "--limit"), (["eval", "gsm8k", "--bogus"], "--bogus"),
-                         (["eval"], "BENCH")):
+    for args, needle in (
+        (["eval", "gsm8k", "--limit", "0"], "--limit"),
+        (["eval", "gsm8k", "--bogus"], "--bogus"),
+        (["eval"], "BENCH"),
+    ):
         monkeypatch.setattr(sys, "argv", ["arle", *args])
         with pytest.raises(SystemExit) as done:
             cli.main()

@@ -27,8 +27,9 @@ def test_frozenlake_prints_progress_within_2_s_and_every_10_s(tmp_path, tiny_mod
     # command, refused at its --model): 2 s is the budget of an idle machine, and a loaded one
     # (the rest of the suite beside it) stretches every start alike.
     before = time.monotonic()
-    refused = subprocess.run([*ARLE, "eval", "frozenlake", "--model", str(tmp_path / "no-such-model")],
-                             capture_output=True, timeout=120)
+    refused = subprocess.run(
+        [*ARLE, "eval", "frozenlake", "--model", str(tmp_path / "no-such-model")], capture_output=True, timeout=120
+    )
     start_cost = time.monotonic() - before
     assert refused.returncode == 2
     # The card's own 4x4 boards (12 turns each; the 6x6 ones take 20 turns of longer prompts).
@@ -36,9 +37,27 @@ def test_frozenlake_prints_progress_within_2_s_and_every_10_s(tmp_path, tiny_mod
     rows = [line for line in fixture.read_text().splitlines() if json.loads(line)["size"] == 4]
     (tmp_path / "rows.jsonl").write_text("\n".join(rows) + "\n")
     started = time.monotonic()
-    proc = subprocess.Popen([*ARLE, "eval", "frozenlake", "--limit", "2", "--rows", str(tmp_path / "rows.jsonl"),
-                             "--model", str(tiny_model), "--max-tokens", "2", "-o", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen(
+        [
+            *ARLE,
+            "eval",
+            "frozenlake",
+            "--limit",
+            "2",
+            "--rows",
+            str(tmp_path / "rows.jsonl"),
+            "--model",
+            str(tiny_model),
+            "--max-tokens",
+            "2",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
     lines: list[tuple[float, str]] = []
     # stdout (the summary) is read on the side, so neither pipe can fill up and block the other.
     out: list[str] = []
@@ -52,8 +71,9 @@ def test_frozenlake_prints_progress_within_2_s_and_every_10_s(tmp_path, tiny_mod
     shown = "\n".join(f"{t:6.1f}s {text}" for t, text in lines)
     progress = [(t, text) for t, text in lines if text.startswith("frozenlake: ")]
     assert progress, shown
-    assert progress[0][0] <= max(2.0, start_cost + 1.5), \
+    assert progress[0][0] <= max(2.0, start_cost + 1.5), (
         f"first progress line after {progress[0][0]:.1f} s (starting the CLI: {start_cost:.1f} s):\n{shown}"
+    )
     times = [t for t, _ in progress] + [ended]
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert max(gaps) <= 10.0, f"{max(gaps):.1f} s without a progress line:\n{shown}"
@@ -87,8 +107,14 @@ def test_an_unreachable_hub_is_one_line_within_10_s(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
     started = time.monotonic()
-    proc = subprocess.run([*ARLE, "eval", "gsm8k", "--model", "some-org/some-model", "--limit", "1"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [*ARLE, "eval", "gsm8k", "--model", "some-org/some-model", "--limit", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     took = time.monotonic() - started
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr

@@ -31,8 +31,9 @@ def test_roundtrip_default_and_file_mode(isolated_home: Path, tmp_path: Path) ->
     folder.mkdir()
     config.save_profile(ModelProfile(name="local", path=str(folder), backend="vllm"))
     config.save_profile(ModelProfile(name="hub", hub_id="Qwen/Qwen2.5-0.5B-Instruct"), make_default=True)
-    config.save_profile(ModelProfile(name="srv", base_url="http://localhost:8000/v1/", model="qwen",
-                                     api_key_env="MY_KEY"))
+    config.save_profile(
+        ModelProfile(name="srv", base_url="http://localhost:8000/v1/", model="qwen", api_key_env="MY_KEY")
+    )
 
     profiles = config.load_profiles()
     assert sorted(profiles) == ["hub", "local", "srv"]

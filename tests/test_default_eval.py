@@ -16,8 +16,14 @@ def test_eval_with_no_model_uses_the_embedded_smollm2_and_reports(smollm2_path, 
     (models / smollm2_path.name).symlink_to(smollm2_path, target_is_directory=True)
 
     def arle(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True, timeout=600,
-                              env=os.environ.copy(), cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-m", "arlecli", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=os.environ.copy(),
+            cwd=tmp_path,
+        )
 
     out = arle("eval", "one_digit_sums", "--limit", "20")
     assert out.returncode == 0, out.stderr

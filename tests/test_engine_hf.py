@@ -14,11 +14,18 @@ def engines(tiny_model):
 
 
 def _requests() -> list[GenerationRequest]:
-    reqs = [GenerationRequest(messages=[{"role": "user", "content": "count " * i}],
-                              params=SamplingParams(max_tokens=12, logprobs=True)) for i in range(1, 5)]
-    reqs += [GenerationRequest(prompt="def add(a, b):" * i,
-                               params=SamplingParams(max_tokens=12, temperature=0.9, seed=i, logprobs=True))
-             for i in range(1, 5)]
+    reqs = [
+        GenerationRequest(
+            messages=[{"role": "user", "content": "count " * i}], params=SamplingParams(max_tokens=12, logprobs=True)
+        )
+        for i in range(1, 5)
+    ]
+    reqs += [
+        GenerationRequest(
+            prompt="def add(a, b):" * i, params=SamplingParams(max_tokens=12, temperature=0.9, seed=i, logprobs=True)
+        )
+        for i in range(1, 5)
+    ]
     return reqs
 
 
@@ -37,10 +44,13 @@ def test_refilled_slots_give_the_same_samples(tiny_model, engines):
     refilled with waiting requests whose KV cache is merged into the running batch. Every
     sample (greedy and seeded) must still equal its batch-of-one run."""
     refilling = HFEngine(str(tiny_model), batch_size=4)
-    reqs = [GenerationRequest(prompt="def f(x):" * (1 + i % 5),
-                              params=SamplingParams(max_tokens=2 + (7 * i) % 13, temperature=0.8 * (i % 2),
-                                                    seed=i, logprobs=bool(i % 3)))
-            for i in range(14)]
+    reqs = [
+        GenerationRequest(
+            prompt="def f(x):" * (1 + i % 5),
+            params=SamplingParams(max_tokens=2 + (7 * i) % 13, temperature=0.8 * (i % 2), seed=i, logprobs=bool(i % 3)),
+        )
+        for i in range(14)
+    ]
     merged = dict(refilling.generate(reqs))
     alone = dict(engines[1].generate(reqs))
     assert sorted(merged) == list(range(14))
@@ -64,8 +74,10 @@ def test_token_budget_ids_and_logprobs(engines):
 
 def test_different_seeds_give_different_samples(engines):
     engine = engines[0]
-    reqs = [GenerationRequest(prompt="hello", params=SamplingParams(max_tokens=16, temperature=1.5, seed=s))
-            for s in range(6)]
+    reqs = [
+        GenerationRequest(prompt="hello", params=SamplingParams(max_tokens=16, temperature=1.5, seed=s))
+        for s in range(6)
+    ]
     texts = {c.token_ids.__repr__() for _, c in engine.generate(reqs)}
     assert len(texts) > 1
 
@@ -86,8 +98,11 @@ def test_eos_token_ends_generation(engines):
     eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
     engine.eos_ids.add(engine.tokenizer("\n")["input_ids"][0])  # make a common token end the row
     try:
-        out = dict(engine.generate([GenerationRequest(messages=[{"role": "user", "content": "hi"}],
-                                                      params=SamplingParams(max_tokens=30))]))[0]
+        out = dict(
+            engine.generate(
+                [GenerationRequest(messages=[{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=30))]
+            )
+        )[0]
     finally:
         engine.eos_ids.discard(engine.tokenizer("\n")["input_ids"][0])
     assert eos in engine.eos_ids
@@ -143,7 +158,7 @@ def test_packed_linear_rows_do_not_depend_on_the_batch():
         want = net(x)
         packed = pack_linears(net)
         assert len(packed) == 2
-        rows = [net(x[i:i + 1]) for i in range(16)]
+        rows = [net(x[i : i + 1]) for i in range(16)]
         full = net(x)
         unpack_linears(packed)
         assert torch.equal(net(x), want)
@@ -206,9 +221,12 @@ def test_mixed_length_prompts_are_prefilled_in_groups(engines, monkeypatch):
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(batched.model, "forward", spy)
-    reqs = [GenerationRequest(prompt="def f(x): return x" * n,
-                              params=SamplingParams(max_tokens=6, temperature=0.7 * (n % 2), seed=n))
-            for n in (12, 1, 7, 2, 12, 4, 1, 9)]
+    reqs = [
+        GenerationRequest(
+            prompt="def f(x): return x" * n, params=SamplingParams(max_tokens=6, temperature=0.7 * (n % 2), seed=n)
+        )
+        for n in (12, 1, 7, 2, 12, 4, 1, 9)
+    ]
     grouped = dict(batched.generate(reqs))
     monkeypatch.undo()
     assert len(prefills) >= 3  # one admission of 8 rows, prefilled as several groups

@@ -53,10 +53,14 @@ def _greedy(max_tokens: int, stop: list[str] | None = None) -> SamplingParams:
 
 
 def _requests(stop: str) -> list[GenerationRequest]:
-    chats = [GenerationRequest(messages=[{"role": "user", "content": text}], params=_greedy(n))
-             for text, n in [("count " * 3, 6), ("What is 12 plus 30?", 16), ("hi", 24)]]
-    raws = [GenerationRequest(prompt=text, params=_greedy(n, s))
-            for text, n, s in [("def add(a, b):", 4, None), ("x", 12, None), ("Question: What is 12 plus 30?", 20, [stop])]]
+    chats = [
+        GenerationRequest(messages=[{"role": "user", "content": text}], params=_greedy(n))
+        for text, n in [("count " * 3, 6), ("What is 12 plus 30?", 16), ("hi", 24)]
+    ]
+    raws = [
+        GenerationRequest(prompt=text, params=_greedy(n, s))
+        for text, n, s in [("def add(a, b):", 4, None), ("x", 12, None), ("Question: What is 12 plus 30?", 20, [stop])]
+    ]
     return chats + raws
 
 
@@ -114,8 +118,10 @@ def test_concurrent_generate_calls_each_get_their_own_completions(engines):
     from concurrent.futures import ThreadPoolExecutor
 
     vllm, _ = engines
-    batches = [[GenerationRequest(prompt=f"{word} " * k, params=_greedy(4 * k)) for k in range(1, 5)]
-               for word in ("count", "def", "What")]
+    batches = [
+        [GenerationRequest(prompt=f"{word} " * k, params=_greedy(4 * k)) for k in range(1, 5)]
+        for word in ("count", "def", "What")
+    ]
     alone = [{i: c.token_ids for i, c in vllm.generate(batch)} for batch in batches]
     with ThreadPoolExecutor(len(batches)) as pool:
         together = list(pool.map(lambda batch: {i: c.token_ids for i, c in vllm.generate(batch)}, batches))
@@ -127,8 +133,10 @@ def test_streamed_and_joined_requests_get_the_tokens_of_a_plain_call(engines):
     """`on_tokens` sees each request's ids grow step by step and `more` adds requests to the
     running call; neither changes a token (greedy and seeded)."""
     vllm, _ = engines
-    reqs = [GenerationRequest(prompt="def add(a, b):", params=_greedy(12)),
-            GenerationRequest(prompt="hello", params=SamplingParams(max_tokens=10, temperature=1.0, seed=5))]
+    reqs = [
+        GenerationRequest(prompt="def add(a, b):", params=_greedy(12)),
+        GenerationRequest(prompt="hello", params=SamplingParams(max_tokens=10, temperature=1.0, seed=5)),
+    ]
     late = GenerationRequest(prompt="Question: 2 + 2?", params=_greedy(8))
     plain = {i: c.token_ids for i, c in vllm.generate([*reqs, late])}
     seen: dict[int, list[list[int]]] = {}
@@ -140,12 +148,14 @@ def test_streamed_and_joined_requests_get_the_tokens_of_a_plain_call(engines):
         offered.append(2)
         return [(2, late)]
 
-    got = {i: c.token_ids for i, c in vllm.generate(reqs, on_tokens=lambda i, ids: seen.setdefault(i, []).append(ids),
-                                                    more=more)}
+    got = {
+        i: c.token_ids
+        for i, c in vllm.generate(reqs, on_tokens=lambda i, ids: seen.setdefault(i, []).append(ids), more=more)
+    }
     assert got == plain
     for i, steps in seen.items():
         assert len(steps) >= 5, i  # one call per step, not the reply at the end
-        assert all(a == plain[i][:len(a)] for a in steps) and steps == sorted(steps, key=len)
+        assert all(a == plain[i][: len(a)] for a in steps) and steps == sorted(steps, key=len)
     assert 2 in seen and not vllm._hooks and not vllm.llm.llm_engine.has_unfinished_requests()
 
 
@@ -160,8 +170,13 @@ def test_arle_serve_on_vllm_streams_token_by_token(engines):
     vllm, _ = engines
     with BackgroundServer(create_app(vllm, model_name="tiny")) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0)
-        ask = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=24,
-                   temperature=1.0, seed=7)
+        ask = dict(
+            model="tiny",
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=24,
+            temperature=1.0,
+            seed=7,
+        )
         whole = client.chat.completions.create(**ask)
         chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -182,8 +197,9 @@ def test_data_parallel_replicas_serve_a_lora_adapter_like_hf(engines, tiny_model
     adapter = tmp_path / "adapter"
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     torch.manual_seed(0)
-    lora = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                           init_lora_weights=False))  # random B: the adapter changes outputs
+    lora = get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )  # random B: the adapter changes outputs
     lora.save_pretrained(adapter)
     AutoTokenizer.from_pretrained(tiny_model).save_pretrained(adapter)
 
@@ -208,9 +224,30 @@ def test_arle_eval_humaneval_on_vllm(engines, tiny_model, tmp_path):
     # aside, which only saves time).
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_") and k != "TMPDIR"}
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "arlecli", "eval", "humaneval", "--backend", "vllm",
-                          "--model", str(tiny_model), "--limit", "5", "--max-tokens", "32",
-                          "--output", str(run), "--json"], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arlecli",
+            "eval",
+            "humaneval",
+            "--backend",
+            "vllm",
+            "--model",
+            str(tiny_model),
+            "--limit",
+            "5",
+            "--max-tokens",
+            "32",
+            "--output",
+            str(run),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout)  # vLLM's logs went to stderr, not into the JSON
     assert results["n_samples"] == 5

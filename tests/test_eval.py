@@ -25,15 +25,33 @@ def humaneval_problems() -> dict[str, dict]:
 def test_humaneval_canonical_scores_one_and_empty_scores_zero(tmp_path):
     problems = humaneval_problems()
     with FakeOpenAIServer(lambda body: problems[body["prompt"]]["canonical_solution"]) as srv:
-        good = arle("eval", "humaneval", "--base-url", srv.base_url, "--output", str(tmp_path / "good"),
-                    "--concurrency", "16", "--json")
+        good = arle(
+            "eval",
+            "humaneval",
+            "--base-url",
+            srv.base_url,
+            "--output",
+            str(tmp_path / "good"),
+            "--concurrency",
+            "16",
+            "--json",
+        )
     assert good.returncode == 0, good.stderr
     res = json.loads(good.stdout)
     assert res["n_tasks"] == 164
     assert res["metrics"]["pass@1"]["value"] == 1.0
     with FakeOpenAIServer(lambda body: "    pass\n") as srv:
-        empty = arle("eval", "humaneval", "--base-url", srv.base_url, "--output", str(tmp_path / "empty"),
-                     "--concurrency", "16", "--json")
+        empty = arle(
+            "eval",
+            "humaneval",
+            "--base-url",
+            srv.base_url,
+            "--output",
+            str(tmp_path / "empty"),
+            "--concurrency",
+            "16",
+            "--json",
+        )
     assert empty.returncode == 0, empty.stderr
     res = json.loads(empty.stdout)
     assert res["n_tasks"] == 164 and res["metrics"]["pass@1"]["value"] == 0.0
@@ -63,8 +81,19 @@ def test_gsm8k_data_reports_both_filters_with_stderr(tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in GSM_ROWS))
     with FakeOpenAIServer(_gsm_reply) as srv:
-        out = arle("eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
-                   "--output", str(tmp_path / "run"), "--json")
+        out = arle(
+            "eval",
+            "gsm8k",
+            "--data",
+            str(data),
+            "--base-url",
+            srv.base_url,
+            "--num-fewshot",
+            "0",
+            "--output",
+            str(tmp_path / "run"),
+            "--json",
+        )
         sent = srv.bodies("/completions")
     assert out.returncode == 0, out.stderr
     m = json.loads(out.stdout)["metrics"]
@@ -79,8 +108,9 @@ def test_gsm8k_data_reports_both_filters_with_stderr(tmp_path):
 
 def _rows_file(tmp_path: Path, n: int) -> Path:
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"}) + "\n"
-                            for i in range(n)))
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(n))
+    )
     return data
 
 
@@ -89,17 +119,31 @@ def test_interrupt_then_resume_matches_uninterrupted_run(tmp_path, sig):
     data = _rows_file(tmp_path, 40)
     reply = lambda body: f" #### {int(body['prompt'].split()[-4]) + (1 if int(body['prompt'].split()[-4]) % 3 else 2)}"
     with FakeOpenAIServer(reply, delay_s=0.05) as srv:
-        common = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
-                  "--concurrency", "1"]
+        common = [
+            "eval",
+            "gsm8k",
+            "--data",
+            str(data),
+            "--base-url",
+            srv.base_url,
+            "--num-fewshot",
+            "0",
+            "--concurrency",
+            "1",
+        ]
         full = arle(*common, "--output", str(tmp_path / "full"), "--json")
         assert full.returncode == 0, full.stderr
 
         run = tmp_path / "killed"
         # A shell that starts the test run in the background (`pytest &`) leaves SIGINT ignored,
         # and children inherit that; a user's Ctrl-C reaches a process with the default handler.
-        proc = subprocess.Popen([*ARLE, *common, "--output", str(run)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = subprocess.Popen(
+            [*ARLE, *common, "--output", str(run)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         samples = run / "samples.jsonl"
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -122,8 +166,18 @@ def test_interrupt_then_resume_matches_uninterrupted_run(tmp_path, sig):
 def test_resume_refuses_changed_settings(tmp_path):
     data = _rows_file(tmp_path, 3)
     with FakeOpenAIServer(lambda body: "#### 1") as srv:
-        base = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
-                "--output", str(tmp_path / "run")]
+        base = [
+            "eval",
+            "gsm8k",
+            "--data",
+            str(data),
+            "--base-url",
+            srv.base_url,
+            "--num-fewshot",
+            "0",
+            "--output",
+            str(tmp_path / "run"),
+        ]
         assert arle(*base).returncode == 0
         again = arle(*base)
         changed = arle(*base, "--resume", "--max-tokens", "7")
@@ -141,8 +195,23 @@ def test_pass_at_k_with_several_samples(tmp_path):
         return "#### 1" if calls["n"] % 2 else "#### 999"
 
     with FakeOpenAIServer(reply) as srv:
-        out = arle("eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
-                   "-n", "4", "--concurrency", "1", "--output", str(tmp_path / "run"), "--json")
+        out = arle(
+            "eval",
+            "gsm8k",
+            "--data",
+            str(data),
+            "--base-url",
+            srv.base_url,
+            "--num-fewshot",
+            "0",
+            "-n",
+            "4",
+            "--concurrency",
+            "1",
+            "--output",
+            str(tmp_path / "run"),
+            "--json",
+        )
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout)["metrics"]
     assert set(metrics) >= {"pass@1", "pass@2", "pass@4"}
@@ -152,8 +221,19 @@ def test_pass_at_k_with_several_samples(tmp_path):
 def test_an_offline_card_runs_through_the_cli_on_the_tiny_model(tmp_path, tiny_model):
     # Every offline card runs on the tiny model in-process in test_catalog; this is the console script.
     for bench in ("countdown",):
-        out = arle("eval", bench, "--model", str(tiny_model), "--limit", "3", "--max-tokens", "8",
-                   "--output", str(tmp_path / bench), "--json")
+        out = arle(
+            "eval",
+            bench,
+            "--model",
+            str(tiny_model),
+            "--limit",
+            "3",
+            "--max-tokens",
+            "8",
+            "--output",
+            str(tmp_path / bench),
+            "--json",
+        )
         assert out.returncode == 0, out.stderr
         res = json.loads(out.stdout)
         assert res["n_tasks"] == 3 and 0.0 <= res["metrics"]["accuracy"]["value"] <= 1.0
@@ -178,8 +258,17 @@ def test_card_missing_field_names_file_and_field(tmp_path):
 def test_mmlu_reports_accuracy_per_subject(tmp_path):
     fixture = Path(__file__).resolve().parents[1] / "benchmarks" / "fixtures" / "mmlu.jsonl"
     with FakeOpenAIServer(lambda body: "The answer is (B).") as srv:
-        out = arle("eval", "mmlu", "--data", str(fixture), "--base-url", srv.base_url,
-                   "--output", str(tmp_path / "run"), "--json")
+        out = arle(
+            "eval",
+            "mmlu",
+            "--data",
+            str(fixture),
+            "--base-url",
+            srv.base_url,
+            "--output",
+            str(tmp_path / "run"),
+            "--json",
+        )
         sent = srv.bodies("/chat/completions")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)

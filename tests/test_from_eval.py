@@ -25,8 +25,9 @@ def render_ids(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, A
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def assert_rows_replay_the_engine(rows: list[dict[str, Any]], seen: dict[int, tuple[list[int], list[int]]],
-                                  tok: Any) -> None:
+def assert_rows_replay_the_engine(
+    rows: list[dict[str, Any]], seen: dict[int, tuple[list[int], list[int]]], tok: Any
+) -> None:
     """Each row's conversation, rendered by the model's chat template, is what the engine was sent:
     the first turn's prompt ids exactly; every later turn's ids extend the previous prompt and
     completion ids as generated and decode to the rendered conversation so far."""
@@ -41,27 +42,50 @@ def assert_rows_replay_the_engine(rows: list[dict[str, Any]], seen: dict[int, tu
             if t == 0:
                 assert render_ids(tok, messages[:at], tools) == prompt_ids
             else:
-                assert prompt_ids[:len(previous)] == previous
+                assert prompt_ids[: len(previous)] == previous
                 text = tok.apply_chat_template(messages[:at], tools=tools, add_generation_prompt=True, tokenize=False)
                 assert tok.decode(prompt_ids, skip_special_tokens=False) == text
             previous = prompt_ids + completion_ids
 
 
-def sample(task: str, k: int, *, correct: bool, reward: float | None = None, reply: str | None = None,
-           question: str | None = None, **extra: Any) -> dict[str, Any]:
+def sample(
+    task: str,
+    k: int,
+    *,
+    correct: bool,
+    reward: float | None = None,
+    reply: str | None = None,
+    question: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """A samples.jsonl line as arle eval writes it for a single-turn chat card."""
-    return {"id": f"{task}#{k}", "task_id": task, "sample": k,
-            "prompt": [{"role": "user", "content": question or f"What is {task}?"}],
-            "completion": reply if reply is not None else f"answer {k} to {task}",
-            "reward": float(correct) if reward is None else reward, "correct": correct, "details": {}, **extra}
+    return {
+        "id": f"{task}#{k}",
+        "task_id": task,
+        "sample": k,
+        "prompt": [{"role": "user", "content": question or f"What is {task}?"}],
+        "completion": reply if reply is not None else f"answer {k} to {task}",
+        "reward": float(correct) if reward is None else reward,
+        "correct": correct,
+        "details": {},
+        **extra,
+    }
 
 
 def agent_sample(task: str, k: int, correct: bool, answer: str) -> dict[str, Any]:
     """A two-turn tools-env sample: a tool call, its result, the answer."""
-    return sample(task, k, correct=correct, reply=answer, turns=[
-        {"completion": CALL, "observation": [{"role": "tool", "name": "calculator", "content": "6"}]},
-        {"completion": answer, "observation": []}], tools=[{"type": "function", "function": {"name": "calculator"}}],
-        env_info={"tool_calls": 1, "tool_errors": 0})
+    return sample(
+        task,
+        k,
+        correct=correct,
+        reply=answer,
+        turns=[
+            {"completion": CALL, "observation": [{"role": "tool", "name": "calculator", "content": "6"}]},
+            {"completion": answer, "observation": []},
+        ],
+        tools=[{"type": "function", "function": {"name": "calculator"}}],
+        env_info={"tool_calls": 1, "tool_errors": 0},
+    )
 
 
 # Real runs on the tiny model ---------------------------------------------------------------
@@ -74,11 +98,17 @@ def test_single_turn_rows_render_to_the_prompt_ids_the_engine_used(tmp_path, tin
 
     seen = capture_prompt_ids(monkeypatch)
     run = tmp_path / "run"
-    run_eval(load_card("basic_arithmetic"), HFEngine(str(tiny_model), batch_size=4),
-             EvalOptions(limit=3, num_samples=2, temperature=1.0, max_tokens=8), model="tiny", run_dir=run)
+    run_eval(
+        load_card("basic_arithmetic"),
+        HFEngine(str(tiny_model), batch_size=4),
+        EvalOptions(limit=3, num_samples=2, temperature=1.0, max_tokens=8),
+        model="tiny",
+        run_dir=run,
+    )
     # --keep-cut: the tiny model's replies run to the token limit; every sample must make a row here
-    code, out, err = from_eval(monkeypatch, capsys, str(run), "--all", "--keep-cut", "-o", str(tmp_path / "sft.jsonl"),
-                               "--json")
+    code, out, err = from_eval(
+        monkeypatch, capsys, str(run), "--all", "--keep-cut", "-o", str(tmp_path / "sft.jsonl"), "--json"
+    )
     assert code == 0, err
     rows = read_rows(tmp_path / "sft.jsonl")
     samples = read_rows(run / "samples.jsonl")
@@ -86,8 +116,9 @@ def test_single_turn_rows_render_to_the_prompt_ids_the_engine_used(tmp_path, tin
     for row, s in zip(rows, samples):
         assert row["messages"] == [*s["prompt"], {"role": "assistant", "content": s["completion"]}]
         assert "tools" not in row
-        assert {k: row[k] for k in ("task_id", "sample", "reward", "correct")} == \
-            {k: s[k] for k in ("task_id", "sample", "reward", "correct")}
+        assert {k: row[k] for k in ("task_id", "sample", "reward", "correct")} == {
+            k: s[k] for k in ("task_id", "sample", "reward", "correct")
+        }
         assert (row["benchmark"], row["model"], row["run"]) == ("basic_arithmetic", "tiny", str(run))
     assert_rows_replay_the_engine(rows, seen, AutoTokenizer.from_pretrained(str(tiny_model)))
 
@@ -105,8 +136,13 @@ def test_agent_rows_replay_every_turn_the_model_saw(native, tmp_path, tiny_model
     first_turn_calls_a_tool(monkeypatch)
     seen = capture_prompt_ids(monkeypatch)
     run = tmp_path / "run"
-    run_eval(load_card("math_tool"), HFEngine(str(model), batch_size=4),
-             EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8), model="tiny", run_dir=run)
+    run_eval(
+        load_card("math_tool"),
+        HFEngine(str(model), batch_size=4),
+        EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8),
+        model="tiny",
+        run_dir=run,
+    )
     code, _, err = from_eval(monkeypatch, capsys, str(run), "--all", "--keep-cut", "-o", str(tmp_path / "sft.jsonl"))
     assert code == 0, err
     rows = read_rows(tmp_path / "sft.jsonl")
@@ -114,8 +150,11 @@ def test_agent_rows_replay_every_turn_the_model_saw(native, tmp_path, tiny_model
     for row in rows:
         roles = [m["role"] for m in row["messages"]]
         # the tool schemas are in the template (native) or described in a system prompt (text)
-        assert roles[:3] == ["user", "assistant", "tool"] if native else \
-            roles[:4] == ["system", "user", "assistant", "user"]
+        assert (
+            roles[:3] == ["user", "assistant", "tool"]
+            if native
+            else roles[:4] == ["system", "user", "assistant", "user"]
+        )
         assert row["messages"][roles.index("assistant")]["content"] == CALL
         assert "6" in row["messages"][roles.index("assistant") + 1]["content"]
         assert roles[-1] == "assistant" and roles.count("assistant") >= 2
@@ -130,12 +169,17 @@ def test_agent_rows_replay_every_turn_the_model_saw(native, tmp_path, tiny_model
 
 
 def test_filters_keep_what_they_say_and_report_counts(tmp_path, monkeypatch, capsys):
-    run = write_run(tmp_path / "run", [
-        sample("a", 0, correct=True, reward=1.0), sample("a", 1, correct=True, reward=0.9),
-        sample("a", 2, correct=True, reward=1.0, reply="answer 0 to a"),  # the same conversation as a#0
-        sample("a", 3, correct=False, reward=0.6), sample("b", 0, correct=False, reward=0.2),
-        sample("b", 1, correct=True, reward=0.7),
-    ])
+    run = write_run(
+        tmp_path / "run",
+        [
+            sample("a", 0, correct=True, reward=1.0),
+            sample("a", 1, correct=True, reward=0.9),
+            sample("a", 2, correct=True, reward=1.0, reply="answer 0 to a"),  # the same conversation as a#0
+            sample("a", 3, correct=False, reward=0.6),
+            sample("b", 0, correct=False, reward=0.2),
+            sample("b", 1, correct=True, reward=0.7),
+        ],
+    )
     out = tmp_path / "sft.jsonl"
 
     def ids(*args: str) -> list[str]:
@@ -143,7 +187,7 @@ def test_filters_keep_what_they_say_and_report_counts(tmp_path, monkeypatch, cap
         assert code == 0, err
         return [f"{r['task_id']}#{r['sample']}" for r in read_rows(out)]
 
-    assert ids() == ["a#0", "a#1", "a#2", "b#1"]                      # correct-only is the default
+    assert ids() == ["a#0", "a#1", "a#2", "b#1"]  # correct-only is the default
     assert ids("--all") == ["a#0", "a#1", "a#2", "a#3", "b#0", "b#1"]
     assert ids("--min-reward", "0.6") == ["a#0", "a#1", "a#2", "a#3", "b#1"]  # correctness no longer asked
     assert ids("--correct-only", "--min-reward", "0.95") == ["a#0", "a#2"]
@@ -152,18 +196,29 @@ def test_filters_keep_what_they_say_and_report_counts(tmp_path, monkeypatch, cap
     assert ids("--all", "--max-per-task", "1") == ["a#0", "b#1"]  # ties: the earlier sample
     assert ids("--dedupe", "--max-per-task", "2") == ["a#0", "a#1", "b#1"]
 
-    code, stdout, err = from_eval(monkeypatch, capsys, str(run), "-o", str(out), "--dedupe", "--max-per-task", "1",
-                                  "--json")
+    code, stdout, err = from_eval(
+        monkeypatch, capsys, str(run), "-o", str(out), "--dedupe", "--max-per-task", "1", "--json"
+    )
     report = json.loads(stdout)
     assert [(f["filter"], f["kept"], f["of"]) for f in report["filters"]] == [
-        ("read", 6, 6), ("complete", 6, 6), ("correct-only", 4, 6), ("dedupe", 3, 4), ("max-per-task 1", 2, 3)]
-    assert report["rows"] == 2 and report["runs"] == [{"run": str(run), "benchmark": "toy", "model": "m",
-                                                       "samples": 6}]
+        ("read", 6, 6),
+        ("complete", 6, 6),
+        ("correct-only", 4, 6),
+        ("dedupe", 3, 4),
+        ("max-per-task 1", 2, 3),
+    ]
+    assert report["rows"] == 2 and report["runs"] == [{"run": str(run), "benchmark": "toy", "model": "m", "samples": 6}]
     assert "dedupe: kept 3 of 4 samples" in err and f"wrote 2 SFT rows to {out}" in err
-    assert read_rows(out)[0] == {"messages": [{"role": "user", "content": "What is a?"},
-                                              {"role": "assistant", "content": "answer 0 to a"}],
-                                 "benchmark": "toy", "run": str(run), "task_id": "a", "sample": 0, "reward": 1.0,
-                                 "correct": True, "model": "m"}
+    assert read_rows(out)[0] == {
+        "messages": [{"role": "user", "content": "What is a?"}, {"role": "assistant", "content": "answer 0 to a"}],
+        "benchmark": "toy",
+        "run": str(run),
+        "task_id": "a",
+        "sample": 0,
+        "reward": 1.0,
+        "correct": True,
+        "model": "m",
+    }
 
 
 def test_rows_from_several_runs_and_an_agent_episode(tmp_path, monkeypatch, capsys):
@@ -183,9 +238,15 @@ def test_an_episode_cut_at_the_token_limit_makes_no_row_unless_kept(tmp_path, mo
     """The chat template would end a cut turn with an end-of-turn token the model never produced."""
     cut_agent = agent_sample("b", 0, True, "#### 6")
     cut_agent["turns"][0]["finish_reason"] = "length"  # its tool call was cut; the answer was not
-    run = write_run(tmp_path / "run", [
-        sample("a", 0, correct=True, finish_reason="length"), sample("a", 1, correct=True, finish_reason="stop"),
-        sample("a", 2, correct=False, finish_reason="length"), cut_agent])
+    run = write_run(
+        tmp_path / "run",
+        [
+            sample("a", 0, correct=True, finish_reason="length"),
+            sample("a", 1, correct=True, finish_reason="stop"),
+            sample("a", 2, correct=False, finish_reason="length"),
+            cut_agent,
+        ],
+    )
     out = tmp_path / "rows.jsonl"
 
     def rows(*args: str) -> list[str]:
@@ -200,7 +261,8 @@ def test_an_episode_cut_at_the_token_limit_makes_no_row_unless_kept(tmp_path, mo
     code, _, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "-o", str(out))
     assert code == 0, err
     assert [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in read_rows(out)] == [
-        ("answer 1 to a", "answer 2 to a")]
+        ("answer 1 to a", "answer 2 to a")
+    ]
     assert "complete when correct: kept 2 of 4 samples" in err
 
     only_cut = write_run(tmp_path / "cut", [sample("a", 0, correct=True, finish_reason="length")])
@@ -209,32 +271,53 @@ def test_an_episode_cut_at_the_token_limit_makes_no_row_unless_kept(tmp_path, mo
 
 
 def test_pairs_match_each_correct_episode_with_a_distinct_wrong_one(tmp_path, monkeypatch, capsys):
-    run = write_run(tmp_path / "run", [
-        sample("a", 0, correct=True), sample("a", 1, correct=False, reward=0.1), sample("a", 2, correct=True),
-        sample("a", 3, correct=False), sample("a", 4, correct=False),      # 2 correct, 3 wrong: 2 pairs
-        sample("b", 0, correct=True), sample("b", 1, correct=True),          # no wrong one: no pair
-        sample("c", 0, correct=False),                                       # no correct one: no pair
-        sample("d", 0, correct=False), sample("d", 1, correct=True),         # 1 pair
-    ])
+    run = write_run(
+        tmp_path / "run",
+        [
+            sample("a", 0, correct=True),
+            sample("a", 1, correct=False, reward=0.1),
+            sample("a", 2, correct=True),
+            sample("a", 3, correct=False),
+            sample("a", 4, correct=False),  # 2 correct, 3 wrong: 2 pairs
+            sample("b", 0, correct=True),
+            sample("b", 1, correct=True),  # no wrong one: no pair
+            sample("c", 0, correct=False),  # no correct one: no pair
+            sample("d", 0, correct=False),
+            sample("d", 1, correct=True),  # 1 pair
+        ],
+    )
     out = tmp_path / "pairs.jsonl"
     code, stdout, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "-o", str(out), "--json")
     assert code == 0, err
     rows = read_rows(out)
     assert [(r["task_id"], r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in rows] == [
-        ("a", "answer 0 to a", "answer 1 to a"), ("a", "answer 2 to a", "answer 3 to a"),
-        ("d", "answer 1 to d", "answer 0 to d")]
-    assert rows[0] == {"prompt": [{"role": "user", "content": "What is a?"}],
-                       "chosen": [{"role": "assistant", "content": "answer 0 to a"}],
-                       "rejected": [{"role": "assistant", "content": "answer 1 to a"}],
-                       "benchmark": "toy", "run": str(run), "task_id": "a", "model": "m",
-                       "chosen_reward": 1.0, "rejected_reward": 0.1}
+        ("a", "answer 0 to a", "answer 1 to a"),
+        ("a", "answer 2 to a", "answer 3 to a"),
+        ("d", "answer 1 to d", "answer 0 to d"),
+    ]
+    assert rows[0] == {
+        "prompt": [{"role": "user", "content": "What is a?"}],
+        "chosen": [{"role": "assistant", "content": "answer 0 to a"}],
+        "rejected": [{"role": "assistant", "content": "answer 1 to a"}],
+        "benchmark": "toy",
+        "run": str(run),
+        "task_id": "a",
+        "model": "m",
+        "chosen_reward": 1.0,
+        "rejected_reward": 0.1,
+    }
     assert [(f["filter"], f["kept"], f["of"]) for f in json.loads(stdout)["filters"]] == [
-        ("read", 10, 10), ("complete when correct", 10, 10), ("tasks with a correct and a wrong sample", 2, 4)]
+        ("read", 10, 10),
+        ("complete when correct", 10, 10),
+        ("tasks with a correct and a wrong sample", 2, 4),
+    ]
 
     code, _, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "--max-per-task", "1", "-o", str(out))
     assert code == 0, err
-    assert [(r["task_id"], r["chosen"][0]["content"]) for r in read_rows(out)] == [("a", "answer 0 to a"),
-                                                                                  ("d", "answer 1 to d")]
+    assert [(r["task_id"], r["chosen"][0]["content"]) for r in read_rows(out)] == [
+        ("a", "answer 0 to a"),
+        ("d", "answer 1 to d"),
+    ]
     assert "max-per-task 1: kept 2 of 3 pairs" in err
 
 
@@ -244,8 +327,9 @@ def test_agent_pairs_keep_the_tool_turns_in_chosen_and_rejected(tmp_path, monkey
     assert code == 0, err
     [row] = read_rows(tmp_path / "p.jsonl")
     assert row["prompt"] == [{"role": "user", "content": "What is a?"}] and row["tools"]
-    assert [m["role"] for m in row["chosen"]] == [m["role"] for m in row["rejected"]] == ["assistant", "tool",
-                                                                                          "assistant"]
+    assert (
+        [m["role"] for m in row["chosen"]] == [m["role"] for m in row["rejected"]] == ["assistant", "tool", "assistant"]
+    )
     assert (row["chosen"][-1]["content"], row["rejected"][-1]["content"]) == ("#### 6", "#### 7")
 
 
@@ -303,14 +387,16 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
     refused(str(good), "--max-per-task", "0", "-o", str(out), needles=("--max-per-task must be at least 1",))
 
     exemplar = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
-    shots = write_run(tmp_path / "shots", [{**sample("a", 0, correct=True), "prompt": [
-        *exemplar, {"role": "user", "content": "a?"}]}])
+    shots = write_run(
+        tmp_path / "shots", [{**sample("a", 0, correct=True), "prompt": [*exemplar, {"role": "user", "content": "a?"}]}]
+    )
     refused(str(shots), "-o", str(out), needles=("few-shot exemplars", "--num-fewshot 0"))
 
     # A completion-format run is prompt/completion rows (test_from_eval_completions); one whose
     # model thought apart from its answer has no text row to carry the thought.
-    completion = write_run(tmp_path / "completion", [{**sample("a", 0, correct=True), "prompt": "Question: a?",
-                                                      "thinking": "hmm"}])
+    completion = write_run(
+        tmp_path / "completion", [{**sample("a", 0, correct=True), "prompt": "Question: a?", "thinking": "hmm"}]
+    )
     refused(str(completion), "-o", str(out), needles=("completion-format", "--drop-thinking"))
 
     old = agent_sample("a", 0, True, "#### 6")
@@ -332,8 +418,9 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
 # Thinking (issue 24) -----------------------------------------------------------------------
 
 
-def thinking_sample(task: str, k: int, thinking: str, *, correct: bool, cut: bool = False, **extra: Any
-                    ) -> dict[str, Any]:
+def thinking_sample(
+    task: str, k: int, thinking: str, *, correct: bool, cut: bool = False, **extra: Any
+) -> dict[str, Any]:
     """A samples.jsonl line of a model that thought (eval.py's fields); a cut thought has no answer."""
     s = sample(task, k, correct=correct, reply="" if cut else None, **extra)
     s.update(thinking=thinking, thinking_cut=cut, thinking_tokens=len(thinking.split()), answer_tokens=0 if cut else 4)
@@ -352,15 +439,18 @@ def thinking_agent_sample(task: str, k: int, correct: bool, answer: str, cut_fir
 
 
 def test_rows_keep_the_thinking_unless_dropped_and_cut_thoughts_are_never_rows(tmp_path, monkeypatch, capsys):
-    run = write_run(tmp_path / "run", [
-        thinking_sample("a", 0, "a is one more than zero", correct=True),
-        thinking_sample("a", 1, "a is, hmm, let me check again", correct=False, cut=True, finish_reason="length"),
-        thinking_sample("b", 0, "b is two", correct=False),
-        thinking_sample("b", 1, "b is three", correct=True),
-        thinking_sample("b", 2, "b is, wait", correct=False, cut=True, finish_reason="length"),
-        thinking_agent_sample("c", 0, True, "#### 6"),
-        thinking_agent_sample("c", 1, True, "#### 6", cut_first=True),
-    ])
+    run = write_run(
+        tmp_path / "run",
+        [
+            thinking_sample("a", 0, "a is one more than zero", correct=True),
+            thinking_sample("a", 1, "a is, hmm, let me check again", correct=False, cut=True, finish_reason="length"),
+            thinking_sample("b", 0, "b is two", correct=False),
+            thinking_sample("b", 1, "b is three", correct=True),
+            thinking_sample("b", 2, "b is, wait", correct=False, cut=True, finish_reason="length"),
+            thinking_agent_sample("c", 0, True, "#### 6"),
+            thinking_agent_sample("c", 1, True, "#### 6", cut_first=True),
+        ],
+    )
     out = tmp_path / "rows.jsonl"
 
     def rows(*args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -370,18 +460,23 @@ def test_rows_keep_the_thinking_unless_dropped_and_cut_thoughts_are_never_rows(t
 
     kept, report = rows()
     assert [f"{r['task_id']}#{r['sample']}" for r in kept] == ["a#0", "b#1", "c#0"]
-    assert kept[0]["messages"] == [{"role": "user", "content": "What is a?"},
-                                   {"role": "assistant", "content": "answer 0 to a",
-                                    "reasoning_content": "a is one more than zero"}]
+    assert kept[0]["messages"] == [
+        {"role": "user", "content": "What is a?"},
+        {"role": "assistant", "content": "answer 0 to a", "reasoning_content": "a is one more than zero"},
+    ]
     agent = kept[2]["messages"]
     assert [(m["role"], m.get("reasoning_content")) for m in agent] == [
-        ("user", None), ("assistant", "I should call the calculator"), ("tool", None),
-        ("assistant", "the tool said 6")]
+        ("user", None),
+        ("assistant", "I should call the calculator"),
+        ("tool", None),
+        ("assistant", "the tool said 6"),
+    ]
     assert ("answered", 4, 7) in [(f["filter"], f["kept"], f["of"]) for f in report["filters"]]
 
     dropped, _ = rows("--drop-thinking")
-    assert [r["messages"] for r in dropped] == [[{k: v for k, v in m.items() if k != "reasoning_content"}
-                                                 for m in r["messages"]] for r in kept]
+    assert [r["messages"] for r in dropped] == [
+        [{k: v for k, v in m.items() if k != "reasoning_content"} for m in r["messages"]] for r in kept
+    ]
     assert not any("reasoning_content" in m for r in dropped for m in r["messages"])
 
     # Not even --keep-cut --all makes a row of a thought with no answer.
@@ -393,8 +488,10 @@ def test_rows_keep_the_thinking_unless_dropped_and_cut_thoughts_are_never_rows(t
     assert code == 0, err
     [pair] = read_rows(out)
     assert (pair["task_id"], pair["chosen"], pair["rejected"]) == (
-        "b", [{"role": "assistant", "content": "answer 1 to b", "reasoning_content": "b is three"}],
-        [{"role": "assistant", "content": "answer 0 to b", "reasoning_content": "b is two"}])
+        "b",
+        [{"role": "assistant", "content": "answer 1 to b", "reasoning_content": "b is three"}],
+        [{"role": "assistant", "content": "answer 0 to b", "reasoning_content": "b is two"}],
+    )
 
     only_cut = write_run(tmp_path / "cut", [thinking_sample("a", 0, "hmm", correct=False, cut=True)])
     code, _, err = from_eval(monkeypatch, capsys, str(only_cut), "--all", "--keep-cut", "-o", str(out))
@@ -418,8 +515,24 @@ def test_a_real_eval_of_a_thinking_endpoint_exports_its_thinking(tmp_path, monke
 
     run = tmp_path / "run"
     with FakeOpenAIServer(reply) as srv:
-        done = subprocess.run([sys.executable, "-m", "arlecli", "eval", "one_digit_sums", "--base-url", srv.base_url,
-                               "--limit", "8", "--output", str(run)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "arlecli",
+                "eval",
+                "one_digit_sums",
+                "--base-url",
+                srv.base_url,
+                "--limit",
+                "8",
+                "--output",
+                str(run),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr
     samples = read_rows(run / "samples.jsonl")
     answered = [s for s in samples if not s["thinking_cut"]]
@@ -428,7 +541,8 @@ def test_a_real_eval_of_a_thinking_endpoint_exports_its_thinking(tmp_path, monke
     assert code == 0, err
     rows = read_rows(tmp_path / "sft.jsonl")
     assert [r["messages"][-1] for r in rows] == [
-        {"role": "assistant", "content": s["completion"], "reasoning_content": s["thinking"]} for s in answered]
+        {"role": "assistant", "content": s["completion"], "reasoning_content": s["thinking"]} for s in answered
+    ]
     assert all(" plus " in r["messages"][-1]["reasoning_content"] for r in rows)
     assert f"answered: kept {len(answered)} of {len(samples)} samples" in err
 
@@ -444,8 +558,10 @@ def test_a_trainer_renders_a_rows_thinking_and_trains_on_it(thinks, tiny_model, 
     from arlecli.trajectories import for_template, template_renders_reasoning
 
     tok = AutoTokenizer.from_pretrained(str(tiny_thinking_model if thinks else tiny_model))
-    row = [{"role": "user", "content": "What is 2 + 2?"},
-           {"role": "assistant", "content": "4", "reasoning_content": "two and two make four"}]
+    row = [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "two and two make four"},
+    ]
     assert template_renders_reasoning(tok) is thinks
     messages = for_template(tok, row)
     if thinks:

@@ -32,17 +32,30 @@ def eval_run(monkeypatch, capsys, tmp_path: Path, name: str, *args: str) -> Path
     return run
 
 
-def test_completion_runs_become_prompt_completion_rows_that_sft_trains_on(tmp_path, tiny_model, monkeypatch,
-                                                                          capsys):
+def test_completion_runs_become_prompt_completion_rows_that_sft_trains_on(tmp_path, tiny_model, monkeypatch, capsys):
     from transformers import AutoTokenizer
 
     from arlecli.train.sft import sft_dataset
 
     model = str(tiny_model)
-    humaneval = eval_run(monkeypatch, capsys, tmp_path, "humaneval", "humaneval", "--model", model, "--limit", "2",
-                         "--sandbox", "auto")
-    gsm8k = eval_run(monkeypatch, capsys, tmp_path, "gsm8k", "gsm8k", "--model", model, "--rows",
-                     str(load_card("gsm8k").fixture_path), "--num-fewshot", "0", "--limit", "2")
+    humaneval = eval_run(
+        monkeypatch, capsys, tmp_path, "humaneval", "humaneval", "--model", model, "--limit", "2", "--sandbox", "auto"
+    )
+    gsm8k = eval_run(
+        monkeypatch,
+        capsys,
+        tmp_path,
+        "gsm8k",
+        "gsm8k",
+        "--model",
+        model,
+        "--rows",
+        str(load_card("gsm8k").fixture_path),
+        "--num-fewshot",
+        "0",
+        "--limit",
+        "2",
+    )
     written = []
     for run in (humaneval, gsm8k):
         # --all --keep-cut: the tiny model is always wrong and runs to its token limit
@@ -56,8 +69,10 @@ def test_completion_runs_become_prompt_completion_rows_that_sft_trains_on(tmp_pa
         written += rows
     prompts = {r["task_id"]: r["prompt"] for r in written}
     assert prompts["HumanEval/0"].startswith("from typing import List")  # its signature and docstring
-    assert prompts["0"] == "Question: A baker makes 14 loaves in the morning and 9 in the afternoon. He sells 17 " \
+    assert (
+        prompts["0"] == "Question: A baker makes 14 loaves in the morning and 9 in the afternoon. He sells 17 "
         "loaves. How many loaves are left?\nAnswer:"
+    )
 
     # What SFT trains on: the prompt as the engine encoded it (no loss), the completion and EOS (loss).
     tok = AutoTokenizer.from_pretrained(model)
@@ -70,16 +85,25 @@ def test_completion_runs_become_prompt_completion_rows_that_sft_trains_on(tmp_pa
     data = tmp_path / "both.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in written))
     run = tmp_path / "sft"
-    train_in_process("gsm8k", "--algo", "sft", "--data", str(data), "--model", model, "--max-steps", "2", *TINY,
-                     "--output", str(run))
+    train_in_process(
+        "gsm8k", "--algo", "sft", "--data", str(data), "--model", model, "--max-steps", "2", *TINY, "--output", str(run)
+    )
     metrics = read_rows(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] > 0 for m in metrics)
     assert (run / "final" / "model.safetensors").exists()
 
 
 def text_sample(task: str, k: int, correct: bool, reply: str) -> dict:
-    return {"id": f"{task}#{k}", "task_id": task, "sample": k, "prompt": f"Question: {task}?\nAnswer:",
-            "completion": reply, "reward": float(correct), "correct": correct, "details": {}}
+    return {
+        "id": f"{task}#{k}",
+        "task_id": task,
+        "sample": k,
+        "prompt": f"Question: {task}?\nAnswer:",
+        "completion": reply,
+        "reward": float(correct),
+        "correct": correct,
+        "details": {},
+    }
 
 
 def test_completion_pairs_and_their_tokens(tmp_path, tiny_model, monkeypatch, capsys):
@@ -87,13 +111,20 @@ def test_completion_pairs_and_their_tokens(tmp_path, tiny_model, monkeypatch, ca
 
     from arlecli.train.dpo import dpo_dataset
 
-    run = write_run(tmp_path / "run", [text_sample("2+3", 0, True, " 5"), text_sample("2+3", 1, False, " 6"),
-                                       text_sample("1+1", 0, False, " 3")], benchmark="gsm8k")
+    run = write_run(
+        tmp_path / "run",
+        [text_sample("2+3", 0, True, " 5"), text_sample("2+3", 1, False, " 6"), text_sample("1+1", 0, False, " 3")],
+        benchmark="gsm8k",
+    )
     code, _, err = from_eval(monkeypatch, capsys, str(run), "--pairs", "-o", str(tmp_path / "pairs.jsonl"))
     assert code == 0, err
     (pair,) = read_rows(tmp_path / "pairs.jsonl")
-    assert {k: pair[k] for k in ("prompt", "chosen", "rejected", "task_id")} == \
-        {"prompt": "Question: 2+3?\nAnswer:", "chosen": " 5", "rejected": " 6", "task_id": "2+3"}
+    assert {k: pair[k] for k in ("prompt", "chosen", "rejected", "task_id")} == {
+        "prompt": "Question: 2+3?\nAnswer:",
+        "chosen": " 5",
+        "rejected": " 6",
+        "task_id": "2+3",
+    }
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     (ex,) = dpo_dataset(tok, [pair], max_length=None)
     assert ex["prompt_ids"] == tok(pair["prompt"])["input_ids"]
@@ -114,12 +145,35 @@ def test_rft_trains_on_a_completion_card(tmp_path, tiny_model):
     """A round of rft on gsm8k (plain-text prompts): its kept rows are prompt/completion text and
     its SFT step trains on them."""
     run = tmp_path / "rft"
-    train_in_process("gsm8k", "--algo", "rft", "--rows", str(load_card("gsm8k").fixture_path), "--model",
-                     str(tiny_model), "--set", "rounds=1", "--set", "num_generations=2", "--set", "tasks_per_round=2",
-                     "--set", "min_reward=0", "--set", "keep_cut=true", "--set", "max_completion_length=6",
-                     "--set", "num_fewshot=0", *TINY, "--output", str(run))
+    train_in_process(
+        "gsm8k",
+        "--algo",
+        "rft",
+        "--rows",
+        str(load_card("gsm8k").fixture_path),
+        "--model",
+        str(tiny_model),
+        "--set",
+        "rounds=1",
+        "--set",
+        "num_generations=2",
+        "--set",
+        "tasks_per_round=2",
+        "--set",
+        "min_reward=0",
+        "--set",
+        "keep_cut=true",
+        "--set",
+        "max_completion_length=6",
+        "--set",
+        "num_fewshot=0",
+        *TINY,
+        "--output",
+        str(run),
+    )
     rows = read_rows(run / "checkpoint-1" / "rows.jsonl")
-    assert len(rows) == 4 and all(r["prompt"].startswith("Question: ") and isinstance(r["completion"], str)
-                                  for r in rows)
+    assert len(rows) == 4 and all(
+        r["prompt"].startswith("Question: ") and isinstance(r["completion"], str) for r in rows
+    )
     (metrics,) = read_rows(run / "metrics.jsonl")
     assert metrics["kept"] == 4 and metrics["sft_steps"] >= 1

@@ -21,13 +21,16 @@ from helpers.cli import arle
 from helpers.scripted_engine import Replies
 
 
-@pytest.mark.parametrize("change, field, message", [
-    ({"game": "Sokobn-v0"}, "game", "unknown TextArena game 'Sokobn-v0'; did you mean Sokoban-v0"),
-    ({"opponent": "randm"}, "opponent", "'randm' is not one of random, scripted, self"),
-    ({"max_rounds": 5}, "max_rounds", "is not a param of env 'textarena' (known: game, players, opponent"),
-    ({"players": 0}, "players", "must be a whole number >= 1"),
-    ({"game_params": [5]}, "game_params", "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        ({"game": "Sokobn-v0"}, "game", "unknown TextArena game 'Sokobn-v0'; did you mean Sokoban-v0"),
+        ({"opponent": "randm"}, "opponent", "'randm' is not one of random, scripted, self"),
+        ({"max_rounds": 5}, "max_rounds", "is not a param of env 'textarena' (known: game, players, opponent"),
+        ({"players": 0}, "players", "must be a whole number >= 1"),
+        ({"game_params": [5]}, "game_params", "must be a mapping"),
+    ],
+)
 def test_bad_game_params_fail_at_load_naming_the_field(change, field, message):
     card = load_card("tictactoe")
     bad = replace(card, env_params={**card.env_params, **change})
@@ -89,8 +92,21 @@ def test_each_game_keeps_its_own_random_state():
 
 def test_eval_against_a_model_opponent(tmp_path, tiny_model):
     """`arle eval tictactoe --opponent FOLDER`: the other seat is the tiny model on its own engine."""
-    out = arle("eval", "tictactoe", "--model", str(tiny_model), "--opponent", str(tiny_model), "--limit", "2",
-               "--max-tokens", "4", "--output", str(tmp_path / "run"), "--json")
+    out = arle(
+        "eval",
+        "tictactoe",
+        "--model",
+        str(tiny_model),
+        "--opponent",
+        str(tiny_model),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "4",
+        "--output",
+        str(tmp_path / "run"),
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout)
     assert results["games"]["games"] == 2 and set(results["games"]["per_seat"]) == {"0", "1"}

@@ -61,10 +61,33 @@ def test_self_play_grpo_trains_each_seat_on_its_own_moves_and_outcome(tmp_path, 
     monkeypatch.setattr(rollout.Rollouts, "sequences", recording)
     monkeypatch.setattr(grpo, "seat_advantages", recording_advantages)
     run = tmp_path / "run"
-    train_in_process("tictactoe", "--algo", "grpo", "--model", str(tiny_model), "--limit", "2",
-                     "--num-generations", "4", "--set", "per_device_train_batch_size=4", "--max-tokens", "6",
-                     "--max-steps", "2", "--lora-rank", "4", "--learning-rate", "1e-3", "--eval-limit", "2",
-                     "--set", "eval_max_tokens=4", "--output", str(run))
+    train_in_process(
+        "tictactoe",
+        "--algo",
+        "grpo",
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "2",
+        "--num-generations",
+        "4",
+        "--set",
+        "per_device_train_batch_size=4",
+        "--max-tokens",
+        "6",
+        "--max-steps",
+        "2",
+        "--lora-rank",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "2",
+        "--set",
+        "eval_max_tokens=4",
+        "--output",
+        str(run),
+    )
 
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert len(batches) == 2 and len(computed) == 2
@@ -82,7 +105,11 @@ def test_self_play_grpo_trains_each_seat_on_its_own_moves_and_outcome(tmp_path, 
             env_text = tokenizer.decode([t for t, m in zip(ids, mask) if not m])
             other = episodes[r + 1 if episode.info["seat"] == 0 else r - 1]
             # The other seat's moves between this seat's turns are environment tokens here.
-            seen = other.turns[:len(episode.turns) - 1] if episode.info["seat"] == 0 else other.turns[1:len(episode.turns)]
+            seen = (
+                other.turns[: len(episode.turns) - 1]
+                if episode.info["seat"] == 0
+                else other.turns[1 : len(episode.turns)]
+            )
             assert seen and all(f"[Player {other.info['seat']}] {t.completion}" in env_text for t in seen)
     for rewards, seats, adv in computed:
         assert len(set(seats)) == 2
@@ -110,10 +137,13 @@ def test_seat_advantages_center_each_seat_within_each_group():
     assert unscaled.tolist() == [1, -1, -1, 1]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--algo", "rloo"], "self-play trains with --algo grpo"),
-    (["--opponent", "gpt-4o"], "training plays self, random or scripted"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algo", "rloo"], "self-play trains with --algo grpo"),
+        (["--opponent", "gpt-4o"], "training plays self, random or scripted"),
+    ],
+)
 def test_self_play_settings_are_refused_in_one_line(tmp_path, tiny_model, args, message):
     with pytest.raises(UserError, match=message):
         train_in_process("tictactoe", "--model", str(tiny_model), *args, "--output", str(tmp_path / "run"))
@@ -122,8 +152,9 @@ def test_self_play_settings_are_refused_in_one_line(tmp_path, tiny_model, args, 
 
 def test_opponent_on_a_single_player_card_is_refused(tmp_path, tiny_model):
     with pytest.raises(UserError, match="--opponent applies to two-player game cards"):
-        train_in_process("tower_of_hanoi", "--model", str(tiny_model), "--opponent", "random",
-                         "--output", str(tmp_path / "run"))
+        train_in_process(
+            "tower_of_hanoi", "--model", str(tiny_model), "--opponent", "random", "--output", str(tmp_path / "run")
+        )
 
 
 def test_self_play_with_a_seat_that_never_moves(tmp_path, tiny_model):
@@ -131,9 +162,25 @@ def test_self_play_with_a_seat_that_never_moves(tmp_path, tiny_model):
     moves: seat 1's episodes have no turns, no token to train and no place in a baseline, and
     the step still runs."""
     run = tmp_path / "run"
-    train_in_process("tictactoe", "--model", str(tiny_model), "--limit", "1", "--num-generations", "4",
-                     "--set", "per_device_train_batch_size=4", "--max-tokens", "4", "--max-steps", "1",
-                     "--eval-limit", "0", "--output", str(run))
+    train_in_process(
+        "tictactoe",
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "1",
+        "--num-generations",
+        "4",
+        "--set",
+        "per_device_train_batch_size=4",
+        "--max-tokens",
+        "4",
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--output",
+        str(run),
+    )
     lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and sorted(x["env_info"]["seat"] for x in lines) == [0, 0, 1, 1]
     assert all(x["turns"] == 0 and x["end_reason"] == "win" for x in lines if x["env_info"]["seat"] == 1)
@@ -145,17 +192,52 @@ def test_seat_advantages_leave_seats_that_never_moved_out_of_the_baseline():
     assert adv[1] == adv[3] == 0 and adv[0] < 0 < adv[2]
 
 
-@pytest.mark.parametrize("algo, extra", [("ppo", ["--set", "prompts_per_step=1"]),
-                                         ("rft", ["--set", "rounds=1", "--set", "tasks_per_round=1",
-                                                  "--set", "per_device_train_batch_size=4", "--set", "min_reward=-1",
-                                                  "--set", "keep_cut=true"])])
+@pytest.mark.parametrize(
+    "algo, extra",
+    [
+        ("ppo", ["--set", "prompts_per_step=1"]),
+        (
+            "rft",
+            [
+                "--set",
+                "rounds=1",
+                "--set",
+                "tasks_per_round=1",
+                "--set",
+                "per_device_train_batch_size=4",
+                "--set",
+                "min_reward=-1",
+                "--set",
+                "keep_cut=true",
+            ],
+        ),
+    ],
+)
 def test_ppo_and_rft_play_themselves_too(tmp_path, tiny_model, algo, extra):
     """PPO trains both seats' episodes (a seat that never moved is an empty, masked sequence);
     RFT keeps the episodes of seats that moved (here every one: min_reward -1, and keep_cut, as the
     tiny model's 4-token moves all run to the limit) as SFT rows."""
     run = tmp_path / "run"
-    train_in_process("tictactoe", "--algo", algo, "--model", str(tiny_model), "--limit", "1", "--num-generations", "4",
-                     "--max-tokens", "4", "--max-steps", "1", "--eval-limit", "0", "--output", str(run), *extra)
+    train_in_process(
+        "tictactoe",
+        "--algo",
+        algo,
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "1",
+        "--num-generations",
+        "4",
+        "--max-tokens",
+        "4",
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--output",
+        str(run),
+        *extra,
+    )
     assert (run / "final").exists()
     if algo == "rft":
         [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -96,8 +96,9 @@ def test_eval_scores_won_games_correct_and_lost_games_wrong(card_name, tmp_path)
     ids = [row["id"] for row in rows(card_name)]
     lines = answers(card_name)
 
-    right, results = evaluate(card_name, LineAgent({i: a["correct"] for i, a in zip(ids, lines)}),
-                              tmp_path / "right", data=data)
+    right, results = evaluate(
+        card_name, LineAgent({i: a["correct"] for i, a in zip(ids, lines)}), tmp_path / "right", data=data
+    )
     assert sorted(s["task_id"] for s in right) == sorted(ids)
     for sample in right:
         assert sample["correct"] and sample["reward"] == 1.0 and sample["end_reason"] == "win", sample
@@ -107,8 +108,9 @@ def test_eval_scores_won_games_correct_and_lost_games_wrong(card_name, tmp_path)
     assert games["games"] == 3 and games["per_seat"]["0"]["win"] == 1.0 and games["invalid_move_rate"] == 0
     assert results["metrics"]["accuracy"]["value"] == 1.0 and results["metrics"]["invalid_move"]["value"] == 0
 
-    wrong, results = evaluate(card_name, LineAgent({i: a["wrong"] for i, a in zip(ids, lines)}),
-                              tmp_path / "wrong", data=data)
+    wrong, results = evaluate(
+        card_name, LineAgent({i: a["wrong"] for i, a in zip(ids, lines)}), tmp_path / "wrong", data=data
+    )
     assert len(wrong) == 3
     for sample in wrong:
         assert not sample["correct"] and sample["end_reason"] in ("invalid_move", "turn_limit", "loss"), sample
@@ -119,8 +121,7 @@ def test_eval_scores_won_games_correct_and_lost_games_wrong(card_name, tmp_path)
 
 @pytest.mark.parametrize("card_name", CARDS)
 def test_a_garbage_reply_twice_loses_on_an_invalid_move(card_name, tmp_path):
-    samples, results = evaluate(card_name, LineAgent({}, default=["I am not sure what to do here."]),
-                                tmp_path, limit=2)
+    samples, results = evaluate(card_name, LineAgent({}, default=["I am not sure what to do here."]), tmp_path, limit=2)
     assert len(samples) == 2
     for sample in samples:
         assert not sample["correct"] and sample["end_reason"] == "invalid_move", sample

@@ -80,6 +80,7 @@ def tagged(sample: dict, seat: int) -> list[str]:
 
 # --- the recorded answers ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", GAMES)
 def test_recorded_lines_win_and_lose_through_run_eval(name, tmp_path):
     card = load_card(name)
@@ -101,10 +102,12 @@ def test_recorded_lines_win_and_lose_through_run_eval(name, tmp_path):
 @pytest.mark.parametrize("name", GAMES)
 def test_recorded_lines_are_what_the_players_compute_now(name):
     assert stored_answers(name) == game_players.card_answers(name), (
-        f"the game or its opponent plays differently now: rerun `python tests/helpers/game_players.py {name}`")
+        f"the game or its opponent plays differently now: rerun `python tests/helpers/game_players.py {name}`"
+    )
 
 
 # --- seats ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", GAMES)
 def test_seat_alternates_against_a_fixed_opponent(name, tmp_path):
@@ -122,6 +125,7 @@ def test_seat_alternates_against_a_fixed_opponent(name, tmp_path):
 
 # --- the built-in opponents -------------------------------------------------------------
 
+
 def position(game_id: str, moves: list[str], seed: int = 0, **kwargs) -> Game:
     game = Game(game_id, seed, 2, kwargs)
     for move in moves:
@@ -129,11 +133,14 @@ def position(game_id: str, moves: list[str], seed: int = 0, **kwargs) -> Game:
     return game
 
 
-@pytest.mark.parametrize("moves, expected", [
-    (["[0]", "[4]", "[1]"], "[2]"),                     # X (seat 1) blocks O's 0-1-2
-    (["[4]", "[0]", "[2]", "[6]", "[3]", "[8]"], "[5]"),  # O (seat 0) wins 3-4-5 rather than block 6-7-8
-    (["[0]"], "[4]"),                                    # nothing to win or block: the centre
-])
+@pytest.mark.parametrize(
+    "moves, expected",
+    [
+        (["[0]", "[4]", "[1]"], "[2]"),  # X (seat 1) blocks O's 0-1-2
+        (["[4]", "[0]", "[2]", "[6]", "[3]", "[8]"], "[5]"),  # O (seat 0) wins 3-4-5 rather than block 6-7-8
+        (["[0]"], "[4]"),  # nothing to win or block: the centre
+    ],
+)
 def test_scripted_tictactoe_wins_else_blocks(moves, expected):
     import random
 
@@ -143,11 +150,14 @@ def test_scripted_tictactoe_wins_else_blocks(moves, expected):
     assert not game.act(expected)
 
 
-@pytest.mark.parametrize("moves, expected", [
-    (["[col 0]", "[col 6]", "[col 0]", "[col 5]", "[col 0]"], "[col 0]"),  # O blocks X's column 0
-    # O has three in column 6, X three in column 0: O wins rather than block
-    (["[col 0]", "[col 6]", "[col 0]", "[col 6]", "[col 1]", "[col 6]", "[col 0]"], "[col 6]"),
-])
+@pytest.mark.parametrize(
+    "moves, expected",
+    [
+        (["[col 0]", "[col 6]", "[col 0]", "[col 5]", "[col 0]"], "[col 0]"),  # O blocks X's column 0
+        # O has three in column 6, X three in column 0: O wins rather than block
+        (["[col 0]", "[col 6]", "[col 0]", "[col 6]", "[col 1]", "[col 6]", "[col 0]"], "[col 6]"),
+    ],
+)
 def test_scripted_connect_four_wins_else_blocks(moves, expected):
     import random
 
@@ -203,14 +213,16 @@ def test_random_opponent_never_loses_on_an_invalid_move_in_run_eval(tmp_path):
     """Many games against the seeded random opponent: every one ends on a real result."""
     for name in GAMES:
         card = load_card(name)
-        _, samples = evaluate(card, Reactive(card.env_params["game"], want="loss"), tmp_path / name,
-                              split="test", limit=20)
+        _, samples = evaluate(
+            card, Reactive(card.env_params["game"], want="loss"), tmp_path / name, split="test", limit=20
+        )
         for s in samples:
             assert s["env_info"]["invalid_moves"] == 0 and re.search(GAME_OVER, s["env_info"]["reason"]), s["id"]
             assert s["end_reason"] in ("win", "draw", "loss")
 
 
 # --- self-play and engine opponents -----------------------------------------------------
+
 
 @pytest.mark.parametrize("name", GAMES)
 def test_self_play_records_both_seats_of_one_game(name, tmp_path):
@@ -237,14 +249,14 @@ def test_self_play_records_both_seats_of_one_game(name, tmp_path):
         users = [m["content"] for m in request.messages if m["role"] == "user"]
         seat = int(re.search(r"You are Player (\d)", users[0]).group(1))
         mine = [m["content"] for m in request.messages if m["role"] == "assistant"]
-        assert any(texts(p[seat])[0] == users[0] and played(p[seat])[:len(mine)] == mine for p in by_task.values())
+        assert any(texts(p[seat])[0] == users[0] and played(p[seat])[: len(mine)] == mine for p in by_task.values())
     assert set(result["games"]["per_seat"]) == {"0", "1"}
 
 
 def other_moves_prefix(moves: list[str], tagged: list[str]) -> bool:
     """The tagged moves one seat read are the other seat's moves, all or all but its last
     (a move that ends the game is not shown)."""
-    return moves[:len(tagged)] == tagged and len(moves) - len(tagged) in (0, 1)
+    return moves[: len(tagged)] == tagged and len(moves) - len(tagged) in (0, 1)
 
 
 def test_an_engine_opponent_plays_the_other_seat_unrecorded(tmp_path):
@@ -252,8 +264,9 @@ def test_an_engine_opponent_plays_the_other_seat_unrecorded(tmp_path):
     other = Reactive("ConnectFour-v0", want="win", suffix=" (other)", name="other-engine")
     me = Reactive("ConnectFour-v0", want="loss")
     with model_opponent("other-engine", other):  # what `arle eval --opponent PROFILE` does with its engine
-        result, samples = evaluate(with_opponent(card, "other-engine"), me, tmp_path, split="test", limit=2,
-                                   num_samples=2)
+        result, samples = evaluate(
+            with_opponent(card, "other-engine"), me, tmp_path, split="test", limit=2, num_samples=2
+        )
     assert len(samples) == 4 and other.log and me.log
     # games: the other engine's requests, by their game's sampling seed (turn k samples with seed + k)
     games: dict[int, list[str]] = {}
@@ -274,6 +287,7 @@ def test_an_engine_opponent_plays_the_other_seat_unrecorded(tmp_path):
 
 # --- errors -----------------------------------------------------------------------------
 
+
 def test_unknown_builtin_opponent_is_a_one_line_error(tmp_path):
     card = load_card("tictactoe")
     bad = replace(card, env_params={**card.env_params, "opponent": "randm"})
@@ -290,9 +304,12 @@ def test_with_opponent_refuses_a_one_player_card():
 
 # --- determinism ------------------------------------------------------------------------
 
+
 def outcome_view(samples: list[dict]) -> list[tuple]:
-    return [(s["id"], played(s), texts(s), s["end_reason"], s["reward"],
-             {k: v for k, v in s["env_info"].items()}) for s in samples]
+    return [
+        (s["id"], played(s), texts(s), s["end_reason"], s["reward"], {k: v for k, v in s["env_info"].items()})
+        for s in samples
+    ]
 
 
 @pytest.mark.parametrize("name", GAMES)

@@ -45,16 +45,27 @@ DEFAULT_MAX_GEN_TOKS = 256  # lm_eval.defaults.DEFAULT_MAX_GEN_TOKS: a task YAML
 # card -> (lm-eval task, its folder under lm_eval/tasks, {lm-eval split: fixture file or
 # "fixture"}, {card few-shot split: fixture file}, chat?)
 PARITY: dict[str, dict[str, Any]] = {
-    "gsm8k": dict(task="gsm8k", folder="gsm8k", lm_splits={"train": "gsm8k.train.jsonl", "test": "fixture"},
-                  arle_fewshot={"train": "gsm8k.train.jsonl"}, shot_key="question"),
+    "gsm8k": dict(
+        task="gsm8k",
+        folder="gsm8k",
+        lm_splits={"train": "gsm8k.train.jsonl", "test": "fixture"},
+        arle_fewshot={"train": "gsm8k.train.jsonl"},
+        shot_key="question",
+    ),
     "gsm8k_cot": dict(task="gsm8k_cot", folder="gsm8k", lm_splits={"test": "fixture"}, embedded_shots=8),
     # lm-eval's exemplars are task ids 2-4, hard-coded in its utils.py; arle picks them by id
     # from the "prompt" split (fixture: that split's real rows 1-4, so first-n would differ).
-    "mbpp": dict(task="mbpp", folder="mbpp", lm_splits={"test": "fixture"},
-                 arle_fewshot={"prompt": "mbpp.prompt.jsonl"}, shot_key="task_id"),
+    "mbpp": dict(
+        task="mbpp",
+        folder="mbpp",
+        lm_splits={"test": "fixture"},
+        arle_fewshot={"prompt": "mbpp.prompt.jsonl"},
+        shot_key="task_id",
+    ),
     "humaneval": dict(task="humaneval", folder="humaneval", lm_splits={"test": "fixture"}, shot_key="task_id"),
-    "humaneval_plus": dict(task="humaneval_plus", folder="humaneval", lm_splits={"test": "fixture"},
-                           shot_key="task_id"),
+    "humaneval_plus": dict(
+        task="humaneval_plus", folder="humaneval", lm_splits={"test": "fixture"}, shot_key="task_id"
+    ),
     "ifeval": dict(task="ifeval", folder="ifeval", lm_splits={"train": "fixture"}, chat=True, shot_key="key"),
 }
 
@@ -111,8 +122,9 @@ def test_prompts_exemplars_stops_and_max_tokens_match_lmeval(name: str):
             assert not shots and len(doc.fewshot) == spec["embedded_shots"]
         else:
             key = spec["shot_key"]
-            assert [str(s.fields[key]) for s in shots] == [str(d[key]) for d in doc.fewshot], \
+            assert [str(s.fields[key]) for s in shots] == [str(d[key]) for d in doc.fewshot], (
                 f"{name} {task.id}: few-shot exemplars differ from lm-eval's"
+            )
             assert len(shots) == card.prompt.fewshot.n
         assert card.prompt.stop == doc.until, f"{name}: stop sequences differ from lm-eval's `until`"
         assert card.prompt.max_tokens == doc.gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)
@@ -139,11 +151,13 @@ def test_mbpp_exemplars_are_task_ids_2_to_4_not_the_first_rows():
 
 # --- cards that deviate on purpose ------------------------------------------------------
 
+
 def _check_targets(convert: Callable[[Task], Any], lm: Callable[[Any], Any]) -> Callable[[list[Task], list[Any]], None]:
     def check(tasks: list[Task], docs: list[Any]) -> None:
         assert len(tasks) == len(docs) >= 3
         for task, doc in zip(tasks, docs):
             assert convert(task) == lm(doc), f"{task.id}: gold {convert(task)!r} vs lm-eval's {lm(doc)!r}"
+
     return check
 
 
@@ -180,8 +194,12 @@ def _mmlu_pro_docs(card: Card) -> tuple[list[Task], list[Any]]:
     """lm-eval runs one mmlu_pro task per category; each fixture row goes to its own."""
     docs = []
     for row in _fixture(card):
-        docs += lmeval_docs(f"mmlu_pro_{row['category'].replace(' ', '_')}", {"test": [row], "validation": [row]},
-                            folder="mmlu_pro", num_fewshot=0)
+        docs += lmeval_docs(
+            f"mmlu_pro_{row['category'].replace(' ', '_')}",
+            {"test": [row], "validation": [row]},
+            folder="mmlu_pro",
+            num_fewshot=0,
+        )
     return _tasks(card), docs
 
 
@@ -229,63 +247,107 @@ def _truthfulqa_check(tasks: list[Task], docs: list[Any]) -> None:
 # card -> what is compared, the lm-eval task that is run on the fixture, and the words in the
 # card's description that state the deviation.
 DEVIATIONS: dict[str, dict[str, Any]] = {
-    "aime24": dict(task="aime24", folder="aime", lm_splits={"train": "fixture"},
-                   says=["Zero-shot chat prompt", "Prompt differs from lm-eval's aime24"],
-                   reason="chat prompt asking for \\boxed{} (lm-eval: \"Question: ...\\nAnswer:\"), math-verify "
-                          "scoring, 8192 new tokens (lm-eval 32768)",
-                   check=_check_targets(lambda t: str(t.target), lambda d: d.target)),
-    "aime25": dict(task="aime25", folder="aime", lm_splits={"test": "fixture"},
-                   says=["Zero-shot chat prompt", "Prompt differs from lm-eval's aime25"],
-                   reason="chat prompt asking for \\boxed{}, math-verify scoring, 8192 new tokens",
-                   check=_check_targets(lambda t: str(t.target), lambda d: d.target)),
-    "asdiv": dict(task="asdiv", folder="asdiv", lm_splits={"validation": "fixture"},
-                  says=["Generative, not lm-eval's loglikelihood"],
-                  reason="generative \\boxed{} chat prompt; lm-eval's asdiv scores the answer's loglikelihood",
-                  check=_check_targets(lambda t: str(t.target), lambda d: d.target)),
-    "gpqa_diamond": dict(task="gpqa_diamond_cot_zeroshot", folder="gpqa/cot_zeroshot", lm_splits={"train": "fixture"},
-                         says=["unlike\n  lm-eval's and lighteval's global-RNG shuffles"],
-                         reason="options shuffled by an md5 of the question, not lm-eval's unseeded global RNG, "
-                                "so the lettered prompt cannot match; the option set and gold text do",
-                         check=_gpqa_check),
-    "hendrycks_math": dict(task="hendrycks_math_algebra", folder="hendrycks_math",
-                           lm_splits={"train": "fixture", "test": "fixture"},
-                           says=["Prompt differs from lm-eval's hendrycks_math", "not lm-eval's string normalisation"],
-                           reason="chat prompt asking for \\boxed{} and math-verify scoring; the gold (the last "
-                                  "\\boxed{} of the solution) is lm-eval's",
-                           check=_check_targets(_math_gold, lambda d: d.doc["answer"])),
-    "drop": dict(task="drop", folder="drop", lm_splits={"train": "fixture", "validation": "fixture"},
-                 says=["Prompt differs from lm-eval's drop"],
-                 reason="chat prompt asking for a final \"Answer:\" line (lm-eval: \"{passage} {question}\" cut at "
-                        "the first \".\"); the same gold alternatives (answer + each validated answer)",
-                 check=_drop_check),
-    "mbpp_plus": dict(task="mbpp_plus", folder="mbpp", lm_splits={"test": "fixture"},
-                      says=["Prompted as EvalPlus's instruct prompt", "not lm-eval's mbpp_plus"],
-                      reason="EvalPlus's instruct prompt and plus tests; lm-eval's mbpp_plus is mbpp's 3-shot "
-                             "prompt and runs the three base asserts only",
-                      check=_mbpp_plus_check),
-    "mmlu_pro": dict(docs=_mmlu_pro_docs, says=["but zero-shot"],
-                     reason="zero-shot chat prompt; lm-eval shows 5 CoT exemplars of the same category",
-                     check=_mmlu_pro_check),
-    "mmlu_redux": dict(docs=_mmlu_redux_docs,
-                       says=["lm-eval's mmlu_redux generative task is similar but runs on the \"ok\" rows only"],
-                       reason="all 5,700 rows with evalscope's gold per error type, and arle's own prompt; on the "
-                              "\"ok\" rows lm-eval reads, the question and gold letter match",
-                       check=_letters),
-    "nq_open": dict(task="nq_open", folder="nq_open", lm_splits={"train": "fixture", "validation": "fixture"},
-                    says=["Prompt differs from lm-eval's nq_open"],
-                    reason="chat prompt asking for a final \"Answer:\" line (lm-eval: \"Q: ...?\\nA:\", stop at a "
-                           "newline, period or comma); same gold list",
-                    check=_check_targets(lambda t: list(t.target), lambda d: list(d.target))),
-    "triviaqa": dict(task="triviaqa", folder="triviaqa", lm_splits={"train": "fixture", "validation": "fixture"},
-                     says=["Prompt differs from lm-eval's triviaqa"],
-                     reason="chat prompt asking for a final \"Answer:\" line (lm-eval: \"Question: ...?\\nAnswer:\", "
-                            "stop at a newline, period or comma); same gold aliases",
-                     check=_check_targets(lambda t: list(t.target), lambda d: list(d.target))),
-    "truthfulqa_judged": dict(task="truthfulqa_gen", folder="truthfulqa", lm_splits={"validation": "fixture"},
-                              says=["lm-eval's truthfulqa_gen scores the same answers with BLEU/ROUGE"],
-                              reason="graded by a judge model (the paper's headline), zero-shot chat prompt; "
-                                     "lm-eval's truthfulqa_gen uses a 6-QA preamble and BLEU/ROUGE",
-                              check=_truthfulqa_check),
+    "aime24": dict(
+        task="aime24",
+        folder="aime",
+        lm_splits={"train": "fixture"},
+        says=["Zero-shot chat prompt", "Prompt differs from lm-eval's aime24"],
+        reason='chat prompt asking for \\boxed{} (lm-eval: "Question: ...\\nAnswer:"), math-verify '
+        "scoring, 8192 new tokens (lm-eval 32768)",
+        check=_check_targets(lambda t: str(t.target), lambda d: d.target),
+    ),
+    "aime25": dict(
+        task="aime25",
+        folder="aime",
+        lm_splits={"test": "fixture"},
+        says=["Zero-shot chat prompt", "Prompt differs from lm-eval's aime25"],
+        reason="chat prompt asking for \\boxed{}, math-verify scoring, 8192 new tokens",
+        check=_check_targets(lambda t: str(t.target), lambda d: d.target),
+    ),
+    "asdiv": dict(
+        task="asdiv",
+        folder="asdiv",
+        lm_splits={"validation": "fixture"},
+        says=["Generative, not lm-eval's loglikelihood"],
+        reason="generative \\boxed{} chat prompt; lm-eval's asdiv scores the answer's loglikelihood",
+        check=_check_targets(lambda t: str(t.target), lambda d: d.target),
+    ),
+    "gpqa_diamond": dict(
+        task="gpqa_diamond_cot_zeroshot",
+        folder="gpqa/cot_zeroshot",
+        lm_splits={"train": "fixture"},
+        says=["unlike\n  lm-eval's and lighteval's global-RNG shuffles"],
+        reason="options shuffled by an md5 of the question, not lm-eval's unseeded global RNG, "
+        "so the lettered prompt cannot match; the option set and gold text do",
+        check=_gpqa_check,
+    ),
+    "hendrycks_math": dict(
+        task="hendrycks_math_algebra",
+        folder="hendrycks_math",
+        lm_splits={"train": "fixture", "test": "fixture"},
+        says=["Prompt differs from lm-eval's hendrycks_math", "not lm-eval's string normalisation"],
+        reason="chat prompt asking for \\boxed{} and math-verify scoring; the gold (the last "
+        "\\boxed{} of the solution) is lm-eval's",
+        check=_check_targets(_math_gold, lambda d: d.doc["answer"]),
+    ),
+    "drop": dict(
+        task="drop",
+        folder="drop",
+        lm_splits={"train": "fixture", "validation": "fixture"},
+        says=["Prompt differs from lm-eval's drop"],
+        reason='chat prompt asking for a final "Answer:" line (lm-eval: "{passage} {question}" cut at '
+        'the first "."); the same gold alternatives (answer + each validated answer)',
+        check=_drop_check,
+    ),
+    "mbpp_plus": dict(
+        task="mbpp_plus",
+        folder="mbpp",
+        lm_splits={"test": "fixture"},
+        says=["Prompted as EvalPlus's instruct prompt", "not lm-eval's mbpp_plus"],
+        reason="EvalPlus's instruct prompt and plus tests; lm-eval's mbpp_plus is mbpp's 3-shot "
+        "prompt and runs the three base asserts only",
+        check=_mbpp_plus_check,
+    ),
+    "mmlu_pro": dict(
+        docs=_mmlu_pro_docs,
+        says=["but zero-shot"],
+        reason="zero-shot chat prompt; lm-eval shows 5 CoT exemplars of the same category",
+        check=_mmlu_pro_check,
+    ),
+    "mmlu_redux": dict(
+        docs=_mmlu_redux_docs,
+        says=['lm-eval\'s mmlu_redux generative task is similar but runs on the "ok" rows only'],
+        reason="all 5,700 rows with evalscope's gold per error type, and arle's own prompt; on the "
+        '"ok" rows lm-eval reads, the question and gold letter match',
+        check=_letters,
+    ),
+    "nq_open": dict(
+        task="nq_open",
+        folder="nq_open",
+        lm_splits={"train": "fixture", "validation": "fixture"},
+        says=["Prompt differs from lm-eval's nq_open"],
+        reason='chat prompt asking for a final "Answer:" line (lm-eval: "Q: ...?\\nA:", stop at a '
+        "newline, period or comma); same gold list",
+        check=_check_targets(lambda t: list(t.target), lambda d: list(d.target)),
+    ),
+    "triviaqa": dict(
+        task="triviaqa",
+        folder="triviaqa",
+        lm_splits={"train": "fixture", "validation": "fixture"},
+        says=["Prompt differs from lm-eval's triviaqa"],
+        reason='chat prompt asking for a final "Answer:" line (lm-eval: "Question: ...?\\nAnswer:", '
+        "stop at a newline, period or comma); same gold aliases",
+        check=_check_targets(lambda t: list(t.target), lambda d: list(d.target)),
+    ),
+    "truthfulqa_judged": dict(
+        task="truthfulqa_gen",
+        folder="truthfulqa",
+        lm_splits={"validation": "fixture"},
+        says=["lm-eval's truthfulqa_gen scores the same answers with BLEU/ROUGE"],
+        reason="graded by a judge model (the paper's headline), zero-shot chat prompt; "
+        "lm-eval's truthfulqa_gen uses a 6-QA preamble and BLEU/ROUGE",
+        check=_truthfulqa_check,
+    ),
 }
 
 
@@ -318,8 +380,8 @@ def test_squad_v2_unanswerable_is_lmevals_unanswerable_and_golds_are_its_spans()
 
 # Deviating cards whose lm-eval task cannot take local rows (checked in their own test above).
 DEVIATIONS_WITHOUT_LMEVAL_RUN = {
-    "squad_v2": "chat prompt with a final \"Answer:\" line; lm-eval's squadv2 is a Python task on its hub copy "
-                "(lighteval/squad_v2), checked through its doc_to_target above",
+    "squad_v2": 'chat prompt with a final "Answer:" line; lm-eval\'s squadv2 is a Python task on its hub copy '
+    "(lighteval/squad_v2), checked through its doc_to_target above",
 }
 
 # Cards whose description names lm-eval only to say they are not an lm-eval task.
@@ -331,8 +393,19 @@ NOT_CLAIMED = {
 }
 
 # Multiple choice (loglikelihood) cards: tests/test_lmeval_parity_mc.py.
-MC_CARDS = {"mmlu", "arc_easy", "arc_challenge", "hellaswag", "winogrande", "piqa", "boolq", "openbookqa", "sciq",
-            "commonsense_qa", "truthfulqa_mc1"}
+MC_CARDS = {
+    "mmlu",
+    "arc_easy",
+    "arc_challenge",
+    "hellaswag",
+    "winogrande",
+    "piqa",
+    "boolq",
+    "openbookqa",
+    "sciq",
+    "commonsense_qa",
+    "truthfulqa_mc1",
+}
 
 
 @pytest.mark.parametrize("name", sorted(NOT_CLAIMED))
@@ -343,14 +416,16 @@ def test_cards_that_are_not_lmeval_tasks_say_so(name: str):
 def test_every_card_naming_lmeval_is_listed():
     """A card whose description names lm-eval is in exactly one of the tables above."""
     tables = [set(PARITY), set(DEVIATIONS), set(DEVIATIONS_WITHOUT_LMEVAL_RUN), set(NOT_CLAIMED), MC_CARDS]
-    naming = {c.name for c in list_cards() if c.path and c.path.parent == BENCHMARKS
-              and re.search(r"lm-eval", c.description)}
+    naming = {
+        c.name for c in list_cards() if c.path and c.path.parent == BENCHMARKS and re.search(r"lm-eval", c.description)
+    }
     listed = set().union(*tables)
     assert naming <= listed, f"cards naming lm-eval without a parity entry: {sorted(naming - listed)}"
     assert sum(len(t) for t in tables) == len(listed), "a card is listed twice"
 
 
 # --- the few-shot samplers themselves ---------------------------------------------------
+
 
 def test_default_sampler_draws_what_lmevals_context_sampler_draws_also_from_the_eval_split():
     """arle's `default` sampler against lm-eval's own ContextSampler, seeded as simple_evaluate
@@ -367,8 +442,9 @@ def test_default_sampler_draws_what_lmevals_context_sampler_draws_also_from_the_
         mine = draw(pool, tasks, 3, sampler="default", seed=1234, exclude_doc=same_split)
         sampler = ContextSampler(rows).set_rnd(1234)
         theirs = [sampler.sample(3, eval_doc=row if same_split else None) for row in eval_rows]
-        assert [[s.input for s in exemplars_for(mine, t)] for t in tasks] == \
-               [[d["question"] for d in shots] for shots in theirs]
+        assert [[s.input for s in exemplars_for(mine, t)] for t in tasks] == [
+            [d["question"] for d in shots] for shots in theirs
+        ]
         if same_split:
             assert all(t.id not in {s.id for s in exemplars_for(mine, t)} for t in tasks)
 
@@ -381,11 +457,14 @@ def _card_with_fewshot(**fewshot: Any) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("fewshot, field", [
-    ({"n": 5, "sampler": "random"}, "prompt.fewshot.sampler"),
-    ({"n": 4, "ids": [2, 3, 4]}, "prompt.fewshot.n"),
-    ({"ids": "2,3,4"}, "prompt.fewshot.ids"),
-])
+@pytest.mark.parametrize(
+    "fewshot, field",
+    [
+        ({"n": 5, "sampler": "random"}, "prompt.fewshot.sampler"),
+        ({"n": 4, "ids": [2, 3, 4]}, "prompt.fewshot.n"),
+        ({"ids": "2,3,4"}, "prompt.fewshot.ids"),
+    ],
+)
 def test_a_bad_fewshot_block_is_one_line_naming_the_field(fewshot: dict[str, Any], field: str):
     from arlecli.cards import parse_card
     from arlecli.errors import UserError
@@ -423,8 +502,13 @@ def test_fewshot_by_keeps_exemplars_to_the_tasks_group_one_sampler_per_group():
     pool = [Task(id=f"p{i}", input=f"q{i}", target="", fields={"subject": "ab"[i % 2]}) for i in range(8)]
     tasks = [Task(id=f"t{i}", input="", target="", fields={"subject": s}) for i, s in enumerate("aabab")]
     firsts = draw(pool, tasks, 2, sampler="first_n", by="subject")
-    assert [[s.id for s in firsts[t.id]] for t in tasks] == [["p0", "p2"], ["p0", "p2"], ["p1", "p3"], ["p0", "p2"],
-                                                          ["p1", "p3"]]
+    assert [[s.id for s in firsts[t.id]] for t in tasks] == [
+        ["p0", "p2"],
+        ["p0", "p2"],
+        ["p1", "p3"],
+        ["p0", "p2"],
+        ["p1", "p3"],
+    ]
     drawn = draw(pool, tasks, 2, sampler="default", by="subject")
     for subject in "ab":
         group = [p for p in pool if p.fields["subject"] == subject]

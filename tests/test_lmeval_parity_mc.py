@@ -54,8 +54,12 @@ def local_card(tmp_path: Path, name: str, splits: dict[str, list[dict[str, Any]]
     folder.mkdir()
     for split, split_rows in splits.items():
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split_rows))
-    data["source"] = {"kind": "files", "path": f"{data['source']['default_split']}.jsonl",
-                      "splits": {s: f"{s}.jsonl" for s in splits}, "default_split": data["source"]["default_split"]}
+    data["source"] = {
+        "kind": "files",
+        "path": f"{data['source']['default_split']}.jsonl",
+        "splits": {s: f"{s}.jsonl" for s in splits},
+        "default_split": data["source"]["default_split"],
+    }
     (folder / "card.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return load_card(str(folder / "card.yaml"))
 
@@ -79,8 +83,11 @@ def test_every_lmeval_mc_card_is_listed():
     """Each card whose loglikelihood block names an lm-eval task is covered here (or listed as deviating)."""
     from arlecli.registry import load_card
 
-    named = {p.stem for p in (ROOT / "benchmarks").glob("*.yaml")
-             if "loglikelihood:" in p.read_text() and load_card(p.stem).loglikelihood is not None}
+    named = {
+        p.stem
+        for p in (ROOT / "benchmarks").glob("*.yaml")
+        if "loglikelihood:" in p.read_text() and load_card(p.stem).loglikelihood is not None
+    }
     assert named == set(CARDS) | {"mmlu"} | set(DEVIATIONS)
 
 
@@ -104,8 +111,9 @@ def test_few_shot_requests_are_lmevals(name, tmp_path):
     # lm-eval's redraw when a copy of the document itself was drawn is exercised.
     train = data + [{**r, **({"id": f"{r['id']}-copy"} if "id" in r else {})} for r in data[::-1]]
     card = local_card(tmp_path, name, {split: data, "train": train})
-    lm = lmeval_docs(task, {split: data, "train": train, "validation": data, "test": data}, folder=folder,
-                     num_fewshot=2)
+    lm = lmeval_docs(
+        task, {split: data, "train": train, "validation": data, "test": data}, folder=folder, num_fewshot=2
+    )
     docs = arle_docs(card, num_fewshot=2)
     assert arle_requests(docs) == lm_requests(lm)
     assert all(len(d.fewshot) == 2 for d in docs)
@@ -117,8 +125,14 @@ def mmlu_dev() -> list[dict[str, Any]]:
     out = []
     for subject in sorted(MMLU_SUBJECTS):
         for k in range(6):
-            out.append({"question": f" Dev question {k} about {subject.replace('_', ' ')}? ", "subject": subject,
-                        "choices": [f"first {k}", f"second {k}", f"third {k}", f"fourth {k}"], "answer": k % 4})
+            out.append(
+                {
+                    "question": f" Dev question {k} about {subject.replace('_', ' ')}? ",
+                    "subject": subject,
+                    "choices": [f"first {k}", f"second {k}", f"third {k}", f"fourth {k}"],
+                    "answer": k % 4,
+                }
+            )
     return out
 
 
@@ -128,12 +142,19 @@ def test_mmlu_is_lmevals_per_subject_five_shot_from_dev(tmp_path):
     docs = arle_docs(card)  # the card's default: 5-shot
     for doc in docs:
         subject = doc.task.fields["subject"]
-        lm = lmeval_docs(f"mmlu_{subject}", {"test": [r for r in test_rows if r["subject"] == subject],
-                                             "dev": [r for r in dev if r["subject"] == subject]},
-                         folder="mmlu/default", num_fewshot=5)
+        lm = lmeval_docs(
+            f"mmlu_{subject}",
+            {
+                "test": [r for r in test_rows if r["subject"] == subject],
+                "dev": [r for r in dev if r["subject"] == subject],
+            },
+            folder="mmlu/default",
+            num_fewshot=5,
+        )
         assert list(zip(doc.contexts, doc.continuations)) == [tuple(r) for r in lm[0].requests]
-        assert doc.contexts[0].startswith(f"The following are multiple choice questions (with answers) about "
-                                          f"{subject.replace('_', ' ')}.\n\n")
+        assert doc.contexts[0].startswith(
+            f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+        )
         assert "Dev question 5" not in doc.contexts[0] and "Dev question 4" in doc.contexts[0]
 
 
@@ -163,7 +184,9 @@ def lmeval_results(task_obj: Any, lm: Any, docs: list[Any]) -> list[dict[str, An
 
     out = []
     for d in docs:
-        insts = [Instance(request_type="loglikelihood", doc=d.doc, arguments=r, idx=k) for k, r in enumerate(d.requests)]
+        insts = [
+            Instance(request_type="loglikelihood", doc=d.doc, arguments=r, idx=k) for k, r in enumerate(d.requests)
+        ]
         lls = lm.loglikelihood(insts, disable_tqdm=True)
         metrics = task_obj.process_results(d.doc, lls)
         out.append({"lls": [ll for ll, _ in lls], **metrics})

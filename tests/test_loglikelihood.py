@@ -31,8 +31,19 @@ def samples(run: Path) -> list[dict[str, Any]]:
 
 def test_eval_reports_acc_and_acc_norm_with_stderr_and_resumes(tiny_model, tmp_path):
     run = tmp_path / "run"
-    args = ["eval", "hellaswag", "--model", str(tiny_model), "--data", str(FIXTURES / "hellaswag.jsonl"),
-            "--scoring", "loglikelihood", "--output", str(run), "--json"]
+    args = [
+        "eval",
+        "hellaswag",
+        "--model",
+        str(tiny_model),
+        "--data",
+        str(FIXTURES / "hellaswag.jsonl"),
+        "--scoring",
+        "loglikelihood",
+        "--output",
+        str(run),
+        "--json",
+    ]
     first = arle(*args)
     assert first.returncode == 0, first.stderr
     results = json.loads(first.stdout)
@@ -64,14 +75,31 @@ def test_eval_reports_acc_and_acc_norm_with_stderr_and_resumes(tiny_model, tmp_p
         proc = arle(*cmd)
         assert proc.returncode == 0, proc.stderr
     # Generative scoring cannot resume it (its samples would be mixed in).
-    gen = arle("eval", "hellaswag", "--model", str(tiny_model), "--data", str(FIXTURES / "hellaswag.jsonl"),
-               "--output", str(run), "--resume")
+    gen = arle(
+        "eval",
+        "hellaswag",
+        "--model",
+        str(tiny_model),
+        "--data",
+        str(FIXTURES / "hellaswag.jsonl"),
+        "--output",
+        str(run),
+        "--resume",
+    )
     assert "scoring" in one_error_line(gen)
 
 
 def test_a_card_without_a_loglikelihood_block_is_refused_in_one_line(tiny_model):
-    proc = arle("eval", "gsm8k", "--model", str(tiny_model), "--data", str(FIXTURES / "gsm8k.jsonl"),
-                "--scoring", "loglikelihood")
+    proc = arle(
+        "eval",
+        "gsm8k",
+        "--model",
+        str(tiny_model),
+        "--data",
+        str(FIXTURES / "gsm8k.jsonl"),
+        "--scoring",
+        "loglikelihood",
+    )
     line = one_error_line(proc)
     assert "gsm8k" in line and "--scoring generate" in line
     bad = arle("eval", "arc_easy", "--model", str(tiny_model), "--scoring", "logprobs")
@@ -119,10 +147,12 @@ def tiny_echo(model_dir: Path):
 def requests() -> list[Any]:
     from arlecli.engine.base import LoglikRequest
 
-    return [LoglikRequest("Question: Which planet is known as the Red Planet?\nAnswer:", " Mars"),
-            LoglikRequest("Question: Which planet is known as the Red Planet?\nAnswer:", " Jupiter and Saturn"),
-            LoglikRequest("The trophy would not fit in the suitcase because the trophy", " was too big."),
-            LoglikRequest("Answer: ", "B")]  # the context's trailing space belongs to the continuation
+    return [
+        LoglikRequest("Question: Which planet is known as the Red Planet?\nAnswer:", " Mars"),
+        LoglikRequest("Question: Which planet is known as the Red Planet?\nAnswer:", " Jupiter and Saturn"),
+        LoglikRequest("The trophy would not fit in the suitcase because the trophy", " was too big."),
+        LoglikRequest("Answer: ", "B"),
+    ]  # the context's trailing space belongs to the continuation
 
 
 def test_hf_and_an_echoing_endpoint_give_the_same_loglikelihoods(tiny_model):
@@ -148,13 +178,37 @@ def test_hf_and_an_echoing_endpoint_give_the_same_loglikelihoods(tiny_model):
 def test_an_endpoint_without_prompt_logprobs_exits_2_in_one_line(tmp_path):
     data = FIXTURES / "arc_easy.jsonl"
     with FakeOpenAIServer(lambda body: " B") as srv:  # ignores `echo`, like servers that cannot score prompts
-        proc = arle("eval", "arc_easy", "--base-url", srv.base_url, "--model", srv.model, "--data", str(data),
-                    "--scoring", "loglikelihood", "--output", str(tmp_path / "run"))
+        proc = arle(
+            "eval",
+            "arc_easy",
+            "--base-url",
+            srv.base_url,
+            "--model",
+            srv.model,
+            "--data",
+            str(data),
+            "--scoring",
+            "loglikelihood",
+            "--output",
+            str(tmp_path / "run"),
+        )
     line = one_error_line(proc)
     assert "prompt's logprobs" in line and "--scoring generate" in line
     with FakeOpenAIServer(lambda body: " B", fail_first=100, fail_status=400) as srv:  # refuses the request
-        proc = arle("eval", "arc_easy", "--base-url", srv.base_url, "--model", srv.model, "--data", str(data),
-                    "--scoring", "loglikelihood", "--output", str(tmp_path / "run2"))
+        proc = arle(
+            "eval",
+            "arc_easy",
+            "--base-url",
+            srv.base_url,
+            "--model",
+            srv.model,
+            "--data",
+            str(data),
+            "--scoring",
+            "loglikelihood",
+            "--output",
+            str(tmp_path / "run2"),
+        )
     line = one_error_line(proc)
     assert "HTTP 400" in line and "echoes prompt logprobs" in line
 
@@ -192,8 +246,17 @@ def test_a_card_defaulting_to_loglikelihood_evaluates_so_and_refuses_training(ti
     data["fixture"] = str(FIXTURES / "arc_easy.jsonl")
     card = tmp_path / "arc_ll.yaml"
     card.write_text(yaml.safe_dump(data, sort_keys=False))
-    proc = arle("eval", str(card), "--model", str(tiny_model), "--data", str(FIXTURES / "arc_easy.jsonl"),
-                "--output", str(tmp_path / "run"), "--json")
+    proc = arle(
+        "eval",
+        str(card),
+        "--model",
+        str(tiny_model),
+        "--data",
+        str(FIXTURES / "arc_easy.jsonl"),
+        "--output",
+        str(tmp_path / "run"),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert {"acc", "acc_norm"} <= set(json.loads(proc.stdout)["metrics"])
     line = one_error_line(arle("train", str(card), "--model", str(tiny_model), "--max-steps", "1"))

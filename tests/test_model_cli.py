@@ -32,8 +32,13 @@ def run(app, *args: str, input: str | None = None):
 
 def arle(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The real entry point (main(): UserError -> one line on stderr, exit 2) in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "arlecli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
 
 
 def test_crud(app, isolated_home: Path, tmp_path: Path) -> None:
@@ -59,8 +64,13 @@ def test_crud(app, isolated_home: Path, tmp_path: Path) -> None:
 
     listed = json.loads(run(app, "model", "list", "--json").output)
     assert [p["name"] for p in listed] == ["local", "qwen", "srv"]
-    assert listed[1] == {"name": "qwen", "kind": "hub", "location": "Qwen/Qwen2.5-0.5B-Instruct",
-                         "hub_id": "Qwen/Qwen2.5-0.5B-Instruct", "default": True}
+    assert listed[1] == {
+        "name": "qwen",
+        "kind": "hub",
+        "location": "Qwen/Qwen2.5-0.5B-Instruct",
+        "hub_id": "Qwen/Qwen2.5-0.5B-Instruct",
+        "default": True,
+    }
     shown = json.loads(run(app, "model", "show", "srv", "--json").output)
     assert shown["base_url"] == "http://localhost:8000/v1" and shown["model"] == "served"
     assert "base url" in run(app, "model", "show", "srv").output
@@ -82,10 +92,14 @@ def test_api_key_value_is_never_stored_or_printed(app, isolated_home: Path, monk
     monkeypatch.setenv("MY_KEY", SECRET)
     outputs = [
         arle("model", "setup", "--name", "srv", "--base-url", "http://localhost:8000/v1", "--api-key-env", "MY_KEY"),
-        arle("model", "list"), arle("model", "list", "--json"), arle("model", "show", "srv"),
+        arle("model", "list"),
+        arle("model", "list", "--json"),
+        arle("model", "show", "srv"),
         arle("model", "show", "srv", "--json"),
     ]
-    outputs.append(run(app, "model", "setup", "--name", "srv2", "--base-url", "http://h:1/v1", "--api-key-env", "MY_KEY"))
+    outputs.append(
+        run(app, "model", "setup", "--name", "srv2", "--base-url", "http://h:1/v1", "--api-key-env", "MY_KEY")
+    )
     for out in outputs[:5]:
         assert out.returncode == 0, out.stderr
         assert SECRET not in out.stdout + out.stderr
@@ -106,15 +120,19 @@ def test_api_key_value_is_never_stored_or_printed(app, isolated_home: Path, monk
         (["model", "setup", "--name", "x"], "pass one of --path DIR, --hub-id ORG/NAME or --base-url URL"),
         (["model", "setup", "--hub-id", "a/b"], "pass --name NAME"),
         (["model", "setup", "--name", "x", "--hub-id", "a/b", "--base-url", "http://h/v1"], "exactly one of"),
-        (["model", "setup", "--name", "x", "--base-url", "http://h/v1", "--api-key-env", SECRET], "NAME of an environment"),
+        (
+            ["model", "setup", "--name", "x", "--base-url", "http://h/v1", "--api-key-env", SECRET],
+            "NAME of an environment",
+        ),
         (["model", "show", "qwen-smal"], "did you mean qwen-small?"),
         (["model", "remove", "nope"], "unknown model profile 'nope'"),
     ],
 )
 def test_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
     assert arle("model", "setup", "--name", "qwen-small", "--hub-id", "Qwen/Qwen2.5-0.5B-Instruct").returncode == 0
-    proc = subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "arlecli", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
@@ -126,7 +144,8 @@ def test_setup_asks_when_interactive(app, monkeypatch: pytest.MonkeyPatch) -> No
     r = run(app, "model", "setup", input="myserver\nendpoint\nhttp://h:9/v1\nserved-name\nMY_KEY\n")
     assert r.exit_code == 0, r.output
     assert config.get_profile("myserver") == config.ModelProfile(
-        name="myserver", base_url="http://h:9/v1", model="served-name", api_key_env="MY_KEY")
+        name="myserver", base_url="http://h:9/v1", model="served-name", api_key_env="MY_KEY"
+    )
     r = run(app, "model", "setup", "--name", "hubby", input="hub\norg/model\n")
     assert r.exit_code == 0 and config.get_profile("hubby").hub_id == "org/model"
 
@@ -144,7 +163,12 @@ def test_base_url_wins_and_model_is_the_served_name() -> None:
     config.save_profile(config.ModelProfile(name="qwen", hub_id="Qwen/Qwen2.5-0.5B-Instruct"))
     spec = models.resolve_model("qwen", base_url="http://localhost:8000/v1/", api_key_env="MY_KEY")
     assert (spec.kind, spec.base_url, spec.model, spec.api_key_env, spec.backend) == (
-        "openai", "http://localhost:8000/v1", "qwen", "MY_KEY", "openai")
+        "openai",
+        "http://localhost:8000/v1",
+        "qwen",
+        "MY_KEY",
+        "openai",
+    )
     spec = models.resolve_model(None, base_url="http://localhost:8000/v1")
     assert spec.kind == "openai" and spec.model is None  # the engine asks GET /models
     with pytest.raises(UserError, match="openai backend"):
@@ -185,7 +209,11 @@ def test_local_folders(tmp_path: Path) -> None:
 def test_hub_ids_and_unknown_names() -> None:
     spec = models.resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
     assert (spec.kind, spec.path_or_id, spec.backend, spec.name) == (
-        "hf", "Qwen/Qwen2.5-0.5B-Instruct", None, "Qwen/Qwen2.5-0.5B-Instruct")
+        "hf",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        None,
+        "Qwen/Qwen2.5-0.5B-Instruct",
+    )
     config.save_profile(config.ModelProfile(name="qwen-small", hub_id="Qwen/Qwen2.5-0.5B-Instruct"))
     with pytest.raises(UserError) as info:
         models.resolve_model("qwen-smal")

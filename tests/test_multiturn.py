@@ -49,10 +49,14 @@ def episodes_for(card_name: str, replies: list[str], limit: int = 1):
 
 
 def test_tool_call_parsing_tolerates_what_models_write():
-    calls = parse_tool_calls('first <tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}'
-                             '</tool_call> then <tool_call>{"name": "calculator", "arguments": {"expression": "2"}}')
-    assert [(c.name, c.arguments) for c in calls] == [("python", {"code": "print(1)"}),
-                                                     ("calculator", {"expression": "2"})]
+    calls = parse_tool_calls(
+        'first <tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}'
+        '</tool_call> then <tool_call>{"name": "calculator", "arguments": {"expression": "2"}}'
+    )
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("python", {"code": "print(1)"}),
+        ("calculator", {"expression": "2"}),
+    ]
     assert parse_tool_calls("no calls here") == []
 
 
@@ -64,14 +68,19 @@ def test_a_tool_call_nested_past_the_json_limit_is_a_bad_call_not_a_crash():
     assert parse_tool_calls(f"<tool_call>{deep_args}</tool_call>")[0].error is not None
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("<tool_call>{not json}</tool_call>", "error: the tool call is not valid JSON"),
-    ('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', "error: unknown tool 'shell'"),
-    ('<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>',
-     "error: UnsafeExpression: division by zero"),
-    ('<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>', "error: bad arguments"),
-    ('<tool_call>{"arguments": {}}</tool_call>', 'error: a tool call needs {"name"'),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<tool_call>{not json}</tool_call>", "error: the tool call is not valid JSON"),
+        ('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', "error: unknown tool 'shell'"),
+        (
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>',
+            "error: UnsafeExpression: division by zero",
+        ),
+        ('<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>', "error: bad arguments"),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'error: a tool call needs {"name"'),
+    ],
+)
 def test_bad_tool_calls_become_error_observations_and_the_episode_goes_on(text, expected):
     [episode] = episodes_for("math_tool", [text, "#### 6"])
     assert [t.completion for t in episode.turns] == [text, "#### 6"]
@@ -88,17 +97,25 @@ def test_turn_limit_ends_the_episode_with_its_reason():
 def test_python_tool_runs_in_the_sandbox():
     python = get_tool("python", Task("t", "", ""))
     assert python(code="import os; print(6 * 7, os.getcwd() != '/')") == "42 True"
-    out, ok = call_tool({"python": python}, parse_tool_calls(
-        '<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>')[0])
+    out, ok = call_tool(
+        {"python": python},
+        parse_tool_calls('<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>')[0],
+    )
     assert ok and "error (timeout)" in out
 
 
-@pytest.mark.parametrize("replies, correct", [([CALL, "So 6 are left.\n#### 6"], True),
-                                              ([CALL, "So 7 are left.\n#### 7"], False)])
+@pytest.mark.parametrize(
+    "replies, correct", [([CALL, "So 6 are left.\n#### 6"], True), ([CALL, "So 7 are left.\n#### 7"], False)]
+)
 def test_multi_turn_eval_logs_every_turn(tmp_path, replies, correct):
     card = load_card("math_tool")
-    result = run_eval(card, ScriptedAgent(replies), EvalOptions(data=GSM8K_ROWS, limit=1, num_fewshot=0),
-                      model="scripted", run_dir=tmp_path)
+    result = run_eval(
+        card,
+        ScriptedAgent(replies),
+        EvalOptions(data=GSM8K_ROWS, limit=1, num_fewshot=0),
+        model="scripted",
+        run_dir=tmp_path,
+    )
     assert result["metrics"]["accuracy"]["value"] == float(correct)
     sample = json.loads((tmp_path / "samples.jsonl").read_text())
     assert [t["completion"] for t in sample["turns"]] == replies
@@ -134,26 +151,36 @@ def test_later_turns_extend_the_engine_ids_exactly(tiny_model):
     card.env, card.env_params = "test_nudge", {}
     engine = HFEngine(str(tiny_model), batch_size=4)
     tasks = [Task(str(i), f"What is {i} plus 30?", "") for i in range(3)]
-    jobs = [Job(t, make_env(card, t), SamplingParams(temperature=1.0, max_tokens=6, seed=i, logprobs=True))
-            for i, t in enumerate(tasks)]
+    jobs = [
+        Job(t, make_env(card, t), SamplingParams(temperature=1.0, max_tokens=6, seed=i, logprobs=True))
+        for i, t in enumerate(tasks)
+    ]
     for _, episode in run_episodes(engine, jobs):
         first, second = episode.turns
-        assert second.prompt_token_ids[:len(first.prompt_token_ids) + len(first.token_ids)] == \
-            first.prompt_token_ids + first.token_ids
+        assert (
+            second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)]
+            == first.prompt_token_ids + first.token_ids
+        )
         prompt_ids, completion_ids, mask, logprobs = flatten_episode(episode)
         assert prompt_ids + completion_ids == second.prompt_token_ids + second.token_ids
         env_part = [t for t, m in zip(completion_ids, mask) if m == 0]
         assert "Check that again." in engine.tokenizer.decode(env_part)
-        assert sum(mask) == len(first.token_ids) + len(second.token_ids) == len(
-            [lp for lp, m in zip(logprobs, mask) if m])
+        assert (
+            sum(mask) == len(first.token_ids) + len(second.token_ids) == len([lp for lp, m in zip(logprobs, mask) if m])
+        )
 
 
 def test_tool_call_episode_on_the_tiny_model_logs_every_turn(tmp_path, tiny_model, monkeypatch):
     from arlecli.engine.hf import HFEngine
 
     first_turn_calls_a_tool(monkeypatch)
-    run_eval(load_card("math_tool"), HFEngine(str(tiny_model)), EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8),
-             model="tiny", run_dir=tmp_path)
+    run_eval(
+        load_card("math_tool"),
+        HFEngine(str(tiny_model)),
+        EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8),
+        model="tiny",
+        run_dir=tmp_path,
+    )
     for line in (tmp_path / "samples.jsonl").read_text().splitlines():
         sample = json.loads(line)
         first, second = sample["turns"][:2]
@@ -188,9 +215,26 @@ def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_mod
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
     run = tmp_path / "run"
-    app(args=[str(tmp_path / "math_tool.yaml"), "--model", str(tiny_model), "--num-generations", "2",
-              "--max-steps", "2", "--eval-limit", "0", "--set", "max_completion_length=8",
-              "--set", "per_device_train_batch_size=2", "--output", str(run)], standalone_mode=False)
+    app(
+        args=[
+            str(tmp_path / "math_tool.yaml"),
+            "--model",
+            str(tiny_model),
+            "--num-generations",
+            "2",
+            "--max-steps",
+            "2",
+            "--eval-limit",
+            "0",
+            "--set",
+            "max_completion_length=8",
+            "--set",
+            "per_device_train_batch_size=2",
+            "--output",
+            str(run),
+        ],
+        standalone_mode=False,
+    )
 
     lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(x["turns"] == 2 and x["env_info"]["tool_calls"] == 1 for x in lines)
@@ -236,9 +280,25 @@ def test_rloo_keeps_env_tokens_out_of_its_loss(tmp_path, tiny_model, monkeypatch
     card["source"] = {"kind": "files", "path": GSM8K_ROWS}
     (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))
     run = tmp_path / "run"
-    train_in_process(str(tmp_path / "math_tool.yaml"), "--algo", "rloo", "--model", str(tiny_model),
-                     "--num-generations", "2", "--max-steps", "2", "--eval-limit", "0", "--max-tokens", "8",
-                     "--set", "per_device_train_batch_size=2", "--output", str(run))
+    train_in_process(
+        str(tmp_path / "math_tool.yaml"),
+        "--algo",
+        "rloo",
+        "--model",
+        str(tiny_model),
+        "--num-generations",
+        "2",
+        "--max-steps",
+        "2",
+        "--eval-limit",
+        "0",
+        "--max-tokens",
+        "8",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--output",
+        str(run),
+    )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))

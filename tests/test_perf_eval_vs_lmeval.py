@@ -74,8 +74,9 @@ def test_arle_card_copy_keeps_the_prompt_and_reward(tmp_path: Path) -> None:
 def test_compare_agrees_on_identical_outputs_and_flags_a_difference() -> None:
     rows = perf.make_rows(3, seed=7)
     texts = [" 2 + 3 = 5\n#### 5", " the answer is 12.", " no number"]
-    arle = {i: {"text": t, "prompt": f"Question: {r['question']}\nAnswer:"}
-            for i, (t, r) in enumerate(zip(texts, rows))}
+    arle = {
+        i: {"text": t, "prompt": f"Question: {r['question']}\nAnswer:"} for i, (t, r) in enumerate(zip(texts, rows))
+    }
 
     def lm_doc(i: int, text: str) -> dict:
         ex = perf.arle_extractions(text, rows[i]["answer"])

@@ -31,8 +31,23 @@ def test_tokenizer_has_exactly_the_configs_vocab(gpu):
 
 def test_quick_cpu_run_writes_every_part(gpu, tmp_path):
     out = tmp_path / "gpu.json"
-    gpu.main(["--device", "cpu", "--quick", "--batches", "1", "3", "--max-tokens", "4", "--no-grpo",
-              "--bandwidth", "1e11", "--out", str(out)])
+    gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--quick",
+            "--batches",
+            "1",
+            "3",
+            "--max-tokens",
+            "4",
+            "--no-grpo",
+            "--bandwidth",
+            "1e11",
+            "--out",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     assert result["dtype"] == "torch.float32"
     assert result["shape"]["vocab_size"] == 8192

@@ -33,8 +33,11 @@ def test_fit_line_recovers_an_exact_line() -> None:
 
 
 def test_agreement_counts_identical_texts_and_where_they_part() -> None:
-    a = {"t1#0": {"completion": "abcd", "correct": True}, "t2#0": {"completion": "xyz", "correct": False},
-         "only_a#0": {"completion": "q", "correct": False}}
+    a = {
+        "t1#0": {"completion": "abcd", "correct": True},
+        "t2#0": {"completion": "xyz", "correct": False},
+        "only_a#0": {"completion": "q", "correct": False},
+    }
     b = {"t1#0": {"completion": "abcd", "correct": True}, "t2#0": {"completion": "xyQ", "correct": True}}
     got = backends.agreement(a, b)
     assert got["n"] == 2 and got["identical_text"] == 1 and got["same_correct"] == 1

@@ -14,8 +14,13 @@ PERF = Path(__file__).resolve().parent.parent / "perf"
 
 def test_serve_streaming_perf_quick(tmp_path):
     out = tmp_path / "serve_streaming.json"
-    proc = subprocess.run([sys.executable, str(PERF / "serve_streaming.py"), "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    proc = subprocess.run(
+        [sys.executable, str(PERF / "serve_streaming.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     med = json.loads(out.read_text())["results"]["hf"]["median"]
     assert med["replies_with_content"] == 4 and med["content_chunks_per_reply"] > 1

@@ -15,8 +15,13 @@ PERF = Path(__file__).resolve().parent.parent / "perf"
 
 def test_serve_tools_perf_quick(tmp_path):
     out = tmp_path / "serve_tools.json"
-    proc = subprocess.run([sys.executable, str(PERF / "serve_tools.py"), "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "ARLE_HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, str(PERF / "serve_tools.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ARLE_HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     med = json.loads(out.read_text())["backends"]["hf"]["median"]
     assert med["tools"]["prompt_tokens"] == med["same_prompt"]["prompt_tokens"] > med["plain"]["prompt_tokens"]

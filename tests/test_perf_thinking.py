@@ -14,9 +14,28 @@ PERF = Path(__file__).resolve().parent.parent / "perf"
 
 def test_thinking_perf_variants_sample_the_same_tokens(tmp_path):
     out = tmp_path / "thinking.json"
-    proc = subprocess.run([sys.executable, str(PERF / "thinking.py"), "--rows", "4", "--thinking", "6",
-                           "--answer", "3", "--batch", "4", "--repeats", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(PERF / "thinking.py"),
+            "--rows",
+            "4",
+            "--thinking",
+            "6",
+            "--answer",
+            "3",
+            "--batch",
+            "4",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     med = result["median"]

@@ -32,9 +32,17 @@ def test_train_vs_trl_quick_writes_both_tools_with_generation_split(tmp_path: Pa
     out = tmp_path / "train_vs_trl.json"
     train_vs_trl.main(["--quick", "--out", str(out)])
     result = json.loads(out.read_text())
-    for key in ("seconds_per_step", "cpu_seconds_per_step", "generation_seconds_per_step", "rest_of_step_seconds",
-                "generated_tokens_per_step", "generation_tokens_per_s", "step_tokens_per_s",
-                "static_batch_token_slots_per_step", "kept_share_of_static_slots"):
+    for key in (
+        "seconds_per_step",
+        "cpu_seconds_per_step",
+        "generation_seconds_per_step",
+        "rest_of_step_seconds",
+        "generated_tokens_per_step",
+        "generation_tokens_per_s",
+        "step_tokens_per_s",
+        "static_batch_token_slots_per_step",
+        "kept_share_of_static_slots",
+    ):
         row = result["table"][key]
         assert row["arle"] > 0 and row["trl"] > 0 and row["ratio"] is not None, key
     assert result["target_ratio"] == 0.8 and result["ceiling_ratio"] == 1.0
@@ -48,8 +56,10 @@ def test_train_vs_trl_quick_writes_both_tools_with_generation_split(tmp_path: Pa
         assert all(0 < g < s for g, s in zip(run["generate_seconds_per_step"], run["seconds_per_step"]))
         assert len(run["tokens_per_step"]) == steps and all(t > 0 for t in run["tokens_per_step"])
     arle = result["runs"][0]
-    assert sum(arle["finish_reasons"].values()) == result["steps"] * result["trainer_config"][
-        "per_device_train_batch_size"]
+    assert (
+        sum(arle["finish_reasons"].values())
+        == result["steps"] * result["trainer_config"]["per_device_train_batch_size"]
+    )
 
 
 def test_train_rollouts_quick_times_each_phase_on_both_backends(tmp_path: Path, monkeypatch) -> None:
@@ -59,8 +69,9 @@ def test_train_rollouts_quick_times_each_phase_on_both_backends(tmp_path: Path, 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(root / "vllm" / "cache"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "vllm" / "inductor"))
     out = tmp_path / "train_rollouts.json"
-    train_rollouts.main(["--quick", "--configs", "4-turn:grpo", "--episodes", "2",
-                         "--max-tokens", "4", "--out", str(out)])
+    train_rollouts.main(
+        ["--quick", "--configs", "4-turn:grpo", "--episodes", "2", "--max-tokens", "4", "--out", str(out)]
+    )
     result = json.loads(out.read_text())
     assert result["settings"]["episodes"] == 2 and result["settings"]["backends"] == ["hf", "vllm"]
     [summary] = result["summaries"]

@@ -27,8 +27,9 @@ ARLE = [sys.executable, "-m", "arlecli"]
 NOWHERE = "http://127.0.0.1:9/v1"  # cards that fail at load never reach a model
 
 
-def run(*args: str, pythonpath: Path | None = None, cwd: Path | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, pythonpath: Path | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess (as a user runs it), with `pythonpath` on its sys.path."""
     env = os.environ.copy()
     if pythonpath is not None:
@@ -67,8 +68,18 @@ def test_the_plugin_package_declares_the_same_entry_points_in_pyproject_and_dist
 
 
 def test_an_installed_package_adds_a_reward_a_tool_an_env_and_a_card(tmp_path, tiny_model):
-    out = arle("eval", "demo_shout", "--model", str(tiny_model), "--max-tokens", "8",
-               "--output", str(tmp_path / "run"), "--json", pythonpath=PLUGIN_PKG)
+    out = arle(
+        "eval",
+        "demo_shout",
+        "--model",
+        str(tiny_model),
+        "--max-tokens",
+        "8",
+        "--output",
+        str(tmp_path / "run"),
+        "--json",
+        pythonpath=PLUGIN_PKG,
+    )
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout)["metrics"]
     rows = samples(tmp_path / "run")
@@ -92,16 +103,39 @@ def test_an_installed_package_adds_a_reward_a_tool_an_env_and_a_card(tmp_path, t
 def test_a_packages_backend_is_one_eval_and_model_setup_accept(tmp_path, tiny_model, isolated_home):
     # `--backend` takes a backend an installed package registers, like arle's own; a typo
     # still fails in one line, now naming the package's backend among the choices.
-    out = arle("eval", "demo_shout", "--model", str(tiny_model), "--backend", "demo_loud_hf", "--max-tokens", "4",
-               "--limit", "1", "--output", str(tmp_path / "run"), pythonpath=PLUGIN_PKG)
+    out = arle(
+        "eval",
+        "demo_shout",
+        "--model",
+        str(tiny_model),
+        "--backend",
+        "demo_loud_hf",
+        "--max-tokens",
+        "4",
+        "--limit",
+        "1",
+        "--output",
+        str(tmp_path / "run"),
+        pythonpath=PLUGIN_PKG,
+    )
     assert out.returncode == 0, out.stderr
     assert "demo_loud_hf: running on arle's hf engine" in out.stderr
     assert len(samples(tmp_path / "run")) == 1
-    setup = arle("model", "setup", "--name", "loud", "--path", str(tiny_model), "--backend", "demo_loud_hf",
-                 pythonpath=PLUGIN_PKG)
+    setup = arle(
+        "model",
+        "setup",
+        "--name",
+        "loud",
+        "--path",
+        str(tiny_model),
+        "--backend",
+        "demo_loud_hf",
+        pythonpath=PLUGIN_PKG,
+    )
     assert setup.returncode == 0, setup.stderr
-    line = one_line_error(arle("eval", "demo_shout", "--model", str(tiny_model), "--backend", "demo_loud_h",
-                               pythonpath=PLUGIN_PKG))
+    line = one_line_error(
+        arle("eval", "demo_shout", "--model", str(tiny_model), "--backend", "demo_loud_h", pythonpath=PLUGIN_PKG)
+    )
     assert "unknown backend 'demo_loud_h'" in line and "demo_loud_hf" in line
 
 
@@ -124,8 +158,11 @@ def test_the_packages_tool_answers_a_tool_call_in_its_env():
     out = run(sys.executable, "-c", script, pythonpath=PLUGIN_PKG)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "<tool_response>", "HI THERE", "</tool_response>",
-        "entry point arle.tools 'demo_shout = arle_plugin_demo:shout' from arle-plugin-demo 0.1.0"]
+        "<tool_response>",
+        "HI THERE",
+        "</tool_response>",
+        "entry point arle.tools 'demo_shout = arle_plugin_demo:shout' from arle-plugin-demo 0.1.0",
+    ]
 
 
 # ------------------------------------------------------------------ a card with Python files next to it
@@ -163,7 +200,7 @@ def shape(row):
     return {**row, "question": "Count the words of: " + row["word"], "answer": "1"}
 '''
 
-CARD = '''
+CARD = """
 name: my_words
 category: agent
 description: Everything but the env comes from my_parts.py, next to this card.
@@ -177,7 +214,7 @@ prompt: {format: chat, max_tokens: 8}
 env: {name: tools, params: {tools: ["my_parts.py:word_count"], max_turns: 2}}
 reward: {name: my_parts.py:score_length, params: {min_chars: 0}}
 metrics: [accuracy, chars, pass@1]
-'''
+"""
 
 
 def test_a_card_uses_a_reward_tool_generator_and_transform_from_a_file_next_to_it(tmp_path, tiny_model):
@@ -187,8 +224,18 @@ def test_a_card_uses_a_reward_tool_generator_and_transform_from_a_file_next_to_i
     (folder / "my_words.yaml").write_text(CARD)
     elsewhere = tmp_path / "elsewhere"  # the files are found relative to the card, not the cwd
     elsewhere.mkdir()
-    out = arle("eval", str(folder / "my_words.yaml"), "--model", str(tiny_model), "--limit", "3",
-               "--output", str(tmp_path / "run"), "--json", cwd=elsewhere)
+    out = arle(
+        "eval",
+        str(folder / "my_words.yaml"),
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "3",
+        "--output",
+        str(tmp_path / "run"),
+        "--json",
+        cwd=elsewhere,
+    )
     assert out.returncode == 0, out.stderr
     metrics = json.loads(out.stdout)["metrics"]
     rows = samples(tmp_path / "run")
@@ -228,8 +275,10 @@ def write_card(folder: Path, name: str = "typo", **changes: object) -> Path:
 def test_a_metric_the_reward_does_not_report_fails_at_load(tmp_path, isolated_home):
     card = write_card(tmp_path, metrics=["strict_match", "strict_mach"])
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
-    assert line == (f"error: {card}: field 'metrics': reward 'gsm8k' does not report 'strict_mach'; did you mean "
-                    "'strict_match'? it reports: accuracy, strict_match, flexible_extract, math_verify, pass@k")
+    assert line == (
+        f"error: {card}: field 'metrics': reward 'gsm8k' does not report 'strict_mach'; did you mean "
+        "'strict_match'? it reports: accuracy, strict_match, flexible_extract, math_verify, pass@k"
+    )
     # `arle bench list` shows such a card in the user's dir as broken, and lists the rest.
     (isolated_home / "benchmarks").mkdir()
     write_card(isolated_home / "benchmarks", metrics=["acuracy"])
@@ -240,18 +289,23 @@ def test_a_metric_the_reward_does_not_report_fails_at_load(tmp_path, isolated_ho
 
 
 def test_a_plain_file_reward_reports_only_accuracy_and_says_how_to_declare_more(tmp_path):
-    (tmp_path / "plain.py").write_text("from arlecli.types import Score\n\n"
-                                       "def exact():\n    return lambda task, ep: Score(0.0, False, '', {'em': 0})\n")
+    (tmp_path / "plain.py").write_text(
+        "from arlecli.types import Score\n\n"
+        "def exact():\n    return lambda task, ep: Score(0.0, False, '', {'em': 0})\n"
+    )
     card = write_card(tmp_path, reward={"name": "plain.py:exact"}, metrics=["accuracy", "em"])
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
     assert "does not report 'em'" in line and "@register(..., metrics=[...])" in line
 
 
-@pytest.mark.parametrize("reward, message", [
-    ("gsm8kk", "field 'reward': unknown reward 'gsm8kk' (did you mean gsm8k"),
-    ("missing.py:score", "field 'reward': cannot load reward"),
-    ("arlecli.rewards.math:no_such_reward", "has no attribute 'no_such_reward'"),
-])
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        ("gsm8kk", "field 'reward': unknown reward 'gsm8kk' (did you mean gsm8k"),
+        ("missing.py:score", "field 'reward': cannot load reward"),
+        ("arlecli.rewards.math:no_such_reward", "has no attribute 'no_such_reward'"),
+    ],
+)
 def test_an_unknown_reward_fails_at_load(tmp_path, reward, message):
     card = write_card(tmp_path, reward={"name": reward})
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
@@ -261,14 +315,17 @@ def test_an_unknown_reward_fails_at_load(tmp_path, reward, message):
 
 
 def test_an_unknown_tool_or_rollout_function_fails_at_load(tmp_path):
-    card = write_card(tmp_path, prompt={"format": "chat"},
-                      env={"name": "tools", "params": {"tools": ["python", "calculater"]}})
+    card = write_card(
+        tmp_path, prompt={"format": "chat"}, env={"name": "tools", "params": {"tools": ["python", "calculater"]}}
+    )
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
     assert "field 'env.params.tools[1]': unknown tool 'calculater' (did you mean calculator?)" in line
     card = write_card(tmp_path, env={"name": "rollout", "params": {"function": "agent.py:solve"}})
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
-    assert f"field 'env.params.function': cannot load rollout function 'agent.py:solve': ImportError: " \
-           f"no file {tmp_path.resolve() / 'agent.py'}" in line
+    assert (
+        f"field 'env.params.function': cannot load rollout function 'agent.py:solve': ImportError: "
+        f"no file {tmp_path.resolve() / 'agent.py'}" in line
+    )
 
 
 SIZED_ENV = """
@@ -294,8 +351,10 @@ def test_a_file_env_refuses_its_bad_params_at_load_through_its_own_check(tmp_pat
     assert line == f"error: {card}: field 'env.params.size': must be 1 to 9, got 12"
     card = write_card(tmp_path, env={"name": "sized_env.py:sized", "params": {}})
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
-    assert line == (f"error: {card}: field 'env.params': env '{(tmp_path / 'sized_env.py').resolve()}:sized' "
-                    "could not check its params: KeyError: 'size'")
+    assert line == (
+        f"error: {card}: field 'env.params': env '{(tmp_path / 'sized_env.py').resolve()}:sized' "
+        "could not check its params: KeyError: 'size'"
+    )
 
 
 def test_an_entry_point_that_takes_a_builtin_name_fails_naming_both(tmp_path):
@@ -305,17 +364,22 @@ def test_an_entry_point_that_takes_a_builtin_name_fails_naming_both(tmp_path):
     (dist / "entry_points.txt").write_text("[arle.rewards]\ngsm8k = clash_rewards:gsm8k\n")
     (tmp_path / "clash_rewards.py").write_text("def gsm8k():\n    raise AssertionError('never imported')\n")
     line = one_line_error(arle("eval", "gsm8k", "--base-url", NOWHERE, pythonpath=tmp_path))
-    assert "reward 'gsm8k' is registered twice: by builtin arlecli.rewards.math and by entry point " \
-           "arle.rewards 'gsm8k = clash_rewards:gsm8k' from clash 0.1" in line
+    assert (
+        "reward 'gsm8k' is registered twice: by builtin arlecli.rewards.math and by entry point "
+        "arle.rewards 'gsm8k = clash_rewards:gsm8k' from clash 0.1" in line
+    )
 
 
 def test_a_file_that_registers_a_taken_name_fails_naming_both(tmp_path):
-    (tmp_path / "mine.py").write_text("from arlecli.rewards import register\n\n"
-                                      "@register('math', metrics=[])\ndef mine():\n    pass\n")
+    (tmp_path / "mine.py").write_text(
+        "from arlecli.rewards import register\n\n@register('math', metrics=[])\ndef mine():\n    pass\n"
+    )
     card = write_card(tmp_path, reward={"name": "mine.py:mine"})
     line = one_line_error(arle("eval", str(card), "--base-url", NOWHERE))
-    assert f"reward 'math' is registered twice: by builtin arlecli.rewards.math and by file " \
-           f"{(tmp_path / 'mine.py').resolve()}" in line
+    assert (
+        f"reward 'math' is registered twice: by builtin arlecli.rewards.math and by file "
+        f"{(tmp_path / 'mine.py').resolve()}" in line
+    )
 
 
 # ------------------------------------------------------------------ the registry itself
@@ -329,10 +393,15 @@ def test_a_registry_finds_a_name_a_module_attr_and_a_file_attr_the_same_way(tmp_
     assert widgets.get("twice")(2) == 4
     assert widgets.get("more_widgets:thrice")(2) == 6
     assert widgets.get("more_widgets.py:thrice", tmp_path)(2) == 6
-    assert str(widgets.origin("more_widgets.py:thrice", tmp_path)) == f"file {tmp_path.resolve()}/more_widgets.py:thrice"
+    assert (
+        str(widgets.origin("more_widgets.py:thrice", tmp_path)) == f"file {tmp_path.resolve()}/more_widgets.py:thrice"
+    )
     assert str(widgets.origin("more_widgets:thrice")) == "module more_widgets:thrice"
-    with pytest.raises(UserError, match=r"unknown widget 'twicee' \(did you mean twice\?\); known: twice; "
-                                        r"or name one as 'module:attr' or 'file.py:attr'"):
+    with pytest.raises(
+        UserError,
+        match=r"unknown widget 'twicee' \(did you mean twice\?\); known: twice; "
+        r"or name one as 'module:attr' or 'file.py:attr'",
+    ):
         widgets.get("twicee")
     with pytest.raises(UserError, match="widget 'more_widgets:NOT_CALLABLE' is not a function or class"):
         widgets.get("more_widgets:NOT_CALLABLE")
@@ -351,8 +420,11 @@ def test_a_registry_refuses_a_second_definition_under_one_name(tmp_path):
     from arlecli.plugins import import_file
 
     second = import_file(tmp_path / "other.py").w
-    with pytest.raises(UserError, match=rf"widget 'w' is registered twice: by module {__name__} and by file "
-                                        rf"{tmp_path.resolve()}/other.py; rename one"):
+    with pytest.raises(
+        UserError,
+        match=rf"widget 'w' is registered twice: by module {__name__} and by file "
+        rf"{tmp_path.resolve()}/other.py; rename one",
+    ):
         widgets.add("w", second)
 
 
@@ -361,8 +433,9 @@ def test_entry_points_are_imported_only_when_named(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     real = metadata.entry_points
     fake = [metadata.EntryPoint("slow", "lazy_widgets:slow", "arle.widgets")]
-    monkeypatch.setattr(metadata, "entry_points",
-                        lambda group=None, **kw: fake if group == "arle.widgets" else real(group=group, **kw))
+    monkeypatch.setattr(
+        metadata, "entry_points", lambda group=None, **kw: fake if group == "arle.widgets" else real(group=group, **kw)
+    )
     widgets: Registry = Registry("widgets", "widget")
     assert widgets.names() == ["slow"] and "lazy_widgets" not in sys.modules
     assert widgets.get("slow")(1) == 2 and "lazy_widgets" in sys.modules
@@ -433,8 +506,10 @@ def test_the_readmes_add_your_own_benchmark_examples_run(tmp_path, isolated_home
     section = (ROOT / "README.md").read_text().split("## Add your own benchmark", 1)[1].split("\n## ", 1)[0]
     card_only, card_lines, _toml = re.findall(r"```(?:yaml|toml)\n(.+?)```", section, re.DOTALL)
     (reward_py,) = re.findall(r"```python\n(.+?)```", section, re.DOTALL)
-    rows = "".join(json.dumps({"question": f"What is the capital of {c}?", "answer": a}) + "\n"
-                   for c, a in [("France", "Paris"), ("Japan", "Tokyo")])
+    rows = "".join(
+        json.dumps({"question": f"What is the capital of {c}?", "answer": a}) + "\n"
+        for c, a in [("France", "Paris"), ("Japan", "Tokyo")]
+    )
     (isolated_home / "benchmarks").mkdir()
     (isolated_home / "benchmarks" / "capitals.yaml").write_text(card_only)
     (isolated_home / "benchmarks" / "capitals.jsonl").write_text(rows)
@@ -444,16 +519,19 @@ def test_the_readmes_add_your_own_benchmark_examples_run(tmp_path, isolated_home
     (mine / "capitals2.yaml").write_text(yaml.safe_dump(card))
     (mine / "capitals.jsonl").write_text(rows)
     (mine / "my_reward.py").write_text(reward_py)
-    (mine / "my_tools.py").write_text('def population(city: str) -> str:\n    """A city\'s population.\n\n'
-                                      '    Args:\n        city: The city.\n    """\n    return "2.1 million"\n')
+    (mine / "my_tools.py").write_text(
+        'def population(city: str) -> str:\n    """A city\'s population.\n\n'
+        '    Args:\n        city: The city.\n    """\n    return "2.1 million"\n'
+    )
 
     def reply(body: dict) -> str:
         return "Paris" if "France" in body["messages"][-1]["content"] else "tokyo is it"
 
     with FakeOpenAIServer(reply) as srv:
         first = arle("eval", "capitals", "--base-url", srv.base_url, "--output", str(tmp_path / "a"), "--json")
-        second = arle("eval", str(mine / "capitals2.yaml"), "--base-url", srv.base_url,
-                      "--output", str(tmp_path / "b"), "--json")
+        second = arle(
+            "eval", str(mine / "capitals2.yaml"), "--base-url", srv.base_url, "--output", str(tmp_path / "b"), "--json"
+        )
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
     m = json.loads(first.stdout)["metrics"]

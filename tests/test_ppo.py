@@ -39,9 +39,14 @@ def _episodes(policy, indices: list[int], step: int, max_tokens: int = 8, temper
     from arlecli.engine.hf import HFEngine
 
     engine = HFEngine("", model_obj=policy.model, tokenizer=policy.tokenizer, device=str(policy.device))
-    jobs = [Job(Task(str(i), "", None), SingleTurnEnv(PROMPTS[i]),
-                SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=1000 * step + j, logprobs=True))
-            for j, i in enumerate(indices)]
+    jobs = [
+        Job(
+            Task(str(i), "", None),
+            SingleTurnEnv(PROMPTS[i]),
+            SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=1000 * step + j, logprobs=True),
+        )
+        for j, i in enumerate(indices)
+    ]
     out = [None] * len(jobs)
     for j, episode in run_episodes(engine, jobs):
         out[j] = episode
@@ -50,9 +55,23 @@ def _episodes(policy, indices: list[int], step: int, max_tokens: int = 8, temper
 
 def _train(model, out, *, max_steps=2, lora_rank=0, save_steps=0, resume=False, logs=None, params=FAST):
     logs = [] if logs is None else logs
-    final = train_ppo(str(model), len(PROMPTS), _episodes, _reward, output_dir=out, max_steps=max_steps,
-                      learning_rate=1e-3, lora_rank=lora_rank, num_generations=2, temperature=1.0, seed=0,
-                      save_steps=save_steps, resume=resume, params=dict(params), on_log=logs.append)
+    final = train_ppo(
+        str(model),
+        len(PROMPTS),
+        _episodes,
+        _reward,
+        output_dir=out,
+        max_steps=max_steps,
+        learning_rate=1e-3,
+        lora_rank=lora_rank,
+        num_generations=2,
+        temperature=1.0,
+        seed=0,
+        save_steps=save_steps,
+        resume=resume,
+        params=dict(params),
+        on_log=logs.append,
+    )
     return final, logs
 
 
@@ -61,15 +80,15 @@ def _train(model, out, *, max_steps=2, lora_rank=0, save_steps=0, resume=False, 
 
 def test_gae_matches_hand_computation():
     gamma, lam = 0.9, 0.8  # gamma * lam = 0.72
-    rewards = torch.tensor([[0.1, -0.2, 1.0, 9.0],
-                            [0.0, 2.0, 5.0, 5.0],
-                            [0.0, 9.0, 1.0, 9.0]])
-    values = torch.tensor([[0.5, 0.4, 0.3, 7.0],
-                           [1.0, 0.5, 3.0, 3.0],
-                           [0.2, 9.0, 0.6, 9.0]])
-    mask = torch.tensor([[1.0, 1, 1, 0],    # padding after the 3rd token: 9.0 / 7.0 must not leak
-                         [1.0, 1, 0, 0],
-                         [1.0, 0, 1, 0]])  # a masked hole is skipped
+    rewards = torch.tensor([[0.1, -0.2, 1.0, 9.0], [0.0, 2.0, 5.0, 5.0], [0.0, 9.0, 1.0, 9.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 7.0], [1.0, 0.5, 3.0, 3.0], [0.2, 9.0, 0.6, 9.0]])
+    mask = torch.tensor(
+        [
+            [1.0, 1, 1, 0],  # padding after the 3rd token: 9.0 / 7.0 must not leak
+            [1.0, 1, 0, 0],
+            [1.0, 0, 1, 0],
+        ]
+    )  # a masked hole is skipped
     # Row 0: d2 = 1.0 - 0.3 = 0.7 (terminal after it)           A2 = 0.7
     #        d1 = -0.2 + 0.9*0.3 - 0.4 = -0.33                  A1 = -0.33 + 0.72*0.7 = 0.174
     #        d0 = 0.1 + 0.9*0.4 - 0.5 = -0.04                   A0 = -0.04 + 0.72*0.174 = 0.08528
@@ -77,9 +96,7 @@ def test_gae_matches_hand_computation():
     #        d0 = 0.0 + 0.9*0.5 - 1.0 = -0.55                   A0 = -0.55 + 0.72*1.5 = 0.53
     # Row 2: d2 = 1.0 - 0.6 = 0.4                               A2 = 0.4
     #        token 1 skipped; d0 = 0.0 + 0.9*0.6 - 0.2 = 0.34   A0 = 0.34 + 0.72*0.4 = 0.628
-    expected = torch.tensor([[0.08528, 0.174, 0.7, 0.0],
-                             [0.53, 1.5, 0.0, 0.0],
-                             [0.628, 0.0, 0.4, 0.0]])
+    expected = torch.tensor([[0.08528, 0.174, 0.7, 0.0], [0.53, 1.5, 0.0, 0.0], [0.628, 0.0, 0.4, 0.0]])
     assert torch.allclose(gae(rewards, values, mask, gamma, lam), expected, atol=1e-6)
 
 
@@ -99,8 +116,13 @@ def test_policy_loss_clips_hand_example():
 
 def test_value_loss_hand_example():
     # V moved 1.0 from V_old = 0; clipped V = 0.2; R = 2: max((1-2)^2, (0.2-2)^2) = 3.24, halved.
-    loss, clip_fraction = value_loss(torch.tensor([[1.0, 2.0]]), torch.tensor([[0.0, 2.0]]),
-                                     torch.tensor([[2.0, 2.0]]), torch.tensor([[1.0, 0.0]]), cliprange_value=0.2)
+    loss, clip_fraction = value_loss(
+        torch.tensor([[1.0, 2.0]]),
+        torch.tensor([[0.0, 2.0]]),
+        torch.tensor([[2.0, 2.0]]),
+        torch.tensor([[1.0, 0.0]]),
+        cliprange_value=0.2,
+    )
     assert loss.item() == pytest.approx(1.62)
     assert clip_fraction.item() == 1.0
 
@@ -149,9 +171,9 @@ def test_ppo_logprobs_are_the_engines_sampling_distribution(tiny_policy):
     sampled = torch.zeros_like(batch.logprobs)
     for r, episode in enumerate(episodes):
         own = episode.turns[0].logprobs
-        sampled[r, :len(own)] = torch.tensor(own)
+        sampled[r, : len(own)] = torch.tensor(own)
         assert batch.mask[r].sum() == len(own) == len(episode.turns[0].token_ids)
-        assert batch.sequences[r, batch.prompt_len:batch.prompt_len + len(own)].tolist() == episode.turns[0].token_ids
+        assert batch.sequences[r, batch.prompt_len : batch.prompt_len + len(own)].tolist() == episode.turns[0].token_ids
     assert torch.allclose(batch.logprobs, sampled * batch.mask, atol=1e-4)
     assert batch.values.shape == batch.logprobs.shape
 
@@ -159,8 +181,9 @@ def test_ppo_logprobs_are_the_engines_sampling_distribution(tiny_policy):
 def test_value_loss_decreases_on_fixed_batch(tiny_policy):
     policy = tiny_policy
     indices = [0, 0, 1, 1, 2, 2]
-    batch = ppo.score_rollout(policy, _episodes(policy, indices, step=0, max_tokens=6), indices, temperature=1.0,
-                              micro_batch_size=8)
+    batch = ppo.score_rollout(
+        policy, _episodes(policy, indices, step=0, max_tokens=6), indices, temperature=1.0, micro_batch_size=8
+    )
     returns = torch.linspace(-1.0, 1.0, batch.mask.numel()).reshape(batch.mask.shape) * batch.mask
     head = torch.nn.Linear(policy.value_head.in_features, 1)
     head.load_state_dict(policy.value_head.state_dict())
@@ -168,8 +191,9 @@ def test_value_loss_decreases_on_fixed_batch(tiny_policy):
     losses = []
     for _ in range(6):
         with torch.no_grad():  # only the critic trains here: the trunk stays fixed
-            hidden = policy.model(input_ids=batch.sequences, attention_mask=batch.attention_mask,
-                                  output_hidden_states=True).hidden_states[-1][:, batch.prompt_len - 1:-1]
+            hidden = policy.model(
+                input_ids=batch.sequences, attention_mask=batch.attention_mask, output_hidden_states=True
+            ).hidden_states[-1][:, batch.prompt_len - 1 : -1]
         loss, _ = value_loss(head(hidden).squeeze(-1), batch.values, returns, batch.mask, cliprange_value=0.2)
         losses.append(loss.item())
         optimizer.zero_grad()
@@ -241,11 +265,23 @@ def test_first_update_starts_at_ratio_one_and_scores_give_accuracy(tiny_model, t
     from arlecli.types import Score
 
     logs = []
-    train_ppo(str(tiny_model), len(PROMPTS), _episodes,
-              lambda episodes, idx: [Score(reward=float(i), correct=i == 0) for i in idx],
-              output_dir=tmp_path / "run", max_steps=1, learning_rate=1e-3, lora_rank=0, num_generations=2,
-              temperature=1.0, seed=0, save_steps=0, resume=False,
-              params={"prompts_per_step": 2, "ppo_epochs": 1}, on_log=logs.append)
+    train_ppo(
+        str(tiny_model),
+        len(PROMPTS),
+        _episodes,
+        lambda episodes, idx: [Score(reward=float(i), correct=i == 0) for i in idx],
+        output_dir=tmp_path / "run",
+        max_steps=1,
+        learning_rate=1e-3,
+        lora_rank=0,
+        num_generations=2,
+        temperature=1.0,
+        seed=0,
+        save_steps=0,
+        resume=False,
+        params={"prompts_per_step": 2, "ppo_epochs": 1},
+        on_log=logs.append,
+    )
     (log,) = logs
     assert log["clip_fraction"] == 0.0 and log["approx_kl"] < 1e-10
     assert log["accuracy"] == 0.5 and log["reward"] == 0.5  # prompts 0 and 1, two samples each

@@ -25,9 +25,7 @@ def run(name: str, row_task: Task, completion: str, **params: object) -> Score:
 # Generators -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name", ["countdown", "reasoning_gym:gsm_symbolic", "reasoning_gym:chain_sum"]
-)
+@pytest.mark.parametrize("name", ["countdown", "reasoning_gym:gsm_symbolic", "reasoning_gym:chain_sum"])
 def test_generators_are_seeded_and_prefix_stable(name: str) -> None:
     rows = g.generate_rows(name, seed=7, size=12)
     assert rows == g.generate_rows(name, seed=7, size=12)
@@ -224,8 +222,7 @@ def test_sandboxed_answer_never_runs_in_this_process(tmp_path, monkeypatch) -> N
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ARLE_PWNED", raising=False)
     entry = p.rg_entry(_nq_task(), "n_queens")
-    evil = ("[open('pwned', 'w').write('x'), "
-            "__import__('os').environ.__setitem__('ARLE_PWNED', '1')]")
+    evil = "[open('pwned', 'w').write('x'), __import__('os').environ.__setitem__('ARLE_PWNED', '1')]"
     assert p.sandbox_checks([("n_queens", evil, entry)], timeout_s=20) == [0.0]
     assert not (tmp_path / "pwned").exists()
     assert "ARLE_PWNED" not in __import__("os").environ

@@ -51,11 +51,22 @@ def test_old_files_read_back_as_written() -> None:
 def test_turns_read_as_num_turns_in_samples_and_rewards() -> None:
     """samples.jsonl's `turns` is the list of turns (its count num_turns), rewards.jsonl's an int:
     both read as `.num_turns`, and each file keeps its own shape when written."""
-    sample = Sample.from_json({"id": "t#0", "task_id": "t", "correct": True, "details": {}, "num_turns": 2,
-                               "turns": [{"completion": "a", "observation": []}, {"completion": "b"}],
-                               "end_reason": "done", "env_info": {}, "tools": None})
-    row = RewardRow.from_json({"step": 3, "task_id": "t", "task_index": 0, "turns": 2, "end_reason": "done",
-                               "env_info": {}})
+    sample = Sample.from_json(
+        {
+            "id": "t#0",
+            "task_id": "t",
+            "correct": True,
+            "details": {},
+            "num_turns": 2,
+            "turns": [{"completion": "a", "observation": []}, {"completion": "b"}],
+            "end_reason": "done",
+            "env_info": {},
+            "tools": None,
+        }
+    )
+    row = RewardRow.from_json(
+        {"step": 3, "task_id": "t", "task_index": 0, "turns": 2, "end_reason": "done", "env_info": {}}
+    )
     assert sample.num_turns == row.num_turns == 2 and [t.completion for t in sample.turns or []] == ["a", "b"]
     assert isinstance(sample.to_json()["turns"], list) and row.to_json()["turns"] == 2
     assert sample.has_tools and not Sample.from_json({"id": "t#0", "task_id": "t", "correct": 1}).has_tools
@@ -95,8 +106,20 @@ def test_old_eval_run_resumes_complete(tmp_path) -> None:
         raise AssertionError("a finished run asked the model")
 
     with FakeOpenAIServer(never) as srv:
-        out = arle("eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", "4", "--num-samples", "2",
-                   "--output", str(run), "--resume", "--json")
+        out = arle(
+            "eval",
+            "one_digit_sums",
+            "--base-url",
+            srv.base_url,
+            "--limit",
+            "4",
+            "--num-samples",
+            "2",
+            "--output",
+            str(run),
+            "--resume",
+            "--json",
+        )
     assert out.returncode == 0, out.stderr
     assert (run / "samples.jsonl").read_bytes() == (EVAL / "samples.jsonl").read_bytes()
     assert (run / "results.json").read_bytes() == (EVAL / "results.json").read_bytes()
@@ -104,7 +127,8 @@ def test_old_eval_run_resumes_complete(tmp_path) -> None:
     assert "schema" not in meta and len(meta["resumed"]) == 1  # an old run stays as it was, resumed once
 
     with FakeOpenAIServer(lambda body: "2") as srv:
-        new = arle("eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", "1",
-                   "--output", str(tmp_path / "new"))
+        new = arle(
+            "eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", "1", "--output", str(tmp_path / "new")
+        )
     assert new.returncode == 0, new.stderr
     assert json.loads((tmp_path / "new" / "meta.json").read_text())["schema"] == SCHEMA

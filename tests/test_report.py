@@ -22,8 +22,10 @@ from helpers.fake_openai import FakeOpenAIServer, Reply
 LIMIT = 6
 # A completion that tries every way out of the page's text: ending the data block, a new
 # script, an HTML comment, an image whose error handler runs code, and a request (src=x).
-HOSTILE = ('</script><script>window.__pwned = 1</script><!-- <img src=x onerror="window.__pwned = 2"> '
-           '<iframe src="https://example.com/"></iframe> \u2028 &amp; = 99')
+HOSTILE = (
+    '</script><script>window.__pwned = 1</script><!-- <img src=x onerror="window.__pwned = 2"> '
+    '<iframe src="https://example.com/"></iframe> \u2028 &amp; = 99'
+)
 
 
 def _reply(body: dict) -> str:
@@ -41,13 +43,32 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     model = build_tiny_model(root / "model")
-    tiny = arle("eval", "one_digit_sums", "--model", str(model), "--limit", str(LIMIT), "--max-tokens", "8",
-                "--output", str(root / "tiny"))
+    tiny = arle(
+        "eval",
+        "one_digit_sums",
+        "--model",
+        str(model),
+        "--limit",
+        str(LIMIT),
+        "--max-tokens",
+        "8",
+        "--output",
+        str(root / "tiny"),
+    )
     assert tiny.returncode == 0, tiny.stderr
     assert f"arle report {root / 'tiny'}" in tiny.stdout  # eval ends with the command that shows it
     with FakeOpenAIServer(_reply) as srv:
-        hostile = arle("eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", str(LIMIT),
-                       "--output", str(root / "hostile"), "--json")
+        hostile = arle(
+            "eval",
+            "one_digit_sums",
+            "--base-url",
+            srv.base_url,
+            "--limit",
+            str(LIMIT),
+            "--output",
+            str(root / "hostile"),
+            "--json",
+        )
     assert hostile.returncode == 0, hostile.stderr
     assert f"arle report {root / 'hostile'}" in hostile.stderr  # stdout stays JSON under --json
     json.loads(hostile.stdout)
@@ -61,8 +82,22 @@ def train_run(runs, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("train")
     run = root / "run"
-    train_in_process(str(varied_card(root)), "--algo", "grpo", "--model", str(runs["model"]), *TINY,
-                     "--max-steps", "2", "--eval-limit", "3", "--set", "eval_max_tokens=8", "--output", str(run))
+    train_in_process(
+        str(varied_card(root)),
+        "--algo",
+        "grpo",
+        "--model",
+        str(runs["model"]),
+        *TINY,
+        "--max-steps",
+        "2",
+        "--eval-limit",
+        "3",
+        "--set",
+        "eval_max_tokens=8",
+        "--output",
+        str(run),
+    )
     return run
 
 
@@ -174,9 +209,22 @@ def test_train_ends_with_the_report_command(train_run, runs, tmp_path, capsys):
     from helpers.train import TINY, train_in_process, varied_card
 
     capsys.readouterr()
-    train_in_process(str(varied_card(tmp_path)), "--algo", "grpo", "--model", str(runs["model"]), *TINY,
-                     "--max-steps", "1", "--eval-limit", "1", "--set", "eval_max_tokens=4",
-                     "--output", str(tmp_path / "run"))
+    train_in_process(
+        str(varied_card(tmp_path)),
+        "--algo",
+        "grpo",
+        "--model",
+        str(runs["model"]),
+        *TINY,
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "1",
+        "--set",
+        "eval_max_tokens=4",
+        "--output",
+        str(tmp_path / "run"),
+    )
     assert f"arle report {tmp_path / 'run'}" in capsys.readouterr().out
 
 
@@ -204,8 +252,10 @@ def test_collapsed_rows_say_question_target_extracted_and_sort(runs, browser):
 
     page = clean_page(browser, report(str(runs["tiny"])))
     samples = [json.loads(line) for line in (runs["tiny"] / "samples.jsonl").read_text().split("\n") if line]
-    summaries = page.evaluate("[...document.querySelectorAll('details.sample')].map(d => "
-                              "[d.querySelector('.sid').textContent, d.querySelector('summary').textContent])")
+    summaries = page.evaluate(
+        "[...document.querySelectorAll('details.sample')].map(d => "
+        "[d.querySelector('.sid').textContent, d.querySelector('summary').textContent])"
+    )
     assert [sid for sid, _ in summaries] == [s["id"] for s in samples]
     for (_, text), s in zip(summaries, samples):
         assert question_of(s["prompt"]) in text and f"target {s['target']}" in text
@@ -228,17 +278,20 @@ def test_collapsed_rows_say_question_target_extracted_and_sort(runs, browser):
 def test_agent_turns_render(runs, browser, tmp_path):
     """A multi-turn run (FrozenLake, tiny model): every turn's completion and observation is shown."""
     run = tmp_path / "lake"
-    out = arle("eval", "frozenlake", "--model", str(runs["model"]), "--limit", "2", "--max-tokens", "6",
-               "--output", str(run))
+    out = arle(
+        "eval", "frozenlake", "--model", str(runs["model"]), "--limit", "2", "--max-tokens", "6", "--output", str(run)
+    )
     assert out.returncode == 0, out.stderr
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().split("\n") if line]
     page = clean_page(browser, report(str(run)))
     assert page.evaluate("document.querySelectorAll('details.sample').length") == 2
-    assert page.evaluate("document.querySelectorAll('details.sample')[0].querySelectorAll('.turn').length") \
-        == len(samples[0]["turns"])
+    assert page.evaluate("document.querySelectorAll('details.sample')[0].querySelectorAll('.turn').length") == len(
+        samples[0]["turns"]
+    )
     first = samples[0]["turns"][0]
-    shown = page.evaluate("[...document.querySelectorAll('details.sample')[0].querySelectorAll('.turn pre')]"
-                          ".map(p => p.textContent)")
+    shown = page.evaluate(
+        "[...document.querySelectorAll('details.sample')[0].querySelectorAll('.turn pre')].map(p => p.textContent)"
+    )
     assert first["completion"] in shown
     observation = first.get("observation")
     if observation:  # text, or the chat messages the environment answered with
@@ -276,14 +329,19 @@ def test_samples_beyond_the_cap_are_counted_not_embedded(runs):
     from arlecli.report import build_report
 
     text = build_report([runs["tiny"]], sample_cap=2)
-    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S).group(1))
+    data = json.loads(
+        re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S).group(1)
+    )
     assert len(data["browsers"][0]["samples"]) == 2 and data["browsers"][0]["omitted"] == LIMIT - 2
     assert f"embeds the first 2 of {LIMIT} samples" in text and f"the {LIMIT - 2} left out" in text
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() + str(p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() + str(p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("damage", ["not_a_run", "missing", "torn_samples", "no_results", "damaged_line"])
@@ -323,8 +381,9 @@ def _thinker(body: dict) -> Reply:
     """A reasoning endpoint (reasoning_content beside content) whose thought grows with the
     numbers and is cut where it passes the request's max_tokens: then no answer. One thought
     tries to become markup."""
-    a, op, b = (int(x) if x.isdigit() else x for x in re.search(r"(\d) ([+-]) (\d) =",
-                                                                  json.dumps(body["messages"])).groups())
+    a, op, b = (
+        int(x) if x.isdigit() else x for x in re.search(r"(\d) ([+-]) (\d) =", json.dumps(body["messages"])).groups()
+    )
     answer = a + b if op == "+" else a - b
     thought = f"{a} {op} {b}: " + "hm, " * (a + b) + ("<img src=x onerror=alert(1)>" if a == b else "")
     budget = body.get("max_tokens") or 10**6
@@ -339,8 +398,18 @@ def thinking_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("thinking")
     with FakeOpenAIServer(_thinker) as srv:
         for budget in (60, 400):
-            out = arle("eval", "one_digit_sums", "--base-url", srv.base_url, "--limit", str(THINK_LIMIT),
-                       "--max-tokens", str(budget), "--output", str(root / f"budget-{budget}"))
+            out = arle(
+                "eval",
+                "one_digit_sums",
+                "--base-url",
+                srv.base_url,
+                "--limit",
+                str(THINK_LIMIT),
+                "--max-tokens",
+                str(budget),
+                "--output",
+                str(root / f"budget-{budget}"),
+            )
             assert out.returncode == 0, out.stderr
     return {"short": root / "budget-60", "long": root / "budget-400"}
 
@@ -376,10 +445,14 @@ def test_thinking_is_folded_above_each_answer_with_a_chart_of_accuracy_against_i
 
     drawn = charts(page)
     assert drawn == {"groups": 1, "thinking-length": 1}
-    fig = page.evaluate("(() => { const d = document.querySelector('[data-name=\"thinking-length\"]').data[0];"
-                        " return {x: d.x, y: d.y, n: d.customdata.map(c => c[0])}; })()")
-    table = page.evaluate("[...document.querySelectorAll('table.thinking-buckets tbody tr')]"
-                          ".map(r => [...r.cells].map(c => c.textContent))")
+    fig = page.evaluate(
+        "(() => { const d = document.querySelector('[data-name=\"thinking-length\"]').data[0];"
+        " return {x: d.x, y: d.y, n: d.customdata.map(c => c[0])}; })()"
+    )
+    table = page.evaluate(
+        "[...document.querySelectorAll('table.thinking-buckets tbody tr')]"
+        ".map(r => [...r.cells].map(c => c.textContent))"
+    )
     assert [row[0] for row in table] == fig["x"] and 2 <= len(table) <= 6
     assert sum(fig["n"]) == len(samples) == sum(int(row[1]) for row in table)
     by_tokens = sorted(samples, key=lambda s: s["thinking_tokens"])
@@ -391,8 +464,9 @@ def test_thinking_is_folded_above_each_answer_with_a_chart_of_accuracy_against_i
 def test_two_thinking_budgets_side_by_side_show_accuracy_against_compute(thinking_runs, browser, tmp_path):
     path = report(str(thinking_runs["short"]), str(thinking_runs["long"]), "-o", str(tmp_path / "budgets.html"))
     page = clean_page(browser, path)
-    rows = page.evaluate("[...document.querySelectorAll('table.compute tbody tr')]"
-                         ".map(r => [...r.cells].map(c => c.textContent))")
+    rows = page.evaluate(
+        "[...document.querySelectorAll('table.compute tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
+    )
     head = page.evaluate("[...document.querySelectorAll('table.compute thead th')].map(c => c.textContent)")
     assert len(rows) == 2 and "thinking tokens (mean)" in head
     col = head.index("thinking tokens (mean)")
@@ -407,10 +481,22 @@ def test_a_training_runs_step_completions_fold_their_thinking():
     """rewards.jsonl lines that thought show their thinking folded above the completion."""
     from arlecli.report import _step_completions
 
-    run = SimpleNamespace(rewards=[
-        {"step": 1, "task_id": "t", "reward": 0.0, "correct": False, "completion": "", "thinking": "<b>hm</b>",
-         "thinking_cut": True, "thinking_tokens": 7},
-        {"step": 1, "task_id": "u", "reward": 1.0, "correct": True, "completion": "42"}], path=Path("run"))
+    run = SimpleNamespace(
+        rewards=[
+            {
+                "step": 1,
+                "task_id": "t",
+                "reward": 0.0,
+                "correct": False,
+                "completion": "",
+                "thinking": "<b>hm</b>",
+                "thinking_cut": True,
+                "thinking_tokens": 7,
+            },
+            {"step": 1, "task_id": "u", "reward": 1.0, "correct": True, "completion": "42"},
+        ],
+        path=Path("run"),
+    )
     html = _step_completions(run)
     assert html.count('<details class="thinking"') == 1
     assert "<summary>thinking (7 tokens, cut: no answer)</summary><pre>&lt;b&gt;hm&lt;/b&gt;</pre>" in html

@@ -20,35 +20,63 @@ LATENCY = [33.8932, 2.5, 12.25, 0.4, 7.0]
 
 
 def sample(task: int, *, correct: bool, latency: float, tokens: int, group: str = "addition") -> dict:
-    return {"id": f"one_digit_sums-1000-{task}#0", "task_id": f"one_digit_sums-1000-{task}", "sample": 0,
-            "prompt": [{"role": "system", "content": "Answer."}, {"role": "user", "content": f"{task} + 1 ="}],
-            "completion": f"It is {task + 1 if correct else task}", "extracted": str(task + 1 if correct else task),
-            "target": str(task + 1), "reward": float(correct), "correct": correct, "details": {},
-            "finish_reason": "stop", "num_tokens": tokens, "prompt_tokens": 20, "completion_tokens": tokens,
-            "latency_s": latency, "group": group, "session_started_at": 1000.0, "finished_at": 1000.0 + task + 1}
+    return {
+        "id": f"one_digit_sums-1000-{task}#0",
+        "task_id": f"one_digit_sums-1000-{task}",
+        "sample": 0,
+        "prompt": [{"role": "system", "content": "Answer."}, {"role": "user", "content": f"{task} + 1 ="}],
+        "completion": f"It is {task + 1 if correct else task}",
+        "extracted": str(task + 1 if correct else task),
+        "target": str(task + 1),
+        "reward": float(correct),
+        "correct": correct,
+        "details": {},
+        "finish_reason": "stop",
+        "num_tokens": tokens,
+        "prompt_tokens": 20,
+        "completion_tokens": tokens,
+        "latency_s": latency,
+        "group": group,
+        "session_started_at": 1000.0,
+        "finished_at": 1000.0 + task + 1,
+    }
 
 
 def write_run(folder: Path, tasks: list[int], wrong: set[int] = frozenset()) -> Path:
-    samples = [sample(t, correct=t not in wrong, latency=LATENCY[t % len(LATENCY)], tokens=5 + 3 * (t % 4),
-                      group="addition" if t % 2 else "subtraction") for t in tasks]
+    samples = [
+        sample(
+            t,
+            correct=t not in wrong,
+            latency=LATENCY[t % len(LATENCY)],
+            tokens=5 + 3 * (t % 4),
+            group="addition" if t % 2 else "subtraction",
+        )
+        for t in tasks
+    ]
     folder.mkdir(parents=True)
-    (folder / "meta.json").write_text(json.dumps({"benchmark": "one_digit_sums", "model": "m",
-                                                  "options": {"num_samples": 1}, "created": "now"}))
+    (folder / "meta.json").write_text(
+        json.dumps({"benchmark": "one_digit_sums", "model": "m", "options": {"num_samples": 1}, "created": "now"})
+    )
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    results = {"benchmark": "one_digit_sums", "model": "m", "split": "test",
-               **aggregate(samples, ["accuracy"], 1, group_by="group")}
+    results = {
+        "benchmark": "one_digit_sums",
+        "model": "m",
+        "split": "test",
+        **aggregate(samples, ["accuracy"], 1, group_by="group"),
+    }
     (folder / "results.json").write_text(json.dumps(results))
     return folder
 
 
 def page_data(text: str) -> dict:
-    return json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text,
-                                re.S).group(1))
+    return json.loads(
+        re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S).group(1)
+    )
 
 
 def test_efficiency_is_in_plain_labels_and_rounded_units(tmp_path):
     text = build_report([write_run(tmp_path / "run", list(range(5)))])
-    efficiency = text[text.index("Efficiency, cost and consistency"):text.index('class="browser"')]
+    efficiency = text[text.index("Efficiency, cost and consistency") : text.index('class="browser"')]
     assert "latency_s" not in efficiency and "wall_s" not in efficiency and "33.8932" not in efficiency
     cells = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", efficiency))
     assert cells["latency per sample, median"] == "7.00 s"
@@ -74,18 +102,35 @@ def test_sample_rows_carry_question_target_extracted_and_sort_orders(tmp_path):
     lengths = [samples[i]["completion_tokens"] for i in orders["length"]]
     assert lengths == sorted(lengths, reverse=True)
     # The page's script builds the collapsed row from those fields and offers the sorts.
-    for needle in ('el("span","question", s.question)', "extracted ", "target ", "sort by task",
-                   "sort by reward", "sort by latency", "sort by length", "payload.orders[sort.value]"):
+    for needle in (
+        'el("span","question", s.question)',
+        "extracted ",
+        "target ",
+        "sort by task",
+        "sort by reward",
+        "sort by latency",
+        "sort by length",
+        "payload.orders[sort.value]",
+    ):
         assert needle in text
 
 
-@pytest.mark.parametrize("prompt, question", [
-    ([{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2 ?"}],
-     "Q2 ?"),
-    ("Question: 1+1?\nAnswer: 2\n\nQuestion: 2+2?\nAnswer:", "Question: 2+2? Answer:"),  # after the exemplars
-    ([{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image"}]}], "look"),
-    (None, ""),
-])
+@pytest.mark.parametrize(
+    "prompt, question",
+    [
+        (
+            [
+                {"role": "user", "content": "Q1"},
+                {"role": "assistant", "content": "A1"},
+                {"role": "user", "content": "Q2 ?"},
+            ],
+            "Q2 ?",
+        ),
+        ("Question: 1+1?\nAnswer: 2\n\nQuestion: 2+2?\nAnswer:", "Question: 2+2? Answer:"),  # after the exemplars
+        ([{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image"}]}], "look"),
+        (None, ""),
+    ],
+)
 def test_the_question_of_a_prompt(prompt, question):
     assert question_of(prompt) == question
     assert len(question_of("x" * 1000)) == 300

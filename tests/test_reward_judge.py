@@ -52,12 +52,22 @@ def judge_requests(srv: FakeOpenAIServer) -> int:
 
 
 def test_eval_of_the_judged_card_records_the_judges_reasoning_and_verdict_and_reruns_from_the_cache(
-        tiny_model, tmp_path, monkeypatch):
+    tiny_model, tmp_path, monkeypatch
+):
     monkeypatch.setenv("JUDGE_TEST_KEY", SECRET)
     card = load_card(CARD)
     with judge_profile("judge", api_key=SECRET, delay_s=0.2) as srv:
-        args = ["eval", CARD, "--model", str(tiny_model), "--data", str(card.fixture_path), "--max-tokens", "12",
-                "--json"]
+        args = [
+            "eval",
+            CARD,
+            "--model",
+            str(tiny_model),
+            "--data",
+            str(card.fixture_path),
+            "--max-tokens",
+            "12",
+            "--json",
+        ]
         first = arle(*args, "--output", str(tmp_path / "first"))
         assert first.returncode == 0, first.stderr
         asked = judge_requests(srv)
@@ -102,17 +112,37 @@ def test_eval_of_the_judged_card_records_the_judges_reasoning_and_verdict_and_re
 
 
 def test_a_judge_that_stays_down_stops_eval_with_one_line_and_resume_continues(tmp_path):
-    with FakeOpenAIServer(lambda body: "The answer is 42.") as model, \
-            judge_profile("judge", fail_first=1000, fail_status=503, retry_after=0) as srv:
+    with (
+        FakeOpenAIServer(lambda body: "The answer is 42.") as model,
+        judge_profile("judge", fail_first=1000, fail_status=503, retry_after=0) as srv,
+    ):
         card = tmp_path / "judged.yaml"
         card.write_text(yaml.safe_dump(card_dict(max_retries=1)))
-        proc = arle("eval", str(card), "--base-url", model.base_url, "--data", str(load_card(CARD).fixture_path),
-                    "--output", str(tmp_path / "run"))
+        proc = arle(
+            "eval",
+            str(card),
+            "--base-url",
+            model.base_url,
+            "--data",
+            str(load_card(CARD).fixture_path),
+            "--output",
+            str(tmp_path / "run"),
+        )
         # Retried (max_retries: 1), then given up; the first request to give up cancels the rest.
         assert len(srv.requests) >= 2 and {r.status for r in srv.requests} == {503}
         srv.fail_first = 0  # the judge is back
-        resumed = arle("eval", str(card), "--base-url", model.base_url, "--data",
-                       str(load_card(CARD).fixture_path), "--output", str(tmp_path / "run"), "--resume", "--json")
+        resumed = arle(
+            "eval",
+            str(card),
+            "--base-url",
+            model.base_url,
+            "--data",
+            str(load_card(CARD).fixture_path),
+            "--output",
+            str(tmp_path / "run"),
+            "--resume",
+            "--json",
+        )
     # One error line (the engine's retry warnings go before it, as for the evaluated model's endpoint).
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -125,13 +155,25 @@ def test_a_rubric_naming_no_column_stops_eval_before_anything_is_generated(tmp_p
     with FakeOpenAIServer(lambda body: "The answer is 42.") as model, judge_profile("judge") as srv:
         card = tmp_path / "judged.yaml"
         card.write_text(yaml.safe_dump(card_dict(rubric="PASS when it agrees with {best_answers}.")))
-        proc = arle("eval", str(card), "--base-url", model.base_url, "--data", str(load_card(CARD).fixture_path),
-                    "--output", str(tmp_path / "run"))
+        proc = arle(
+            "eval",
+            str(card),
+            "--base-url",
+            model.base_url,
+            "--data",
+            str(load_card(CARD).fixture_path),
+            "--output",
+            str(tmp_path / "run"),
+        )
         assert not model.bodies() and judge_requests(srv) == 0, "refused before any generation"
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith(f"error: {card}: card field 'reward.params.rubric' uses {{best_answers}}, which is "
-                               "not a column of the rows") and "best_answer" in lines[0]
+    assert (
+        lines[0].startswith(
+            f"error: {card}: card field 'reward.params.rubric' uses {{best_answers}}, which is not a column of the rows"
+        )
+        and "best_answer" in lines[0]
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -145,21 +187,32 @@ def card_dict(**params: object) -> dict[str, object]:
     return data
 
 
-@pytest.mark.parametrize("params, needles", [
-    ({"scale": "stars"}, ["param 'scale'", "pass/fail", "1-10"]),
-    ({"scale": "10-1"}, ["scale '10-1'", "LO-HI"]),
-    ({"model": None}, ["param 'model' is missing", "arle model setup"]),
-    ({"model": "my-judge"}, ["'my-judge' is not a profile", "arle model setup --name my-judge"]),
-    ({"threshold": 2}, ["threshold", "between 0 and 1"]),
-    ({"rubric": None}, ["param 'rubric' is missing"]),
-    ({"scale": 5}, ["reward.params.scale", "must be a string"]),
-])
+@pytest.mark.parametrize(
+    "params, needles",
+    [
+        ({"scale": "stars"}, ["param 'scale'", "pass/fail", "1-10"]),
+        ({"scale": "10-1"}, ["scale '10-1'", "LO-HI"]),
+        ({"model": None}, ["param 'model' is missing", "arle model setup"]),
+        ({"model": "my-judge"}, ["'my-judge' is not a profile", "arle model setup --name my-judge"]),
+        ({"threshold": 2}, ["threshold", "between 0 and 1"]),
+        ({"rubric": None}, ["param 'rubric' is missing"]),
+        ({"scale": 5}, ["reward.params.scale", "must be a string"]),
+    ],
+)
 def test_bad_judge_params_are_one_line_naming_the_card_before_any_generation(tmp_path, params, needles):
     card = tmp_path / "judged.yaml"
     card.write_text(yaml.safe_dump(card_dict(**params)))
     with FakeOpenAIServer(lambda body: "The answer is 42.") as model:
-        proc = arle("eval", str(card), "--base-url", model.base_url, "--data", str(load_card(CARD).fixture_path),
-                    "--output", str(tmp_path / "run"))
+        proc = arle(
+            "eval",
+            str(card),
+            "--base-url",
+            model.base_url,
+            "--data",
+            str(load_card(CARD).fixture_path),
+            "--output",
+            str(tmp_path / "run"),
+        )
         assert not model.bodies(), "nothing is generated for a card whose judge is broken"
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -186,14 +239,19 @@ def test_a_reply_without_a_verdict_scores_zero_with_the_error_recorded_and_count
     tasks = fixture_tasks()
     with judge_profile("judge"):
         score = get_reward("judge", judge_params())
-        results = score.score_batch(tasks, [episode(tasks[0], f"{MUMBLE} {tasks[0].target}"),
-                                            episode(tasks[1], tasks[1].target),
-                                            episode(tasks[2], MUMBLE)])
+        results = score.score_batch(
+            tasks,
+            [
+                episode(tasks[0], f"{MUMBLE} {tasks[0].target}"),
+                episode(tasks[1], tasks[1].target),
+                episode(tasks[2], MUMBLE),
+            ],
+        )
         score.close()
     mumbled = [results[0], results[2]]
     for r in mumbled:
         assert r.reward == 0.0 and not r.correct and r.details["judge_failed"] == 1.0
-        assert "no \"Verdict: PASS/FAIL\" line" in r.details["judge_error"]
+        assert 'no "Verdict: PASS/FAIL" line' in r.details["judge_error"]
         assert "hard to say" in r.details["judge_error"] and "hard to say" in r.details["judge_reasoning"]
     assert results[1].correct and results[1].details["judge_failed"] == 0.0 and "judge_error" not in results[1].details
     assert "2 of 3 replies had no usable verdict" in capsys.readouterr().err
@@ -211,25 +269,34 @@ def test_numeric_scales_normalise_the_judges_score():
     assert (wrong.reward, wrong.correct, wrong.extracted) == (0.0, False, "1")
 
 
-@pytest.mark.parametrize("scale, reply, expected", [
-    ("pass/fail", "Looks right.\nVerdict: PASS", (1.0, "PASS", "Looks right.")),
-    ("pass/fail", "**Verdict:** fail", (0.0, "FAIL", "")),
-    ("pass/fail", "Verdict: PASS at first sight... on reflection\nVerdict: FAIL", (0.0, "FAIL",
-                                                                                 "Verdict: PASS at first sight... on reflection")),
-    ("1-10", "Mostly right.\nScore: 7/10", (6 / 9, "7", "Mostly right.")),
-    ("0-100", "score = 85", (0.85, "85", "")),
-    ("1-5", "Score: 3.5", (0.625, "3.5", "")),
-])
+@pytest.mark.parametrize(
+    "scale, reply, expected",
+    [
+        ("pass/fail", "Looks right.\nVerdict: PASS", (1.0, "PASS", "Looks right.")),
+        ("pass/fail", "**Verdict:** fail", (0.0, "FAIL", "")),
+        (
+            "pass/fail",
+            "Verdict: PASS at first sight... on reflection\nVerdict: FAIL",
+            (0.0, "FAIL", "Verdict: PASS at first sight... on reflection"),
+        ),
+        ("1-10", "Mostly right.\nScore: 7/10", (6 / 9, "7", "Mostly right.")),
+        ("0-100", "score = 85", (0.85, "85", "")),
+        ("1-5", "Score: 3.5", (0.625, "3.5", "")),
+    ],
+)
 def test_scales_read_the_last_verdict_line(scale, reply, expected):
     reward, verdict, reasoning = Scale.parse(scale).read(reply)
     assert (pytest.approx(reward), verdict, reasoning) == expected
 
 
-@pytest.mark.parametrize("scale, reply, error", [
-    ("1-10", "Score: 11", "outside the scale 1-10"),
-    ("1-10", "Verdict: PASS", "no \"Score: N\" line"),
-    ("pass/fail", "I give it 9 out of 10", "no \"Verdict: PASS/FAIL\" line"),
-])
+@pytest.mark.parametrize(
+    "scale, reply, error",
+    [
+        ("1-10", "Score: 11", "outside the scale 1-10"),
+        ("1-10", "Verdict: PASS", 'no "Score: N" line'),
+        ("pass/fail", "I give it 9 out of 10", 'no "Verdict: PASS/FAIL" line'),
+    ],
+)
 def test_scales_refuse_a_reply_without_a_usable_verdict(scale, reply, error):
     with pytest.raises(ValueError, match=error.replace("(", r"\(")):
         Scale.parse(scale).read(reply)
@@ -275,10 +342,8 @@ def test_concurrent_graders_share_the_cache_without_torn_entries(isolated_home):
 def test_a_url_judge_with_its_model_name_and_key_env(monkeypatch):
     monkeypatch.setenv("MY_JUDGE_KEY", SECRET)
     task = fixture_tasks()[0]
-    with FakeOpenAIServer(grade_by_reference, api_key=SECRET, check_model=True,
-                          model="grader-1") as srv:
-        score = get_reward("judge", judge_params(model=srv.base_url, model_name="grader-1",
-                                                 api_key_env="MY_JUDGE_KEY"))
+    with FakeOpenAIServer(grade_by_reference, api_key=SECRET, check_model=True, model="grader-1") as srv:
+        score = get_reward("judge", judge_params(model=srv.base_url, model_name="grader-1", api_key_env="MY_JUDGE_KEY"))
         assert score(task, episode(task, task.target)).correct
         score.close()
         assert srv.bodies("/chat/completions")[0]["model"] == "grader-1"

@@ -50,9 +50,7 @@ def flags(score: Score) -> tuple[int, int]:
         (GOLD_1000, "Total: $1,000.", 0, 1),
     ],
 )
-def test_gsm8k_filters_match_lm_eval(
-    gold: str, completion: str, strict: int, flexible: int
-) -> None:
+def test_gsm8k_filters_match_lm_eval(gold: str, completion: str, strict: int, flexible: int) -> None:
     score = run("gsm8k", gold, completion)
     assert flags(score) == (strict, flexible)
     assert score.correct == bool(flexible)  # primary defaults to flexible_extract
@@ -281,8 +279,14 @@ def test_olympiadbench_transform() -> None:
     assert "should be a numerical value" in single["instruction"]
     assert '"So the final answer is \\boxed{answer}."' in single["instruction"]
     multi = get_transform("olympiadbench")(
-        {**base, "final_answer": ["$2$", "$5$"], "is_multiple_answer": True, "unit": "cm",
-         "answer_type": "Numerical,Expression"})
+        {
+            **base,
+            "final_answer": ["$2$", "$5$"],
+            "is_multiple_answer": True,
+            "unit": "cm",
+            "answer_type": "Numerical,Expression",
+        }
+    )
     assert multi["answer"] == "2, 5"
     assert "answers in order being a numerical value, an expression" in multi["instruction"]
     assert "\\boxed{multiple answers connected with commas}(unit)" in multi["instruction"]

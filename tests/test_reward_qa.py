@@ -121,8 +121,16 @@ def test_finqa_matches(gold: str, text: str):
 
 @pytest.mark.parametrize(
     "gold, text",
-    [("94.0", "Answer: 104"), ("0.0134", "Answer: 1%"), ("1.4", "Answer: 1"), ("-5.5", "Answer: 5.5"),
-     ("yes", "Answer: no"), ("94.0", ""), ("94.0", "Answer: ninety-four"), ("", "Answer: 3")],
+    [
+        ("94.0", "Answer: 104"),
+        ("0.0134", "Answer: 1%"),
+        ("1.4", "Answer: 1"),
+        ("-5.5", "Answer: 5.5"),
+        ("yes", "Answer: no"),
+        ("94.0", ""),
+        ("94.0", "Answer: ninety-four"),
+        ("", "Answer: 3"),
+    ],
 )
 def test_finqa_mismatches(gold: str, text: str):
     assert not run("finqa", gold, text).correct
@@ -159,23 +167,46 @@ def test_tatqa_spans():
 
 
 def test_transforms_for_qa_rows():
-    hp = get_transform("hotpotqa")({"question": "q", "answer": "a",
-                                    "context": {"title": ["T1", "T2"], "sentences": [["One.", " Two."], ["Three."]]}})
+    hp = get_transform("hotpotqa")(
+        {
+            "question": "q",
+            "answer": "a",
+            "context": {"title": ["T1", "T2"], "sentences": [["One.", " Two."], ["Three."]]},
+        }
+    )
     assert hp["context_text"] == "T1: One. Two.\n\nT2: Three."
     tq = get_transform("triviaqa")({"question": "q", "answer": {"aliases": ["Mars"], "value": "Planet Mars"}})
     assert tq["answers"] == ["Mars", "Planet Mars"]
     assert get_transform("squad_v2")({"answers": {"text": [], "answer_start": []}})["answer_texts"] == []
     ucinlp = get_transform("drop")({"answers_spans": {"spans": ["a", "b"], "types": ["span", "span"]}})
     assert ucinlp["gold_answers"] == [["a", "b"]]
-    eleuther = get_transform("drop")({
-        "answer": {"number": "", "date": {"day": "", "month": "", "year": ""}, "spans": ["x"]},
-        "validated_answers": {"number": ["", "4"], "date": [{"day": "", "month": "", "year": ""}] * 2,
-                              "spans": [["x"], []]}})
+    eleuther = get_transform("drop")(
+        {
+            "answer": {"number": "", "date": {"day": "", "month": "", "year": ""}, "spans": ["x"]},
+            "validated_answers": {
+                "number": ["", "4"],
+                "date": [{"day": "", "month": "", "year": ""}] * 2,
+                "spans": [["x"], []],
+            },
+        }
+    )
     assert eleuther["gold_answers"] == [["x"], ["4"]]
-    fin = get_transform("finqa")({"pre_text": ["a"], "post_text": ["b"], "table": [["", "2019"], ["x", "1"]],
-                                  "qa": {"question": "q?", "exe_ans": 0.5}})
+    fin = get_transform("finqa")(
+        {
+            "pre_text": ["a"],
+            "post_text": ["b"],
+            "table": [["", "2019"], ["x", "1"]],
+            "qa": {"question": "q?", "exe_ans": 0.5},
+        }
+    )
     assert fin["question"] == "q?" and fin["gold"] == "0.5" and " | 2019" in fin["context_text"]
-    tat_row = get_transform("tatqa")({"table": {"uid": "u", "table": [["a", "b"]]}, "question": "q", "answer": 1,
-                                      "paragraphs": [{"order": 2, "text": "second"}, {"order": 1, "text": "first"}],
-                                      "scale": None})
+    tat_row = get_transform("tatqa")(
+        {
+            "table": {"uid": "u", "table": [["a", "b"]]},
+            "question": "q",
+            "answer": 1,
+            "paragraphs": [{"order": 2, "text": "second"}, {"order": 1, "text": "first"}],
+            "scale": None,
+        }
+    )
     assert tat_row["context_text"] == "a | b\n\nfirst\n\nsecond" and tat_row["scale"] == ""

@@ -84,8 +84,10 @@ def test_the_trajectory_ids_are_the_engines_and_later_calls_continue_them(tiny_m
             assert (turn.token_ids, turn.logprobs, turn.completion) == (comp.token_ids, comp.logprobs, comp.text)
         # The second call re-sent the conversation as text; its prompt still starts with the
         # first call's exact ids, so the episode is one unbroken sequence.
-        assert second.prompt_token_ids[:len(first.prompt_token_ids) + len(first.token_ids)] == \
-            first.prompt_token_ids + first.token_ids
+        assert (
+            second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)]
+            == first.prompt_token_ids + first.token_ids
+        )
         assert "seams" not in episode.info
         prompt_ids, completion_ids, mask, logprobs = flatten_episode(episode)
         assert prompt_ids + completion_ids == second.prompt_token_ids + second.token_ids
@@ -119,7 +121,7 @@ def test_continued_ids_are_the_sampled_ones_not_a_re_tokenisation(tiny_model):
     assert tok("return", add_special_tokens=False)["input_ids"] != engine.ids[:-1]  # the premise
     [(_, episode)] = run_rollout_episodes(engine, example_jobs(1, SamplingParams(max_tokens=8)))
     first, second = episode.turns
-    assert second.prompt_token_ids[:len(first.prompt_token_ids) + 7] == first.prompt_token_ids + engine.ids
+    assert second.prompt_token_ids[: len(first.prompt_token_ids) + 7] == first.prompt_token_ids + engine.ids
     fresh = tok(render_chat(tok, second.prompt), add_special_tokens=False)["input_ids"]
     assert fresh != second.prompt_token_ids and tok.decode(fresh) == tok.decode(second.prompt_token_ids)
 
@@ -136,8 +138,9 @@ def test_a_thinking_models_turns_carry_the_split_eval_makes(tiny_thinking_model,
     from arlecli.types import Episode
 
     engine = Spy(HFEngine(str(tiny_thinking_model), batch_size=4))
-    episodes = dict(run_rollout_episodes(engine, example_jobs(2, SamplingParams(temperature=1.0, max_tokens=8,
-                                                                                seed=3))))
+    episodes = dict(
+        run_rollout_episodes(engine, example_jobs(2, SamplingParams(temperature=1.0, max_tokens=8, seed=3)))
+    )
     for episode in episodes.values():
         assert len(episode.turns) == 2 and episode.thinking_cut and episode.completion == ""
         for turn in episode.turns:
@@ -170,8 +173,13 @@ def test_an_agent_that_raises_is_recorded_and_scores_zero(tiny_model, tmp_path, 
 
     card = load_card(CARD)
     card.env_params = {"function": "test_flaky", "fail": fail}  # a registered name; params pass through
-    result = run_eval(card, HFEngine(str(tiny_model), batch_size=4), EvalOptions(limit=2, max_tokens=8),
-                      model="tiny", run_dir=tmp_path)
+    result = run_eval(
+        card,
+        HFEngine(str(tiny_model), batch_size=4),
+        EvalOptions(limit=2, max_tokens=8),
+        model="tiny",
+        run_dir=tmp_path,
+    )
     assert result["metrics"]["accuracy"] == {"value": 0.0, "stderr": 0.0, "n": 2}
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     error = "ValueError: no model call" if fail == "before" else "RuntimeError: after one call"
@@ -199,9 +207,28 @@ def train_two_steps(card: str, model: Path, run: Path) -> Path:
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
-    app(args=[card, "--model", str(model), "--num-generations", "2", "--max-steps", "2", "--limit", "4",
-              "--eval-limit", "0", "--set", "max_completion_length=8", "--set", "per_device_train_batch_size=2",
-              "--output", str(run)], standalone_mode=False)
+    app(
+        args=[
+            card,
+            "--model",
+            str(model),
+            "--num-generations",
+            "2",
+            "--max-steps",
+            "2",
+            "--limit",
+            "4",
+            "--eval-limit",
+            "0",
+            "--set",
+            "max_completion_length=8",
+            "--set",
+            "per_device_train_batch_size=2",
+            "--output",
+            str(run),
+        ],
+        standalone_mode=False,
+    )
     return run
 
 
@@ -256,13 +283,19 @@ def test_a_card_names_its_function_by_path_module_registry_or_entry_point(tmp_pa
 
     real = metadata.entry_points
     package = metadata.EntryPoint("from_a_package", "test_rollout_decorator:flaky", "arle.rollouts")
-    monkeypatch.setattr(metadata, "entry_points",
-                        lambda group=None, **kw: [package] if group == "arle.rollouts" else real(group=group, **kw))
+    monkeypatch.setattr(
+        metadata,
+        "entry_points",
+        lambda group=None, **kw: [package] if group == "arle.rollouts" else real(group=group, **kw),
+    )
     ROLLOUTS.refresh()
     request.addfinalizer(ROLLOUTS.refresh)  # after the real entry points are back
     assert get_rollout("from_a_package") is flaky and "from_a_package" in rollout_names()
-    for bad, message in [("nope", "unknown rollout function 'nope'"), ("missing.py:f", "no file"),
-                         ("test_rollout_decorator:nothing", "has no attribute")]:
+    for bad, message in [
+        ("nope", "unknown rollout function 'nope'"),
+        ("missing.py:f", "no file"),
+        ("test_rollout_decorator:nothing", "has no attribute"),
+    ]:
         with pytest.raises(UserError, match=message):
             get_rollout(bad, tmp_path)
     card = load_card(CARD)

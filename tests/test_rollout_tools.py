@@ -42,10 +42,20 @@ def add(a: int, b: int) -> int:
 
 
 FUNCTIONS = {"add": add}
-SCHEMAS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}]
+SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 
 @rollout(name="test_tool_agent")
@@ -83,8 +93,12 @@ def first_call_is_a_tool_call(request) -> str | None:
 
 def tool_card(tmp_path: Path) -> Path:
     data = yaml.safe_load((ROOT / "benchmarks" / "countdown.yaml").read_text())
-    data.update(name="countdown_tool_agent", env={"name": "rollout", "params": {"function": "test_tool_agent"}},
-                reward={"name": "test_tools_varied"}, metrics=["accuracy"])
+    data.update(
+        name="countdown_tool_agent",
+        env={"name": "rollout", "params": {"function": "test_tool_agent"}},
+        reward={"name": "test_tools_varied"},
+        metrics=["accuracy"],
+    )
     path = tmp_path / "tool_agent.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -135,7 +149,8 @@ def engine_class(backend: str) -> Any:
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
 def test_a_tool_calling_agent_trains_with_the_call_in_the_loss_and_the_result_out(
-        tmp_path, tiny_model, monkeypatch, request, backend):
+    tmp_path, tiny_model, monkeypatch, request, backend
+):
     from transformers import AutoTokenizer
 
     if backend == "vllm":
@@ -144,9 +159,27 @@ def test_a_tool_calling_agent_trains_with_the_call_in_the_loss_and_the_result_ou
     script_generate(monkeypatch, engine_class(backend), first_call_is_a_tool_call)
     batches = capture_batches(monkeypatch)
     run = tmp_path / "run"
-    train(str(tool_card(tmp_path)), "--model", str(model), "--backend", backend, "--limit", "2",
-          "--num-generations", "2", "--max-tokens", "56", "--max-steps", "2", "--eval-limit", "0",
-          "--set", "per_device_train_batch_size=2", "--output", str(run))
+    train(
+        str(tool_card(tmp_path)),
+        "--model",
+        str(model),
+        "--backend",
+        backend,
+        "--limit",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-tokens",
+        "56",
+        "--max-steps",
+        "2",
+        "--eval-limit",
+        "0",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--output",
+        str(run),
+    )
     tok = AutoTokenizer.from_pretrained(str(model))
     call_ids = tok(CALL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert len(batches) == 2
@@ -161,9 +194,10 @@ def test_a_tool_calling_agent_trains_with_the_call_in_the_loss_and_the_result_ou
             n = sum(len(t.token_ids) for t in episode.turns)
             ids = out["completion_ids"][r].tolist()
             trained = [t for t, m in zip(ids, mask[r]) if m]
-            assert sum(mask[r]) == n and trained[:len(call_ids)] == call_ids  # the call carries loss
-            context = tok.decode([t for t, m, keep in zip(ids, mask[r], out["completion_mask"][r].tolist())
-                                  if keep and not m])
+            assert sum(mask[r]) == n and trained[: len(call_ids)] == call_ids  # the call carries loss
+            context = tok.decode(
+                [t for t, m, keep in zip(ids, mask[r], out["completion_mask"][r].tolist()) if keep and not m]
+            )
             assert RESULT in context and CALL not in context  # the tool's result does not
     rewards = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(rewards) == 4 and all(x["turns"] == 2 and x["env_info"]["calls"] == 2 for x in rewards)

@@ -23,10 +23,19 @@ EVAL_COMPARED = ("card_hash", "model", "options")
 
 def _meta(**changes: object) -> dict:
     """A train-shaped meta.json; `options__eval_every=5` sets a field inside a group."""
-    meta = {"command": ["arle", "train"], "benchmark": "gsm8k", "card_hash": "abc", "model": "tiny", "algo": "grpo",
-            "train_split": "train", "eval_split": "test", "options": {"lora_rank": 0, "eval_every": 0},
-            "trainer": {"max_steps": 2, "learning_rate": 1e-5, "save_steps": 1},
-            "versions": rundir.versions(), "created": "2025-01-01T00:00:00+0000"}
+    meta = {
+        "command": ["arle", "train"],
+        "benchmark": "gsm8k",
+        "card_hash": "abc",
+        "model": "tiny",
+        "algo": "grpo",
+        "train_split": "train",
+        "eval_split": "test",
+        "options": {"lora_rank": 0, "eval_every": 0},
+        "trainer": {"max_steps": 2, "learning_rate": 1e-5, "save_steps": 1},
+        "versions": rundir.versions(),
+        "created": "2025-01-01T00:00:00+0000",
+    }
     for key, value in changes.items():
         group, _, field = key.partition("__")
         if field:
@@ -95,16 +104,19 @@ def test_prepare_writes_meta_and_refuses_a_second_run_without_resume(tmp_path):
 def test_resume_may_change_the_resumable_keys_and_records_them(tmp_path):
     run = tmp_path / "run"
     rundir.prepare(run, _meta(), resume=False, compare=COMPARED, may_change=RESUMABLE)
-    later = _meta(trainer__max_steps=5, options__eval_every=2, created="2025-01-02T00:00:00+0000",
-                  command=["arle", "train", "--resume"])
+    later = _meta(
+        trainer__max_steps=5,
+        options__eval_every=2,
+        created="2025-01-02T00:00:00+0000",
+        command=["arle", "train", "--resume"],
+    )
     rundir.prepare(run, later, resume=True, compare=COMPARED, may_change=RESUMABLE)
     stored = json.loads((run / "meta.json").read_text())
     assert stored["trainer"] == {"max_steps": 5, "learning_rate": 1e-5, "save_steps": 1}
     assert stored["options"]["eval_every"] == 2
     assert stored["command"] == ["arle", "train"] and stored["created"] == "2025-01-01T00:00:00+0000"
     assert stored["resumed"] == ["2025-01-02T00:00:00+0000"]
-    rundir.prepare(run, _meta(trainer__max_steps=5, created="t3"), resume=True, compare=COMPARED,
-                   may_change=RESUMABLE)
+    rundir.prepare(run, _meta(trainer__max_steps=5, created="t3"), resume=True, compare=COMPARED, may_change=RESUMABLE)
     assert json.loads((run / "meta.json").read_text())["resumed"] == ["2025-01-02T00:00:00+0000", "t3"]
 
 
@@ -112,15 +124,20 @@ def test_resume_names_every_setting_that_may_not_change(tmp_path):
     run = tmp_path / "run"
     rundir.prepare(run, _meta(), resume=False, compare=COMPARED, may_change=RESUMABLE)
     before = (run / "meta.json").read_text()
-    changed = _meta(model="other", trainer__learning_rate=1e-4, trainer__max_steps=9, options__lora_rank=4,
-                    trainer__beta=0.1)
+    changed = _meta(
+        model="other", trainer__learning_rate=1e-4, trainer__max_steps=9, options__lora_rank=4, trainer__beta=0.1
+    )
     with pytest.raises(UserError) as excinfo:
         rundir.prepare(run, changed, resume=True, compare=COMPARED, may_change=RESUMABLE)
     text = _error(excinfo)
     assert text.startswith(f"cannot resume {run}: settings differ from the original run (")
     assert text.endswith("); rerun with the original settings or use a new --output")
-    for diff in ("model: 'tiny' -> 'other'", "learning_rate: 1e-05 -> 0.0001", "lora_rank: 0 -> 4",
-                 "beta: None -> 0.1"):
+    for diff in (
+        "model: 'tiny' -> 'other'",
+        "learning_rate: 1e-05 -> 0.0001",
+        "lora_rank: 0 -> 4",
+        "beta: None -> 0.1",
+    ):
         assert diff in text
     assert "max_steps" not in text  # allowed to change, so not named
     assert (run / "meta.json").read_text() == before  # a refused resume records nothing
@@ -128,8 +145,13 @@ def test_resume_names_every_setting_that_may_not_change(tmp_path):
 
 def test_eval_resume_compares_card_model_and_every_option(tmp_path):
     run = tmp_path / "run"
-    meta = {"card_hash": "abc", "model": "m", "engine": "hf", "options": {"max_tokens": None, "seed": 1},
-            "created": "t1"}
+    meta = {
+        "card_hash": "abc",
+        "model": "m",
+        "engine": "hf",
+        "options": {"max_tokens": None, "seed": 1},
+        "created": "t1",
+    }
     rundir.prepare(run, meta, resume=False, compare=EVAL_COMPARED)
     rundir.prepare(run, {**meta, "engine": "vllm", "created": "t2"}, resume=True, compare=EVAL_COMPARED)
     with pytest.raises(UserError) as excinfo:
@@ -168,8 +190,14 @@ def test_resume_with_a_meta_json_that_is_not_an_object_is_one_line(tmp_path, con
 
 
 def _arle(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True, timeout=300,
-                          env=os.environ.copy(), cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "arlecli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ.copy(),
+        cwd=cwd,
+    )
 
 
 def test_eval_cli_resume_errors_are_one_line_exit_2(tmp_path):
@@ -183,9 +211,10 @@ def test_eval_cli_resume_errors_are_one_line_exit_2(tmp_path):
     (bad / "meta.json").write_text("[]")
     with FakeOpenAIServer(lambda body: "#### 2") as srv:
         common = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0", "--resume"]
-        results = {name: _arle(*common, *extra, cwd=tmp_path)
-                   for name, extra in [("stray", ["--output", str(stray)]), ("bad", ["--output", str(bad)]),
-                                       ("none", [])]}
+        results = {
+            name: _arle(*common, *extra, cwd=tmp_path)
+            for name, extra in [("stray", ["--output", str(stray)]), ("bad", ["--output", str(bad)]), ("none", [])]
+        }
     for name, proc in results.items():
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, (name, proc.stderr)
@@ -214,9 +243,9 @@ def _checkpoint(run: Path, step: int, state: str | None, content: bytes | None =
 def test_checkpoints_are_complete_ones_in_step_order(tmp_path):
     run = tmp_path / "run"
     _checkpoint(run, 2, "trainer_state.json")  # TRL
-    _checkpoint(run, 9, "trainer_state.pt")    # arle's PPO
+    _checkpoint(run, 9, "trainer_state.pt")  # arle's PPO
     _checkpoint(run, 10, "trainer_state.json")
-    _checkpoint(run, 12, None)                 # cut short mid-save: ignored
+    _checkpoint(run, 12, None)  # cut short mid-save: ignored
     # Killed while the state file itself was being written: it exists, but not whole.
     _checkpoint(run, 13, "trainer_state.json", b"")
     _checkpoint(run, 14, "trainer_state.json", b'{"global_step": 1')

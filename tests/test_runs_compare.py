@@ -26,28 +26,67 @@ from helpers.cli import arle, assert_one_line_error, snapshot
 
 def sample(tid: str, correct: bool, k: int = 0, group: str | None = None) -> dict[str, Any]:
     """A samples.jsonl line as eval.py writes it (the fields aggregation and compare read)."""
-    s = {"id": f"{tid}#{k}", "task_id": tid, "sample": k, "prompt": f"question {tid}", "completion": "answer",
-         "extracted": "1" if correct else "2", "target": "1", "reward": float(correct), "correct": correct,
-         "details": {"accuracy": int(correct)}, "finish_reason": "stop", "num_tokens": 3}
+    s = {
+        "id": f"{tid}#{k}",
+        "task_id": tid,
+        "sample": k,
+        "prompt": f"question {tid}",
+        "completion": "answer",
+        "extracted": "1" if correct else "2",
+        "target": "1",
+        "reward": float(correct),
+        "correct": correct,
+        "details": {"accuracy": int(correct)},
+        "finish_reason": "stop",
+        "num_tokens": 3,
+    }
     if group is not None:
         s["group"] = group
     return s
 
 
-def write_eval_run(run: Path, correct: list[bool], *, benchmark: str = "gsm8k", split: str = "test",
-                   groups: list[str] | None = None, finished: bool = True, expected: int | None = None) -> Path:
+def write_eval_run(
+    run: Path,
+    correct: list[bool],
+    *,
+    benchmark: str = "gsm8k",
+    split: str = "test",
+    groups: list[str] | None = None,
+    finished: bool = True,
+    expected: int | None = None,
+) -> Path:
     """An eval run directory: meta.json, samples.jsonl and (when finished) results.json from aggregate."""
     run.mkdir(parents=True)
     samples = [sample(str(i), c, group=groups[i] if groups else None) for i, c in enumerate(correct)]
-    meta = {"command": ["arle", "eval", benchmark], "benchmark": benchmark, "card_version": 1, "card_hash": "abc",
-            "model": "tiny", "engine": "hf", "created": "2025-01-02T03:04:05+0000",
-            "options": {"split": split, "limit": expected, "num_samples": 1, "temperature": 0.0, "seed": 1234,
-                        "data": None}, "data_hash": None}
+    meta = {
+        "command": ["arle", "eval", benchmark],
+        "benchmark": benchmark,
+        "card_version": 1,
+        "card_hash": "abc",
+        "model": "tiny",
+        "engine": "hf",
+        "created": "2025-01-02T03:04:05+0000",
+        "options": {
+            "split": split,
+            "limit": expected,
+            "num_samples": 1,
+            "temperature": 0.0,
+            "seed": 1234,
+            "data": None,
+        },
+        "data_hash": None,
+    }
     (run / "meta.json").write_text(json.dumps(meta))
     (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     if finished:
-        results = {"benchmark": benchmark, "card_version": 1, "model": "tiny", "split": split, "num_samples": 1,
-                   **aggregate(samples, ["accuracy"], 1, "subject" if groups else None)}
+        results = {
+            "benchmark": benchmark,
+            "card_version": 1,
+            "model": "tiny",
+            "split": split,
+            "num_samples": 1,
+            **aggregate(samples, ["accuracy"], 1, "subject" if groups else None),
+        }
         (run / "results.json").write_text(json.dumps(results))
     return run
 
@@ -56,17 +95,36 @@ def write_train_run(run: Path) -> Path:
     """A finished 2-step training run: meta.json (kind train), metrics.jsonl, summary.json, and
     held-out evals eval/step-0 and eval/step-2 (ordinary eval runs)."""
     run.mkdir(parents=True)
-    meta = {"command": ["arle", "train", "gsm8k"], "kind": "train", "benchmark": "gsm8k", "model": "tiny",
-            "algo": "grpo", "train_split": "train", "eval_split": "test", "created": "2025-01-03T00:00:00+0000",
-            "options": {"eval_limit": 6}, "trainer": {"max_steps": 2}}
+    meta = {
+        "command": ["arle", "train", "gsm8k"],
+        "kind": "train",
+        "benchmark": "gsm8k",
+        "model": "tiny",
+        "algo": "grpo",
+        "train_split": "train",
+        "eval_split": "test",
+        "created": "2025-01-03T00:00:00+0000",
+        "options": {"eval_limit": 6},
+        "trainer": {"max_steps": 2},
+    }
     (run / "meta.json").write_text(json.dumps(meta))
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.1 * s, "loss": 0.5}) + "\n"
-                                               for s in (1, 2)))
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward": 0.1 * s, "loss": 0.5}) + "\n" for s in (1, 2))
+    )
     write_eval_run(run / "eval" / "step-0", [False, False, True, False, False, True])
     write_eval_run(run / "eval" / "step-2", [True, False, True, True, False, True])
-    (run / "summary.json").write_text(json.dumps({"benchmark": "gsm8k", "model": "tiny", "algo": "grpo",
-                                                  "global_step": 2, "before": {"label": "step-0"},
-                                                  "after": {"label": "step-2"}}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "benchmark": "gsm8k",
+                "model": "tiny",
+                "algo": "grpo",
+                "global_step": 2,
+                "before": {"label": "step-0"},
+                "after": {"label": "step-2"},
+            }
+        )
+    )
     return run
 
 
@@ -74,14 +132,17 @@ def write_train_run(run: Path) -> Path:
 # The statistics
 
 
-@pytest.mark.parametrize("a_only, b_only, expected", [
-    (0, 0, 1.0),             # no discordant pairs: no evidence either way
-    (0, 5, 2 / 32),          # 2 * C(5,0) / 2^5
-    (1, 5, 2 * 7 / 64),      # 2 * (C(6,0) + C(6,1)) / 2^6
-    (5, 1, 2 * 7 / 64),      # symmetric
-    (3, 3, 1.0),             # 2 * 42 / 64 > 1, capped
-    (2, 8, 2 * 56 / 1024),   # 2 * (1 + 10 + 45) / 2^10
-])
+@pytest.mark.parametrize(
+    "a_only, b_only, expected",
+    [
+        (0, 0, 1.0),  # no discordant pairs: no evidence either way
+        (0, 5, 2 / 32),  # 2 * C(5,0) / 2^5
+        (1, 5, 2 * 7 / 64),  # 2 * (C(6,0) + C(6,1)) / 2^6
+        (5, 1, 2 * 7 / 64),  # symmetric
+        (3, 3, 1.0),  # 2 * 42 / 64 > 1, capped
+        (2, 8, 2 * 56 / 1024),  # 2 * (1 + 10 + 45) / 2^10
+    ],
+)
 def test_mcnemar_hand_computed(a_only, b_only, expected):
     assert mcnemar_exact(a_only, b_only) == pytest.approx(expected, rel=1e-12)
 
@@ -106,8 +167,9 @@ def test_paired_stderr_hand_computed_and_scipy():
     got = paired_difference([1, 0, 1, 1], [1, 1, 0, 1])
     assert got.diff == 0 and got.n == 4
     assert got.stderr == pytest.approx(math.sqrt(1 / 6), rel=1e-12)
-    assert (got.ci_low, got.ci_high) == pytest.approx((-1.959963984540054 * math.sqrt(1 / 6),
-                                                       1.959963984540054 * math.sqrt(1 / 6)))
+    assert (got.ci_low, got.ci_high) == pytest.approx(
+        (-1.959963984540054 * math.sqrt(1 / 6), 1.959963984540054 * math.sqrt(1 / 6))
+    )
     # d = [1, 1, 0, 1, 0]: mean 0.6, variance (3 * 0.16 + 2 * 0.36) / 4 = 0.3, stderr sqrt(0.3 / 5)
     got = paired_difference([0, 0, 1, 0, 1], [1, 1, 1, 1, 1])
     assert got.diff == pytest.approx(0.6) and got.stderr == pytest.approx(math.sqrt(0.06), rel=1e-12)
@@ -118,7 +180,7 @@ def test_paired_stderr_hand_computed_and_scipy():
     d = [y - x for x, y in zip(a, b)]
     assert got.diff == pytest.approx(sum(d) / 50)
     assert got.stderr == pytest.approx(stats.sem(d), rel=1e-10)  # scipy: ddof=1
-    assert math.isnan(paired_difference([1.0], [0.0]).stderr)     # one task: no spread to estimate
+    assert math.isnan(paired_difference([1.0], [0.0]).stderr)  # one task: no spread to estimate
 
 
 def test_compare_samples_counts_flips_groups_and_non_binary():
@@ -168,13 +230,27 @@ def test_runs_list_marks_interrupted_resumable_and_lists_training(tmp_path):
     assert set(rows) == {"gsm8k-tiny-done", "gsm8k-tiny-cut", "gsm8k-tiny-torn", "train-gsm8k-tiny"}  # not eval/step-N
     assert (rows["gsm8k-tiny-torn"]["status"], rows["gsm8k-tiny-torn"]["resumable"]) == ("interrupted", True)
     done, cut_row, train = rows["gsm8k-tiny-done"], rows["gsm8k-tiny-cut"], rows["train-gsm8k-tiny"]
-    assert (done["kind"], done["status"], done["resumable"], done["done"], done["expected"]) == \
-        ("eval", "complete", False, 4, 4)
+    assert (done["kind"], done["status"], done["resumable"], done["done"], done["expected"]) == (
+        "eval",
+        "complete",
+        False,
+        4,
+        4,
+    )
     assert done["value"] == 0.75 and done["stderr"] == pytest.approx(stats.sem([1, 0, 1, 1]))
-    assert (cut_row["status"], cut_row["resumable"], cut_row["done"], cut_row["expected"]) == \
-        ("interrupted", True, 2, 5)
-    assert (train["kind"], train["status"], train["done"], train["expected"], train["unit"]) == \
-        ("train", "complete", 2, 2, "steps")
+    assert (cut_row["status"], cut_row["resumable"], cut_row["done"], cut_row["expected"]) == (
+        "interrupted",
+        True,
+        2,
+        5,
+    )
+    assert (train["kind"], train["status"], train["done"], train["expected"], train["unit"]) == (
+        "train",
+        "complete",
+        2,
+        2,
+        "steps",
+    )
     assert train["metric"] == "accuracy@step-2" and train["value"] == pytest.approx(4 / 6)
 
     text = arle("runs", "list", str(runs))
@@ -194,8 +270,16 @@ def test_runs_show_prints_metrics_blocks_and_failed_samples(tmp_path):
     (run / "results.json").write_text(json.dumps(results))
     out = arle("runs", "show", str(run))
     assert out.returncode == 0, out.stderr
-    for needle in ("accuracy", "0.5000", "cost:", "total_usd: 0.0123", "cost_of_pass_usd: null",
-                   "failed samples (first 2 of 2)", "1#0", "3#0"):
+    for needle in (
+        "accuracy",
+        "0.5000",
+        "cost:",
+        "total_usd: 0.0123",
+        "cost_of_pass_usd: null",
+        "failed samples (first 2 of 2)",
+        "1#0",
+        "3#0",
+    ):
         assert needle in out.stdout, (needle, out.stdout)
     data = json.loads(arle("runs", "show", str(run), "--json").stdout)
     assert data["results"]["cost"]["total_usd"] == 0.0123 and [s["id"] for s in data["failed"]] == ["1#0", "3#0"]
@@ -220,8 +304,9 @@ def test_compare_training_run_held_out_evals(tmp_path):
     assert (acc["won"], acc["lost"], acc["tied"]) == (2, 0, 4) and cmp["gained"] == ["0", "3"]
     assert acc["mcnemar_p"] == pytest.approx(0.5)
     # The training run itself is not an eval run: the line names the held-out evals to use.
-    assert_one_line_error(arle("compare", str(train), str(train / "eval" / "step-2")),
-                          "training run", str(train / "eval" / "step-0"))
+    assert_one_line_error(
+        arle("compare", str(train), str(train / "eval" / "step-2")), "training run", str(train / "eval" / "step-0")
+    )
 
 
 def test_compare_refuses_other_benchmark_or_split_unless_forced(tmp_path):
@@ -234,9 +319,15 @@ def test_compare_refuses_other_benchmark_or_split_unless_forced(tmp_path):
     assert forced.returncode == 0 and "different benchmarks" in forced.stderr and "warning" in forced.stderr
 
 
-MMLU_ROWS = [{"question": f"Question number {i}: which option is right?",
-              "subject": ["astronomy", "college_mathematics"][i % 2],
-              "choices": ["one", "two", "three", "four"], "answer": i % 4} for i in range(40)]
+MMLU_ROWS = [
+    {
+        "question": f"Question number {i}: which option is right?",
+        "subject": ["astronomy", "college_mathematics"][i % 2],
+        "choices": ["one", "two", "three", "four"],
+        "answer": i % 4,
+    }
+    for i in range(40)
+]
 
 
 def test_compare_two_real_tiny_model_runs_with_different_seeds(tiny_model, tmp_path):
@@ -245,8 +336,24 @@ def test_compare_two_real_tiny_model_runs_with_different_seeds(tiny_model, tmp_p
     runs = []
     for seed in ("1", "2"):
         run = tmp_path / f"seed{seed}"
-        out = arle("eval", "mmlu", "--data", str(data), "--model", str(tiny_model), "--backend", "hf",
-                   "--temperature", "1.0", "--seed", seed, "--max-tokens", "8", "--output", str(run))
+        out = arle(
+            "eval",
+            "mmlu",
+            "--data",
+            str(data),
+            "--model",
+            str(tiny_model),
+            "--backend",
+            "hf",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "8",
+            "--output",
+            str(run),
+        )
         assert out.returncode == 0, out.stderr
         runs.append(run)
     out = arle("compare", str(runs[0]), str(runs[1]), "--json")
@@ -266,8 +373,11 @@ def test_compare_two_real_tiny_model_runs_with_different_seeds(tiny_model, tmp_p
     assert acc["metric"] == "accuracy"
     assert (acc["won"], acc["lost"], acc["tied"]) == (len(b_only), len(a_only), 40 - len(a_only) - len(b_only))
     assert cmp["gained"] == b_only and cmp["lost"] == a_only
-    want_p = stats.binomtest(min(len(a_only), len(b_only)), len(a_only) + len(b_only), 0.5).pvalue \
-        if a_only or b_only else 1.0
+    want_p = (
+        stats.binomtest(min(len(a_only), len(b_only)), len(a_only) + len(b_only), 0.5).pvalue
+        if a_only or b_only
+        else 1.0
+    )
     assert acc["mcnemar_p"] == pytest.approx(want_p)
     d = [float(b[t]) - float(a[t]) for t in a]
     assert acc["diff"] == pytest.approx(sum(d) / 40)
@@ -308,9 +418,11 @@ def _not_a_run(run: Path) -> None:
     (run / "meta.json").unlink()
 
 
-@pytest.mark.parametrize("damage, needle", [(_torn, "torn line"), (_no_results, "no results.json"),
-                                            (_not_a_run, "not a run directory")],
-                         ids=["torn-samples", "missing-results", "not-a-run"])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [(_torn, "torn line"), (_no_results, "no results.json"), (_not_a_run, "not a run directory")],
+    ids=["torn-samples", "missing-results", "not-a-run"],
+)
 @pytest.mark.parametrize("command", ["show", "compare"])
 def test_bad_run_directory_is_one_line_and_untouched(tmp_path, damage, needle, command):
     good = write_eval_run(tmp_path / "good", [True, False, True, False])
@@ -330,12 +442,30 @@ def test_bad_run_directory_is_one_line_and_untouched(tmp_path, damage, needle, c
 ESC_THOUGHT = "thought \x1b]52;c;cHduZWQ=\x07 of task"
 # (correct, thinking tokens, cut) per task at each budget: the bigger budget answers more.
 BUDGETS = {
-    64: [(True, 40, False), (False, 64, True), (False, 64, True), (True, 50, False), (False, 64, True),
-         (False, 30, False)],
-    256: [(True, 40, False), (True, 120, False), (False, 200, False), (True, 50, False), (False, 256, True),
-          (True, 30, False)],
-    1024: [(True, 40, False), (True, 120, False), (True, 400, False), (True, 50, False), (True, 700, False),
-           (True, 30, False)],
+    64: [
+        (True, 40, False),
+        (False, 64, True),
+        (False, 64, True),
+        (True, 50, False),
+        (False, 64, True),
+        (False, 30, False),
+    ],
+    256: [
+        (True, 40, False),
+        (True, 120, False),
+        (False, 200, False),
+        (True, 50, False),
+        (False, 256, True),
+        (True, 30, False),
+    ],
+    1024: [
+        (True, 40, False),
+        (True, 120, False),
+        (True, 400, False),
+        (True, 50, False),
+        (True, 700, False),
+        (True, 30, False),
+    ],
 }
 
 
@@ -346,18 +476,46 @@ def write_thinking_run(run: Path, budget: int) -> Path:
     for i, (correct, tokens, cut) in enumerate(BUDGETS[budget]):
         s = sample(str(i), correct)
         answer = 0 if cut else 5
-        s.update(completion="" if cut else "answer", thinking=f"{ESC_THOUGHT} {i}", thinking_cut=cut,
-                 thinking_tokens=tokens, answer_tokens=answer, completion_tokens=tokens + answer,
-                 num_tokens=tokens + answer)
+        s.update(
+            completion="" if cut else "answer",
+            thinking=f"{ESC_THOUGHT} {i}",
+            thinking_cut=cut,
+            thinking_tokens=tokens,
+            answer_tokens=answer,
+            completion_tokens=tokens + answer,
+            num_tokens=tokens + answer,
+        )
         samples.append(s)
-    meta = {"command": ["arle", "eval", "gsm8k"], "benchmark": "gsm8k", "card_version": 1, "card_hash": "abc",
-            "model": "thinker", "engine": "hf", "created": "2025-01-02T03:04:05+0000",
-            "options": {"split": "test", "limit": None, "num_samples": 1, "temperature": 0.0, "seed": 1234,
-                        "data": None, "max_tokens": budget + 64, "max_thinking_tokens": budget}, "data_hash": None}
+    meta = {
+        "command": ["arle", "eval", "gsm8k"],
+        "benchmark": "gsm8k",
+        "card_version": 1,
+        "card_hash": "abc",
+        "model": "thinker",
+        "engine": "hf",
+        "created": "2025-01-02T03:04:05+0000",
+        "options": {
+            "split": "test",
+            "limit": None,
+            "num_samples": 1,
+            "temperature": 0.0,
+            "seed": 1234,
+            "data": None,
+            "max_tokens": budget + 64,
+            "max_thinking_tokens": budget,
+        },
+        "data_hash": None,
+    }
     (run / "meta.json").write_text(json.dumps(meta))
     (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    results = {"benchmark": "gsm8k", "card_version": 1, "model": "thinker", "split": "test", "num_samples": 1,
-               **aggregate(samples, ["accuracy"], 1, None)}
+    results = {
+        "benchmark": "gsm8k",
+        "card_version": 1,
+        "model": "thinker",
+        "split": "test",
+        "num_samples": 1,
+        **aggregate(samples, ["accuracy"], 1, None),
+    }
     (run / "results.json").write_text(json.dumps(results))
     return run
 
@@ -379,9 +537,20 @@ def test_compare_two_thinking_budgets_is_accuracy_against_compute(tmp_path):
 
     text = arle("compare", str(a), str(b))
     assert text.returncode == 0, text.stderr
-    table = text.stdout[text.stdout.index("accuracy against compute"):]
-    for needle in ("thinking tokens", "total completion", "52.0", "116.0", "327", "721", "50.0%", "16.7%",
-                   "64/128", "256/320", "+0.3333 ±"):
+    table = text.stdout[text.stdout.index("accuracy against compute") :]
+    for needle in (
+        "thinking tokens",
+        "total completion",
+        "52.0",
+        "116.0",
+        "327",
+        "721",
+        "50.0%",
+        "16.7%",
+        "64/128",
+        "256/320",
+        "+0.3333 ±",
+    ):
         assert needle in table, (needle, table)
 
 

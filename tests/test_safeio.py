@@ -13,15 +13,19 @@ from arlecli.errors import UserError
 
 # A "billion laughs": each level repeats the one before nine times (9**9 strings expanded).
 ALIAS_BOMB = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # dumps: always valid UTF-8
 
 
-@pytest.mark.parametrize("value", ["\ud800", "a\udfffb", {"k\udc80": ["\ud83d", 1]}, "\\\ud800", "plain é"],
-                         ids=["lone-high", "lone-low", "key-and-list", "after-a-backslash", "no-surrogate"])
+@pytest.mark.parametrize(
+    "value",
+    ["\ud800", "a\udfffb", {"k\udc80": ["\ud83d", 1]}, "\\\ud800", "plain é"],
+    ids=["lone-high", "lone-low", "key-and-list", "after-a-backslash", "no-surrogate"],
+)
 def test_dumps_encodes_as_utf8_and_reads_back_the_same(value):
     text = safeio.dumps(value)
     text.encode("utf-8")  # json.dumps(..., ensure_ascii=False) would leave the surrogate raw here
@@ -109,9 +113,11 @@ def test_load_yaml_merge_keys_inline_mappings_merge_aliases_are_refused():
     assert "aliases" in problem and line == 3
 
 
-@pytest.mark.parametrize("text", ["x: " + "[" * 20_000 + "]" * 20_000, "x: " + "{a: " * 20_000 + "}" * 20_000,
-                                  "- " * 300 + "1"],
-                         ids=["flow-sequences", "flow-mappings", "block-sequences"])
+@pytest.mark.parametrize(
+    "text",
+    ["x: " + "[" * 20_000 + "]" * 20_000, "x: " + "{a: " * 20_000 + "}" * 20_000, "- " * 300 + "1"],
+    ids=["flow-sequences", "flow-mappings", "block-sequences"],
+)
 def test_load_yaml_refuses_nesting_past_the_limit(text):
     started = time.monotonic()
     problem, line = _problem(text)
@@ -126,9 +132,11 @@ def test_load_yaml_reads_what_safe_load_reads_up_to_the_limit():
     assert safeio.load_yaml("") is None
 
 
-@pytest.mark.parametrize("text, shown", [("when: 2001-13-14\n", "month must be in 1..12"),
-                                         ("n: " + "9" * 5000 + "\n", "integer string conversion")],
-                         ids=["bad-date", "huge-int"])
+@pytest.mark.parametrize(
+    "text, shown",
+    [("when: 2001-13-14\n", "month must be in 1..12"), ("n: " + "9" * 5000 + "\n", "integer string conversion")],
+    ids=["bad-date", "huge-int"],
+)
 def test_load_yaml_a_value_pyyaml_cannot_build_is_a_yaml_error(text, shown):
     # yaml.safe_load lets these out as ValueError: a traceback for every caller that catches YAMLError.
     with pytest.raises(ValueError):
@@ -151,8 +159,7 @@ def test_read_text_names_a_file_that_is_not_utf8(tmp_path):
     path.write_bytes("default: café\n".encode("latin-1"))
     with pytest.raises(UserError) as excinfo:
         safeio.read_text(path, "model profiles file")
-    assert str(excinfo.value) == (f"model profiles file {path} is not UTF-8 text (byte 12): "
-                                  f"save it as UTF-8 and rerun")
+    assert str(excinfo.value) == (f"model profiles file {path} is not UTF-8 text (byte 12): save it as UTF-8 and rerun")
 
 
 def test_read_text_names_a_file_that_cannot_be_read(tmp_path):

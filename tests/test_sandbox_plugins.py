@@ -35,30 +35,41 @@ def user_runs_code():
 '''
 
 # The child makes bubblewrap unavailable, then runs arle's CLI with the given argv.
-CHILD = ("import sys\nfrom arlecli.sandbox import jail\n"
-         "jail._bwrap_binary = lambda: None\n"
-         "from arlecli.cli.main import main\n"
-         "sys.argv = ['arle', *sys.argv[1:]]\n"
-         "main()\n")
+CHILD = (
+    "import sys\nfrom arlecli.sandbox import jail\n"
+    "jail._bwrap_binary = lambda: None\n"
+    "from arlecli.cli.main import main\n"
+    "sys.argv = ['arle', *sys.argv[1:]]\n"
+    "main()\n"
+)
 
 
 def plugin_card(tmp_path: Path) -> Path:
     (tmp_path / "user_reward.py").write_text(REWARD)
     (tmp_path / "rows.jsonl").write_text(json.dumps({"question": "Write f.", "answer": ""}) + "\n")
-    card = {"name": "user_code", "category": "code", "source": {"kind": "files", "path": "rows.jsonl"},
-            "fields": {"input": "question", "target": "answer"},
-            "prompt": {"format": "chat", "template": "{input}", "max_tokens": 8},
-            "reward": {"name": "user_reward.py:user_runs_code"}}
+    card = {
+        "name": "user_code",
+        "category": "code",
+        "source": {"kind": "files", "path": "rows.jsonl"},
+        "fields": {"input": "question", "target": "answer"},
+        "prompt": {"format": "chat", "template": "{input}", "max_tokens": 8},
+        "reward": {"name": "user_reward.py:user_runs_code"},
+    }
     path = tmp_path / "user_code.yaml"
     path.write_text(yaml.safe_dump(card))
     return path
 
 
 def run_child(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": "/usr/bin:/bin", "ARLE_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(Path(jail.__file__).resolve().parents[2])}
-    return subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PATH": "/usr/bin:/bin",
+        "ARLE_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(Path(jail.__file__).resolve().parents[2]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
 
 
 def assert_refused(done: subprocess.CompletedProcess[str], run: Path) -> None:
@@ -71,8 +82,17 @@ def assert_refused(done: subprocess.CompletedProcess[str], run: Path) -> None:
 def test_eval_checks_a_plugin_reward_that_runs_code_before_generating(tmp_path):
     card = plugin_card(tmp_path)
     with FakeOpenAIServer(lambda body: "def f(): pass") as srv:
-        done = run_child(tmp_path, "eval", str(card), "--base-url", srv.base_url, "--sandbox", "require",
-                         "--output", str(tmp_path / "run"))
+        done = run_child(
+            tmp_path,
+            "eval",
+            str(card),
+            "--base-url",
+            srv.base_url,
+            "--sandbox",
+            "require",
+            "--output",
+            str(tmp_path / "run"),
+        )
         assert not srv.bodies(), "nothing may be generated before the sandbox is checked"
     assert_refused(done, tmp_path / "run")
 
@@ -88,8 +108,18 @@ def test_the_declaration_is_what_decides(tmp_path):
     card = plugin_card(tmp_path)
     (tmp_path / "user_reward.py").write_text(REWARD.replace("runs_code=True, ", ""))
     with FakeOpenAIServer(lambda body: "def f(): pass") as srv:
-        done = run_child(tmp_path, "eval", str(card), "--base-url", srv.base_url, "--sandbox", "require",
-                         "--output", str(tmp_path / "run"), "--json")
+        done = run_child(
+            tmp_path,
+            "eval",
+            str(card),
+            "--base-url",
+            srv.base_url,
+            "--sandbox",
+            "require",
+            "--output",
+            str(tmp_path / "run"),
+            "--json",
+        )
         assert srv.bodies()
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["n_samples"] == 1

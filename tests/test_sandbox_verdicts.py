@@ -23,7 +23,7 @@ from arlecli.types import Episode, Task, Turn
 # Collects every text the program can reach and searches it for the expected answer.
 # `pattern` has one group: the answer. Called lazily, from inside the solution's function,
 # when the harness holds the test source in memory.
-SNOOP = r'''
+SNOOP = r"""
 import ctypes, gc, os, re, sys
 
 def _read(path, limit=1 << 22):
@@ -109,27 +109,60 @@ def _everything():
 def leak(pattern):
     found = re.search(pattern, _everything())
     return found.group(1) if found else None
-'''
+"""
 
-FAKE_VERDICT = ('{"passed": 1, "total": 1, "failure": null, "s": "oo", "d": "", "o": {}, "m": {}, '
-                '"late": false}')
+FAKE_VERDICT = '{"passed": 1, "total": 1, "failure": null, "s": "oo", "d": "", "o": {}, "m": {}, "late": false}'
 
 # --- the tasks --------------------------------------------------------------------------
 
-HUMANEVAL = Task(id="he", input="", target=None, fields={
-    "prompt": 'def add(a, b):\n    """Return a + b."""\n',
-    "test": "def check(candidate):\n    assert candidate(1234, 4321) == 5555\n    assert candidate(-7, 7) == 0\n",
-    "entry_point": "add"})
+HUMANEVAL = Task(
+    id="he",
+    input="",
+    target=None,
+    fields={
+        "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+        "test": "def check(candidate):\n    assert candidate(1234, 4321) == 5555\n    assert candidate(-7, 7) == 0\n",
+        "entry_point": "add",
+    },
+)
 # MBPP style: the asserts are the script, and they lean on the solution's `import math`.
-MBPP = Task(id="mbpp", input="", target=None, fields={
-    "prompt": "", "entry_point": "add",
-    "test": "assert add(1234, 4321) == 5555\nassert abs(add(-7, 7)) < 1e-9 and math.isclose(add(1, 1), 2)\n"})
-IO_STDIN = Task(id="io", input="", target=None, fields={"tests": json.dumps([
-    {"input": "1234 4321\n", "output": "5555\n", "testtype": "stdin"},
-    {"input": "-7 7\n", "output": "0\n", "testtype": "stdin"}])})
-IO_CALL = Task(id="call", input="", target=None, fields={"fn_name": "add", "tests": json.dumps([
-    {"input": "1234\n4321", "output": "5555", "testtype": "functional"},
-    {"input": "-7\n7", "output": "0", "testtype": "functional"}])})
+MBPP = Task(
+    id="mbpp",
+    input="",
+    target=None,
+    fields={
+        "prompt": "",
+        "entry_point": "add",
+        "test": "assert add(1234, 4321) == 5555\nassert abs(add(-7, 7)) < 1e-9 and math.isclose(add(1, 1), 2)\n",
+    },
+)
+IO_STDIN = Task(
+    id="io",
+    input="",
+    target=None,
+    fields={
+        "tests": json.dumps(
+            [
+                {"input": "1234 4321\n", "output": "5555\n", "testtype": "stdin"},
+                {"input": "-7 7\n", "output": "0\n", "testtype": "stdin"},
+            ]
+        )
+    },
+)
+IO_CALL = Task(
+    id="call",
+    input="",
+    target=None,
+    fields={
+        "fn_name": "add",
+        "tests": json.dumps(
+            [
+                {"input": "1234\n4321", "output": "5555", "testtype": "functional"},
+                {"input": "-7\n7", "output": "0", "testtype": "functional"},
+            ]
+        ),
+    },
+)
 
 # What the answer looks like in a test source, and in a job that carried expected outputs.
 SCRIPT_PATTERN = r"\({a}, {b}\) == (-?\d+)"
@@ -139,8 +172,12 @@ CALL_PATTERN = r'\[{a}, {b}\], "expected": (-?\d+)'
 
 def script_solution(body: str, top: str = "") -> str:
     """A solution defining add(a, b) whose body is `body` (a and b in scope)."""
-    return SNOOP + textwrap.dedent(top) + "\nimport math\n\ndef add(a, b):\n" + textwrap.indent(
-        textwrap.dedent(body), "    ")
+    return (
+        SNOOP
+        + textwrap.dedent(top)
+        + "\nimport math\n\ndef add(a, b):\n"
+        + textwrap.indent(textwrap.dedent(body), "    ")
+    )
 
 
 def stdin_solution(body: str, top: str = "") -> str:
@@ -149,8 +186,12 @@ def stdin_solution(body: str, top: str = "") -> str:
 
 
 def call_solution(body: str, top: str = "") -> str:
-    return SNOOP + textwrap.dedent(top) + "\nclass Solution:\n    def add(self, a, b):\n" + textwrap.indent(
-        textwrap.dedent(body), "        ")
+    return (
+        SNOOP
+        + textwrap.dedent(top)
+        + "\nclass Solution:\n    def add(self, a, b):\n"
+        + textwrap.indent(textwrap.dedent(body), "        ")
+    )
 
 
 def stolen(pattern: str) -> str:
@@ -263,8 +304,7 @@ VALUE_ONLY = {"always-equal-object", "int-subclass", "str-subclass", "deeply-nes
 
 def _stdin_body(body: str) -> str:
     # The function body as a stdin program: `return x` prints x.
-    lines = [f"print({line.strip()[7:]})" if line.strip().startswith("return ") else line
-             for line in body.splitlines()]
+    lines = [f"print({line.strip()[7:]})" if line.strip().startswith("return ") else line for line in body.splitlines()]
     return "\n".join(lines) + "\n"
 
 
@@ -330,8 +370,10 @@ def test_the_attacks_would_work_without_the_harness():
     from arlecli.sandbox import run_program
 
     # (Not its parent's memory here: that is the jail's own init, which a ptrace would stop.)
-    program = (SNOOP + "_parent_memory = lambda: ''\nSECRET = 'assert add(1234, 4321) == 5555'\n"
-               "print(leak(r'\\(1234, 4321\\) == (-?\\d+)'))\n")
+    program = (
+        SNOOP + "_parent_memory = lambda: ''\nSECRET = 'assert add(1234, 4321) == 5555'\n"
+        "print(leak(r'\\(1234, 4321\\) == (-?\\d+)'))\n"
+    )
     assert run_program(program, timeout_s=20).stdout.strip() == "5555"
     fooled = run_program(ALWAYS_EQUAL + "assert Anything() == 5555 and Int(0) == 5555\nprint('fooled')\n")
     assert fooled.stdout.strip() == "fooled"
@@ -340,13 +382,18 @@ def test_the_attacks_would_work_without_the_harness():
 def test_unittest_verdicts_are_marked_forgeable():
     # BigCodeBench's tests patch the solution's module, so they run in the model's own
     # interpreter, which can fake their outcome: the verdict says so.
-    prompt = "def task_func(x):\n    \"\"\"Double x.\"\"\"\n"
-    test = ("import unittest\nclass TestCases(unittest.TestCase):\n"
-            "    def test_a(self):\n        self.assertEqual(task_func(2), 4)\n")
-    task = Task(id="u", input="", target=None,
-                fields={"complete_prompt": prompt, "test": test, "entry_point": "task_func"})
-    forger = ("import unittest\nunittest.TestCase.assertEqual = lambda self, a, b, msg=None: None\n"
-              "def task_func(x):\n    return 0\n")
+    prompt = 'def task_func(x):\n    """Double x."""\n'
+    test = (
+        "import unittest\nclass TestCases(unittest.TestCase):\n"
+        "    def test_a(self):\n        self.assertEqual(task_func(2), 4)\n"
+    )
+    task = Task(
+        id="u", input="", target=None, fields={"complete_prompt": prompt, "test": test, "entry_point": "task_func"}
+    )
+    forger = (
+        "import unittest\nunittest.TestCase.assertEqual = lambda self, a, b, msg=None: None\n"
+        "def task_func(x):\n    return 0\n"
+    )
     from arlecli.sandbox import run_tests
 
     (verdict,) = run_tests([{"mode": "unittest", "program": prompt + forger + "\n" + test}], timeout_s=10)

@@ -71,9 +71,24 @@ def test_drop_a_correct_answer_that_one_validator_wrote_differently_scores_em_1(
     assert not wrong.correct and wrong.details == {"exact_match": 0, "f1": 0.0}
 
 
-PREDICTIONS = ["Chaz Schilens", "JaMarcus Russell", "Schilens", "Vonta Leach", "Chaz Schilens; Vonta Leach",
-               "Vonta Leach; Chaz Schilens", "Chaz Schilens; JaMarcus Russell", "3", "3.0", "three", "2",
-               "31 July 1667", "July 1667", "1667", "the Chaz Schilens", "Kris Brown; 3"]
+PREDICTIONS = [
+    "Chaz Schilens",
+    "JaMarcus Russell",
+    "Schilens",
+    "Vonta Leach",
+    "Chaz Schilens; Vonta Leach",
+    "Vonta Leach; Chaz Schilens",
+    "Chaz Schilens; JaMarcus Russell",
+    "3",
+    "3.0",
+    "three",
+    "2",
+    "31 July 1667",
+    "July 1667",
+    "1667",
+    "the Chaz Schilens",
+    "Kris Brown; 3",
+]
 
 
 @pytest.mark.parametrize("prediction", PREDICTIONS)
@@ -86,7 +101,9 @@ def test_drop_em_and_f1_match_lm_eval_sample_by_sample(prediction: str):
         spans = [s.strip() for s in prediction.split(";")]
         want = utils.process_results({"answers": utils.get_answers(row)}, spans)
         assert (got.details["exact_match"], got.details["f1"]) == pytest.approx((want["em"], want["f1"])), (
-            task.id, prediction)
+            task.id,
+            prediction,
+        )
 
 
 def test_drop_validated_answers_in_every_stored_shape(tmp_path):
@@ -110,8 +127,9 @@ def test_drop_ucinlp_rows_split_numbers_and_dates_per_validator():
     transform = get_transform("drop")
     base = {"section_id": "nfl_2201", "query_id": "q", "passage": "P", "question": "Q"}
     # Two validators who agree: the repeat is one answer, not a two-span one.
-    agreed = transform({**base, "answers_spans": {"spans": ["Chaz Schilens", "Chaz Schilens"],
-                                                  "types": ["span", "span"]}})
+    agreed = transform(
+        {**base, "answers_spans": {"spans": ["Chaz Schilens", "Chaz Schilens"], "types": ["span", "span"]}}
+    )
     assert agreed["gold_answers"] == [["Chaz Schilens"]]
     numbers = transform({**base, "answers_spans": {"spans": ["3", "4"], "types": ["number", "number"]}})
     assert numbers["gold_answers"] == [["3"], ["4"]]
@@ -138,13 +156,16 @@ def recorded_loads(monkeypatch) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     return calls
 
 
-@pytest.mark.parametrize("card_name, split, file", [
-    ("tatqa", "validation", "tatqa_dataset_dev.json"),
-    ("tatqa", "test", "tatqa_dataset_test_gold.json"),
-    ("tatqa", "train", "tatqa_dataset_train.json"),
-    ("drop", "validation", "drop_validation.parquet"),
-    ("drop", "train", "drop_train.parquet"),
-])
+@pytest.mark.parametrize(
+    "card_name, split, file",
+    [
+        ("tatqa", "validation", "tatqa_dataset_dev.json"),
+        ("tatqa", "test", "tatqa_dataset_test_gold.json"),
+        ("tatqa", "train", "tatqa_dataset_train.json"),
+        ("drop", "validation", "drop_validation.parquet"),
+        ("drop", "train", "drop_train.parquet"),
+    ],
+)
 def test_each_split_asks_the_hub_for_its_own_file_only(recorded_loads, card_name, split, file):
     card = load_card(card_name)
     load_rows(card, split)
@@ -206,8 +227,7 @@ ARLE = [sys.executable, "-m", "arlecli"]
 
 
 def arle(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy(),
-                          cwd=cwd)
+    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy(), cwd=cwd)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -226,17 +246,27 @@ def endpoint():
         yield srv
 
 
-@pytest.mark.parametrize("empty", [None, "", "   ", [], [""]], ids=["null", "blank", "spaces", "empty-list",
-                                                                     "list-of-blank"])
+@pytest.mark.parametrize(
+    "empty", [None, "", "   ", [], [""]], ids=["null", "blank", "spaces", "empty-list", "list-of-blank"]
+)
 def test_a_card_whose_row_has_an_empty_target_exits_2_naming_card_split_and_row(tmp_path, endpoint, empty):
-    rows = [{"problem": "2 + 2?", "answer": "4"}, {"problem": "3 + 1?", "answer": empty},
-            {"problem": "1 + 3?", "answer": "4"}]
+    rows = [
+        {"problem": "2 + 2?", "answer": "4"},
+        {"problem": "3 + 1?", "answer": empty},
+        {"problem": "1 + 3?", "answer": "4"},
+    ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    card = {"name": "sums", "version": 1, "category": "math", "description": "Small sums.",
-            "source": {"kind": "files", "path": "rows.jsonl", "splits": {"test": "rows.jsonl"},
-                       "default_split": "test"},
-            "fields": {"input": "problem", "target": "answer"}, "env": "single_turn",
-            "reward": {"name": "math"}, "metrics": ["accuracy"]}
+    card = {
+        "name": "sums",
+        "version": 1,
+        "category": "math",
+        "description": "Small sums.",
+        "source": {"kind": "files", "path": "rows.jsonl", "splits": {"test": "rows.jsonl"}, "default_split": "test"},
+        "fields": {"input": "problem", "target": "answer"},
+        "env": "single_turn",
+        "reward": {"name": "math"},
+        "metrics": ["accuracy"],
+    }
     (tmp_path / "sums.yaml").write_text(yaml.safe_dump(card))
     proc = arle("eval", "sums.yaml", "--base-url", endpoint.base_url, "--output", "run", cwd=tmp_path)
     assert_one_line_error(proc, "sums: row 2 of sums:test", "has no target", "column 'answer'")
@@ -245,11 +275,15 @@ def test_a_card_whose_row_has_an_empty_target_exits_2_naming_card_split_and_row(
 
 def test_a_packaged_card_with_data_rows_lacking_the_target_exits_2(tmp_path, endpoint):
     rows = read_rows_file(FIXTURES / "drop.jsonl")
-    rows[2] = {**rows[2], "answer": {"number": "", "date": {"day": "", "month": "", "year": ""}, "spans": []},
-               "validated_answers": {"number": [], "date": [], "spans": []}}
+    rows[2] = {
+        **rows[2],
+        "answer": {"number": "", "date": {"day": "", "month": "", "year": ""}, "spans": []},
+        "validated_answers": {"number": [], "date": [], "spans": []},
+    }
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = arle("eval", "drop", "--data", "rows.jsonl", "--base-url", endpoint.base_url, "--output", "run",
-                cwd=tmp_path)
+    proc = arle(
+        "eval", "drop", "--data", "rows.jsonl", "--base-url", endpoint.base_url, "--output", "run", cwd=tmp_path
+    )
     assert_one_line_error(proc, "drop: row 3 of rows.jsonl", "column 'gold_answers' (after the transform 'drop') is []")
     assert not endpoint.bodies()
 
@@ -258,8 +292,9 @@ def test_cards_whose_reward_needs_no_target_still_load():
     # SQuAD v2's empty gold means "unanswerable"; code cards run tests, their target is a
     # reference solution that some datasets leave empty.
     squad = load_card("squad_v2")
-    unanswerable = [t for t in tasks_from_rows(squad, read_rows_file(FIXTURES / "squad_v2.jsonl"), "fixture")
-                    if not t.target]
+    unanswerable = [
+        t for t in tasks_from_rows(squad, read_rows_file(FIXTURES / "squad_v2.jsonl"), "fixture") if not t.target
+    ]
     assert unanswerable
     code = load_card("livecodebench")
     tasks = tasks_from_rows(code, read_rows_file(FIXTURES / "livecodebench.jsonl"), "fixture")

@@ -26,9 +26,11 @@ from arlecli.serve.server import BackgroundServer
 ARLE = [sys.executable, "-m", "arlecli"]
 KEY_ENV = "ARLE_TEST_SERVE_KEY"
 KEY = "sk-test-" + uuid.uuid4().hex
-CHATS = [[{"role": "user", "content": "What is 12 plus 30?"}],
-         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "count to five"}],
-         [{"role": "user", "content": "def add(a, b):"}]]
+CHATS = [
+    [{"role": "user", "content": "What is 12 plus 30?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "count to five"}],
+    [{"role": "user", "content": "def add(a, b):"}],
+]
 PROMPTS = ["Question: What is 12 plus 30? Answer:", "def add(a, b):\n    return"]
 
 
@@ -45,8 +47,9 @@ def served(tiny_model, tmp_path_factory):
     record = tmp_path_factory.mktemp("record")
     app = create_app(engine, model_name="tiny", record_dir=record, max_concurrency=16)
     with BackgroundServer(app) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as client:
-        yield SimpleNamespace(url=srv.base_url, root=srv.base_url.removesuffix("/v1"), app=app, record=record,
-                              client=client)
+        yield SimpleNamespace(
+            url=srv.base_url, root=srv.base_url.removesuffix("/v1"), app=app, record=record, client=client
+        )
 
 
 def _open(served) -> str:
@@ -110,11 +113,19 @@ def test_64_concurrent_requests_succeed_and_are_batched(served):
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         async with httpx.AsyncClient(base_url=served.url, timeout=120, limits=limits) as client:
-            return await asyncio.gather(*(
-                client.post("/chat/completions", json={
-                    "messages": [{"role": "user", "content": f"request {i}: " + "word " * (i % 7)}],
-                    "max_tokens": 8, "temperature": 0})
-                for i in range(64)))
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        "/chat/completions",
+                        json={
+                            "messages": [{"role": "user", "content": f"request {i}: " + "word " * (i % 7)}],
+                            "max_tokens": 8,
+                            "temperature": 0,
+                        },
+                    )
+                    for i in range(64)
+                )
+            )
 
     start = time.perf_counter()
     responses = asyncio.run(run())
@@ -133,26 +144,38 @@ def test_64_concurrent_requests_succeed_and_are_batched(served):
 
 def test_greedy_results_equal_the_engine_run_directly(served, reference):
     for messages in CHATS:
-        body = served.client.post("/chat/completions", json={
-            "messages": messages, "max_tokens": 12, "temperature": 0, "logprobs": True,
-            "return_token_ids": True}).json()
-        want = _direct(reference, GenerationRequest(messages=messages,
-                                                    params=SamplingParams(max_tokens=12, logprobs=True)))
+        body = served.client.post(
+            "/chat/completions",
+            json={"messages": messages, "max_tokens": 12, "temperature": 0, "logprobs": True, "return_token_ids": True},
+        ).json()
+        want = _direct(
+            reference, GenerationRequest(messages=messages, params=SamplingParams(max_tokens=12, logprobs=True))
+        )
         choice = body["choices"][0]
         assert choice["message"]["content"] == want.text
         assert choice["token_ids"] == want.token_ids
         assert body["prompt_token_ids"] == want.prompt_token_ids
         assert choice["finish_reason"] == want.finish_reason
         assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(want.logprobs, abs=1e-4)
-        assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids),
-                                 "completion_tokens": len(want.token_ids),
-                                 "total_tokens": len(want.prompt_token_ids) + len(want.token_ids)}
+        assert body["usage"] == {
+            "prompt_tokens": len(want.prompt_token_ids),
+            "completion_tokens": len(want.token_ids),
+            "total_tokens": len(want.prompt_token_ids) + len(want.token_ids),
+        }
     for prompt in PROMPTS:
         greedy = _direct(reference, GenerationRequest(prompt=prompt, params=SamplingParams(max_tokens=12)))
         stop = greedy.text[2:4]  # a stop string the greedy text is known to contain
-        body = served.client.post("/completions", json={
-            "prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": stop, "logprobs": 1,
-            "return_token_ids": True}).json()
+        body = served.client.post(
+            "/completions",
+            json={
+                "prompt": prompt,
+                "max_tokens": 12,
+                "temperature": 0,
+                "stop": stop,
+                "logprobs": 1,
+                "return_token_ids": True,
+            },
+        ).json()
         want = _direct(reference, GenerationRequest(prompt=prompt, params=SamplingParams(max_tokens=12, stop=[stop])))
         choice = body["choices"][0]
         assert (choice["text"], choice["finish_reason"]) == (want.text, "stop")
@@ -169,8 +192,9 @@ def test_n_choices_get_seeds_derived_from_the_request_seed(served, reference):
     assert ids == [c["token_ids"] for c in again["choices"]]  # seeded: reproducible
     assert len({tuple(x) for x in ids}) > 1  # but the choices differ from each other
     # Choice 0 samples with the request's own seed, as the engine would in-process.
-    want = _direct(reference, GenerationRequest(messages=CHATS[1], params=SamplingParams(
-        max_tokens=12, temperature=1.5, seed=11)))
+    want = _direct(
+        reference, GenerationRequest(messages=CHATS[1], params=SamplingParams(max_tokens=12, temperature=1.5, seed=11))
+    )
     assert ids[0] == want.token_ids
 
 
@@ -206,22 +230,32 @@ def test_recording_keeps_each_session_apart_with_the_engine_token_ids(served, re
     path_session, header_session = _open(served), _open(served)
     c = served.client
     by_path = [
-        c.post(f"{served.root}/s/{path_session}/v1/chat/completions",
-               json={"messages": CHATS[0], "max_tokens": 8, "temperature": 0, "return_token_ids": True}).json(),
-        c.post(f"{served.root}/s/{path_session}/v1/completions",
-               json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "return_token_ids": True}).json(),
+        c.post(
+            f"{served.root}/s/{path_session}/v1/chat/completions",
+            json={"messages": CHATS[0], "max_tokens": 8, "temperature": 0, "return_token_ids": True},
+        ).json(),
+        c.post(
+            f"{served.root}/s/{path_session}/v1/completions",
+            json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "return_token_ids": True},
+        ).json(),
     ]
-    by_header = [c.post("/chat/completions", headers={"X-Arle-Session": header_session},
-                        json={"messages": CHATS[2], "max_tokens": 8, "temperature": 0, "n": 2,
-                              "return_token_ids": True}).json()]
+    by_header = [
+        c.post(
+            "/chat/completions",
+            headers={"X-Arle-Session": header_session},
+            json={"messages": CHATS[2], "max_tokens": 8, "temperature": 0, "n": 2, "return_token_ids": True},
+        ).json()
+    ]
 
     def lines(session: str) -> list[dict]:
         file = served.record / session_file_name(session)
         assert file.parent == served.record and file.name == session + ".jsonl"  # minted ids are file-safe
         return read_records(file)
 
-    for session, responses, asked in ((path_session, by_path, [("messages", CHATS[0]), ("prompt", PROMPTS[0])]),
-                                      (header_session, by_header, [("messages", CHATS[2])])):
+    for session, responses, asked in (
+        (path_session, by_path, [("messages", CHATS[0]), ("prompt", PROMPTS[0])]),
+        (header_session, by_header, [("messages", CHATS[2])]),
+    ):
         records = lines(session)
         assert [r["id"] for r in records] == [r["id"] for r in responses]  # exactly its own requests
         for record, response, (field, value) in zip(records, responses, asked):
@@ -249,10 +283,11 @@ def test_a_recorded_session_continues_its_earlier_reply_with_the_exact_ids(serve
     reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
     convo = [*CHATS[0], reply, {"role": "user", "content": "Are you sure?"}]
     second = served.client.post(url, json={**ask, "messages": convo}).json()
-    elsewhere = served.client.post(f"{served.root}/s/{other_session}/v1/chat/completions",
-                                   json={**ask, "messages": convo}).json()  # another session: encoded afresh
+    elsewhere = served.client.post(
+        f"{served.root}/s/{other_session}/v1/chat/completions", json={**ask, "messages": convo}
+    ).json()  # another session: encoded afresh
     sent = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
-    assert second["prompt_token_ids"][:len(sent)] == sent
+    assert second["prompt_token_ids"][: len(sent)] == sent
     records = read_records(served.record / session_file_name(session))
     assert records[0]["continues"] is None
     assert records[1]["continues"] == {"id": first["id"], "choice": 0, "seamless": True}
@@ -267,9 +302,26 @@ def test_a_recorded_session_continues_its_earlier_reply_with_the_exact_ids(serve
 def cli_server(tiny_model, tmp_path_factory):
     """`arle serve` as a user runs it, with an API key, on a free port."""
     env = {**os.environ, KEY_ENV: KEY, "ARLE_HOME": str(tmp_path_factory.mktemp("serve_home"))}
-    proc = subprocess.Popen([*ARLE, "serve", "--model", str(tiny_model), "--port", "0", "--api-key-env", KEY_ENV,
-                             "--served-model-name", "tiny", "--max-concurrency", "8"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            *ARLE,
+            "serve",
+            "--model",
+            str(tiny_model),
+            "--port",
+            "0",
+            "--api-key-env",
+            KEY_ENV,
+            "--served-model-name",
+            "tiny",
+            "--max-concurrency",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
@@ -301,11 +353,20 @@ def test_api_key_is_required(cli_server):
 def test_eval_through_serve_equals_eval_in_process(cli_server, tiny_model, tmp_path):
     common = ["eval", "countdown", "--limit", "4", "--max-tokens", "16", "--json"]
     # Both at once: the in-process eval's model load overlaps the other's HTTP round trips.
-    local = subprocess.Popen([*ARLE, *common, "--model", str(tiny_model), "--output", str(tmp_path / "local")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_server.env)
-    remote = subprocess.Popen([*ARLE, *common, "--base-url", cli_server.url, "--api-key-env", KEY_ENV,
-                               "--output", str(tmp_path / "remote")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_server.env)
+    local = subprocess.Popen(
+        [*ARLE, *common, "--model", str(tiny_model), "--output", str(tmp_path / "local")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_server.env,
+    )
+    remote = subprocess.Popen(
+        [*ARLE, *common, "--base-url", cli_server.url, "--api-key-env", KEY_ENV, "--output", str(tmp_path / "remote")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_server.env,
+    )
     results = {}
     for name, proc in (("local", local), ("remote", remote)):
         out, err = proc.communicate(timeout=300)
@@ -326,9 +387,14 @@ def test_ctrl_c_stops_the_server_cleanly_and_the_key_is_never_printed(cli_server
     proc, answers = cli_server.proc, []
 
     def long_request() -> None:  # still generating when Ctrl-C comes: answered 503, not left hanging
-        answers.append(httpx.post(cli_server.url + "/completions", timeout=60,
-                                  headers={"Authorization": f"Bearer {KEY}"},
-                                  json={"prompt": "x", "max_tokens": 2000, "temperature": 0}))
+        answers.append(
+            httpx.post(
+                cli_server.url + "/completions",
+                timeout=60,
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"prompt": "x", "max_tokens": 2000, "temperature": 0},
+            )
+        )
 
     client = threading.Thread(target=long_request)
     client.start()

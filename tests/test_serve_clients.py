@@ -56,17 +56,26 @@ def test_streaming_sends_tokens_as_they_come_then_usage(served):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     # Completions stream the same way.
-    text = list(served.client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=16,
-                                                 temperature=1.0, seed=3, stream=True))
+    text = list(
+        served.client.completions.create(
+            model="tiny", prompt="Once upon a time", max_tokens=16, temperature=1.0, seed=3, stream=True
+        )
+    )
     assert len([c for c in text if c.choices and c.choices[0].text]) >= 5
 
 
 def test_chat_top_logprobs_are_real_alternatives(served):
-    reply = served.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=6, temperature=0,
-                                                  logprobs=True, top_logprobs=3)
+    reply = served.client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     entries = reply.choices[0].logprobs.content
-    own = next(iter(served.engine.generate([GenerationRequest(messages=CHAT, params=SamplingParams(
-        max_tokens=6, logprobs=True))])))[1]
+    own = next(
+        iter(
+            served.engine.generate(
+                [GenerationRequest(messages=CHAT, params=SamplingParams(max_tokens=6, logprobs=True))]
+            )
+        )
+    )[1]
     assert len(entries) == len(own.token_ids) == 6
     for entry, logprob in zip(entries, own.logprobs):
         top = entry.top_logprobs
@@ -76,8 +85,9 @@ def test_chat_top_logprobs_are_real_alternatives(served):
 
 
 def test_completions_logprobs_n_give_n_alternatives_and_the_sampled_token(served):
-    reply = served.client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=5,
-                                             temperature=0, logprobs=2)
+    reply = served.client.completions.create(
+        model="tiny", prompt="The quick brown fox", max_tokens=5, temperature=0, logprobs=2
+    )
     lp = reply.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
@@ -93,17 +103,21 @@ def test_echo_gives_the_prompt_logprobs_that_score_a_continuation(served):
     context, continuation = "Question: What colour is the sky?\nAnswer:", " blue"
     ctx, cont = encode_pair(tok, context, continuation)
     want = next(iter(served.engine.loglikelihood([LoglikRequest(context, continuation)])))[1]
-    reply = served.client.completions.create(model="tiny", prompt=[ctx + cont], max_tokens=1, temperature=0,
-                                             logprobs=1, echo=True)
+    reply = served.client.completions.create(
+        model="tiny", prompt=[ctx + cont], max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
     lp = reply.choices[0].logprobs
     assert len(lp.token_logprobs) == len(ctx) + len(cont) + 1 and lp.token_logprobs[0] is None
     assert reply.choices[0].text.startswith(tok.decode(ctx + cont))
-    assert sum(lp.token_logprobs[len(ctx):-1]) == pytest.approx(want.logprob, abs=1e-4)
-    greedy = all(v == max(top.values()) for v, top in zip(lp.token_logprobs[len(ctx):-1], lp.top_logprobs[len(ctx):-1]))
+    assert sum(lp.token_logprobs[len(ctx) : -1]) == pytest.approx(want.logprob, abs=1e-4)
+    greedy = all(
+        v == max(top.values()) for v, top in zip(lp.token_logprobs[len(ctx) : -1], lp.top_logprobs[len(ctx) : -1])
+    )
     assert greedy == want.greedy
     # max_tokens 0: the prompt alone; a text prompt echoes its own text.
-    only = served.client.completions.create(model="tiny", prompt=context, max_tokens=0, echo=True, logprobs=0,
-                                            temperature=0)
+    only = served.client.completions.create(
+        model="tiny", prompt=context, max_tokens=0, echo=True, logprobs=0, temperature=0
+    )
     assert only.choices[0].text == context and len(only.choices[0].logprobs.tokens) == len(tok(context)["input_ids"])
 
 
@@ -123,8 +137,9 @@ def test_token_id_prompts_generate_what_their_text_does(served):
 def test_response_format_is_checked_and_said_to_be_unconstrained(served):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
     for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}):
-        raw = served.client.chat.completions.with_raw_response.create(model="tiny", messages=CHAT, max_tokens=6,
-                                                                      response_format=fmt)
+        raw = served.client.chat.completions.with_raw_response.create(
+            model="tiny", messages=CHAT, max_tokens=6, response_format=fmt
+        )
         assert raw.headers["x-arle-response-format"] == "unconstrained"
         choice = raw.parse().choices[0].model_extra
         assert choice["response_format_valid"] is False and choice["response_format_error"]  # random weights
@@ -137,13 +152,16 @@ def test_response_format_is_checked_and_said_to_be_unconstrained(served):
 def test_a_reply_that_matches_the_schema_is_marked_valid():
     from arlecli.serve.response_format import ResponseFormat, check, structured
 
-    fmt = ResponseFormat("json_schema", {"type": "object", "properties": {"answer": {"type": "integer"}},
-                                         "required": ["answer"]})
+    fmt = ResponseFormat(
+        "json_schema", {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    )
     assert check(fmt, '{"answer": 42}') is None
     assert "answer" in check(fmt, '{"answer": "42"}') and "not JSON" in check(fmt, "42 is the answer")
     assert check(ResponseFormat("json_object"), "[1]") is not None
     # What the vllm engine decodes under (vLLM's structured outputs); hf has no grammar.
-    assert structured(fmt) == {"json": fmt.schema} and structured(ResponseFormat("json_object")) == {"json_object": True}
+    assert structured(fmt) == {"json": fmt.schema} and structured(ResponseFormat("json_object")) == {
+        "json_object": True
+    }
 
 
 class _NoModel:
@@ -162,11 +180,15 @@ class _NoModel:
 def test_what_the_engine_cannot_give_is_a_400_naming_it():
     with BackgroundServer(create_app(_NoModel(), model_name="tiny")) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0)
-        cases = [("top_logprobs", lambda: client.chat.completions.create(
-                      model="tiny", messages=CHAT, logprobs=True, top_logprobs=2)),
-                 ("logprobs", lambda: client.completions.create(model="tiny", prompt="x", logprobs=3)),
-                 ("echo", lambda: client.completions.create(model="tiny", prompt="x", logprobs=1, echo=True)),
-                 ("prompt", lambda: client.completions.create(model="tiny", prompt=[1, 2, 3]))]
+        cases = [
+            (
+                "top_logprobs",
+                lambda: client.chat.completions.create(model="tiny", messages=CHAT, logprobs=True, top_logprobs=2),
+            ),
+            ("logprobs", lambda: client.completions.create(model="tiny", prompt="x", logprobs=3)),
+            ("echo", lambda: client.completions.create(model="tiny", prompt="x", logprobs=1, echo=True)),
+            ("prompt", lambda: client.completions.create(model="tiny", prompt=[1, 2, 3])),
+        ]
         for param, call in cases:
             with pytest.raises(openai.BadRequestError) as bad:
                 call()
@@ -194,8 +216,12 @@ def test_a_request_joins_the_batch_that_is_running(served):
     stop = threading.Event()
 
     def long_request() -> None:  # greedy, 2,000 tokens: seconds of decoding; abandoned below
-        with httpx.stream("POST", served.url + "/completions", timeout=60,
-                          json={"prompt": "x", "max_tokens": 2000, "temperature": 0, "stream": True}) as resp:
+        with httpx.stream(
+            "POST",
+            served.url + "/completions",
+            timeout=60,
+            json={"prompt": "x", "max_tokens": 2000, "temperature": 0, "stream": True},
+        ) as resp:
             for _ in resp.iter_raw():
                 if stop.is_set():
                     return

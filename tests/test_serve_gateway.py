@@ -32,8 +32,22 @@ from arlecli.serve.server import BackgroundServer
 CHAT = [{"role": "user", "content": "What is 12 plus 30?"}]
 # Every character str.splitlines() splits on besides \n, and the ones a JSON writer or reader
 # may trip on: NUL, lone surrogates.
-BREAKERS = ["\u2028", "\u2029", "\u0085", "\x00", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e",
-            "\ud800", "\udfff", "\ud83d"]
+BREAKERS = [
+    "\u2028",
+    "\u2029",
+    "\u0085",
+    "\x00",
+    "\r",
+    "\r\n",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\ud800",
+    "\udfff",
+    "\ud83d",
+]
 
 
 class Scripted:
@@ -42,8 +56,14 @@ class Scripted:
 
     name = "scripted"
 
-    def __init__(self, tokenizer: Any, text: str, ids: list[int] | None = None, fail_with: str | None = None,
-                 logprobs: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        text: str,
+        ids: list[int] | None = None,
+        fail_with: str | None = None,
+        logprobs: bool = True,
+    ) -> None:
         self.tokenizer, self.text, self.fail_with, self.logprobs = tokenizer, text, fail_with, logprobs
         self.ids = ids if ids is not None else tokenizer(text, add_special_tokens=False)["input_ids"]
         self.batches: list[int] = []
@@ -53,8 +73,16 @@ class Scripted:
         if self.fail_with is not None:
             raise RuntimeError(self.fail_with)
         for i, request in enumerate(requests):
-            yield i, Completion(self.text, list(self.ids), encode_request(self.tokenizer, request),
-                                [-0.5] * len(self.ids) if self.logprobs else None, "stop")
+            yield (
+                i,
+                Completion(
+                    self.text,
+                    list(self.ids),
+                    encode_request(self.tokenizer, request),
+                    [-0.5] * len(self.ids) if self.logprobs else None,
+                    "stop",
+                ),
+            )
 
     def close(self) -> None:
         pass
@@ -71,8 +99,9 @@ def serve(engine: Any, record: Path | None, **kwargs: Any) -> tuple[BackgroundSe
     app = create_app(engine, model_name="tiny", record_dir=record, **kwargs)
     srv = BackgroundServer(app).__enter__()
     root = srv.base_url.removesuffix("/v1")
-    return srv, SimpleNamespace(app=app, url=srv.base_url, root=root, record=record,
-                                client=httpx.Client(base_url=srv.base_url, timeout=60))
+    return srv, SimpleNamespace(
+        app=app, url=srv.base_url, root=root, record=record, client=httpx.Client(base_url=srv.base_url, timeout=60)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +126,9 @@ def open_session(info: SimpleNamespace, **kwargs: Any) -> dict[str, Any]:
 def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
     assert resp.status_code == status, resp.text[:500]
     err = resp.json()["error"]
-    assert err["message"] and err["type"] == "invalid_request_error" and set(err) == {"message", "type", "param",
-                                                                                         "code"}
+    assert (
+        err["message"] and err["type"] == "invalid_request_error" and set(err) == {"message", "type", "param", "code"}
+    )
     if code is not None:
         assert err["code"] == code
     return err
@@ -133,8 +163,9 @@ def test_a_second_client_cannot_append_to_a_session_it_did_not_open(gateway):
     assert len(read_records(default_file)) == default_lines
 
     # The owner's session holds exactly the owner's request; the header form reaches it too.
-    header = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0, default_headers={
-        "X-Arle-Session": sid})
+    header = openai.OpenAI(
+        base_url=gateway.url, api_key="unused", max_retries=0, default_headers={"X-Arle-Session": sid}
+    )
     again = header.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, temperature=0)
     assert [r["id"] for r in read_records(gateway.record / f"{sid}.jsonl")] == [mine.id, again.id]
 
@@ -181,11 +212,19 @@ def test_at_the_open_session_cap_new_sessions_are_refused_with_429(tokenizer):
 def test_records_with_every_line_breaking_character_round_trip(tmp_path):
     recorder = Recorder(tmp_path)
     rng = random.Random(23)
-    alphabet = [*BREAKERS, "a", " ", "\n", "\t", "\"", "\\", "é", "😀"]
-    texts = [*BREAKERS, "".join(BREAKERS)] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
-                                              for _ in range(300)]
-    written = [{"id": f"r{k}", "messages": [{"role": "user", "content": t}], "choices": [{"text": t[::-1]}],
-                "received_at": float(k)} for k, t in enumerate(texts)]
+    alphabet = [*BREAKERS, "a", " ", "\n", "\t", '"', "\\", "é", "😀"]
+    texts = [*BREAKERS, "".join(BREAKERS)] + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(300)
+    ]
+    written = [
+        {
+            "id": f"r{k}",
+            "messages": [{"role": "user", "content": t}],
+            "choices": [{"text": t[::-1]}],
+            "received_at": float(k),
+        }
+        for k, t in enumerate(texts)
+    ]
     for record in written:
         recorder.write("s1", record)
     raw = recorder.path("s1").read_bytes()
@@ -232,8 +271,7 @@ def test_a_reply_with_a_lone_surrogate_reaches_the_client_and_the_record(tokeniz
         sid = open_session(info)["id"]
         resp = info.client.post(f"{info.root}/s/{sid}/v1/chat/completions", json={"messages": CHAT})
         assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "half \ud83d of a pair"
-        stream = info.client.post(f"{info.root}/s/{sid}/v1/chat/completions", json={"messages": CHAT,
-                                                                                       "stream": True})
+        stream = info.client.post(f"{info.root}/s/{sid}/v1/chat/completions", json={"messages": CHAT, "stream": True})
         assert stream.status_code == 200 and "\\ud83d" in stream.text
         [first, second] = read_records(tmp_path / f"{sid}.jsonl")
         assert first["choices"][0]["text"] == second["choices"][0]["text"] == "half \ud83d of a pair"
@@ -283,16 +321,18 @@ def test_session_memory_stays_within_its_byte_budget(tokenizer, tmp_path):
     try:
         sessions = [open_session(info)["id"] for _ in range(30)]
         for sid in sessions:
-            resp = info.client.post(f"{info.root}/s/{sid}/v1/chat/completions",
-                                    json={"messages": CHAT, "n": 16, "max_tokens": size})
+            resp = info.client.post(
+                f"{info.root}/s/{sid}/v1/chat/completions", json={"messages": CHAT, "n": 16, "max_tokens": size}
+            )
             assert resp.status_code == 200
             assert 0 < conts.bytes <= budget
         assert conts.evicted >= 26 and 1 <= len(conts) <= 3
 
         def follow_up(sid: str) -> dict[str, Any]:
             convo = [*CHAT, {"role": "assistant", "content": "x" * size}, {"role": "user", "content": "more?"}]
-            resp = info.client.post(f"{info.root}/s/{sid}/v1/chat/completions",
-                                    json={"messages": convo, "max_tokens": 4})
+            resp = info.client.post(
+                f"{info.root}/s/{sid}/v1/chat/completions", json={"messages": convo, "max_tokens": 4}
+            )
             assert resp.status_code == 200
             return read_records(tmp_path / f"{sid}.jsonl")[-1]
 
@@ -329,8 +369,10 @@ def test_an_empty_prompt_is_a_400_and_its_batch_mates_are_not_slowed(gateway, ca
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as client:
-            bodies = [{"prompt": f"Question {k}: what is {k} plus 3? Answer:", "max_tokens": 6, "temperature": 0}
-                      for k in range(11)]
+            bodies = [
+                {"prompt": f"Question {k}: what is {k} plus 3? Answer:", "max_tokens": 6, "temperature": 0}
+                for k in range(11)
+            ]
             bodies.insert(5, {"prompt": "", "max_tokens": 6})
             return await asyncio.gather(*(client.post("/completions", json=b) for b in bodies))
 
@@ -356,9 +398,13 @@ def test_odd_but_valid_requests_are_answered_together_without_an_engine_error(ga
     that dividing the logits by it overflows (raised to 0.01, as vLLM does), all at once: each
     answered, none making its batch fail."""
     retried = gateway.app.state.batcher.retried
-    bodies = [("/completions", {"prompt": "   "}), ("/completions", {"prompt": "\n"}),
-              ("/completions", {"prompt": "\x00"}), ("/completions", {"prompt": "hi", "temperature": 1e-40}),
-              ("/chat/completions", {"messages": [{"role": "user", "content": ""}], "temperature": 5e-324})]
+    bodies = [
+        ("/completions", {"prompt": "   "}),
+        ("/completions", {"prompt": "\n"}),
+        ("/completions", {"prompt": "\x00"}),
+        ("/completions", {"prompt": "hi", "temperature": 1e-40}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": ""}], "temperature": 5e-324}),
+    ]
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as client:

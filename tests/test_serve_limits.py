@@ -34,8 +34,9 @@ def _start(engine: HFEngine, limits: ServeLimits) -> tuple[BackgroundServer, Sim
     app = create_app(engine, model_name="tiny", max_concurrency=16, limits=limits)
     srv = BackgroundServer(app).__enter__()
     host, port = srv.sock.getsockname()[:2]
-    return srv, SimpleNamespace(url=srv.base_url, app=app, host=host, port=port,
-                                connections=srv._server.server_state.connections)
+    return srv, SimpleNamespace(
+        url=srv.base_url, app=app, host=host, port=port, connections=srv._server.server_state.connections
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,9 @@ def _error(resp: httpx.Response, status: int) -> dict:
 
 def _normal_request_is_answered(url: str, within_s: float) -> None:
     start = time.monotonic()
-    resp = httpx.post(url + "/chat/completions", json={"messages": CHAT, "max_tokens": 4, "temperature": 0},
-                      timeout=within_s + 30)
+    resp = httpx.post(
+        url + "/chat/completions", json={"messages": CHAT, "max_tokens": 4, "temperature": 0}, timeout=within_s + 30
+    )
     took = time.monotonic() - start
     assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"], resp.text[:300]
     assert took < within_s, f"a normal request took {took:.1f} s"
@@ -76,8 +78,10 @@ def _normal_request_is_answered(url: str, within_s: float) -> None:
 
 def test_a_5mb_prompt_is_refused_at_once(served):
     huge = "lorem ipsum " * (5 * 2**20 // 12)
-    for path, body in (("/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
-                       ("/completions", {"prompt": huge, "max_tokens": 4})):
+    for path, body in (
+        ("/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+        ("/completions", {"prompt": huge, "max_tokens": 4}),
+    ):
         start = time.monotonic()
         err = _error(served.client.post(path, json=body), 400)
         assert time.monotonic() - start < 5
@@ -102,8 +106,10 @@ def test_max_tokens_1e9_is_400_then_a_normal_request_is_answered_in_seconds(serv
 
 def test_a_default_max_tokens_is_cut_to_what_the_context_leaves(served):
     prompt = "x " * 1950  # ~1,950 tokens: the chat default of 1,024 does not fit
-    body = served.client.post("/chat/completions", json={
-        "messages": [{"role": "user", "content": prompt}], "temperature": 0, "return_token_ids": True}).json()
+    body = served.client.post(
+        "/chat/completions",
+        json={"messages": [{"role": "user", "content": prompt}], "temperature": 0, "return_token_ids": True},
+    ).json()
     assert body["usage"]["prompt_tokens"] < CONTEXT
     assert body["usage"]["total_tokens"] <= CONTEXT
 
@@ -120,8 +126,11 @@ def test_prompts_times_n_is_capped(served):
 
 def test_malformed_bodies_are_4xx_and_leave_no_traceback(served, capfd):
     c = served.client
-    post = lambda raw, path="/chat/completions": c.post(path, content=raw,  # noqa: E731
-                                                        headers={"content-type": "application/json"})
+    post = lambda raw, path="/chat/completions": c.post(
+        path,
+        content=raw,  # noqa: E731
+        headers={"content-type": "application/json"},
+    )
     surrogates = [
         b'{"messages": [{"role": "user", "content": "\\ud800 lone"}]}',
         b'{"messages": [{"role": "user\\udfff", "content": "hi"}]}',
@@ -135,26 +144,45 @@ def test_malformed_bodies_are_4xx_and_leave_no_traceback(served, capfd):
     assert post(b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}').status_code == 200
 
     depth = 100_000
-    for raw in (b"[" * depth + b"]" * depth, b'{"messages": ' + b"[" * depth + b"]" * depth + b"}",
-                b'{"a": ' * depth + b"1" + b"}" * depth):
+    for raw in (
+        b"[" * depth + b"]" * depth,
+        b'{"messages": ' + b"[" * depth + b"]" * depth + b"}",
+        b'{"a": ' * depth + b"1" + b"}" * depth,
+    ):
         assert "nests too deeply" in _error(post(raw), 400)["message"]
-    for raw in (b"{not json", b"\xff\xfe{}", b'{"messages": [{"role": "user", "content": "x"}], "seed": 1'
-                + b"0" * 5000 + b"}", b"", b"null", b"[]", b'"text"'):
+    for raw in (
+        b"{not json",
+        b"\xff\xfe{}",
+        b'{"messages": [{"role": "user", "content": "x"}], "seed": 1' + b"0" * 5000 + b"}",
+        b"",
+        b"null",
+        b"[]",
+        b'"text"',
+    ):
         _error(post(raw), 400)
 
     wrong_types = [
-        {"messages": "hello"}, {"messages": [{"role": 1, "content": "x"}]},
-        {"messages": [{"role": "user", "content": 5}]}, {"messages": [{"role": "user", "content": [{"x": 1}]}]},
-        {"messages": CHAT, "max_tokens": "5"}, {"messages": CHAT, "max_tokens": -1},
-        {"messages": CHAT, "n": 1.5}, {"messages": CHAT, "temperature": "hot"},
-        {"messages": CHAT, "stop": [1]}, {"messages": CHAT, "stop": ["x"] * 1000},
-        {"messages": CHAT, "stream": "yes"}, {"messages": CHAT, "stream_options": []},
-        {"messages": CHAT, "model": ["tiny"]}, {"messages": CHAT, "seed": 2**70},
+        {"messages": "hello"},
+        {"messages": [{"role": 1, "content": "x"}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "user", "content": [{"x": 1}]}]},
+        {"messages": CHAT, "max_tokens": "5"},
+        {"messages": CHAT, "max_tokens": -1},
+        {"messages": CHAT, "n": 1.5},
+        {"messages": CHAT, "temperature": "hot"},
+        {"messages": CHAT, "stop": [1]},
+        {"messages": CHAT, "stop": ["x"] * 1000},
+        {"messages": CHAT, "stream": "yes"},
+        {"messages": CHAT, "stream_options": []},
+        {"messages": CHAT, "model": ["tiny"]},
+        {"messages": CHAT, "seed": 2**70},
     ]
     for body in wrong_types:
         _error(c.post("/chat/completions", json=body), 400)
-    for raw in (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
-                b'{"messages": [{"role": "user", "content": "x"}], "top_p": Infinity}'):
+    for raw in (
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        b'{"messages": [{"role": "user", "content": "x"}], "top_p": Infinity}',
+    ):
         _error(post(raw), 400)
     # A template that cannot render these messages is the client's mistake too.
     _error(c.post("/chat/completions", json={"messages": [{"role": "user", "content": {"a": 1}}]}), 400)
@@ -167,6 +195,7 @@ def test_malformed_bodies_are_4xx_and_leave_no_traceback(served, capfd):
         for _ in range(MAX_BODY // 2**16 + 2):
             yield b"a" * 2**16
         yield b'"}'
+
     assert c.post("/completions", content=chunked()).status_code == 413
 
     _normal_request_is_answered(served.url, within_s=10)
@@ -185,8 +214,7 @@ def test_a_client_that_disconnects_mid_generation_frees_the_engine(served):
     for stream in (False, True):
         cancelled = batcher.cancelled
         if stream:  # tokens stream out as they come: the client reads for 1.5 s, then goes away
-            with httpx.stream("POST", served.url + "/completions", json={**long, "stream": True},
-                              timeout=1.5) as resp:
+            with httpx.stream("POST", served.url + "/completions", json={**long, "stream": True}, timeout=1.5) as resp:
                 began = time.monotonic()
                 try:
                     for _ in resp.iter_lines():
@@ -267,8 +295,9 @@ def test_the_connection_cap_pushes_out_idle_connections_and_headers_have_a_deadl
 def test_api_key_env_given_a_pasted_key_is_refused_without_echoing_it(value, tmp_path):
     env = {**os.environ, "ARLE_HOME": str(tmp_path)}
     env.pop(value, None)
-    proc = subprocess.run([*ARLE, "serve", "--api-key-env", value, "--port", "0"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        [*ARLE, "serve", "--api-key-env", value, "--port", "0"], capture_output=True, text=True, env=env, timeout=120
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output
     assert value not in output and "Traceback" not in output

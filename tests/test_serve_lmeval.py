@@ -66,14 +66,20 @@ def test_lmeval_local_completions_with_its_defaults_generates_and_scores(served)
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     from lm_eval.tasks import TaskManager
 
-    lm = LocalCompletionsAPI(base_url=served.url + "/completions", model="tiny", tokenizer_backend="huggingface",
-                             tokenizer=str(served.model), max_gen_toks=MAX_GEN_TOKS)
+    lm = LocalCompletionsAPI(
+        base_url=served.url + "/completions",
+        model="tiny",
+        tokenizer_backend="huggingface",
+        tokenizer=str(served.model),
+        max_gen_toks=MAX_GEN_TOKS,
+    )
     gsm8k = lmeval_task("gsm8k/gsm8k.yaml", {"train": rows("gsm8k"), "test": rows("gsm8k")})
     arc = rows("arc_easy")
     arc_easy = lmeval_task("arc/arc_easy.yaml", {"train": arc, "validation": arc, "test": arc})
     # An empty task index: the tasks are given as objects (the default indexes all ~14k YAMLs, 80 s here).
-    out = lm_eval.simple_evaluate(model=lm, tasks=[gsm8k, arc_easy], limit=3, log_samples=True,
-                                  task_manager=TaskManager(include_defaults=False))
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[gsm8k, arc_easy], limit=3, log_samples=True, task_manager=TaskManager(include_defaults=False)
+    )
     assert out["results"]["gsm8k"]["sample_len"] == out["results"]["arc_easy"]["sample_len"] == 3
 
     engine = served.engine

@@ -56,8 +56,12 @@ class Thinker:
 def serve(engine: Any, record: Path | None = None) -> tuple[BackgroundServer, SimpleNamespace]:
     app = create_app(engine, model_name="tiny", record_dir=record)
     srv = BackgroundServer(app).__enter__()
-    return srv, SimpleNamespace(app=app, url=srv.base_url, root=srv.base_url.removesuffix("/v1"),
-                                client=openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0))
+    return srv, SimpleNamespace(
+        app=app,
+        url=srv.base_url,
+        root=srv.base_url.removesuffix("/v1"),
+        client=openai.OpenAI(base_url=srv.base_url, api_key="local", max_retries=0),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +93,11 @@ def thinker(thinking_tokenizer, tmp_path_factory):
 
 
 def stream_chunks(client: openai.OpenAI, **kwargs: Any) -> list[Any]:
-    return list(client.chat.completions.create(model="tiny", messages=CHAT, stream=True,
-                                               stream_options={"include_usage": True}, **kwargs))
+    return list(
+        client.chat.completions.create(
+            model="tiny", messages=CHAT, stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    )
 
 
 def deltas(chunks: list[Any]) -> list[tuple[str, Any]]:
@@ -122,8 +129,9 @@ def test_reasoning_content_for_the_thinking_model_and_none_for_the_plain_one(thi
     not, hold no reasoning_content at all."""
     from arlecli.engine.hf import HFEngine
 
-    reply = thinking_server.client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=1.0,
-                                                           seed=3, extra_body={"return_token_ids": True})
+    reply = thinking_server.client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=8, temperature=1.0, seed=3, extra_body={"return_token_ids": True}
+    )
     choice = reply.choices[0]
     message = choice.message.model_dump()
     assert choice.finish_reason == "length" and len(choice.model_extra["token_ids"]) == 8
@@ -173,8 +181,9 @@ def test_thought_then_answer_non_streaming_streaming_and_raw(thinker, thinking_t
     raw = client.chat.completions.create(model="tiny", messages=CHAT, extra_body={"reasoning_format": "none"})
     assert raw.choices[0].message.content == GENERATED
     assert "reasoning_content" not in raw.choices[0].message.model_dump(exclude_none=True)
-    assert [v for k, v in deltas(stream_chunks(client, extra_body={"reasoning_format": "none"}))
-            if k == "content"] == [GENERATED]
+    assert [v for k, v in deltas(stream_chunks(client, extra_body={"reasoning_format": "none"})) if k == "content"] == [
+        GENERATED
+    ]
     text = client.completions.create(model="tiny", prompt="Question: 12 + 30?", max_tokens=64)
     assert text.choices[0].text == GENERATED
     with pytest.raises(openai.BadRequestError) as bad:
@@ -200,16 +209,17 @@ def test_records_keep_the_split_and_a_reply_sent_back_continues_its_ids(thinker)
         for record in records:
             choice = record["choices"][0]
             assert choice["text"] == GENERATED  # the generated text, whole
-            assert (choice["content"], choice["reasoning_content"], choice["thinking_cut"]) == (ANSWER, THOUGHT,
-                                                                                               False)
+            assert (choice["content"], choice["reasoning_content"], choice["thinking_cut"]) == (ANSWER, THOUGHT, False)
             assert choice["thinking_tokens"] > 0
         one, two = (r["choices"][0] for r in records)
         link = records[1]["continues"]
         assert link["id"] == records[0]["id"]  # the answer sent back is the reply it continues
         if sent_back == "with_reasoning":  # the template renders the thought: the ids extend as generated
             assert link["seamless"]
-            assert two["prompt_token_ids"][:len(one["prompt_token_ids"]) + len(one["token_ids"])] == \
-                one["prompt_token_ids"] + one["token_ids"]
+            assert (
+                two["prompt_token_ids"][: len(one["prompt_token_ids"]) + len(one["token_ids"])]
+                == one["prompt_token_ids"] + one["token_ids"]
+            )
         else:  # without it the template renders no thought: a seam, and the record says so
             assert not link["seamless"]
     assert client.chat.completions.create(model="tiny", messages=CHAT).choices[0].message.content == ANSWER
@@ -240,8 +250,9 @@ def test_recorded_thinking_becomes_the_episodes_turns(thinker):
     assert episode.turns[0].token_ids == records[0]["choices"][0]["token_ids"]  # thought and answer, as generated
 
 
-def test_eval_through_serve_records_the_thinking_an_in_process_eval_does(thinking_server, tiny_thinking_model,
-                                                                          tmp_path):
+def test_eval_through_serve_records_the_thinking_an_in_process_eval_does(
+    thinking_server, tiny_thinking_model, tmp_path
+):
     """`arle eval` of the thinking model through arle serve (the openai engine reads
     reasoning_content and usage's reasoning_tokens) writes the samples an in-process eval
     writes: the same thinking, cut flags, thinking tokens and (empty) answers."""

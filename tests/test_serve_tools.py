@@ -57,8 +57,9 @@ def api(tiny_model, tmp_path_factory):
 
 
 def ask(client: openai.OpenAI, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-    return client.chat.completions.create(model="tiny", messages=messages, max_tokens=256,
-                                          extra_body={"return_token_ids": True}, **kwargs)
+    return client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=256, extra_body={"return_token_ids": True}, **kwargs
+    )
 
 
 def test_a_tools_round_trip(api):
@@ -75,8 +76,11 @@ def test_a_tools_round_trip(api):
     prompt = tok.decode(first.model_extra["prompt_token_ids"])
     assert "# Tools" in prompt and '"name": "get_weather"' in prompt  # the template rendered the tools
 
-    history = [*ASK, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "22 C, sunny"}]
+    history = [
+        *ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "22 C, sunny"},
+    ]
     second = ask(client, history, tools=[WEATHER])
     assert second.choices[0].finish_reason == "stop" and second.choices[0].message.content == SAID
     assert not second.choices[0].message.tool_calls
@@ -90,8 +94,10 @@ def test_parallel_calls_and_a_named_choice(api):
     client, tok = api
     reply = ask(client, BOTH, tools=[WEATHER, TIME]).choices[0]
     assert reply.finish_reason == "tool_calls" and reply.message.content is None
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in reply.message.tool_calls] == \
-        [("get_weather", {"city": "Paris"}), ("get_time", {"city": "Paris"})]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in reply.message.tool_calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"city": "Paris"}),
+    ]
     assert len({c.id for c in reply.message.tool_calls}) == 2
     # parallel_tool_calls false keeps the first; a named function keeps that function's calls.
     one = ask(client, BOTH, tools=[WEATHER, TIME], parallel_tool_calls=False).choices[0].message.tool_calls
@@ -100,7 +106,8 @@ def test_parallel_calls_and_a_named_choice(api):
     assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
     # The server started the reply inside that function's call: the model wrote its arguments.
     assert tok.decode(named.model_extra["prompt_token_ids"]).endswith(
-        '<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": ')
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_time", "arguments": '
+    )
     assert named.usage.completion_tokens == len(tok('{"city": "Paris"}}\n</tool_call>')["input_ids"]) + 1
 
 
@@ -120,8 +127,9 @@ def test_tool_choice_none_and_required(api):
 
 def test_the_call_streams_as_a_tool_calls_delta(api):
     client, _ = api
-    chunks = list(client.chat.completions.create(model="tiny", messages=BOTH, tools=[WEATHER, TIME], stream=True,
-                                                 max_tokens=256))
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=BOTH, tools=[WEATHER, TIME], stream=True, max_tokens=256)
+    )
     calls: dict[int, dict[str, str]] = {}
     finish = None
     for chunk in chunks:
@@ -133,21 +141,30 @@ def test_the_call_streams_as_a_tool_calls_delta(api):
                 entry["arguments"] += (d.function.arguments or "") if d.function else ""
             finish = choice.finish_reason or finish
     assert finish == "tool_calls"
-    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == \
-        [("get_weather", {"city": "Paris"}), ("get_time", {"city": "Paris"})]
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"city": "Paris"}),
+    ]
     assert all(c["id"].startswith("call_") for c in calls.values())
 
 
-@pytest.mark.parametrize("field, value, param, words", [
-    ("tools", [{"type": "function", "function": {"name": "bad name!"}}], "tools", "function.name"),
-    ("tools", [{"type": "web_search"}], "tools", "only function tools"),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], "tools",
-     "JSON Schema object"),
-    ("tools", [WEATHER, WEATHER], "tools", "given twice"),
-    ("tool_choice", {"type": "function", "function": {"name": "get_time"}}, "tool_choice", "not among"),
-    ("tool_choice", "sometimes", "tool_choice", "tool_choice"),
-    ("functions", [{"name": "f"}], "functions", "deprecated"),
-])
+@pytest.mark.parametrize(
+    "field, value, param, words",
+    [
+        ("tools", [{"type": "function", "function": {"name": "bad name!"}}], "tools", "function.name"),
+        ("tools", [{"type": "web_search"}], "tools", "only function tools"),
+        (
+            "tools",
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            "tools",
+            "JSON Schema object",
+        ),
+        ("tools", [WEATHER, WEATHER], "tools", "given twice"),
+        ("tool_choice", {"type": "function", "function": {"name": "get_time"}}, "tool_choice", "not among"),
+        ("tool_choice", "sometimes", "tool_choice", "tool_choice"),
+        ("functions", [{"name": "f"}], "functions", "deprecated"),
+    ],
+)
 def test_bad_tools_are_a_400_naming_the_field(api, field, value, param, words):
     client, _ = api
     extra = {} if field == "tools" else {"tools": [WEATHER]}
@@ -158,8 +175,10 @@ def test_bad_tools_are_a_400_naming_the_field(api, field, value, param, words):
 
 def test_a_bad_call_in_history_is_a_400(api):
     client, _ = api
-    bad = {"role": "assistant", "tool_calls": [{"id": "x", "type": "function",
-                                                "function": {"name": "get_weather", "arguments": "{oops"}}]}
+    bad = {
+        "role": "assistant",
+        "tool_calls": [{"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}],
+    }
     with pytest.raises(openai.BadRequestError) as err:
         ask(client, [*ASK, bad, {"role": "tool", "tool_call_id": "x", "content": "?"}], tools=[WEATHER])
     assert "arguments is not valid JSON" in err.value.body["message"]
@@ -168,10 +187,13 @@ def test_a_bad_call_in_history_is_a_400(api):
 def test_the_parsers_of_each_family_and_how_one_is_chosen():
     assert serve_tools.parse("hermes", "hi " + CALL) == serve_tools.Parsed("hi ", [("get_weather", {"city": "Paris"})])
     assert serve_tools.parse("hermes", "<tool_call>{oops</tool_call>").calls == []  # not a call: content
-    llama = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", ' \
-            '"parameters": {"city": "Rome"}}'
+    llama = (
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", '
+        '"parameters": {"city": "Rome"}}'
+    )
     assert serve_tools.parse("llama3_json", llama) == serve_tools.Parsed(
-        "", [("get_weather", {"city": "Paris"}), ("get_time", {"city": "Rome"})])
+        "", [("get_weather", {"city": "Paris"}), ("get_time", {"city": "Rome"})]
+    )
     assert serve_tools.parse("llama3_json", "The answer is 4.").calls == []
     for parser, start in (("hermes", "<tool_call>"), ("llama3_json", '{"a": '), ("mistral", "[TOOL_CALLS]")):
         assert serve_tools.parse(parser, start + "[" * 100_000).calls == []  # model text nested deep: no call
@@ -189,8 +211,14 @@ def test_the_parsers_of_each_family_and_how_one_is_chosen():
 
 
 def test_an_unknown_tool_call_parser_is_a_one_line_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "arlecli", "serve", "--tool-call-parser", "bogus", "--port", "0"],
-                          capture_output=True, text=True, timeout=120, env=os.environ.copy(), cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "arlecli", "serve", "--tool-call-parser", "bogus", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+        cwd=tmp_path,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "--tool-call-parser bogus" in lines[0] and "hermes" in lines[0]

@@ -31,14 +31,19 @@ from helpers.cli import read_pty
 
 ROOT = Path(__file__).resolve().parents[1]
 ARLE = [sys.executable, "-m", "arlecli"]
-OSC52 = "\x1b]52;c;SGVsbG8=\x07"          # write "Hello" to the clipboard
-TITLE = "\x1b]0;pwned\x1b\\"               # set the window title (ST-terminated)
-CURSOR = "\x1b[2J\x1b[H\x1b[3A\x1b[1;31m"   # clear the screen, home, up 3, red
-C1 = "\x9b2J\x9d0;c1 title\x9c\x85"         # CSI, OSC and ST as single C1 characters; NEL
-OTHERS = "\r\x08\x7f\u2028\u202e"           # carriage return, backspace, DEL, line separator, RTL override
+OSC52 = "\x1b]52;c;SGVsbG8=\x07"  # write "Hello" to the clipboard
+TITLE = "\x1b]0;pwned\x1b\\"  # set the window title (ST-terminated)
+CURSOR = "\x1b[2J\x1b[H\x1b[3A\x1b[1;31m"  # clear the screen, home, up 3, red
+C1 = "\x9b2J\x9d0;c1 title\x9c\x85"  # CSI, OSC and ST as single C1 characters; NEL
+OTHERS = "\r\x08\x7f\u2028\u202e"  # carriage return, backspace, DEL, line separator, RTL override
 HOSTILE = f"the answer is 42{OSC52}{TITLE}{CURSOR}{C1}{OTHERS} (really)"
-SHOWN = [r"\x1b]52;c;SGVsbG8=\x07", "\\x1b]0;pwned\\x1b\\", r"\x1b[2J\x1b[H\x1b[3A\x1b[1;31m",
-         r"\x9b2J\x9d0;c1 title\x9c\x85", r"\x0d\x08\x7f\u2028\u202e"]
+SHOWN = [
+    r"\x1b]52;c;SGVsbG8=\x07",
+    "\\x1b]0;pwned\\x1b\\",
+    r"\x1b[2J\x1b[H\x1b[3A\x1b[1;31m",
+    r"\x9b2J\x9d0;c1 title\x9c\x85",
+    r"\x0d\x08\x7f\u2028\u202e",
+]
 # Anything a terminal acts on: C0 but \t and \n, DEL, C1, and the separators and bidi controls.
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 # What Rich itself writes to a terminal: colour and style (SGR) sequences, nothing else.
@@ -80,23 +85,47 @@ def squashed(text: str) -> str:
 
 
 def sample(tid: str, correct: bool, completion: str) -> dict[str, Any]:
-    return {"id": f"{tid}#0", "task_id": tid, "sample": 0, "prompt": f"question {tid}", "completion": completion,
-            "extracted": "1" if correct else f"9{OSC52}", "target": "1", "reward": float(correct),
-            "correct": correct, "details": {"accuracy": int(correct)}, "finish_reason": "stop", "num_tokens": 3}
+    return {
+        "id": f"{tid}#0",
+        "task_id": tid,
+        "sample": 0,
+        "prompt": f"question {tid}",
+        "completion": completion,
+        "extracted": "1" if correct else f"9{OSC52}",
+        "target": "1",
+        "reward": float(correct),
+        "correct": correct,
+        "details": {"accuracy": int(correct)},
+        "finish_reason": "stop",
+        "num_tokens": 3,
+    }
 
 
 def write_run(run: Path, correct: list[bool], model: str = f"tiny{TITLE}") -> Path:
     """An eval run whose completions, task ids, extracted answers and model name hold HOSTILE text."""
     run.mkdir(parents=True)
     samples = [sample(f"task{k}{CURSOR}", c, HOSTILE) for k, c in enumerate(correct)]
-    meta = {"command": ["arle", "eval", "gsm8k"], "benchmark": "gsm8k", "card_version": 1, "card_hash": "abc",
-            "model": model, "engine": "hf", "created": "2025-01-02T03:04:05+0000",
-            "options": {"split": "test", "limit": None, "num_samples": 1, "temperature": 0.0, "seed": 1234,
-                        "data": None}, "data_hash": None}
+    meta = {
+        "command": ["arle", "eval", "gsm8k"],
+        "benchmark": "gsm8k",
+        "card_version": 1,
+        "card_hash": "abc",
+        "model": model,
+        "engine": "hf",
+        "created": "2025-01-02T03:04:05+0000",
+        "options": {"split": "test", "limit": None, "num_samples": 1, "temperature": 0.0, "seed": 1234, "data": None},
+        "data_hash": None,
+    }
     (run / "meta.json").write_text(json.dumps(meta))
     (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    results = {"benchmark": "gsm8k", "card_version": 1, "model": model, "split": "test", "num_samples": 1,
-               **aggregate(samples, ["accuracy"], 1, None)}
+    results = {
+        "benchmark": "gsm8k",
+        "card_version": 1,
+        "model": model,
+        "split": "test",
+        "num_samples": 1,
+        **aggregate(samples, ["accuracy"], 1, None),
+    }
     (run / "results.json").write_text(json.dumps(results))
     return run
 
@@ -116,7 +145,7 @@ def test_terminal_text_escapes_what_a_terminal_acts_on_and_keeps_the_rest():
     kept = "line one\n\tindented, é, 😀, 中文, ∑, \u00a0nbsp, emoji 👩\u200d💻"
     assert terminal_text(kept) == kept
     assert terminal_text("lone \ud800 surrogate") == "lone \\ud800 surrogate"  # stdout could not encode it
-    for code in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0), 0x2028, 0x2029, 0x202e, 0x2066]:
+    for code in [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, 0x202E, 0x2066]:
         shown = terminal_text(chr(code))
         assert shown.startswith("\\") and not RAW.search(shown) and len(shown) in (4, 6), (hex(code), shown)
 
@@ -211,8 +240,18 @@ def test_eval_progress_and_summary_show_a_card_name_escaped(tmp_path, tiny_model
     card["name"] = f"count{TITLE}down"
     card.pop("fixture")
     (tmp_path / "card.yaml").write_text(yaml.safe_dump(card))
-    out = arle("eval", str(tmp_path / "card.yaml"), "--model", str(tiny_model), "--limit", "2", "--max-tokens", "4",
-               "--output", str(tmp_path / "run"))
+    out = arle(
+        "eval",
+        str(tmp_path / "card.yaml"),
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "4",
+        "--output",
+        str(tmp_path / "run"),
+    )
     assert out.returncode == 0, out.stderr.decode()
     for stream in (out.stdout.decode("utf-8"), out.stderr.decode("utf-8")):
         assert_safe(stream)

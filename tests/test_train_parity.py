@@ -35,7 +35,7 @@ def frequent_substring(texts: list[str]) -> str:
     this model is sure to run into mid-completion."""
     counts: Counter[str] = Counter()
     for text in texts:
-        counts.update({text[i:i + 2] for i in range(1, len(text) - 2) if text[i:i + 2].strip()})
+        counts.update({text[i : i + 2] for i in range(1, len(text) - 2) if text[i : i + 2].strip()})
     best, seen = counts.most_common(1)[0]
     assert seen >= len(texts) // 2, (best, seen, texts)
     return best
@@ -102,12 +102,13 @@ class Recorder:
     def rows(self) -> list[tuple[tuple[int, int], list[int], list[int], Any]]:
         """((task index, sample), prompt ids, completion ids, episode) of step 0's rollouts."""
         seqs = self.sequences[0]
-        assert len(seqs.episodes) == len(self.draws[:len(seqs.episodes)])
+        assert len(seqs.episodes) == len(self.draws[: len(seqs.episodes)])
         return list(zip(self.draws, seqs.prompt_ids, seqs.completion_ids, seqs.episodes))
 
 
-def eval_episodes(card_path: Path, model: Path, backend: str, temperature: float, monkeypatch, run_dir: Path
-                  ) -> tuple[dict[tuple[str, int], Any], dict[tuple[str, int], dict]]:
+def eval_episodes(
+    card_path: Path, model: Path, backend: str, temperature: float, monkeypatch, run_dir: Path
+) -> tuple[dict[tuple[str, int], Any], dict[tuple[str, int], dict]]:
     """`arle eval` with the trainer's seed, samples, temperature and budget: its episodes and samples."""
     import arlecli.eval as eval_module
     from arlecli.registry import resolve_references
@@ -120,8 +121,15 @@ def eval_episodes(card_path: Path, model: Path, backend: str, temperature: float
 
     card = load_card(str(card_path))
     resolve_references(card)
-    opts = EvalOptions(split=train_split(card, None), limit=4, num_samples=GENERATIONS, temperature=temperature,
-                       max_tokens=TOKENS, seed=SEED, num_fewshot=0)
+    opts = EvalOptions(
+        split=train_split(card, None),
+        limit=4,
+        num_samples=GENERATIONS,
+        temperature=temperature,
+        max_tokens=TOKENS,
+        seed=SEED,
+        num_fewshot=0,
+    )
     got: dict[tuple[str, int], Any] = {}
     collect = eval_module.collect
 
@@ -146,10 +154,12 @@ def assert_same(trained: list, evaluated: dict, samples: dict, rewards: list[dic
     assert trained, "no rollouts recorded"
     for (i, k), prompt_ids, completion_ids, episode in trained:
         ev = evaluated[(tasks[i].id, k)]
-        assert [(t.prompt_token_ids, t.token_ids, t.completion, t.finish_reason) for t in episode.turns] == \
-            [(t.prompt_token_ids, t.token_ids, t.completion, t.finish_reason) for t in ev.turns]
-        assert [(t.thinking, t.thinking_cut, t.thinking_tokens) for t in episode.turns] == \
-            [(t.thinking, t.thinking_cut, t.thinking_tokens) for t in ev.turns]
+        assert [(t.prompt_token_ids, t.token_ids, t.completion, t.finish_reason) for t in episode.turns] == [
+            (t.prompt_token_ids, t.token_ids, t.completion, t.finish_reason) for t in ev.turns
+        ]
+        assert [(t.thinking, t.thinking_cut, t.thinking_tokens) for t in episode.turns] == [
+            (t.thinking, t.thinking_cut, t.thinking_tokens) for t in ev.turns
+        ]
         assert (prompt_ids, completion_ids) == flatten_episode(ev)[:2]
         sample = samples[(tasks[i].id, k)]
         assert sample["completion"] == episode.completion and sample["finish_reason"] == episode.turns[-1].finish_reason
@@ -160,16 +170,42 @@ def assert_same(trained: list, evaluated: dict, samples: dict, rewards: list[dic
             by_task.setdefault(line["task_id"], []).append(line)
     for (i, k), *_ in trained:
         tid = tasks[i].id
-        assert any(line["reward"] == samples[(tid, k)]["reward"] and line["completion"] == samples[(tid, k)]["completion"]
-                   for line in by_task[tid])
+        assert any(
+            line["reward"] == samples[(tid, k)]["reward"] and line["completion"] == samples[(tid, k)]["completion"]
+            for line in by_task[tid]
+        )
 
 
 def _train_one_step(card: Path, model: Path, algo: str, backend: str, run: Path) -> None:
     extra = ["--set", "prompts_per_step=1"] if algo == "ppo" else ["--set", "per_device_train_batch_size=2"]
-    train_in_process(str(card), "--algo", algo, "--backend", backend, "--model", str(model), "--limit", "4",
-                     "--num-generations", str(GENERATIONS), "--max-tokens", str(TOKENS), "--temperature", "1.0",
-                     "--max-steps", "1", "--eval-limit", "0", "--seed", str(SEED), "--set", "num_fewshot=0",
-                     *extra, "--output", str(run))
+    train_in_process(
+        str(card),
+        "--algo",
+        algo,
+        "--backend",
+        backend,
+        "--model",
+        str(model),
+        "--limit",
+        "4",
+        "--num-generations",
+        str(GENERATIONS),
+        "--max-tokens",
+        str(TOKENS),
+        "--temperature",
+        "1.0",
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--seed",
+        str(SEED),
+        "--set",
+        "num_fewshot=0",
+        *extra,
+        "--output",
+        str(run),
+    )
 
 
 CARDS = ["gsm8k_stops", "countdown", "math_tool"]
@@ -177,8 +213,9 @@ CARDS = ["gsm8k_stops", "countdown", "math_tool"]
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("card_name", CARDS)
-def test_every_trainer_consumes_exactly_the_eval_samples(tmp_path, tiny_model, monkeypatch, card_name, backend,
-                                                         vllm_environment):
+def test_every_trainer_consumes_exactly_the_eval_samples(
+    tmp_path, tiny_model, monkeypatch, card_name, backend, vllm_environment
+):
     from arlecli.eval import EvalOptions, load_tasks
     from arlecli.registry import load_card
     from arlecli.train.run import train_split
@@ -188,6 +225,7 @@ def test_every_trainer_consumes_exactly_the_eval_samples(tmp_path, tiny_model, m
     elif card_name == "math_tool":
         card = math_tool_card(tmp_path)
         from arlecli.engine import hf, vllm
+
         first_turn_calls_a_tool(monkeypatch, vllm.VLLMEngine if backend == "vllm" else hf.HFEngine)
     else:
         card = ROOT / "benchmarks" / "countdown.yaml"
@@ -210,8 +248,9 @@ def test_every_trainer_consumes_exactly_the_eval_samples(tmp_path, tiny_model, m
     greedy = _greedy_rollouts(card, tiny_model, backend, tasks)
     for (i, k), episode in greedy:
         ev = evaluated[(tasks[i].id, k)]
-        assert [(t.token_ids, t.completion, t.finish_reason) for t in episode.turns] == \
-            [(t.token_ids, t.completion, t.finish_reason) for t in ev.turns]
+        assert [(t.token_ids, t.completion, t.finish_reason) for t in episode.turns] == [
+            (t.token_ids, t.completion, t.finish_reason) for t in ev.turns
+        ]
 
 
 def _greedy_rollouts(card_path: Path, model: Path, backend: str, tasks: list) -> list:
@@ -261,9 +300,27 @@ def test_no_token_after_a_stop_string_reaches_grpo(tmp_path, tiny_model, monkeyp
 
     monkeypatch.setattr(grpo, "build_trainer", spy)
     run = tmp_path / "run"
-    train_in_process(str(card), "--model", str(tiny_model), "--limit", "4", "--num-generations", "4",
-                     "--max-tokens", str(TOKENS), "--max-steps", "1", "--eval-limit", "0", "--set", "num_fewshot=0",
-                     "--set", "per_device_train_batch_size=4", "--output", str(run))
+    train_in_process(
+        str(card),
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "4",
+        "--num-generations",
+        "4",
+        "--max-tokens",
+        str(TOKENS),
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--set",
+        "num_fewshot=0",
+        "--set",
+        "per_device_train_batch_size=4",
+        "--output",
+        str(run),
+    )
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     assert len(received) == 4
     stopped = 0
@@ -326,5 +383,7 @@ def test_training_samples_the_eval_thinking(tmp_path, tiny_thinking_model, monke
     assert_same(recorder.rows(), evaluated, samples, rewards, tasks)
     for _, _, completion_ids, episode in recorder.rows():
         assert episode.turns[-1].thinking and completion_ids == episode.turns[-1].token_ids
-        assert all(line["thinking_cut"] and line["details"] == {"no_answer": "the turn ended inside its thinking"}
-                   for line in rewards)
+        assert all(
+            line["thinking_cut"] and line["details"] == {"no_answer": "the turn ended inside its thinking"}
+            for line in rewards
+        )

@@ -98,8 +98,10 @@ def recording_trainer(monkeypatch, **overrides) -> None:
         cls = wrap(base)
         methods = {}
         for name, fn in overrides.items():
+
             def method(self, *args, _name=name, _fn=fn, **kwargs):
                 return _fn(self, getattr(super(sub, self), _name), *args, **kwargs)
+
             methods[name] = method
         sub = type(cls.__name__, (cls,), methods)
         return sub
@@ -115,10 +117,18 @@ def test_forced_tokens_carry_no_loss_and_thinking_is_trained():
     from arlecli.train.rollout import Sequences, flatten_episode
 
     # A thought closed by budget forcing: the engine wrote token 13 (`</think>`), the model the rest.
-    turn = Turn("q", "42", prompt_token_ids=[1, 2], token_ids=[10, 11, 12, 13, 14, 15], logprobs=[-0.5] * 6,
-                thinking="a long thought", thinking_tokens=4, forced=[3])
+    turn = Turn(
+        "q",
+        "42",
+        prompt_token_ids=[1, 2],
+        token_ids=[10, 11, 12, 13, 14, 15],
+        logprobs=[-0.5] * 6,
+        thinking="a long thought",
+        thinking_tokens=4,
+        forced=[3],
+    )
     flat = flatten_episode(Episode("t", [turn]))
-    assert flat.completion_ids == [10, 11, 12, 13, 14, 15]          # the thinking is part of what trains
+    assert flat.completion_ids == [10, 11, 12, 13, 14, 15]  # the thinking is part of what trains
     assert flat.env_mask == [1, 1, 1, 0, 1, 1] and flat.segment == [0] * 6
     seqs = Sequences.of([Episode("t", [turn])], end_id=0)
     assert seqs.env_mask == [[1, 1, 1, 0, 1, 1]] and not seqs.seamed
@@ -129,8 +139,9 @@ def test_overlong_filtering_masks_cut_episodes_only():
     from arlecli.train.rollout import Rollouts, Sequences
 
     done = Turn("q", "42", prompt_token_ids=[1], token_ids=[5, 6], thinking="t")
-    budget = Turn("q", "", prompt_token_ids=[1], token_ids=[5, 6], finish_reason="length", thinking="t",
-                  thinking_cut=True)
+    budget = Turn(
+        "q", "", prompt_token_ids=[1], token_ids=[5, 6], finish_reason="length", thinking="t", thinking_cut=True
+    )
     no_answer = Turn("q", "", prompt_token_ids=[1], token_ids=[5, 6], thinking="t", thinking_cut=True)
     episodes = [Episode("a", [done]), Episode("b", [budget]), Episode("c", [no_answer])]
     assert [is_cut(e) for e in episodes] == [False, True, True]
@@ -199,8 +210,10 @@ def test_bad_dapo_and_stage_settings_are_one_line_errors():
     for recipe, sets, message in cases:
         with pytest.raises(UserError, match=message):
             resolve({"benchmark": "countdown", **recipe}, {}, sets, recipe_name="r.yaml")
-    staged = {"benchmark": "countdown", "stages": [{"steps": 3, "max_completion_length": 4},
-                                                   {"steps": 5, "max_completion_length": 8}]}
+    staged = {
+        "benchmark": "countdown",
+        "stages": [{"steps": 3, "max_completion_length": 4}, {"steps": 5, "max_completion_length": 8}],
+    }
     cfg = resolve(staged, {"max_steps": 4}, {"temperature": 0.7})  # a flag cuts the plan short
     assert [(s.end, s.config.trainer["max_completion_length"]) for s in cfg.stages] == [(3, 4), (4, 8)]
     assert cfg.trainer["max_steps"] == 4 and all(s.config.trainer["temperature"] == 0.7 for s in cfg.stages)
@@ -215,13 +228,21 @@ def test_rft_rows_carry_their_tokens_as_generated_one_sequence_per_segment():
     from arlecli.train.sft import IGNORE, sft_dataset
 
     # Turn 2's prompt was rendered without turn 1's thinking (ids 7, 8): a seam.
-    first = Turn([{"role": "user", "content": "q"}], "call", prompt_token_ids=[1, 2], token_ids=[7, 8, 9, 3],
-                 thinking="t", forced=[1], observation=[{"role": "user", "content": "r"}])
+    first = Turn(
+        [{"role": "user", "content": "q"}],
+        "call",
+        prompt_token_ids=[1, 2],
+        token_ids=[7, 8, 9, 3],
+        thinking="t",
+        forced=[1],
+        observation=[{"role": "user", "content": "r"}],
+    )
     second = Turn([], "42", prompt_token_ids=[1, 2, 9, 3, 4], token_ids=[5, 3])
     episode = Episode("t", [first, second], info={"seams": [1]})
     assert token_sequences(episode) == [
         {"input_ids": [1, 2, 7, 8, 9, 3], "completion_mask": [0, 0, 1, 0, 1, 1]},
-        {"input_ids": [1, 2, 9, 3, 4, 5, 3], "completion_mask": [0, 0, 0, 0, 0, 1, 1]}]
+        {"input_ids": [1, 2, 9, 3, 4, 5, 3], "completion_mask": [0, 0, 0, 0, 0, 1, 1]},
+    ]
     said = trajectory(episode, Task("t", "q", "42"), 0, Score(1.0, True), benchmark="b", run="r", model="m")
     assert said.continuation[0] == {"role": "assistant", "content": "call", "reasoning_content": "t"}
     data = sft_dataset(None, [{"messages": [], "sequences": token_sequences(episode)}])
@@ -243,7 +264,7 @@ def test_ppo_scores_a_segment_on_its_own_context(tiny_model):
 
         def alone(context, tokens):
             ids = torch.tensor([context + tokens])
-            logits = model(input_ids=ids).logits[0, len(context) - 1:-1]
+            logits = model(input_ids=ids).logits[0, len(context) - 1 : -1]
             return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
         assert torch.allclose(logprobs[0, :2], alone(prompt, first), atol=1e-5)
@@ -272,13 +293,31 @@ def test_grpo_trains_the_thinking_and_filters_cut_samples(tmp_path, tiny_thinkin
 
     recording_trainer(monkeypatch, _generate_and_score_completions=generate_and_score)
     run = tmp_path / "run"
-    train_in_process(str(varied_card(tmp_path)), "--model", str(tiny_thinking_model), "--limit", "2",
-                     "--num-generations", "2", "--max-tokens", "16", "--max-steps", "1", "--eval-limit", "0",
-                     "--set", "per_device_train_batch_size=4", "--set", "overlong_filter=true", "--output", str(run))
+    train_in_process(
+        str(varied_card(tmp_path)),
+        "--model",
+        str(tiny_thinking_model),
+        "--limit",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-tokens",
+        "16",
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--set",
+        "per_device_train_batch_size=4",
+        "--set",
+        "overlong_filter=true",
+        "--output",
+        str(run),
+    )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_thinking_model))
-    (out, episodes), = batches
+    ((out, episodes),) = batches
     mask = (out["completion_mask"] * out["tool_mask"]).tolist()
     kinds = []
     for r, episode in enumerate(episodes):
@@ -319,11 +358,28 @@ def test_dynamic_sampling_drops_an_all_equal_group_refills_it_and_counts_it(tmp_
 
     recording_trainer(monkeypatch, arle_rollout=rollout)
     run = tmp_path / "run"
-    train_in_process(str(card), "--model", str(tiny_model), "--limit", "2", "--num-generations", "2",
-                     "--max-tokens", "8", "--max-steps", "1", "--eval-limit", "0",
-                     "--set", "per_device_train_batch_size=4", "--set", "dynamic_sampling=true",
-                     "--output", str(run))
-    (indices, rewards), = trained
+    train_in_process(
+        str(card),
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-tokens",
+        "8",
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--set",
+        "per_device_train_batch_size=4",
+        "--set",
+        "dynamic_sampling=true",
+        "--output",
+        str(run),
+    )
+    ((indices, rewards),) = trained
     assert indices == [1, 1, 1, 1] and len(set(rewards)) == 4  # two groups of task 1, every reward differs
     verdicts = lines(run / "rewards.jsonl")
     assert len(verdicts) == 6 and all(v["step"] == 1 for v in verdicts)
@@ -354,18 +410,29 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
             schedules.append(args.max_steps)  # the learning rate's schedule spans both stages
 
     monkeypatch.setattr(grpo, "build_trainer", lambda *a: build(*a[:-1], [*a[-1], Snapshot()]))
-    recipe = {"benchmark": str(varied_card(tmp_path)), "model": str(tiny_model), "limit": 4, "eval_limit": 0,
-              "num_generations": 2, "per_device_train_batch_size": 2, "learning_rate": 1e-3,
-              "stages": [{"name": "short", "steps": 1, "max_completion_length": 4},
-                         {"name": "long", "steps": 1, "max_completion_length": 8}]}
+    recipe = {
+        "benchmark": str(varied_card(tmp_path)),
+        "model": str(tiny_model),
+        "limit": 4,
+        "eval_limit": 0,
+        "num_generations": 2,
+        "per_device_train_batch_size": 2,
+        "learning_rate": 1e-3,
+        "stages": [
+            {"name": "short", "steps": 1, "max_completion_length": 4},
+            {"name": "long", "steps": 1, "max_completion_length": 8},
+        ],
+    }
     (tmp_path / "staged.yaml").write_text(yaml.safe_dump(recipe))
     run = tmp_path / "run"
     train_in_process("--recipe", str(tmp_path / "staged.yaml"), "--output", str(run))
 
     assert [(step, budget) for step, budget, _ in starts] == [(0, 4), (1, 8)] and schedules == [2, 2]
     rows = lines(run / "metrics.jsonl")
-    assert [(r["step"], r["stage"], r["completions/mean_length"]) for r in rows] == [(1, "short", 4.0),
-                                                                                      (2, "long", 8.0)]
+    assert [(r["step"], r["stage"], r["completions/mean_length"]) for r in rows] == [
+        (1, "short", 4.0),
+        (2, "long", 8.0),
+    ]
     saved = load_file(str(run / "checkpoint-1" / "model.safetensors"))
     base = load_file(str(tiny_model / "model.safetensors"))
     stage2 = starts[1][2]
@@ -379,8 +446,9 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
 
 
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
-def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(tmp_path, tiny_thinking_model,
-                                                                          monkeypatch, algo):
+def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(
+    tmp_path, tiny_thinking_model, monkeypatch, algo
+):
     """math_tool on the tiny thinking model (its template drops earlier turns' thinking): turns 1
     and 2 think and call the calculator (scripted), turn 3 is the model's own. Every turn's
     prompt rewrites the history (two seams), so each turn is a segment of its own; the loss's
@@ -396,8 +464,9 @@ def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(tmp_pa
         out = original(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if not self._arle_generating:  # the loss's forward: compare with each turn on its own prompt
             with torch.no_grad():
-                checked.append(check_turns(model, self.processing_class, input_ids, logits_to_keep, out[0],
-                                           self._arle_seqs))
+                checked.append(
+                    check_turns(model, self.processing_class, input_ids, logits_to_keep, out[0], self._arle_seqs)
+                )
         return out
 
     recording_trainer(monkeypatch, _get_per_token_logps_and_entropies=logps)
@@ -405,9 +474,27 @@ def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(tmp_pa
     card["source"] = {"kind": "files", "path": GSM8K_ROWS}
     (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))
     run = tmp_path / "run"
-    train_in_process(str(tmp_path / "math_tool.yaml"), "--algo", algo, "--model", str(tiny_thinking_model),
-                     "--limit", "1", "--num-generations", "2", "--max-tokens", "72", "--max-steps", "1",
-                     "--eval-limit", "0", "--set", "per_device_train_batch_size=2", "--output", str(run))
+    train_in_process(
+        str(tmp_path / "math_tool.yaml"),
+        "--algo",
+        algo,
+        "--model",
+        str(tiny_thinking_model),
+        "--limit",
+        "1",
+        "--num-generations",
+        "2",
+        "--max-tokens",
+        "72",
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--output",
+        str(run),
+    )
     assert checked == [6]  # 2 episodes x 3 turns, each compared token by token
     for line in lines(run / "rewards.jsonl"):
         assert line["turns"] == 3 and line["env_info"]["seams"] == [1, 2] and line["env_info"]["tool_calls"] == 2
@@ -424,23 +511,23 @@ def check_turns(model: Any, tok: Any, input_ids: Any, logits_to_keep: int, logps
     completions = input_ids[:, -logits_to_keep:].tolist()
     seen = 0
     for r, row in enumerate(completions):
-        (e,) = [e for e, ids in zip(seqs.episodes, seqs.completion_ids) if row[:len(ids)] == ids]
+        (e,) = [e for e, ids in zip(seqs.episodes, seqs.completion_ids) if row[: len(ids)] == ids]
         flat = flatten_episode(e)
         assert e.info["seams"] == [1, 2] and set(flat.segment) == {0, 1, 2}
-        assert input_ids[r, :-logits_to_keep].tolist()[-len(flat.prompt_ids):] == e.turns[0].prompt_token_ids
+        assert input_ids[r, :-logits_to_keep].tolist()[-len(flat.prompt_ids) :] == e.turns[0].prompt_token_ids
         pos = 0
         for k, turn in enumerate(e.turns):
             prompt, own = turn.prompt_token_ids, turn.token_ids
             if k:  # a seam: the row holds this turn's whole prompt, as the template rendered it
-                assert row[pos:pos + len(prompt)] == prompt
+                assert row[pos : pos + len(prompt)] == prompt
                 assert "I add the numbers" not in tok.decode(prompt)  # the template dropped the thought
                 assert "I add the numbers" in tok.decode(e.turns[k - 1].token_ids)  # trained in its own turn
                 pos += len(prompt)
-            assert row[pos:pos + len(own)] == own and flat.env_mask[pos:pos + len(own)] == [1] * len(own)
+            assert row[pos : pos + len(own)] == own and flat.env_mask[pos : pos + len(own)] == [1] * len(own)
             logits = model(input_ids=torch.tensor([prompt + own], device=input_ids.device)).logits[0]
-            expected = torch.log_softmax(logits[len(prompt) - 1:-1].float(), -1)
+            expected = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
             expected = expected.gather(-1, torch.tensor(own, device=input_ids.device)[:, None])[:, 0]
-            assert torch.allclose(logps[r, pos:pos + len(own)].float(), expected, atol=1e-4), f"turn {k + 1}"
+            assert torch.allclose(logps[r, pos : pos + len(own)].float(), expected, atol=1e-4), f"turn {k + 1}"
             pos += len(own)
             seen += 1
         assert sum(flat.env_mask) == sum(len(t.token_ids) for t in e.turns)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The random tiny model writes gibberish; this reward accepts about half of it (an even number
 # of distinct characters), so a round keeps some samples and drops others.
-REWARD_PY = '''
+REWARD_PY = """
 from arlecli.types import Score
 
 def even_chars():
@@ -24,14 +24,29 @@ def even_chars():
         n = len(set(episode.completion))
         return Score(reward=n / 20, correct=n > 0 and n % 2 == 0, extracted=n, details={})
     return score
-'''
+"""
 
 # 2 tasks x 2 samples, 8 new tokens each, held-out evals of 2 tasks. The tiny model's gibberish
 # runs to the token limit, so these runs keep cut episodes (keep_cut; the default drops them,
 # tested on its own below).
-TINY = ["--limit", "2", "--num-generations", "2", "--set", "tasks_per_round=2", "--max-tokens", "8",
-        "--set", "per_device_train_batch_size=2", "--eval-limit", "2", "--set", "eval_max_tokens=8",
-        "--set", "keep_cut=true"]
+TINY = [
+    "--limit",
+    "2",
+    "--num-generations",
+    "2",
+    "--set",
+    "tasks_per_round=2",
+    "--max-tokens",
+    "8",
+    "--set",
+    "per_device_train_batch_size=2",
+    "--eval-limit",
+    "2",
+    "--set",
+    "eval_max_tokens=8",
+    "--set",
+    "keep_cut=true",
+]
 
 
 def rft_card(tmp_path: Path) -> Path:
@@ -52,10 +67,26 @@ def lines(path: Path) -> list[dict]:
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model, lora):
     run = tmp_path / "run"
-    train_in_process(str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY,
-                     "--set", "rounds=1", "--max-steps", "2", "--set", "num_train_epochs=2", "--lora-rank", str(lora),
-                     "--learning-rate", "1e-3",
-                     "--output", str(run))
+    train_in_process(
+        str(rft_card(tmp_path)),
+        "--algo",
+        "rft",
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--set",
+        "rounds=1",
+        "--max-steps",
+        "2",
+        "--set",
+        "num_train_epochs=2",
+        "--lora-rank",
+        str(lora),
+        "--learning-rate",
+        "1e-3",
+        "--output",
+        str(run),
+    )
 
     # Every sample was scored once, with step = round 1; the kept rows are exactly the accepted ones.
     verdicts = lines(run / "rewards.jsonl")
@@ -82,8 +113,19 @@ def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model
     final = run / "final"
     assert_trained(final, tiny_model, lora)
 
-    out = arle("eval", "countdown", "--model", str(final), "--limit", "2", "--max-tokens", "8",
-               "--output", str(tmp_path / "eval"), "--json")
+    out = arle(
+        "eval",
+        "countdown",
+        "--model",
+        str(final),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "8",
+        "--output",
+        str(tmp_path / "eval"),
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_tasks"] == 2
 
@@ -91,9 +133,24 @@ def test_one_round_keeps_what_the_reward_accepts_and_trains(tmp_path, tiny_model
 def test_a_round_that_keeps_nothing_takes_no_step_and_the_run_ends(tmp_path, tiny_model, capsys):
     run = tmp_path / "run"
     # The reward never reaches 99: nothing is kept in either round.
-    train_in_process(str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY,
-                     "--set", "rounds=2", "--set", "min_reward=99", "--max-steps", "2", "--eval-limit", "0",
-                     "--output", str(run))
+    train_in_process(
+        str(rft_card(tmp_path)),
+        "--algo",
+        "rft",
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--set",
+        "rounds=2",
+        "--set",
+        "min_reward=99",
+        "--max-steps",
+        "2",
+        "--eval-limit",
+        "0",
+        "--output",
+        str(run),
+    )
     err = capsys.readouterr().err
     assert "round 1: the reward accepted none of 4 samples; no SFT step" in err
     rows = lines(run / "metrics.jsonl")
@@ -119,8 +176,24 @@ def test_a_round_that_keeps_nothing_takes_no_step_and_the_run_ends(tmp_path, tin
 
 
 def test_kill_mid_run_then_resume_continues_after_the_last_round(tmp_path, tiny_model, capsys):
-    common = [str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY, "--set", "rounds=3",
-              "--max-steps", "2", "--learning-rate", "1e-3", "--eval-limit", "1", "--eval-every", "2"]
+    common = [
+        str(rft_card(tmp_path)),
+        "--algo",
+        "rft",
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--set",
+        "rounds=3",
+        "--max-steps",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "1",
+        "--eval-every",
+        "2",
+    ]
     run = tmp_path / "run"
     kill_after_first_checkpoint(["train", *common, "--output", str(run)], run, steps=3)
     from arlecli.rundir import describe
@@ -150,9 +223,26 @@ def test_more_rounds_on_resume_continue_the_lora_adapter(tmp_path, tiny_model):
     adapter (loaded trainable) and trains it further; round 1 is not redone."""
     from safetensors.torch import load_file
 
-    common = [str(rft_card(tmp_path)), "--algo", "rft", "--model", str(tiny_model), *TINY, "--max-steps", "2",
-              "--set", "num_train_epochs=2", "--lora-rank", "4", "--learning-rate", "1e-3", "--eval-limit", "1",
-              "--output", str(tmp_path / "run")]
+    common = [
+        str(rft_card(tmp_path)),
+        "--algo",
+        "rft",
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--max-steps",
+        "2",
+        "--set",
+        "num_train_epochs=2",
+        "--lora-rank",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "1",
+        "--output",
+        str(tmp_path / "run"),
+    ]
     run = tmp_path / "run"
     train_in_process(*common, "--set", "rounds=1")
     after_one = load_file(str(run / "final" / "adapter_model.safetensors"))
@@ -169,8 +259,18 @@ def test_more_rounds_on_resume_continue_the_lora_adapter(tmp_path, tiny_model):
 
 def test_bad_rft_settings_are_one_line_errors(tmp_path, tiny_model):
     card = str(rft_card(tmp_path))
-    out = arle("train", card, "--algo", "rft", "--model", str(tiny_model), "--set", "rounds=0",
-               "--output", str(tmp_path / "run"))
+    out = arle(
+        "train",
+        card,
+        "--algo",
+        "rft",
+        "--model",
+        str(tiny_model),
+        "--set",
+        "rounds=0",
+        "--output",
+        str(tmp_path / "run"),
+    )
     assert out.returncode == 2 and "rounds must be a whole number >= 1" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
     from arlecli.errors import UserError
@@ -243,13 +343,23 @@ def test_a_multi_turn_episode_becomes_the_conversation_its_last_prompt_continues
     from arlecli.types import Episode, Score, Task, Turn
 
     first = [{"role": "system", "content": "use tools"}, {"role": "user", "content": "2+3?"}]
-    call, result = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>', \
-        [{"role": "tool", "content": "5"}]
+    call, result = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
+        [{"role": "tool", "content": "5"}],
+    )
     second = [*first, {"role": "assistant", "content": call}, *result]
     tools = [{"type": "function", "function": {"name": "calculator"}}]
     episode = Episode("t1", [Turn(first, call, observation=result), Turn(second, "5")], tools=tools)
     task = Task("t1", "2+3?", "5")
-    (row,) = to_rows([episode, episode], [(0, 0), (0, 1)], [Score(1.0, True), Score(0.0, False)], [True, False],
-                     [task], benchmark="math_tool", run="r", model="m@step-0")
+    (row,) = to_rows(
+        [episode, episode],
+        [(0, 0), (0, 1)],
+        [Score(1.0, True), Score(0.0, False)],
+        [True, False],
+        [task],
+        benchmark="math_tool",
+        run="r",
+        model="m@step-0",
+    )
     assert row["messages"] == [*second, {"role": "assistant", "content": "5"}]
     assert row["tools"] == tools and (row["task_id"], row["sample"], row["reward"]) == ("t1", 0, 1.0)

@@ -16,8 +16,14 @@ from helpers.train import train_in_process
 
 # gsm8k's own schema (question, answer with "#### N"), ids of our own: the card's source is the
 # hub, out of reach here, so every task these runs see can only come from this file.
-ROWS = [{"id": f"mine-{i}", "question": f"Tom has {i} apples and buys {i + 2} more. How many apples?",
-         "answer": f"{i} + {i + 2} = {2 * i + 2}\n#### {2 * i + 2}"} for i in range(3)]
+ROWS = [
+    {
+        "id": f"mine-{i}",
+        "question": f"Tom has {i} apples and buys {i + 2} more. How many apples?",
+        "answer": f"{i} + {i + 2} = {2 * i + 2}\n#### {2 * i + 2}",
+    }
+    for i in range(3)
+]
 
 
 def write_rows(path: Path) -> Path:
@@ -42,17 +48,52 @@ def lines(path: Path) -> list[dict]:
 
 def test_train_rows_are_the_rows_eval_scored(tmp_path, tiny_model, monkeypatch, capsys):
     rows = write_rows(tmp_path / "my_rows.jsonl")
-    code, _, err = arle_main(monkeypatch, capsys, "eval", "gsm8k", "--rows", str(rows), "--model", str(tiny_model),
-                             "--num-fewshot", "0", "--max-tokens", "4", "-o", str(tmp_path / "eval"))
+    code, _, err = arle_main(
+        monkeypatch,
+        capsys,
+        "eval",
+        "gsm8k",
+        "--rows",
+        str(rows),
+        "--model",
+        str(tiny_model),
+        "--num-fewshot",
+        "0",
+        "--max-tokens",
+        "4",
+        "-o",
+        str(tmp_path / "eval"),
+    )
     assert code == 0, err
     evaluated = lines(tmp_path / "eval" / "samples.jsonl")
     assert sorted(s["task_id"] for s in evaluated) == ["mine-0", "mine-1", "mine-2"]
 
     run = tmp_path / "train"
-    train_in_process("gsm8k", "--algo", "grpo", "--rows", str(rows), "--model", str(tiny_model), "--max-steps", "2",
-                     "--num-generations", "2", "--set", "max_completion_length=4", "--set",
-                     "per_device_train_batch_size=2", "--set", "num_fewshot=0", "--eval-limit", "3",
-                     "--set", "eval_max_tokens=4", "--output", str(run))
+    train_in_process(
+        "gsm8k",
+        "--algo",
+        "grpo",
+        "--rows",
+        str(rows),
+        "--model",
+        str(tiny_model),
+        "--max-steps",
+        "2",
+        "--num-generations",
+        "2",
+        "--set",
+        "max_completion_length=4",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--set",
+        "num_fewshot=0",
+        "--eval-limit",
+        "3",
+        "--set",
+        "eval_max_tokens=4",
+        "--output",
+        str(run),
+    )
     rewarded = lines(run / "rewards.jsonl")
     assert len(rewarded) == 4 and {r["task_id"] for r in rewarded} <= {"mine-0", "mine-1", "mine-2"}
     meta = json.loads((run / "meta.json").read_text())
@@ -69,12 +110,13 @@ def test_train_rows_are_the_rows_eval_scored(tmp_path, tiny_model, monkeypatch, 
     assert len(steps) == 2 and re.search(r"eta \d:\d\d:\d\d$", steps[0]) and steps[1].endswith("eta 0:00:00"), err
     for card in (run / "README.md", run / "final" / "README.md"):
         text = card.read_text()
-        assert "None" not in text and f"base_model: \"{tiny_model}\"" in text, text
-        assert "GRPO on the `gsm8k` benchmark for 2 steps" in text and f"arle eval gsm8k --model {run / 'final'}" in text
+        assert "None" not in text and f'base_model: "{tiny_model}"' in text, text
+        assert (
+            "GRPO on the `gsm8k` benchmark for 2 steps" in text and f"arle eval gsm8k --model {run / 'final'}" in text
+        )
 
 
-def test_the_old_eval_spelling_works_with_a_note_and_bad_rows_are_one_line(tmp_path, tiny_model, monkeypatch,
-                                                                            capsys):
+def test_the_old_eval_spelling_works_with_a_note_and_bad_rows_are_one_line(tmp_path, tiny_model, monkeypatch, capsys):
     import io
 
     from rich.console import Console
@@ -87,8 +129,24 @@ def test_the_old_eval_spelling_works_with_a_note_and_bad_rows_are_one_line(tmp_p
     terminal = Console(file=screen, force_terminal=True, width=200)
     plain_console = cli_eval.err_console
     monkeypatch.setattr(cli_eval, "err_console", lambda: terminal)
-    code, _, err = arle_main(monkeypatch, capsys, "eval", "gsm8k", "--data", str(rows), "--model", str(tiny_model),
-                             "--num-fewshot", "0", "--max-tokens", "2", "--limit", "1", "-o", str(tmp_path / "old"))
+    code, _, err = arle_main(
+        monkeypatch,
+        capsys,
+        "eval",
+        "gsm8k",
+        "--data",
+        str(rows),
+        "--model",
+        str(tiny_model),
+        "--num-fewshot",
+        "0",
+        "--max-tokens",
+        "2",
+        "--limit",
+        "1",
+        "-o",
+        str(tmp_path / "old"),
+    )
     assert code == 0, err
     assert "`arle eval --data` is now `--rows`" in screen.getvalue()
     monkeypatch.setattr(cli_eval, "err_console", plain_console)

@@ -24,13 +24,26 @@ class FakeVLLMClient:
     def __init__(self, tokenizer, reply: str) -> None:
         self.tokenizer, self.reply, self.calls = tokenizer, reply, []
 
-    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=0, generation_kwargs=None,
-                 **_):
-        self.calls.append({"prompts": prompts, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-                           "logprobs": logprobs, **(generation_kwargs or {})})
+    def generate(
+        self, prompts, n=1, temperature=1.0, top_p=1.0, max_tokens=16, logprobs=0, generation_kwargs=None, **_
+    ):
+        self.calls.append(
+            {
+                "prompts": prompts,
+                "temperature": temperature,
+                "top_p": top_p,
+                "max_tokens": max_tokens,
+                "logprobs": logprobs,
+                **(generation_kwargs or {}),
+            }
+        )
         ids = self.tokenizer(self.reply, add_special_tokens=False)["input_ids"][:max_tokens]
-        return {"prompt_ids": prompts, "completion_ids": [ids], "logprobs": [[[-0.5]] * len(ids)],
-                "logprob_token_ids": [[[i] for i in ids]]}
+        return {
+            "prompt_ids": prompts,
+            "completion_ids": [ids],
+            "logprobs": [[[-0.5]] * len(ids)],
+            "logprob_token_ids": [[[i] for i in ids]],
+        }
 
 
 def test_trainer_config_is_trls_server_mode():
@@ -73,20 +86,25 @@ def test_the_server_engine_produces_the_collectors_episodes(tiny_model):
         assert turn.logprobs == [-0.5] * len(turn.token_ids)
     seeds = sorted(c["seed"] for c in client.calls)
     assert seeds == sorted(sampling.params(card, tasks[i].id, k).seed for i, k in [(0, 0), (1, 0), (1, 1)])
-    assert all(c["stop"] == card.prompt.stop and c["max_tokens"] == 40 and c["temperature"] == 0.7
-               for c in client.calls)
+    assert all(
+        c["stop"] == card.prompt.stop and c["max_tokens"] == 40 and c["temperature"] == 0.7 for c in client.calls
+    )
     # A reply that fills the budget without a stop is cut by length.
     client.reply = " 1 2 3 4 5 6 7 8 9"
-    (_, episode), = collect(card, engine, tasks, [], [(0, 0)], Sampling(temperature=0.0, max_tokens=3))
+    ((_, episode),) = collect(card, engine, tasks, [], [(0, 0)], Sampling(temperature=0.0, max_tokens=3))
     assert episode.turns[0].finish_reason == "length" and "seed" not in client.calls[-1]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--algo", "ppo", "--vllm-server", "http://node7:8000"], "--vllm-server is TRL's server mode"),
-    (["--vllm-server", "node7:8000"], "give the server's URL"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algo", "ppo", "--vllm-server", "http://node7:8000"], "--vllm-server is TRL's server mode"),
+        (["--vllm-server", "node7:8000"], "give the server's URL"),
+    ],
+)
 def test_bad_server_settings_are_one_line(args, message, tmp_path):
-    out = subprocess.run([*ARLE, "train", "gsm8k", *args, "--output", str(tmp_path / "run")], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [*ARLE, "train", "gsm8k", *args, "--output", str(tmp_path / "run")], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "run").exists()

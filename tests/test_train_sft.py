@@ -20,26 +20,58 @@ from helpers.train import assert_trained, kill_after_first_checkpoint, steps_in,
 ARLE = [sys.executable, "-m", "arlecli"]
 END = "<|im_end|>"  # the tiny model's end-of-turn token (ChatML)
 
-SINGLE = {"messages": [{"role": "user", "content": "Using 3, 5, 7 make 22."},
-                       {"role": "assistant", "content": "<answer>3*5+7</answer>"}],
-          "benchmark": "countdown", "run": "runs/x", "task_id": "t0", "sample": 0, "reward": 1.0, "correct": True,
-          "model": "teacher"}
+SINGLE = {
+    "messages": [
+        {"role": "user", "content": "Using 3, 5, 7 make 22."},
+        {"role": "assistant", "content": "<answer>3*5+7</answer>"},
+    ],
+    "benchmark": "countdown",
+    "run": "runs/x",
+    "task_id": "t0",
+    "sample": 0,
+    "reward": 1.0,
+    "correct": True,
+    "model": "teacher",
+}
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}\n</tool_call>'
-MULTI = {"messages": [{"role": "system", "content": "You can use a calculator."},
-                      {"role": "user", "content": "What is 12 times 7?"},
-                      {"role": "assistant", "content": TOOL_CALL},
-                      {"role": "tool", "content": "84"},
-                      {"role": "assistant", "content": "<answer>84</answer>"}],
-         "benchmark": "countdown", "run": "runs/x", "task_id": "t1", "sample": 0, "reward": 1.0, "correct": True,
-         "model": "teacher"}
-PAIR_SINGLE = {"prompt": SINGLE["messages"][:1], "chosen": SINGLE["messages"][1:],
-               "rejected": [{"role": "assistant", "content": "<answer>3+5+7</answer>"}],
-               "benchmark": "countdown", "run": "runs/x", "task_id": "t0", "model": "teacher",
-               "chosen_reward": 1.0, "rejected_reward": 0.0}
-PAIR_MULTI = {"prompt": MULTI["messages"][:2], "chosen": MULTI["messages"][2:],
-              "rejected": [{"role": "assistant", "content": "<answer>74</answer>"}],
-              "benchmark": "countdown", "run": "runs/x", "task_id": "t1", "model": "teacher",
-              "chosen_reward": 1.0, "rejected_reward": 0.0}
+MULTI = {
+    "messages": [
+        {"role": "system", "content": "You can use a calculator."},
+        {"role": "user", "content": "What is 12 times 7?"},
+        {"role": "assistant", "content": TOOL_CALL},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "<answer>84</answer>"},
+    ],
+    "benchmark": "countdown",
+    "run": "runs/x",
+    "task_id": "t1",
+    "sample": 0,
+    "reward": 1.0,
+    "correct": True,
+    "model": "teacher",
+}
+PAIR_SINGLE = {
+    "prompt": SINGLE["messages"][:1],
+    "chosen": SINGLE["messages"][1:],
+    "rejected": [{"role": "assistant", "content": "<answer>3+5+7</answer>"}],
+    "benchmark": "countdown",
+    "run": "runs/x",
+    "task_id": "t0",
+    "model": "teacher",
+    "chosen_reward": 1.0,
+    "rejected_reward": 0.0,
+}
+PAIR_MULTI = {
+    "prompt": MULTI["messages"][:2],
+    "chosen": MULTI["messages"][2:],
+    "rejected": [{"role": "assistant", "content": "<answer>74</answer>"}],
+    "benchmark": "countdown",
+    "run": "runs/x",
+    "task_id": "t1",
+    "model": "teacher",
+    "chosen_reward": 1.0,
+    "rejected_reward": 0.0,
+}
 TINY = ["--set", "per_device_train_batch_size=2", "--eval-limit", "1", "--set", "eval_max_tokens=4"]
 
 
@@ -84,15 +116,19 @@ def test_tokenize_conversation_trains_assistant_turns_only(tiny_model):
     trained, other = runs(tok, ids, mask)
     assert trained == assistant_turns(MULTI["messages"])
     # The prompt, the assistant header, the tool's reply: all there, none trained.
-    assert other == ["<|im_start|>system\nYou can use a calculator.<|im_end|>\n<|im_start|>user\n"
-                     "What is 12 times 7?<|im_end|>\n<|im_start|>assistant\n",
-                     "\n<|im_start|>tool\n84<|im_end|>\n<|im_start|>assistant\n"]
+    assert other == [
+        "<|im_start|>system\nYou can use a calculator.<|im_end|>\n<|im_start|>user\n"
+        "What is 12 times 7?<|im_end|>\n<|im_start|>assistant\n",
+        "\n<|im_start|>tool\n84<|im_end|>\n<|im_start|>assistant\n",
+    ]
     # The sequence is the chat template's rendering, up to the end of the last turn.
     assert tok.decode(ids) + "\n" == tok.apply_chat_template(MULTI["messages"], tokenize=False)
     # The prompt's ids are those the engines feed the model (engine.tokens.encode_request).
-    prompt = tok(tok.apply_chat_template(MULTI["messages"][:2], tokenize=False, add_generation_prompt=True),
-                 add_special_tokens=False)["input_ids"]
-    assert ids[:len(prompt)] == prompt and mask[:len(prompt)] == [0] * len(prompt) and mask[len(prompt)] == 1
+    prompt = tok(
+        tok.apply_chat_template(MULTI["messages"][:2], tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )["input_ids"]
+    assert ids[: len(prompt)] == prompt and mask[: len(prompt)] == [0] * len(prompt) and mask[len(prompt)] == 1
 
 
 def test_a_template_that_rewrites_history_ends_the_sequence(tiny_model):
@@ -106,12 +142,19 @@ def test_a_template_that_rewrites_history_ends_the_sequence(tiny_model):
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}"
         "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "<think>hmm</think>A"},
-                {"role": "user", "content": "More."}, {"role": "assistant", "content": "B"}]
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": "<think>hmm</think>A"},
+        {"role": "user", "content": "More."},
+        {"role": "assistant", "content": "B"},
+    ]
     ids, mask = tokenize_conversation(tok, messages)
     trained, other = runs(tok, ids, mask)
-    assert trained == ["<think>hmm</think>A" + END] and other == ["<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n"]
+    assert trained == ["<think>hmm</think>A" + END] and other == [
+        "<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n"
+    ]
 
 
 def test_sft_batch_carries_loss_on_assistant_tokens_only(tiny_model, tmp_path):
@@ -168,8 +211,12 @@ def test_dpo_reference_is_the_starting_policy(tiny_model, tmp_path, start):
     if start == "object":
         with torch.no_grad():
             model.get_parameter(key).add_(0.5)  # not the weights on disk: the reference must be these
-    start_weights = (AutoModelForCausalLM.from_pretrained(tiny_model) if start == "path" else model).get_parameter(
-        key).detach().clone()
+    start_weights = (
+        (AutoModelForCausalLM.from_pretrained(tiny_model) if start == "path" else model)
+        .get_parameter(key)
+        .detach()
+        .clone()
+    )
     cfg, args = offline_config("dpo", tmp_path, max_steps=1, learning_rate=1e-3)
     trainer = build_dpo_trainer(cfg, args, model, tok, [PAIR_SINGLE, PAIR_MULTI])
     trainer.train()
@@ -188,8 +235,24 @@ def test_two_steps_change_weights_in_a_run_directory(tmp_path, tiny_model, algo,
     data = write_jsonl(tmp_path / "data.jsonl", [SINGLE, MULTI] if algo == "sft" else [PAIR_SINGLE, PAIR_MULTI])
     run = tmp_path / "run"
     t0 = time.monotonic()
-    train_in_process("countdown", "--algo", algo, "--data", str(data), "--model", str(tiny_model), *TINY,
-                     "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3", "--output", str(run))
+    train_in_process(
+        "countdown",
+        "--algo",
+        algo,
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--max-steps",
+        "2",
+        "--lora-rank",
+        str(lora),
+        "--learning-rate",
+        "1e-3",
+        "--output",
+        str(run),
+    )
     train_s = time.monotonic() - t0
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -212,16 +275,52 @@ def test_two_steps_change_weights_in_a_run_directory(tmp_path, tiny_model, algo,
 def test_final_model_evaluates_and_reports(tmp_path, tiny_model):
     data = write_jsonl(tmp_path / "rows.jsonl", [SINGLE, MULTI])
     run = tmp_path / "run"
-    train_in_process("countdown", "--algo", "sft", "--data", str(data), "--model", str(tiny_model), *TINY,
-                     "--max-steps", "1", "--lora-rank", "4", "--output", str(run))
+    train_in_process(
+        "countdown",
+        "--algo",
+        "sft",
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--max-steps",
+        "1",
+        "--lora-rank",
+        "4",
+        "--output",
+        str(run),
+    )
     env = os.environ.copy()
-    out = subprocess.run([*ARLE, "eval", "countdown", "--model", str(run / "final"), "--limit", "2", "--max-tokens",
-                          "4", "--output", str(tmp_path / "eval"), "--json"], capture_output=True, text=True, env=env,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            *ARLE,
+            "eval",
+            "countdown",
+            "--model",
+            str(run / "final"),
+            "--limit",
+            "2",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "eval"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_tasks"] == 2
-    out = subprocess.run([*ARLE, "report", str(run), "-o", str(tmp_path / "report.html")], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [*ARLE, "report", str(run), "-o", str(tmp_path / "report.html")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "sft" in (tmp_path / "report.html").read_text()
 
@@ -229,8 +328,22 @@ def test_final_model_evaluates_and_reports(tmp_path, tiny_model):
 def test_kill_after_first_checkpoint_then_resume(tmp_path, tiny_model, capsys):
     rows = [SINGLE, MULTI, {**SINGLE, "task_id": "t2"}, {**MULTI, "task_id": "t3"}]
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
-    common = ["countdown", "--algo", "sft", "--data", str(data), "--model", str(tiny_model), *TINY,
-              "--max-steps", "6", "--save-steps", "1", "--learning-rate", "1e-3"]
+    common = [
+        "countdown",
+        "--algo",
+        "sft",
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--max-steps",
+        "6",
+        "--save-steps",
+        "1",
+        "--learning-rate",
+        "1e-3",
+    ]
     run = tmp_path / "run"
     kill_after_first_checkpoint(["train", *common, "--output", str(run)], run, steps=6)
 
@@ -266,17 +379,33 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     return exc.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["no data", "data for grpo", "missing file", "pairs for sft", "rows for dpo",
-                                  "last not assistant", "no chosen", "not json", "no messages",
-                                  "an opponent for sft"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no data",
+        "data for grpo",
+        "missing file",
+        "pairs for sft",
+        "rows for dpo",
+        "last not assistant",
+        "no chosen",
+        "not json",
+        "no messages",
+        "an opponent for sft",
+    ],
+)
 def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
     good_sft = [SINGLE]
     files = {
         "pairs for sft": ("sft", [SINGLE, PAIR_SINGLE], ":2:", "--algo dpo"),
         "rows for dpo": ("dpo", [SINGLE], ":1:", "--algo sft"),
         "last not assistant": ("sft", [SINGLE, {"messages": MULTI["messages"][:4]}], ":2:", "last message is a tool"),
-        "no chosen": ("dpo", [PAIR_SINGLE, {k: v for k, v in PAIR_MULTI.items() if k != "chosen"}], ":2:",
-                      "no `chosen`"),
+        "no chosen": (
+            "dpo",
+            [PAIR_SINGLE, {k: v for k, v in PAIR_MULTI.items() if k != "chosen"}],
+            ":2:",
+            "no `chosen`",
+        ),
         "not json": ("sft", [SINGLE, '{"messages": [', SINGLE], ":2:", "not valid JSON"),
         "no messages": ("sft", [{"text": "hello"}], ":1:", "no `messages`"),
     }
@@ -306,8 +435,24 @@ def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
 def test_rows_of_another_benchmark_warn_and_limit_takes_the_first_rows(tmp_path, tiny_model, capsys):
     data = write_jsonl(tmp_path / "rows.jsonl", [{**SINGLE, "benchmark": "gsm8k"}, MULTI, {**MULTI, "benchmark": "x"}])
     capsys.readouterr()
-    train_in_process("countdown", "--algo", "sft", "--data", str(data), "--model", str(tiny_model), *TINY,
-                     "--max-steps", "1", "--eval-limit", "0", "--limit", "2", "--output", str(tmp_path / "run"))
+    train_in_process(
+        "countdown",
+        "--algo",
+        "sft",
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--max-steps",
+        "1",
+        "--eval-limit",
+        "0",
+        "--limit",
+        "2",
+        "--output",
+        str(tmp_path / "run"),
+    )
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "holds trajectories of gsm8k (1 rows), not countdown" in err and "x (1 rows)" not in err
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["data_rows"] == 2
@@ -329,10 +474,16 @@ def test_rows_from_a_real_agent_run_train_on_what_the_model_saw(tmp_path, tiny_m
     model = tool_template_model(tiny_model, tmp_path / "model")
     first_turn_calls_a_tool(monkeypatch)
     seen = capture_prompt_ids(monkeypatch)
-    run_eval(load_card("math_tool"), HFEngine(str(model), batch_size=4),
-             EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8, seed=SEED), model="tiny", run_dir=tmp_path / "ev")
-    code, _, err = from_eval(monkeypatch, capsys, str(tmp_path / "ev"), "--all", "--keep-cut", "-o",
-                             str(tmp_path / "rows.jsonl"))
+    run_eval(
+        load_card("math_tool"),
+        HFEngine(str(model), batch_size=4),
+        EvalOptions(data=GSM8K_ROWS, limit=2, max_tokens=8, seed=SEED),
+        model="tiny",
+        run_dir=tmp_path / "ev",
+    )
+    code, _, err = from_eval(
+        monkeypatch, capsys, str(tmp_path / "ev"), "--all", "--keep-cut", "-o", str(tmp_path / "rows.jsonl")
+    )
     assert code == 0, err
     rows = read_rows(tmp_path / "rows.jsonl")
     assert len(rows) == 2 and all(r["tools"] for r in rows)
@@ -344,8 +495,22 @@ def test_rows_from_a_real_agent_run_train_on_what_the_model_saw(tmp_path, tiny_m
         starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
         base = sample_seed(SEED, row["task_id"], row["sample"])
         for t in (0, 1):  # turn 1 is the scripted call, whose ids round-trip through its text
-            assert ids[:starts[t]] == seen[base + t][0]
-    train_in_process("math_tool", "--algo", "sft", "--data", str(tmp_path / "rows.jsonl"), "--model", str(model),
-                     "--set", "per_device_train_batch_size=2", "--eval-limit", "0", "--max-steps", "1",
-                     "--output", str(tmp_path / "run"))
+            assert ids[: starts[t]] == seen[base + t][0]
+    train_in_process(
+        "math_tool",
+        "--algo",
+        "sft",
+        "--data",
+        str(tmp_path / "rows.jsonl"),
+        "--model",
+        str(model),
+        "--set",
+        "per_device_train_batch_size=2",
+        "--eval-limit",
+        "0",
+        "--max-steps",
+        "1",
+        "--output",
+        str(tmp_path / "run"),
+    )
     assert steps_in(tmp_path / "run" / "metrics.jsonl") == [1] and (tmp_path / "run" / "final").is_dir()

@@ -38,8 +38,9 @@ def _hf_logprobs(model, ids: list[int]) -> list[float]:
 def _vllm_logprobs(engine, ids: list[int]) -> list[float]:
     from vllm import SamplingParams
 
-    out = engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                              use_tqdm=False)[0]
+    out = engine.llm.generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0]
     return [float(step[tok].logprob) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
 
 
@@ -106,8 +107,9 @@ def _math_tool_varied(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 @pytest.mark.parametrize("card_kind", ["single_turn", "math_tool"])
 @pytest.mark.parametrize("algo", ["grpo", "rloo", "ppo"])
-def test_two_steps_on_vllm_rollouts_change_the_weights(tmp_path, tiny_model, monkeypatch, vllm_environment, algo,
-                                                       card_kind, lora):
+def test_two_steps_on_vllm_rollouts_change_the_weights(
+    tmp_path, tiny_model, monkeypatch, vllm_environment, algo, card_kind, lora
+):
     from safetensors.torch import load_file
 
     from arlecli.engine.vllm import VLLMEngine
@@ -120,9 +122,29 @@ def test_two_steps_on_vllm_rollouts_change_the_weights(tmp_path, tiny_model, mon
     shape = ["--set", "prompts_per_step=1"] if algo == "ppo" else ["--set", "per_device_train_batch_size=2"]
     run = tmp_path / "run"
     t0 = time.monotonic()
-    train_in_process(str(card), "--algo", algo, "--backend", "vllm", "--model", str(tiny_model), *TINY[:-2], *shape,
-                     "--max-steps", "2", "--lora-rank", str(lora), "--learning-rate", "1e-3", "--eval-limit", "1",
-                     "--set", "eval_max_tokens=4", "--output", str(run))
+    train_in_process(
+        str(card),
+        "--algo",
+        algo,
+        "--backend",
+        "vllm",
+        "--model",
+        str(tiny_model),
+        *TINY[:-2],
+        *shape,
+        "--max-steps",
+        "2",
+        "--lora-rank",
+        str(lora),
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "1",
+        "--set",
+        "eval_max_tokens=4",
+        "--output",
+        str(run),
+    )
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r.get("loss", r.get("policy_loss"))) for r in rows), rows

@@ -13,8 +13,10 @@ import openai
 from arlecli import ClientConfig, rollout
 from arlecli.types import Task
 
-CHECK = ("Check your expression: it must use each given number exactly once and equal the "
-         "target. Reply with only the final expression inside <answer></answer> tags.")
+CHECK = (
+    "Check your expression: it must use each given number exactly once and equal the "
+    "target. Reply with only the final expression inside <answer></answer> tags."
+)
 
 
 @rollout
@@ -23,7 +25,9 @@ def draft_and_revise(task: Task, client: ClientConfig) -> str | None:
     api = openai.OpenAI(base_url=client.base_url, api_key=client.api_key)
     messages = list(client.prompt) if isinstance(client.prompt, list) else [{"role": "user", "content": task.input}]
     draft = api.chat.completions.create(messages=messages, **client.sampling())
-    messages += [{"role": "assistant", "content": draft.choices[0].message.content or ""},
-                 {"role": "user", "content": CHECK}]
+    messages += [
+        {"role": "assistant", "content": draft.choices[0].message.content or ""},
+        {"role": "user", "content": CHECK},
+    ]
     final = api.chat.completions.create(messages=messages, **client.sampling())
     return final.choices[0].message.content

@@ -85,8 +85,12 @@ class ClientConfig:
     def sampling(self) -> dict[str, Any]:
         """Keyword arguments for `chat.completions.create` / `completions.create`: the model and
         the run's sampling settings (eval: the eval's options; training: the trainer's)."""
-        out: dict[str, Any] = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
-                               "max_tokens": self.max_tokens}
+        out: dict[str, Any] = {
+            "model": self.model,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
         if self.stop:
             out["stop"] = list(self.stop)
         if self.seed is not None:
@@ -175,8 +179,9 @@ class RolloutEnv:
         return self.prompt
 
     def step(self, completion: str) -> Step:
-        raise UserError("a rollout function drives its own turns: run its episodes with "
-                        "arlecli.agent.run_rollout_episodes")
+        raise UserError(
+            "a rollout function drives its own turns: run its episodes with arlecli.agent.run_rollout_episodes"
+        )
 
     def info(self) -> dict[str, Any]:
         return {}
@@ -194,19 +199,32 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
             raise ParamError("function", str(exc)) from None
 
 
-def rollout_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, function: str = "",
-                tool_call_parser: str | None = None, **params: Any) -> RolloutEnv:
+def rollout_env(
+    card: Any,
+    task: Task,
+    exemplars: list[Task],
+    native_tools: bool,
+    function: str = "",
+    tool_call_parser: str | None = None,
+    **params: Any,
+) -> RolloutEnv:
     """Env factory for `env: {name: rollout, params: {function: ..., tool_call_parser: ..., **params}}`
     (`tool_call_parser`, as `arle serve --tool-call-parser`, is the gateway's, not the function's)."""
     from arlecli.cards import render_prompt
 
     if not function:
-        raise UserError("env 'rollout' needs params.function: 'module:function', 'file.py:function' "
-                        "or a registered name")
+        raise UserError(
+            "env 'rollout' needs params.function: 'module:function', 'file.py:function' or a registered name"
+        )
     base = Path(card.path).parent if getattr(card, "path", None) else None
     _check_parser(tool_call_parser)
-    return RolloutEnv(function, get_rollout(function, base), render_prompt(card.prompt, task, exemplars), params,
-                      tool_call_parser=tool_call_parser)
+    return RolloutEnv(
+        function,
+        get_rollout(function, base),
+        render_prompt(card.prompt, task, exemplars),
+        params,
+        tool_call_parser=tool_call_parser,
+    )
 
 
 def _check_parser(name: Any) -> None:
@@ -219,8 +237,9 @@ def _check_parser(name: Any) -> None:
 # ------------------------------------------------------------------------------ running
 
 
-def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_AGENTS
-                         ) -> Iterator[tuple[int, Episode]]:
+def run_rollout_episodes(
+    engine: Engine, jobs: list[Job], max_agents: int = MAX_AGENTS
+) -> Iterator[tuple[int, Episode]]:
     """Run each job's rollout function against `engine` through the recording gateway; yield
     (job index, Episode) as each function returns. Jobs' envs are RolloutEnvs (make_env of a
     card with `env: rollout`); their params give each call's sampling settings."""
@@ -233,9 +252,14 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
     with tempfile.TemporaryDirectory(prefix="arle-rollout-") as record_dir:
         # Concurrent agents' calls arrive a little apart: wait a bit longer than `arle serve`
         # does for batch mates, as one generate call per batch is what makes this fast.
-        app = create_app(engine, model_name=SERVED_MODEL, record_dir=Path(record_dir),
-                         max_concurrency=max(16, min(len(jobs), 256)), batch_wait_s=0.02,
-                         tool_call_parser=getattr(jobs[0].env, "tool_call_parser", None))
+        app = create_app(
+            engine,
+            model_name=SERVED_MODEL,
+            record_dir=Path(record_dir),
+            max_concurrency=max(16, min(len(jobs), 256)),
+            batch_wait_s=0.02,
+            tool_call_parser=getattr(jobs[0].env, "tool_call_parser", None),
+        )
         recorder, sessions = app.state.recorder, app.state.sessions
         warned = threading.Event()
         with BackgroundServer(app) as server:
@@ -251,9 +275,14 @@ def run_rollout_episodes(engine: Engine, jobs: list[Job], max_agents: int = MAX_
                     if error is not None and not warned.is_set():
                         warned.set()
                         function = cast(RolloutEnv, jobs[i].env).name
-                        print(terminal_text(f"arle: rollout function '{function}' raised {error} (task "
-                                            f"{jobs[i].task.id}; the episode ends with end_reason 'error'; later "
-                                            "errors are in each sample's env_info)"), file=sys.stderr)
+                        print(
+                            terminal_text(
+                                f"arle: rollout function '{function}' raised {error} (task "
+                                f"{jobs[i].task.id}; the episode ends with end_reason 'error'; later "
+                                "errors are in each sample's env_info)"
+                            ),
+                            file=sys.stderr,
+                        )
                     # Closed first: a thread the agent left behind can no longer add to the episode.
                     sessions.close(session)
                     records = read_records(recorder.path(session))
@@ -271,9 +300,18 @@ register_env(ENV_NAME, driver=run_rollout_episodes, replayable=False, check=chec
 
 def _client(job: Job, root: str, session: str) -> ClientConfig:
     p = job.params
-    return ClientConfig(base_url=f"{root}/s/{session}/v1", api_key="arle-local", model=SERVED_MODEL,
-                        temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens, stop=tuple(p.stop),
-                        seed=p.seed, prompt=job.env.reset(), session=session)
+    return ClientConfig(
+        base_url=f"{root}/s/{session}/v1",
+        api_key="arle-local",
+        model=SERVED_MODEL,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        max_tokens=p.max_tokens,
+        stop=tuple(p.stop),
+        seed=p.seed,
+        prompt=job.env.reset(),
+        session=session,
+    )
 
 
 def _episode(job: Job, i: int, root: str, sessions: Any) -> tuple[str, str | None, str | None]:
@@ -297,8 +335,9 @@ def _call(job: Job, client: ClientConfig) -> tuple[str | None, str | None]:
         return None, tail
 
 
-def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, error: str | None,
-                  engine: Any = None) -> RolloutEpisode:
+def build_episode(
+    job: Job, records: list[dict[str, Any]], answer: str | None, error: str | None, engine: Any = None
+) -> RolloutEpisode:
     """The Episode of one rollout: each recorded request is a turn (the choice a later call
     continued, else choice 0), with the engine's ids and logprobs. `seams` in info lists the
     turns whose prompt ids do not extend the previous turn's ids (a fresh conversation, or a
@@ -315,12 +354,20 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         start, end = record.get("received_at"), choice.get("finished_at")
         latency = end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
         prompt: Any = record.get("messages", record.get("prompt"))  # a chat request's messages, else the prompt
-        turns.append(Turn(prompt=prompt, completion=_answer(choice),
-                          prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
-                          logprobs=choice["logprobs"], finish_reason=choice["finish_reason"],
-                          latency_s=latency, thinking=choice.get("reasoning_content"),
-                          thinking_cut=bool(choice.get("thinking_cut")),
-                          thinking_tokens=choice.get("thinking_tokens")))
+        turns.append(
+            Turn(
+                prompt=prompt,
+                completion=_answer(choice),
+                prompt_token_ids=choice["prompt_token_ids"],
+                token_ids=choice["token_ids"],
+                logprobs=choice["logprobs"],
+                finish_reason=choice["finish_reason"],
+                latency_s=latency,
+                thinking=choice.get("reasoning_content"),
+                thinking_cut=bool(choice.get("thinking_cut")),
+                thinking_tokens=choice.get("thinking_tokens"),
+            )
+        )
         link = record.get("continues")
         if k and not (link and link["seamless"] and link["id"] == records[k - 1]["id"]):
             seams.append(k)
@@ -328,9 +375,12 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         if not (isinstance(turn.prompt, list) and isinstance(after.prompt, list)):
             continue
         n = len(turn.prompt)
-        if len(after.prompt) > n and _without_thinking(after.prompt[:n]) == _without_thinking(turn.prompt) and \
-                _sent_back(after.prompt[n], choice):
-            turn.observation = after.prompt[n + 1:]
+        if (
+            len(after.prompt) > n
+            and _without_thinking(after.prompt[:n]) == _without_thinking(turn.prompt)
+            and _sent_back(after.prompt[n], choice)
+        ):
+            turn.observation = after.prompt[n + 1 :]
     if not turns:  # the function failed (or answered) without calling the model
         turns.append(_empty_turn(job, engine, "error" if error else "stop"))
     info: dict[str, Any] = {"rollout": cast(RolloutEnv, job.env).name, "calls": len(records)}
@@ -342,8 +392,14 @@ def build_episode(job: Job, records: list[dict[str, Any]], answer: str | None, e
         info["answer"] = answer
     # The tools the template rendered (a function-calling agent's): part of what the model saw.
     tools = next((r["tools"] for r in reversed(records) if r.get("tools")), None)
-    return RolloutEpisode(job.task.id, turns, end_reason="error" if error else "done", info=info,
-                          tools=tools, answer="" if error else answer)
+    return RolloutEpisode(
+        job.task.id,
+        turns,
+        end_reason="error" if error else "done",
+        info=info,
+        tools=tools,
+        answer="" if error else answer,
+    )
 
 
 def _sent_back(message: Any, choice: dict[str, Any]) -> bool:
@@ -371,8 +427,7 @@ def _answer(choice: dict[str, Any]) -> str:
 def _without_thinking(messages: list[Any]) -> list[Any]:
     # An agent may send its earlier replies back with their reasoning_content or without it:
     # the conversation is the same either way.
-    return [{k: v for k, v in m.items() if k != "reasoning_content"} if isinstance(m, dict) else m
-            for m in messages]
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} if isinstance(m, dict) else m for m in messages]
 
 
 def _empty_turn(job: Job, engine: Any, finish_reason: str) -> Turn:
@@ -385,8 +440,10 @@ def _empty_turn(job: Job, engine: Any, finish_reason: str) -> Turn:
     ids: list[int] | None = None
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is not None:
-        request = GenerationRequest(messages=prompt if isinstance(prompt, list) else None,
-                                    prompt=prompt if isinstance(prompt, str) else None)
+        request = GenerationRequest(
+            messages=prompt if isinstance(prompt, list) else None, prompt=prompt if isinstance(prompt, str) else None
+        )
         ids = encode_request(tokenizer, request)
-    return Turn(prompt=prompt, completion="", prompt_token_ids=ids, token_ids=[], logprobs=[],
-                finish_reason=finish_reason)
+    return Turn(
+        prompt=prompt, completion="", prompt_token_ids=ids, token_ids=[], logprobs=[], finish_reason=finish_reason
+    )

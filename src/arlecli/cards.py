@@ -169,7 +169,7 @@ class Card:
 
     @property
     def default_scoring(self) -> str:
-        """"loglikelihood" where the card makes lm-eval's scoring its default, else "generate"."""
+        """ "loglikelihood" where the card makes lm-eval's scoring its default, else "generate"."""
         return "loglikelihood" if self.loglikelihood and self.loglikelihood.default else "generate"
 
     @property
@@ -184,8 +184,15 @@ def card_error(path: Path | str, fld: str, msg: str) -> UserError:
     return UserError(f"{path}: field '{fld}': {msg}")
 
 
-def _take(d: dict[str, Any], key: str, typ: type | tuple[type, ...], path: Path | str, where: str,
-          default: Any = ..., required: bool = False) -> Any:
+def _take(
+    d: dict[str, Any],
+    key: str,
+    typ: type | tuple[type, ...],
+    path: Path | str,
+    where: str,
+    default: Any = ...,
+    required: bool = False,
+) -> Any:
     fld = f"{where}.{key}" if where else key
     if key not in d or d[key] is None:
         if required:
@@ -220,8 +227,27 @@ def parse_card(data: Any, path: Path | str) -> Card:
     """Validate a card's YAML data. Raises UserError naming the file, field and fix."""
     if not isinstance(data, dict):
         raise UserError(f"{path}: a card must be a YAML mapping with name, source, reward, ...")
-    _check_unknown(data, {"name", "version", "description", "category", "source", "fields", "transform",
-                          "prompt", "env", "reward", "metrics", "group_by", "fixture", "loglikelihood"}, path, "")
+    _check_unknown(
+        data,
+        {
+            "name",
+            "version",
+            "description",
+            "category",
+            "source",
+            "fields",
+            "transform",
+            "prompt",
+            "env",
+            "reward",
+            "metrics",
+            "group_by",
+            "fixture",
+            "loglikelihood",
+        },
+        path,
+        "",
+    )
     name = _take(data, "name", str, path, "", required=True)
     category = _one_of(_take(data, "category", str, path, "", required=True), CATEGORIES, path, "category")
 
@@ -236,8 +262,11 @@ def parse_card(data: Any, path: Path | str) -> Card:
         params=_take(src, "params", dict, path, "source", default={}),
     )
     if source.splits and source.default_split not in source.splits:
-        raise card_error(path, "source.default_split", f"'{source.default_split}' is not in source.splits "
-                    f"({', '.join(source.splits)})")
+        raise card_error(
+            path,
+            "source.default_split",
+            f"'{source.default_split}' is not in source.splits ({', '.join(source.splits)})",
+        )
 
     pr = _take(data, "prompt", dict, path, "", default={})
     _check_unknown(pr, {"format", "template", "system", "fewshot", "stop", "max_tokens"}, path, "prompt")
@@ -253,8 +282,12 @@ def parse_card(data: Any, path: Path | str) -> Card:
             n=_take(fs, "n", int, path, "prompt.fewshot", default=len(fs_ids or [])),
             target=_take(fs, "target", str, path, "prompt.fewshot", default=" {target}"),
             separator=_take(fs, "separator", str, path, "prompt.fewshot", default="\n\n"),
-            sampler=_one_of(_take(fs, "sampler", str, path, "prompt.fewshot", default="first_n"),
-                            FEWSHOT_SAMPLERS, path, "prompt.fewshot.sampler"),
+            sampler=_one_of(
+                _take(fs, "sampler", str, path, "prompt.fewshot", default="first_n"),
+                FEWSHOT_SAMPLERS,
+                path,
+                "prompt.fewshot.sampler",
+            ),
             seed=_take(fs, "seed", int, path, "prompt.fewshot", default=1234),
             ids=None if fs_ids is None else [str(i) for i in fs_ids],
         ),
@@ -263,8 +296,9 @@ def parse_card(data: Any, path: Path | str) -> Card:
     )
     for i, stop in enumerate(prompt.stop):
         if not isinstance(stop, str) or not stop:
-            raise card_error(path, f"prompt.stop[{i}]",
-                             f"must be a non-empty string, got {stop!r}; quote it in the card")
+            raise card_error(
+                path, f"prompt.stop[{i}]", f"must be a non-empty string, got {stop!r}; quote it in the card"
+            )
     if prompt.max_tokens <= 0:
         raise card_error(path, "prompt.max_tokens", f"must be at least 1, got {prompt.max_tokens}")
     if prompt.fewshot.n < 0:
@@ -274,8 +308,11 @@ def parse_card(data: Any, path: Path | str) -> Card:
     if prompt.fewshot.n and not prompt.fewshot.split:
         raise card_error(path, "prompt.fewshot.split", "is missing; few-shot exemplars need a split to come from")
     if prompt.fewshot.ids is not None and prompt.fewshot.n > len(prompt.fewshot.ids):
-        raise card_error(path, "prompt.fewshot.n", f"is {prompt.fewshot.n} but `ids` lists {len(prompt.fewshot.ids)}; "
-                    "list more ids or lower n")
+        raise card_error(
+            path,
+            "prompt.fewshot.n",
+            f"is {prompt.fewshot.n} but `ids` lists {len(prompt.fewshot.ids)}; list more ids or lower n",
+        )
 
     rw = _take(data, "reward", (dict, str), path, "", required=True)
     if isinstance(rw, str):
@@ -329,8 +366,26 @@ def _parse_loglikelihood(ll: dict[str, Any] | None, path: Path | str) -> Loglike
     if ll is None:
         return None
     where = "loglikelihood"
-    _check_unknown(ll, {"task", "text", "choices", "gold", "contexts", "continuation", "transform", "description",
-                        "target_delimiter", "fewshot_delimiter", "fewshot", "metrics", "default"}, path, where)
+    _check_unknown(
+        ll,
+        {
+            "task",
+            "text",
+            "choices",
+            "gold",
+            "contexts",
+            "continuation",
+            "transform",
+            "description",
+            "target_delimiter",
+            "fewshot_delimiter",
+            "fewshot",
+            "metrics",
+            "default",
+        },
+        path,
+        where,
+    )
     fs = _take(ll, "fewshot", dict, path, where, default={})
     _check_unknown(fs, {"split", "n", "sampler", "by", "exclude_doc"}, path, f"{where}.fewshot")
     spec = Loglikelihood(
@@ -346,8 +401,12 @@ def _parse_loglikelihood(ll: dict[str, Any] | None, path: Path | str) -> Loglike
         fewshot_delimiter=_take(ll, "fewshot_delimiter", str, path, where, default="\n\n"),
         fewshot_split=_take(fs, "split", str, path, f"{where}.fewshot"),
         fewshot_n=_take(fs, "n", int, path, f"{where}.fewshot", default=0),
-        fewshot_sampler=_one_of(_take(fs, "sampler", str, path, f"{where}.fewshot", default="default"),
-                                LOGLIK_SAMPLERS, path, f"{where}.fewshot.sampler"),
+        fewshot_sampler=_one_of(
+            _take(fs, "sampler", str, path, f"{where}.fewshot", default="default"),
+            LOGLIK_SAMPLERS,
+            path,
+            f"{where}.fewshot.sampler",
+        ),
         fewshot_by=_take(fs, "by", str, path, f"{where}.fewshot"),
         fewshot_exclude_doc=_take(fs, "exclude_doc", bool, path, f"{where}.fewshot", default=False),
         metrics=[str(m) for m in _take(ll, "metrics", list, path, where, default=["acc", "acc_norm"])],
@@ -417,8 +476,10 @@ def fill(template: str, task: Task, where: str = "prompt.template") -> str:
     try:
         return string.Formatter().vformat(template, (), ctx)
     except KeyError as exc:
-        raise UserError(f"card field '{where}' uses {{{exc.args[0]}}}, which is not a column of the rows "
-                        f"(columns: {', '.join(sorted(ctx))}); use {{{{ }}}} for literal braces") from None
+        raise UserError(
+            f"card field '{where}' uses {{{exc.args[0]}}}, which is not a column of the rows "
+            f"(columns: {', '.join(sorted(ctx))}); use {{{{ }}}} for literal braces"
+        ) from None
     except (IndexError, ValueError) as exc:
         raise UserError(f"card field '{where}' is not a valid template: {exc}") from None
 
@@ -428,8 +489,9 @@ def render_prompt(prompt: Prompt, task: Task, exemplars: list[Task] | None = Non
     solved examples first (chat: alternating turns, lm-eval's fewshot_as_multiturn)."""
     exemplars = exemplars or []
     if prompt.format == "completion":
-        shots = [fill(prompt.template, ex) + fill(prompt.fewshot.target, ex, "prompt.fewshot.target")
-                 for ex in exemplars]
+        shots = [
+            fill(prompt.template, ex) + fill(prompt.fewshot.target, ex, "prompt.fewshot.target") for ex in exemplars
+        ]
         body = prompt.fewshot.separator.join([*shots, fill(prompt.template, task)])
         return f"{prompt.system}\n\n{body}" if prompt.system else body
     messages: list[dict[str, Any]] = []
@@ -437,7 +499,8 @@ def render_prompt(prompt: Prompt, task: Task, exemplars: list[Task] | None = Non
         messages.append({"role": "system", "content": prompt.system})
     for ex in exemplars:
         messages.append({"role": "user", "content": fill(prompt.template, ex)})
-        messages.append({"role": "assistant",
-                         "content": fill(prompt.fewshot.target, ex, "prompt.fewshot.target").strip()})
+        messages.append(
+            {"role": "assistant", "content": fill(prompt.fewshot.target, ex, "prompt.fewshot.target").strip()}
+        )
     messages.append({"role": "user", "content": fill(prompt.template, task)})
     return messages

@@ -74,8 +74,7 @@ def paired_difference(a: list[float], b: list[float]) -> PairedStat:
     if len(a) != len(b):
         raise ValueError(f"paired values differ in length: {len(a)} vs {len(b)}")
     stat = mean_stderr([y - x for x, y in zip(a, b)])
-    return PairedStat(stat.value, stat.stderr, stat.value - Z95 * stat.stderr, stat.value + Z95 * stat.stderr,
-                      stat.n)
+    return PairedStat(stat.value, stat.stderr, stat.value - Z95 * stat.stderr, stat.value + Z95 * stat.stderr, stat.n)
 
 
 @dataclass
@@ -90,10 +89,10 @@ class MetricComparison:
     ci_low: float
     ci_high: float
     n: int
-    won: int                    # tasks where B scored higher
-    lost: int                   # tasks where A scored higher
+    won: int  # tasks where B scored higher
+    lost: int  # tasks where A scored higher
     tied: int
-    mcnemar_p: float | None     # None unless every task scored 0 or 1 in both runs
+    mcnemar_p: float | None  # None unless every task scored 0 or 1 in both runs
 
 
 @dataclass
@@ -107,12 +106,12 @@ class Comparison:
     model_a: str | None
     model_b: str | None
     shared: int
-    only_a: int                 # tasks only A holds (left out of every number)
+    only_a: int  # tasks only A holds (left out of every number)
     only_b: int
     metrics: list[MetricComparison]
     groups: dict[str, list[MetricComparison]] = field(default_factory=dict)
-    gained: list[str] = field(default_factory=list)   # accuracy flipped in B's favour: task ids
-    lost: list[str] = field(default_factory=list)     # ... and against it
+    gained: list[str] = field(default_factory=list)  # accuracy flipped in B's favour: task ids
+    lost: list[str] = field(default_factory=list)  # ... and against it
     warnings: list[str] = field(default_factory=list)
     compute: list["ComputePoint"] = field(default_factory=list)  # [A, B] (compare_runs fills it)
 
@@ -175,13 +174,25 @@ def _compare_metric(metric: str, a: dict[str, float], b: dict[str, float], tasks
     lost = sum(y < x for x, y in zip(xs, ys))
     binary = all(v in (0.0, 1.0) for v in xs + ys)
     n = len(tasks)
-    return MetricComparison(metric, sum(xs) / n, sum(ys) / n, paired.diff, paired.stderr, paired.ci_low,
-                            paired.ci_high, n, won, lost, n - won - lost,
-                            mcnemar_exact(lost, won) if binary else None)
+    return MetricComparison(
+        metric,
+        sum(xs) / n,
+        sum(ys) / n,
+        paired.diff,
+        paired.stderr,
+        paired.ci_low,
+        paired.ci_high,
+        n,
+        won,
+        lost,
+        n - won - lost,
+        mcnemar_exact(lost, won) if binary else None,
+    )
 
 
-def compare_samples(samples_a: Sequence[Sample | dict[str, Any]], samples_b: Sequence[Sample | dict[str, Any]],
-                    metrics: list[str]) -> Comparison:
+def compare_samples(
+    samples_a: Sequence[Sample | dict[str, Any]], samples_b: Sequence[Sample | dict[str, Any]], metrics: list[str]
+) -> Comparison:
     """Compare two runs' samples (records or samples.jsonl objects) on the task ids both hold,
     for each of `metrics` either run can compute per task; groups come from the samples' `group`
     field (cards with group_by). The run fields (paths, benchmark, models) are left empty for
@@ -189,8 +200,9 @@ def compare_samples(samples_a: Sequence[Sample | dict[str, Any]], samples_b: Seq
     ta, tb = _by_task(samples_of(samples_a)), _by_task(samples_of(samples_b))
     shared = sorted(set(ta) & set(tb), key=natural_key)
     if not shared:
-        raise UserError("the two runs share no task ids, so there is nothing to pair; compare runs of the same "
-                        "benchmark and split")
+        raise UserError(
+            "the two runs share no task ids, so there is nothing to pair; compare runs of the same benchmark and split"
+        )
     a_values = {m: task_values(ta, m) for m in metrics}
     b_values = {m: task_values(tb, m) for m in metrics}
     usable = [m for m in metrics if a_values[m] is not None and b_values[m] is not None]
@@ -207,10 +219,20 @@ def compare_samples(samples_a: Sequence[Sample | dict[str, Any]], samples_b: Seq
     acc_a: dict[str, float] = task_values(ta, "accuracy") or {}
     acc_b: dict[str, float] = task_values(tb, "accuracy") or {}
     return Comparison(
-        run_a="", run_b="", benchmark=None, split=None, model_a=None, model_b=None, shared=len(shared),
-        only_a=len(set(ta) - set(tb)), only_b=len(set(tb) - set(ta)), metrics=over(shared),
+        run_a="",
+        run_b="",
+        benchmark=None,
+        split=None,
+        model_a=None,
+        model_b=None,
+        shared=len(shared),
+        only_a=len(set(ta) - set(tb)),
+        only_b=len(set(tb) - set(ta)),
+        metrics=over(shared),
         groups={g: over(ids) for g, ids in sorted(groups.items())},
-        gained=[t for t in shared if acc_b[t] > acc_a[t]], lost=[t for t in shared if acc_b[t] < acc_a[t]])
+        gained=[t for t in shared if acc_b[t] > acc_a[t]],
+        lost=[t for t in shared if acc_b[t] < acc_a[t]],
+    )
 
 
 def _refusal(a: rundir.EvalRun, b: rundir.EvalRun) -> str | None:
@@ -236,8 +258,9 @@ def compare_runs(run_a: Path | str, run_b: Path | str, *, force: bool = False) -
     a, b = rundir.load_eval(Path(run_a)), rundir.load_eval(Path(run_b))
     why = _refusal(a, b)
     if why and not force:
-        raise UserError(f"{run_a} and {run_b} are not comparable: {why}; pass --force to pair the task ids "
-                        f"they share anyway")
+        raise UserError(
+            f"{run_a} and {run_b} are not comparable: {why}; pass --force to pair the task ids they share anyway"
+        )
     names_b = set(b.results.metrics)
     metrics = [m for m in a.results.metrics if m in names_b]
     cmp = compare_samples(a.samples, b.samples, metrics)
@@ -247,8 +270,10 @@ def compare_runs(run_a: Path | str, run_b: Path | str, *, force: bool = False) -
     if why:
         cmp.warnings.append(f"compared despite {why} (--force)")
     if a.results.card_version != b.results.card_version:
-        cmp.warnings.append(f"card versions differ ({a.results.card_version} vs "
-                            f"{b.results.card_version}): the tasks may be scored differently")
+        cmp.warnings.append(
+            f"card versions differ ({a.results.card_version} vs "
+            f"{b.results.card_version}): the tasks may be scored differently"
+        )
     cmp.compute = [compute_point(a, str(run_a)), compute_point(b, str(run_b))]
     return cmp
 
@@ -267,12 +292,12 @@ class ComputePoint:
     accuracy: float
     stderr: float
     n_samples: int
-    thinking_tokens: float | None       # mean; a sample that did not think counts 0
-    thought_share: float                # samples that thought
-    cut_share: float | None             # samples cut inside their thinking (no answer); None: none thought
-    completion_tokens: float | None     # mean generated tokens (thinking + answer)
+    thinking_tokens: float | None  # mean; a sample that did not think counts 0
+    thought_share: float  # samples that thought
+    cut_share: float | None  # samples cut inside their thinking (no answer); None: none thought
+    completion_tokens: float | None  # mean generated tokens (thinking + answer)
     completion_tokens_total: int | None
-    max_thinking_tokens: int | None     # the run's thinking budget, where its options name one
+    max_thinking_tokens: int | None  # the run's thinking budget, where its options name one
     max_tokens: int | None
 
     @property
@@ -310,15 +335,19 @@ def compute_point(run: rundir.EvalRun, label: str | None = None) -> ComputePoint
     options = run.meta.options
     n = len(samples)
     return ComputePoint(
-        run=label if label is not None else str(run.path), model=run.results.model,
-        accuracy=float(accuracy), stderr=float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
+        run=label if label is not None else str(run.path),
+        model=run.results.model,
+        accuracy=float(accuracy),
+        stderr=float(stderr) if isinstance(stderr, (int, float)) else float("nan"),
         n_samples=n,
         thinking_tokens=sum(known) / len(known) if thought and len(known) > n - len(thought) else None,
         thought_share=len(thought) / n if n else 0.0,
         cut_share=sum(bool(s.thinking_cut) for s in thought) / len(thought) if thought else None,
         completion_tokens=sum(counted) / len(counted) if counted else None,
         completion_tokens_total=sum(counted) if counted else None,
-        max_thinking_tokens=_int_option(options, "max_thinking_tokens"), max_tokens=_int_option(options, "max_tokens"))
+        max_thinking_tokens=_int_option(options, "max_thinking_tokens"),
+        max_tokens=_int_option(options, "max_tokens"),
+    )
 
 
 @dataclass
@@ -341,9 +370,21 @@ class Curve:
         points = []
         for i, point in enumerate(self.points):
             diff = self.accuracy_diff(i)
-            points.append({**asdict(point), "accuracy_diff": None if diff is None else {
-                "diff": diff.diff, "stderr": diff.stderr, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
-                "n": diff.n, "mcnemar_p": diff.mcnemar_p}})
+            points.append(
+                {
+                    **asdict(point),
+                    "accuracy_diff": None
+                    if diff is None
+                    else {
+                        "diff": diff.diff,
+                        "stderr": diff.stderr,
+                        "ci_low": diff.ci_low,
+                        "ci_high": diff.ci_high,
+                        "n": diff.n,
+                        "mcnemar_p": diff.mcnemar_p,
+                    },
+                }
+            )
         return _no_nan({"points": points, "pairs": [asdict(p) for p in self.pairs]})
 
 

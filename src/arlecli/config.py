@@ -76,22 +76,22 @@ class ModelProfile:
     """A named model: a local folder, a hub id, or an OpenAI-compatible endpoint (exactly one)."""
 
     name: str
-    path: str | None = None          # local model folder (stored absolute)
-    hub_id: str | None = None        # e.g. Qwen/Qwen2.5-0.5B-Instruct
-    base_url: str | None = None      # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1
-    model: str | None = None         # served model name at base_url; None: ask the endpoint
-    api_key_env: str | None = None   # NAME of the env var holding the key, never the key
-    backend: str | None = None       # "hf" | "openai" | "vllm"; None: chosen automatically
+    path: str | None = None  # local model folder (stored absolute)
+    hub_id: str | None = None  # e.g. Qwen/Qwen2.5-0.5B-Instruct
+    base_url: str | None = None  # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1
+    model: str | None = None  # served model name at base_url; None: ask the endpoint
+    api_key_env: str | None = None  # NAME of the env var holding the key, never the key
+    backend: str | None = None  # "hf" | "openai" | "vllm"; None: chosen automatically
     request_timeout: float | None = None  # endpoint: seconds for one whole attempt; None: the default
-    max_retries: int | None = None   # endpoint: retries after a failed attempt; None: the default
-    price_input: float | None = None   # USD per 1M prompt tokens (results.json's cost block); None: no cost
+    max_retries: int | None = None  # endpoint: retries after a failed attempt; None: the default
+    price_input: float | None = None  # USD per 1M prompt tokens (results.json's cost block); None: no cost
     price_output: float | None = None  # USD per 1M completion tokens; set with price_input or not at all
-    think_tags: str | None = None    # START,END or none (thinking.parse_option); None: from the tokenizer
+    think_tags: str | None = None  # START,END or none (thinking.parse_option); None: from the tokenizer
     chat_template_kwargs: dict[str, Any] | None = None  # the chat template's switches (enable_thinking: false)
 
     @property
     def kind(self) -> str:
-        """"path", "hub" or "endpoint"."""
+        """ "path", "hub" or "endpoint"."""
         if self.base_url:
             return "endpoint"
         return "path" if self.path else "hub"
@@ -113,8 +113,11 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
             f"invalid profile name {profile.name!r}: use letters, digits, '.', '_' or '-' "
             "(up to 64, starting with a letter or digit), e.g. --name my-model"
         )
-    sources = [flag for flag, value in (("--path", profile.path), ("--hub-id", profile.hub_id),
-                                        ("--base-url", profile.base_url)) if value]
+    sources = [
+        flag
+        for flag, value in (("--path", profile.path), ("--hub-id", profile.hub_id), ("--base-url", profile.base_url))
+        if value
+    ]
     if len(sources) != 1:
         got = "none" if not sources else " and ".join(sources)
         raise UserError(f"profile {profile.name!r} needs exactly one of --path, --hub-id or --base-url (got {got})")
@@ -129,8 +132,9 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
             raise UserError(f"--path {profile.path}: no such folder (pass a local model folder)")
         profile.path = str(path)
     if profile.hub_id and not HUB_ID_RE.match(profile.hub_id):
-        raise UserError(f"--hub-id {profile.hub_id!r} is not a hub id: pass it as org/name, "
-                        "e.g. Qwen/Qwen2.5-0.5B-Instruct")
+        raise UserError(
+            f"--hub-id {profile.hub_id!r} is not a hub id: pass it as org/name, e.g. Qwen/Qwen2.5-0.5B-Instruct"
+        )
     if profile.base_url:
         profile.base_url = _check_base_url(profile.base_url)
         if profile.backend not in (None, "openai"):
@@ -182,8 +186,9 @@ def parse_template_kwargs(value: Any, what: str = "--chat-template-kwargs") -> d
         raise UserError(f"{what} must be KEY=VALUE items or a mapping, e.g. enable_thinking=false (got {value!r})")
     for key, _ in items:
         if not isinstance(key, str) or not _KWARG_RE.match(key):
-            raise UserError(f"{what}: {key!r} is not a template variable name (letters, digits and '_'), "
-                            "e.g. enable_thinking=false")
+            raise UserError(
+                f"{what}: {key!r} is not a template variable name (letters, digits and '_'), e.g. enable_thinking=false"
+            )
     return dict(items)
 
 
@@ -207,8 +212,10 @@ def check_request_timeout(value: Any, what: str = "--request-timeout") -> float 
         return None
     number = _number(value)
     if number is None or not math.isfinite(number) or not 0 < number <= MAX_REQUEST_TIMEOUT_S:
-        raise UserError(f"{what} must be a number of seconds above 0 and at most {MAX_REQUEST_TIMEOUT_S:g} "
-                        f"(got {value!r}), e.g. --request-timeout 120")
+        raise UserError(
+            f"{what} must be a number of seconds above 0 and at most {MAX_REQUEST_TIMEOUT_S:g} "
+            f"(got {value!r}), e.g. --request-timeout 120"
+        )
     return number
 
 
@@ -219,8 +226,9 @@ def check_max_retries(value: Any, what: str = "--max-retries") -> int | None:
         return None
     number = _number(value)
     if number is None or number != int(number) or not 0 <= number <= MAX_MAX_RETRIES:
-        raise UserError(f"{what} must be a whole number from 0 to {MAX_MAX_RETRIES} (got {value!r}), "
-                        "e.g. --max-retries 2")
+        raise UserError(
+            f"{what} must be a whole number from 0 to {MAX_MAX_RETRIES} (got {value!r}), e.g. --max-retries 2"
+        )
     return int(number)
 
 
@@ -267,8 +275,10 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         why = "; ".join(filter(None, [f"line {mark.line + 1}" if mark else "", getattr(exc, "problem", None)]))
-        raise UserError(f"{path}: not valid YAML{f' ({why})' if why else ''}: fix the file or "
-                        f"delete it and rerun `arle model setup`") from None
+        raise UserError(
+            f"{path}: not valid YAML{f' ({why})' if why else ''}: fix the file or "
+            f"delete it and rerun `arle model setup`"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("profiles", {}), dict):
         raise UserError(f"{path}: expected `default:` and a `profiles:` mapping: fix the file or delete it")
     profiles = {}
@@ -276,10 +286,13 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
     for name, entry in (data.get("profiles") or {}).items():
         if not isinstance(entry, dict) or set(entry) - fields:
             unknown = sorted(set(entry) - fields) if isinstance(entry, dict) else []
-            raise UserError(f"{path}: profile {name!r} is malformed{f' (unknown keys {unknown})' if unknown else ''}: "
-                            f"fix it or run `arle model remove {name}`")
-        values: dict[str, Any] = {k: (None if v is None or k in _NUMERIC_FIELDS + _MAPPING_FIELDS else str(v))
-                  for k, v in entry.items()}
+            raise UserError(
+                f"{path}: profile {name!r} is malformed{f' (unknown keys {unknown})' if unknown else ''}: "
+                f"fix it or run `arle model remove {name}`"
+            )
+        values: dict[str, Any] = {
+            k: (None if v is None or k in _NUMERIC_FIELDS + _MAPPING_FIELDS else str(v)) for k, v in entry.items()
+        }
         try:
             # Numbers stay numbers; a hand-edited bad value is named with its file and profile.
             values["request_timeout"] = check_request_timeout(entry.get("request_timeout"), "request_timeout")
@@ -287,8 +300,9 @@ def _read() -> tuple[dict[str, ModelProfile], str | None]:
             values["price_input"] = check_price(entry.get("price_input"), "price_input")
             values["price_output"] = check_price(entry.get("price_output"), "price_output")
             make_prices(values["price_input"], values["price_output"], "it")
-            values["chat_template_kwargs"] = parse_template_kwargs(entry.get("chat_template_kwargs"),
-                                                                   "chat_template_kwargs") or None
+            values["chat_template_kwargs"] = (
+                parse_template_kwargs(entry.get("chat_template_kwargs"), "chat_template_kwargs") or None
+            )
             from arlecli.thinking import parse_option
 
             parse_option(values.get("think_tags"), "think_tags")

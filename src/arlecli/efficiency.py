@@ -76,8 +76,10 @@ def check_price(value: Any, what: str) -> float | None:
     else:
         number = None
     if number is None or not math.isfinite(number) or number < 0:
-        raise UserError(f"{what} must be a price in USD per 1M tokens, a number >= 0 (got {value!r}), "
-                        "e.g. --price-input 0.15 --price-output 0.60")
+        raise UserError(
+            f"{what} must be a price in USD per 1M tokens, a number >= 0 (got {value!r}), "
+            "e.g. --price-input 0.15 --price-output 0.60"
+        )
     return number
 
 
@@ -108,11 +110,17 @@ def reasoning_stats(lines: Lines) -> dict[str, Any] | None:
     def accuracy(group: list[Sample]) -> float | None:
         return sum(bool(s.correct) for s in group) / len(group) if group else None
 
-    return {"n": len(thought), "share_of_samples": len(thought) / len(samples),
-            "thinking_tokens": ({"mean": sum(tokens) / len(tokens), "median": percentile(tokens, 50),
-                                 "n": len(tokens)} if tokens else None),
-            "cut": len(cut), "cut_share": len(cut) / len(thought),
-            "accuracy_cut": accuracy(cut), "accuracy_answered": accuracy(whole)}
+    return {
+        "n": len(thought),
+        "share_of_samples": len(thought) / len(samples),
+        "thinking_tokens": (
+            {"mean": sum(tokens) / len(tokens), "median": percentile(tokens, 50), "n": len(tokens)} if tokens else None
+        ),
+        "cut": len(cut),
+        "cut_share": len(cut) / len(thought),
+        "accuracy_cut": accuracy(cut),
+        "accuracy_answered": accuracy(whole),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -150,23 +158,27 @@ def time_stats(lines: Lines) -> dict[str, Any] | None:
     last written sample was redone and is counted there."""
     samples = samples_of(lines)
     sessions: dict[float, float] = {}
-    timed = [s for s in samples if isinstance(s.session_started_at, (int, float))
-             and isinstance(s.finished_at, (int, float))]
+    timed = [
+        s for s in samples if isinstance(s.session_started_at, (int, float)) and isinstance(s.finished_at, (int, float))
+    ]
     for s in timed:
         start, end = float(s.session_started_at), float(s.finished_at)  # type: ignore[arg-type]  # numbers: filtered above
         sessions[start] = max(sessions.get(start, start), end)
     out: dict[str, Any] = {}
     if timed:
         wall = sum(end - start for start, end in sessions.items())
-        out.update(wall_s=wall, sessions=len(sessions),
-                   samples_per_s=len(timed) / wall if wall > 0 else None)
+        out.update(wall_s=wall, sessions=len(sessions), samples_per_s=len(timed) / wall if wall > 0 else None)
         completion = _known(timed, "completion_tokens")
         if len(completion) == len(timed):
             out["completion_tokens_per_s"] = sum(completion) / wall if wall > 0 else None
     latencies = _known(samples, "latency_s")
     if latencies:
-        out["latency_s"] = {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
-                            "mean": sum(latencies) / len(latencies), "n": len(latencies)}
+        out["latency_s"] = {
+            "p50": percentile(latencies, 50),
+            "p95": percentile(latencies, 95),
+            "mean": sum(latencies) / len(latencies),
+            "n": len(latencies),
+        }
     return out or None
 
 
@@ -180,8 +192,10 @@ def agent_stats(lines: Lines) -> dict[str, Any] | None:
     if not episodes:
         return None
     wins = [s for s in episodes if s.correct]
-    out: dict[str, Any] = {"episodes": len(episodes),
-                           "turns_per_episode": sum(s.num_turns or 0 for s in episodes) / len(episodes)}
+    out: dict[str, Any] = {
+        "episodes": len(episodes),
+        "turns_per_episode": sum(s.num_turns or 0 for s in episodes) / len(episodes),
+    }
     for key in ("tool_calls", "tool_errors"):
         values = _known(episodes, key)
         if values:
@@ -208,16 +222,23 @@ def cost_stats(lines: Lines, n_tasks: int, prices: Prices | None) -> dict[str, A
     samples = samples_of(lines)
     if prices is None:
         return None
-    out: dict[str, Any] = {"currency": "USD", "price_input_per_1m": prices.input_per_1m,
-                           "price_output_per_1m": prices.output_per_1m}
+    out: dict[str, Any] = {
+        "currency": "USD",
+        "price_input_per_1m": prices.input_per_1m,
+        "price_output_per_1m": prices.output_per_1m,
+    }
     missing = sum(1 for s in samples if not (isinstance(s.prompt_tokens, int) and isinstance(s.completion_tokens, int)))
     if missing or not samples:
         out.update(total=None, per_task=None, per_sample=None, cost_of_pass=None, samples_without_counts=missing)
         return out
     total = sum(prices.cost(s.prompt_tokens or 0, s.completion_tokens or 0) for s in samples)
     correct = sum(bool(s.correct) for s in samples)
-    out.update(total=total, per_task=total / n_tasks, per_sample=total / len(samples),
-               cost_of_pass=total / correct if correct else None)
+    out.update(
+        total=total,
+        per_task=total / n_tasks,
+        per_sample=total / len(samples),
+        cost_of_pass=total / correct if correct else None,
+    )
     return out
 
 

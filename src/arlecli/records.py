@@ -43,7 +43,7 @@ class RunDir:
     REWARDS: ClassVar[str] = "rewards.jsonl"
     SUMMARY: ClassVar[str] = "summary.json"
     FINAL: ClassVar[str] = "final"
-    HELD_OUT: ClassVar[str] = "eval"        # <train run>/eval/step-N/: the held-out evaluations
+    HELD_OUT: ClassVar[str] = "eval"  # <train run>/eval/step-N/: the held-out evaluations
     CHECKPOINT: ClassVar[str] = "checkpoint-{step}"
 
     def __post_init__(self) -> None:
@@ -141,8 +141,12 @@ def _thinking(record: Any) -> dict[str, Any]:
     # The thinking block (Sample, RewardRow): present when a turn thought (thinking_cut is then a bool).
     if record.thinking_cut is None:
         return {}
-    return {"thinking": record.thinking, "thinking_cut": record.thinking_cut,
-            "thinking_tokens": record.thinking_tokens, "answer_tokens": record.answer_tokens}
+    return {
+        "thinking": record.thinking,
+        "thinking_cut": record.thinking_cut,
+        "thinking_tokens": record.thinking_tokens,
+        "answer_tokens": record.answer_tokens,
+    }
 
 
 def _sum_or_none(values: list[Any]) -> Any:
@@ -152,9 +156,11 @@ def _sum_or_none(values: list[Any]) -> Any:
 def sample_counts(turns: list[Turn]) -> dict[str, Any]:
     """A sample's `prompt_tokens`, `completion_tokens` and `latency_s` from its Turns (summed;
     None when any turn lacks it)."""
-    return {"prompt_tokens": _sum_or_none([t.prompt_count() for t in turns]),
-            "completion_tokens": _sum_or_none([t.completion_count() for t in turns]),
-            "latency_s": _sum_or_none([t.latency_s for t in turns])}
+    return {
+        "prompt_tokens": _sum_or_none([t.prompt_count() for t in turns]),
+        "completion_tokens": _sum_or_none([t.completion_count() for t in turns]),
+        "latency_s": _sum_or_none([t.latency_s for t in turns]),
+    }
 
 
 def thinking_counts(turns: list[Turn]) -> dict[str, Any]:
@@ -166,8 +172,12 @@ def thinking_counts(turns: list[Turn]) -> dict[str, Any]:
     thought = _sum_or_none([t.thinking_tokens if t.thinking is not None else 0 for t in turns])
     generated = _sum_or_none([t.completion_count() for t in turns])
     answer = generated - thought if thought is not None and generated is not None else None
-    return {"thinking": turns[-1].thinking, "thinking_cut": turns[-1].thinking_cut,
-            "thinking_tokens": thought, "answer_tokens": answer}
+    return {
+        "thinking": turns[-1].thinking,
+        "thinking_cut": turns[-1].thinking_cut,
+        "thinking_tokens": thought,
+        "answer_tokens": answer,
+    }
 
 
 @dataclass
@@ -181,7 +191,7 @@ class TurnRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
-    thinking: str | None = None         # None: the turn did not think (the three keys are then left out)
+    thinking: str | None = None  # None: the turn did not think (the three keys are then left out)
     thinking_cut: bool = False
     thinking_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -189,14 +199,30 @@ class TurnRecord:
     @classmethod
     def from_turn(cls, t: Turn) -> "TurnRecord":
         """The record of an episode's turn."""
-        return cls(t.completion, t.observation, t.finish_reason, len(t.token_ids or []), t.prompt_count(),
-                   t.completion_count(), t.latency_s, t.thinking, t.thinking_cut, t.thinking_tokens)
+        return cls(
+            t.completion,
+            t.observation,
+            t.finish_reason,
+            len(t.token_ids or []),
+            t.prompt_count(),
+            t.completion_count(),
+            t.latency_s,
+            t.thinking,
+            t.thinking_cut,
+            t.thinking_tokens,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The turn as samples.jsonl holds it."""
-        out = {"completion": self.completion, "observation": self.observation, "finish_reason": self.finish_reason,
-               "num_tokens": self.num_tokens, "prompt_tokens": self.prompt_tokens,
-               "completion_tokens": self.completion_tokens, "latency_s": self.latency_s}
+        out = {
+            "completion": self.completion,
+            "observation": self.observation,
+            "finish_reason": self.finish_reason,
+            "num_tokens": self.num_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "latency_s": self.latency_s,
+        }
         if self.thinking is not None:
             out.update(thinking=self.thinking, thinking_cut=self.thinking_cut, thinking_tokens=self.thinking_tokens)
         return {**out, **self.extra}
@@ -244,29 +270,51 @@ class Sample:
     end_reason: str | None = None
     env_info: Any = None
     tools: list[dict[str, Any]] | None = None
-    has_tools: bool = False             # `tools` was recorded (null included): runs before it was are told apart
+    has_tools: bool = False  # `tools` was recorded (null included): runs before it was are told apart
     group: Any = None
     session_started_at: float | None = None
     finished_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_episode(cls, task: Task, k: int, episode: Episode, score: Score, *, multi_turn: bool,
-                     group_by: str | None, session_started_at: float) -> "Sample":
+    def from_episode(
+        cls,
+        task: Task,
+        k: int,
+        episode: Episode,
+        score: Score,
+        *,
+        multi_turn: bool,
+        group_by: str | None,
+        session_started_at: float,
+    ) -> "Sample":
         """The sample an eval writes for `episode` (sample k of `task`) and its verdict; every
         turn is recorded for a multi-turn env."""
         # No turns: a game's seat that never got to move (the other seat ended the game first).
         first, last = (episode.turns[0], episode.turns[-1]) if episode.turns else (None, None)
-        s = cls(sample_id(task.id, k), task.id, k, first.prompt if first else None, episode.completion,
-                score.extracted, task.target, float(score.reward), bool(score.correct), score.details,
-                finish_reason=last.finish_reason if last else None,
-                num_tokens=sum(len(t.token_ids or []) for t in episode.turns),
-                **sample_counts(episode.turns), **thinking_counts(episode.turns))
+        s = cls(
+            sample_id(task.id, k),
+            task.id,
+            k,
+            first.prompt if first else None,
+            episode.completion,
+            score.extracted,
+            task.target,
+            float(score.reward),
+            bool(score.correct),
+            score.details,
+            finish_reason=last.finish_reason if last else None,
+            num_tokens=sum(len(t.token_ids or []) for t in episode.turns),
+            **sample_counts(episode.turns),
+            **thinking_counts(episode.turns),
+        )
         if multi_turn:  # every turn, with what the environment answered
             s.turns = [TurnRecord.from_turn(t) for t in episode.turns]
             s.num_turns = len(episode.turns)
-            s.tool_calls, s.tool_errors = (episode.info.get(key) if isinstance(episode.info.get(key), int) else None
-                                           for key in ("tool_calls", "tool_errors"))  # where the env counts them
+            s.tool_calls, s.tool_errors = (
+                episode.info.get(key) if isinstance(episode.info.get(key), int) else None
+                for key in ("tool_calls", "tool_errors")
+            )  # where the env counts them
             s.end_reason, s.env_info, s.tools, s.has_tools = episode.end_reason, episode.info, episode.tools, True
         if group_by:
             s.group = task.fields.get(group_by, "")
@@ -276,17 +324,36 @@ class Sample:
     def to_json(self) -> dict[str, Any]:
         """The line as samples.jsonl holds it (keys in the order arle writes them)."""
         out: dict[str, Any] = {
-            "id": self.id, "task_id": self.task_id, "sample": self.sample, "prompt": self.prompt,
-            "completion": self.completion, "extracted": self.extracted, "target": self.target, "reward": self.reward,
-            "correct": self.correct, "details": self.details}
+            "id": self.id,
+            "task_id": self.task_id,
+            "sample": self.sample,
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "extracted": self.extracted,
+            "target": self.target,
+            "reward": self.reward,
+            "correct": self.correct,
+            "details": self.details,
+        }
         if self.choices is not None:
             out["choices"] = self.choices
-        out.update(finish_reason=self.finish_reason, num_tokens=self.num_tokens, prompt_tokens=self.prompt_tokens,
-                   completion_tokens=self.completion_tokens, latency_s=self.latency_s, **_thinking(self))
+        out.update(
+            finish_reason=self.finish_reason,
+            num_tokens=self.num_tokens,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            latency_s=self.latency_s,
+            **_thinking(self),
+        )
         if self.turns is not None:
             out.update(turns=[t.to_json() for t in self.turns], num_turns=self.num_turns)
-            out.update({key: value for key, value in (("tool_calls", self.tool_calls),
-                                                      ("tool_errors", self.tool_errors)) if value is not None})
+            out.update(
+                {
+                    key: value
+                    for key, value in (("tool_calls", self.tool_calls), ("tool_errors", self.tool_errors))
+                    if value is not None
+                }
+            )
             out.update(end_reason=self.end_reason, env_info=self.env_info)
         if self.has_tools:
             out["tools"] = self.tools
@@ -341,26 +408,48 @@ class RewardRow:
     thinking_cut: bool | None = None
     thinking_tokens: int | None = None
     answer_tokens: int | None = None
-    overlong_penalty: float | None = None   # DAPO's soft overlong punishment; `reward` is the card's
+    overlong_penalty: float | None = None  # DAPO's soft overlong punishment; `reward` is the card's
     trained_reward: float | None = None
-    dropped: bool | None = None             # dynamic sampling left this group out of the batch
-    num_turns: int | None = None            # multi-turn cards (with end_reason and env_info)
+    dropped: bool | None = None  # dynamic sampling left this group out of the batch
+    num_turns: int | None = None  # multi-turn cards (with end_reason and env_info)
     end_reason: str | None = None
     env_info: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_episode(cls, step: int | None, task: Task, index: int, episode: Episode, score: Score, *,
-                     multi_turn: bool, dropped: bool | None = None) -> "RewardRow":
+    def from_episode(
+        cls,
+        step: int | None,
+        task: Task,
+        index: int,
+        episode: Episode,
+        score: Score,
+        *,
+        multi_turn: bool,
+        dropped: bool | None = None,
+    ) -> "RewardRow":
         """The row for `episode`'s verdict `score` (an overlong penalty in its details rides beside
         the card's reward)."""
         penalty = score.details.get("overlong_penalty") if isinstance(score.details, dict) else None
-        details = ({k: v for k, v in score.details.items() if k != "overlong_penalty"}
-                   if penalty is not None else score.details)
-        row = cls(step, task.id, int(index), episode.completion, score.extracted, task.target,
-                  float(score.reward) - (penalty or 0.0), bool(score.correct), details,
-                  episode.turns[-1].finish_reason if episode.turns else None,
-                  sum(t.completion_count() or 0 for t in episode.turns), **thinking_counts(episode.turns))
+        details = (
+            {k: v for k, v in score.details.items() if k != "overlong_penalty"}
+            if penalty is not None
+            else score.details
+        )
+        row = cls(
+            step,
+            task.id,
+            int(index),
+            episode.completion,
+            score.extracted,
+            task.target,
+            float(score.reward) - (penalty or 0.0),
+            bool(score.correct),
+            details,
+            episode.turns[-1].finish_reason if episode.turns else None,
+            sum(t.completion_count() or 0 for t in episode.turns),
+            **thinking_counts(episode.turns),
+        )
         if penalty is not None:
             row.overlong_penalty, row.trained_reward = penalty, float(score.reward)
         row.dropped = dropped
@@ -371,10 +460,19 @@ class RewardRow:
     def to_json(self) -> dict[str, Any]:
         """The line as rewards.jsonl holds it."""
         out: dict[str, Any] = {
-            "step": self.step, "task_id": self.task_id, "task_index": self.task_index, "completion": self.completion,
-            "extracted": self.extracted, "target": self.target, "reward": self.reward, "correct": self.correct,
-            "details": self.details, "finish_reason": self.finish_reason,
-            "completion_tokens": self.completion_tokens, **_thinking(self)}
+            "step": self.step,
+            "task_id": self.task_id,
+            "task_index": self.task_index,
+            "completion": self.completion,
+            "extracted": self.extracted,
+            "target": self.target,
+            "reward": self.reward,
+            "correct": self.correct,
+            "details": self.details,
+            "finish_reason": self.finish_reason,
+            "completion_tokens": self.completion_tokens,
+            **_thinking(self),
+        }
         if self.overlong_penalty is not None:
             out.update(overlong_penalty=self.overlong_penalty, trained_reward=self.trained_reward)
         if self.dropped is not None:
@@ -390,8 +488,11 @@ class RewardRow:
         turns = data.pop("turns", None)
         own, extra = _split(data, cls)
         own.pop("num_turns", None)
-        return cls(**{"step": None, "task_id": "", "task_index": 0, **own},
-                   num_turns=turns if isinstance(turns, int) else None, extra=extra)
+        return cls(
+            **{"step": None, "task_id": "", "task_index": 0, **own},
+            num_turns=turns if isinstance(turns, int) else None,
+            extra=extra,
+        )
 
 
 def _obj(value: Any) -> dict[str, Any]:
@@ -403,8 +504,8 @@ class Meta:
     """meta.json: how a run was started (eval: card, model, options; train: kind "train", algo,
     trainer settings). Only what readers use is named; everything else rides in `extra`."""
 
-    kind: str | None = None         # "train" for a training run (an eval run records none)
-    schema: int | None = None       # None: written before meta.json carried a schema
+    kind: str | None = None  # "train" for a training run (an eval run records none)
+    schema: int | None = None  # None: written before meta.json carried a schema
     command: list[Any] = field(default_factory=list)
     benchmark: str | None = None
     model: str | None = None
@@ -415,8 +516,8 @@ class Meta:
     algo: str | None = None
     eval_split: str | None = None
     trainer: dict[str, Any] = field(default_factory=dict)
-    unit: str | None = None         # a training run: what a step of its algorithm is called (rounds) ...
-    length: str | None = None       # ... and the trainer field that counts them (rounds)
+    unit: str | None = None  # a training run: what a step of its algorithm is called (rounds) ...
+    length: str | None = None  # ... and the trainer field that counts them (rounds)
     extra: dict[str, Any] = field(default_factory=dict)
     order: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the file's keys, read back
 

@@ -53,8 +53,10 @@ def _entry_point_dirs_with_origin() -> list[tuple[Path, str]]:
         try:
             base = Path(str(resources.files(package)))
         except (ModuleNotFoundError, TypeError) as exc:
-            raise UserError(f"entry point '{ep.name}' in group {ENTRY_POINT_GROUP} names '{ep.value}', "
-                            f"which cannot be imported ({exc}); fix or uninstall that package") from None
+            raise UserError(
+                f"entry point '{ep.name}' in group {ENTRY_POINT_GROUP} names '{ep.value}', "
+                f"which cannot be imported ({exc}); fix or uninstall that package"
+            ) from None
         dist = getattr(ep, "dist", None)
         package = f" from {dist.name} {dist.version}" if dist is not None else ""
         dirs.append((base / sub if sub else base, f"entry point {ENTRY_POINT_GROUP} '{ep.name} = {ep.value}'{package}"))
@@ -160,8 +162,11 @@ def part_origins(card: Card) -> dict[str, str]:
         except UserError as exc:
             return f"not found: {exc}"
 
-    out = {"card": card_origin(card.path) if card.path is not None else "(not from a file)",
-           "reward": where(REWARDS, card.reward), "env": where(ENVS, card.env)}
+    out = {
+        "card": card_origin(card.path) if card.path is not None else "(not from a file)",
+        "reward": where(REWARDS, card.reward),
+        "env": where(ENVS, card.env),
+    }
     tools = card.env_params.get("tools")
     if isinstance(tools, list):
         out.update({f"tools.{t}": where(TOOLS, str(t)) for t in tools})
@@ -213,10 +218,14 @@ def _check_metrics(card: Card, path: Path | str) -> None:
     metric, near = bad[0]
     hint = f"did you mean '{near[0]}'? " if near else ""
     known = ", ".join([*reward_metrics(card.reward, card.reward_params), "pass@k"])
-    how = ("" if declared_metrics(reward_factory(card.reward)) is not None else
-           " (a reward declares more with @register(..., metrics=[...]))")
-    raise card_error(path, "metrics",
-                     f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}")
+    how = (
+        ""
+        if declared_metrics(reward_factory(card.reward)) is not None
+        else " (a reward declares more with @register(..., metrics=[...]))"
+    )
+    raise card_error(
+        path, "metrics", f"reward '{card.reward}' does not report '{metric}'; {hint}it reports: {known}{how}"
+    )
 
 
 def _check_env_params(card: Card, where: Path | str) -> None:
@@ -235,8 +244,9 @@ def _check_env_params(card: Card, where: Path | str) -> None:
     except UserError as exc:
         raise card_error(where, "env.params", str(exc)) from None
     except Exception as exc:  # a plugin's check with a bug: still one line, naming the env
-        raise card_error(where, "env.params", f"env '{card.env}' could not check its params: "
-                                         f"{type(exc).__name__}: {exc}") from None
+        raise card_error(
+            where, "env.params", f"env '{card.env}' could not check its params: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def resolve_references(card: Card) -> None:

@@ -49,25 +49,61 @@ from arlecli.records import Meta, RewardRow, RunDir, Sample, TrainSummary
 from arlecli.results import RESULTS, read_json
 from arlecli.rundir import EvalRun
 
-SAMPLE_CAP = 2000          # samples embedded per run; more make the page slow to open
-TEXT_CAP = 20_000          # characters kept of one text field (a runaway completion)
-STEP_SAMPLES = 4           # completions shown per logged training step
-STEP_ROWS_CAP = 400        # training steps whose completions are shown
-THINK_BUCKETS = 6          # bars of the accuracy-vs-thinking-length chart (at most)
-TRAIN_CURVES = [           # (metrics.jsonl key, title); the ones a trainer did not log are named as missing
-    ("reward", "Reward"), ("accuracy", "Accuracy"), ("kl", "KL"), ("loss", "Loss"),
+SAMPLE_CAP = 2000  # samples embedded per run; more make the page slow to open
+TEXT_CAP = 20_000  # characters kept of one text field (a runaway completion)
+STEP_SAMPLES = 4  # completions shown per logged training step
+STEP_ROWS_CAP = 400  # training steps whose completions are shown
+THINK_BUCKETS = 6  # bars of the accuracy-vs-thinking-length chart (at most)
+TRAIN_CURVES = [  # (metrics.jsonl key, title); the ones a trainer did not log are named as missing
+    ("reward", "Reward"),
+    ("accuracy", "Accuracy"),
+    ("kl", "KL"),
+    ("loss", "Loss"),
     ("tokens_per_second", "Tokens/s"),
 ]
-_BLOCKS_SKIP = {"metrics", "groups", "benchmark", "card_version", "model", "split", "num_samples",
-                "n_tasks", "n_samples"}
+_BLOCKS_SKIP = {
+    "metrics",
+    "groups",
+    "benchmark",
+    "card_version",
+    "model",
+    "split",
+    "num_samples",
+    "n_tasks",
+    "n_samples",
+}
 # What the sample browser (report_assets/report.js) shows in blocks of its own, of a sample and
 # of a turn (records.Sample, records.TurnRecord; `question` is the report's); every other field
 # is listed under "other fields" / "turn fields". The page's data carries these lists.
 BROWSER_SCHEMA = {
-    "shown": ["id", "task_id", "sample", "prompt", "completion", "extracted", "target", "reward", "correct",
-              "details", "turns", "env_info", "group", "thinking", "thinking_cut", "thinking_tokens", "question"],
-    "turn_shown": ["completion", "observation", "finish_reason", "tool_calls", "thinking", "thinking_cut",
-                   "thinking_tokens"],
+    "shown": [
+        "id",
+        "task_id",
+        "sample",
+        "prompt",
+        "completion",
+        "extracted",
+        "target",
+        "reward",
+        "correct",
+        "details",
+        "turns",
+        "env_info",
+        "group",
+        "thinking",
+        "thinking_cut",
+        "thinking_tokens",
+        "question",
+    ],
+    "turn_shown": [
+        "completion",
+        "observation",
+        "finish_reason",
+        "tool_calls",
+        "thinking",
+        "thinking_cut",
+        "thinking_tokens",
+    ],
 }
 
 
@@ -84,7 +120,7 @@ class TrainRun:
     metrics: list[dict[str, Any]]
     rewards: list[RewardRow]
     summary: TrainSummary | None
-    evals: dict[int, EvalRun]              # finished held-out evals by step
+    evals: dict[int, EvalRun]  # finished held-out evals by step
     notes: list[str] = field(default_factory=list)
 
 
@@ -111,11 +147,14 @@ def _read_lines(path: Path, notes: list[str]) -> list[dict[str, Any]]:
             row = None
         if not isinstance(row, dict):
             if n == len(lines) and not data.endswith(b"\n"):
-                notes.append(f"{path.name}: its last line is incomplete (the run is still writing or was killed) "
-                             f"and is left out")
+                notes.append(
+                    f"{path.name}: its last line is incomplete (the run is still writing or was killed) and is left out"
+                )
                 break
-            raise UserError(f"{path}: line {n} is not a JSON object (damaged or edited); nothing was changed: "
-                            f"repair or delete that line")
+            raise UserError(
+                f"{path}: line {n} is not a JSON object (damaged or edited); nothing was changed: "
+                f"repair or delete that line"
+            )
         rows.append(row)
     return rows
 
@@ -188,8 +227,13 @@ def _cap_text(value: Any) -> Any:
 def _script_json(data: Any) -> str:
     """JSON that is safe inside <script>: no '<', '>' or '&' can close the element or open a comment."""
     text = safeio.dumps(_clean(data), separators=(",", ":"))  # lone surrogates escaped: the page is UTF-8
-    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _plot_text(value: Any) -> str:
@@ -262,15 +306,22 @@ def _step_axis(fig: Any, steps: list[Any]) -> None:
     fig.update_xaxes(tickformat="d", dtick=max(1, round(top / 10)))
 
 
-def _bar_chart(figs: _Figures, title: str, name: str, series: list[tuple[str, list[str], list[Any], list[Any]]],
-               y_title: str) -> str:
+def _bar_chart(
+    figs: _Figures, title: str, name: str, series: list[tuple[str, list[str], list[Any], list[Any]]], y_title: str
+) -> str:
     """Bars with stderr error bars; one trace per (label, x, values, stderrs)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     for label, xs, ys, errs in series:
-        fig.add_trace(go.Bar(name=_plot_text(label), x=[_plot_text(x) for x in xs], y=ys,
-                             error_y=dict(type="data", array=[e if e is not None else 0 for e in errs], visible=True)))
+        fig.add_trace(
+            go.Bar(
+                name=_plot_text(label),
+                x=[_plot_text(x) for x in xs],
+                y=ys,
+                error_y=dict(type="data", array=[e if e is not None else 0 for e in errs], visible=True),
+            )
+        )
     fig.update_layout(title=_plot_text(title), barmode="group", yaxis_title=y_title, showlegend=len(series) > 1)
     values = [y for _, _, ys, _ in series for y in ys if isinstance(y, (int, float))]
     if values and all(0 <= y <= 1 for y in values):  # rates: keep the whole 0-1 scale in view
@@ -285,8 +336,9 @@ def _bar_chart(figs: _Figures, title: str, name: str, series: list[tuple[str, li
 def _metrics_table(results: dict[str, Any]) -> str:
     rows = [[_esc(n), _fmt(v), "± " + _fmt(s), _fmt(k)] for n, v, s, k in _metric_rows(results.get("metrics") or {})]
     for group, metrics in (results.get("groups") or {}).items():
-        rows += [[f"{_esc(group)} · {_esc(n)}", _fmt(v), "± " + _fmt(s), _fmt(k)]
-                 for n, v, s, k in _metric_rows(metrics)]
+        rows += [
+            [f"{_esc(group)} · {_esc(n)}", _fmt(v), "± " + _fmt(s), _fmt(k)] for n, v, s, k in _metric_rows(metrics)
+        ]
     return _table(["metric", "value", "stderr", "n (tasks)"], rows, "metrics")
 
 
@@ -299,8 +351,14 @@ def _group_chart(figs: _Figures, runs: list[tuple[str, dict[str, Any]]], title: 
         for label, res in with_groups:
             groups = res["groups"]
             xs = list(groups)
-            series.append((label, xs, [groups[g].get(metric, {}).get("value") for g in xs],
-                           [groups[g].get(metric, {}).get("stderr") for g in xs]))
+            series.append(
+                (
+                    label,
+                    xs,
+                    [groups[g].get(metric, {}).get("value") for g in xs],
+                    [groups[g].get(metric, {}).get("stderr") for g in xs],
+                )
+            )
         return _bar_chart(figs, f"{title}{metric} per group", prefix + "groups", series, metric)
     series = []
     for label, res in runs:
@@ -322,8 +380,16 @@ def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
 
 # Efficiency blocks in words: each results.json block's title, and each key's label (a dotted
 # path inside its block) and unit. Keys not named here are written from their name.
-_BLOCK_TITLES = {"tokens": "Tokens", "time": "Time", "agents": "Agent episodes", "games": "Games",
-                 "consistency": "Consistency", "cost": "Cost", "reasoning": "Thinking", "samples": "Samples"}
+_BLOCK_TITLES = {
+    "tokens": "Tokens",
+    "time": "Time",
+    "agents": "Agent episodes",
+    "games": "Games",
+    "consistency": "Consistency",
+    "cost": "Cost",
+    "reasoning": "Thinking",
+    "samples": "Samples",
+}
 _LABELS: dict[str, tuple[str, str]] = {
     "tokens.prompt.mean": ("prompt tokens per sample", "tokens"),
     "tokens.prompt.total": ("prompt tokens in all", "count"),
@@ -417,8 +483,11 @@ def plain_rows(block: str, value: Any) -> list[tuple[str, str]]:
             if block == "agents" and parts[0] == "end_reasons":
                 label, unit = f"ended: {'.'.join(parts[1:])}", "count"
             elif block == "games" and parts[0] == "per_seat" and len(parts) == 3:
-                label, unit = (f"seat {parts[1]}: games", "count") if parts[2] == "games" else \
-                    (f"seat {parts[1]}: {parts[2]} rate", "share")
+                label, unit = (
+                    (f"seat {parts[1]}: games", "count")
+                    if parts[2] == "games"
+                    else (f"seat {parts[1]}: {parts[2]} rate", "share")
+                )
             else:  # a key this table does not know: its own name, in words
                 label = key.replace(".", ", ").replace("_per_", " per ").replace("_", " ")
                 unit = "rate" if key.endswith("_per_s") else "s" if key.endswith("_s") else "number"
@@ -451,10 +520,13 @@ def _efficiency(run: EvalRun) -> str:
     tables = []
     for name, block in blocks.items():
         cells = [[_esc(label), _esc(text)] for label, text in plain_rows(name, block)]
-        tables.append(_table([_esc(_BLOCK_TITLES.get(name, name.replace("_", " ").capitalize())), ""], cells,
-                             "efficiency"))
-    return (f'<h3>Efficiency, cost and consistency</h3><p class="note">{_esc(source)}</p>'
-            f'<div class="blocks">{"".join(tables)}</div>')
+        tables.append(
+            _table([_esc(_BLOCK_TITLES.get(name, name.replace("_", " ").capitalize())), ""], cells, "efficiency")
+        )
+    return (
+        f'<h3>Efficiency, cost and consistency</h3><p class="note">{_esc(source)}</p>'
+        f'<div class="blocks">{"".join(tables)}</div>'
+    )
 
 
 def _tokens_of(sample: Sample | RewardRow) -> int | None:
@@ -468,8 +540,11 @@ def thinking_buckets(samples: list[Sample], buckets: int = THINK_BUCKETS) -> lis
     across two): [{lo, hi, n, correct, accuracy, stderr, cut}], shortest first."""
     from arlecli.results import mean_stderr
 
-    points = sorted((t, bool(s.correct), bool(s.thinking_cut))
-                    for s in samples if s.thinking_cut is not None and (t := _tokens_of(s)) is not None)
+    points = sorted(
+        (t, bool(s.correct), bool(s.thinking_cut))
+        for s in samples
+        if s.thinking_cut is not None and (t := _tokens_of(s)) is not None
+    )
     k = min(buckets, len({t for t, _, _ in points}))
     out, start = [], 0
     for b in range(k):
@@ -480,8 +555,17 @@ def thinking_buckets(samples: list[Sample], buckets: int = THINK_BUCKETS) -> lis
         if not chunk:
             continue
         stat = mean_stderr([float(c) for _, c, _ in chunk])
-        out.append({"lo": chunk[0][0], "hi": chunk[-1][0], "n": len(chunk), "correct": sum(c for _, c, _ in chunk),
-                    "accuracy": stat.value, "stderr": stat.stderr, "cut": sum(x for _, _, x in chunk)})
+        out.append(
+            {
+                "lo": chunk[0][0],
+                "hi": chunk[-1][0],
+                "n": len(chunk),
+                "correct": sum(c for _, c, _ in chunk),
+                "accuracy": stat.value,
+                "stderr": stat.stderr,
+                "cut": sum(x for _, _, x in chunk),
+            }
+        )
         start = end
     return out
 
@@ -499,27 +583,44 @@ def _thinking(run: EvalRun, figs: _Figures) -> str:
     if not thought:
         return ""
     cut = sum(bool(s.thinking_cut) for s in thought)
-    head = (f'<h3>Thinking</h3><p class="note">{len(thought):,} of {len(run.samples):,} samples thought; '
-            f'{cut:,} of them ended inside their thinking with no answer (scored wrong).</p>')
+    head = (
+        f'<h3>Thinking</h3><p class="note">{len(thought):,} of {len(run.samples):,} samples thought; '
+        f"{cut:,} of them ended inside their thinking with no answer (scored wrong).</p>"
+    )
     buckets = thinking_buckets(run.samples)
     if not buckets:
-        return head + '<p class="note">No thinking token counts in this run (the endpoint gave none), so no chart of ' \
-                      'accuracy against thinking length.</p>'
+        return (
+            head + '<p class="note">No thinking token counts in this run (the endpoint gave none), so no chart of '
+            "accuracy against thinking length.</p>"
+        )
     labels = [_bucket_label(b) for b in buckets]
-    fig = go.Figure(go.Bar(x=labels, y=[b["accuracy"] for b in buckets], name="accuracy",
-                           text=[f"n={b['n']}" for b in buckets], textposition="outside",
-                           customdata=[[b["n"], b["cut"]] for b in buckets],
-                           hovertemplate="%{x} thinking tokens<br>accuracy %{y:.3f}<br>%{customdata[0]} samples, "
-                                         "%{customdata[1]} cut<extra></extra>",
-                           error_y=dict(type="data", array=[b["stderr"] if math.isfinite(b["stderr"]) else 0
-                                                            for b in buckets], visible=True)))
-    fig.update_layout(title="Accuracy against thinking length", xaxis_title="thinking tokens (per sample)",
-                      yaxis_title="accuracy", showlegend=False)
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=[b["accuracy"] for b in buckets],
+            name="accuracy",
+            text=[f"n={b['n']}" for b in buckets],
+            textposition="outside",
+            customdata=[[b["n"], b["cut"]] for b in buckets],
+            hovertemplate="%{x} thinking tokens<br>accuracy %{y:.3f}<br>%{customdata[0]} samples, "
+            "%{customdata[1]} cut<extra></extra>",
+            error_y=dict(
+                type="data", array=[b["stderr"] if math.isfinite(b["stderr"]) else 0 for b in buckets], visible=True
+            ),
+        )
+    )
+    fig.update_layout(
+        title="Accuracy against thinking length",
+        xaxis_title="thinking tokens (per sample)",
+        yaxis_title="accuracy",
+        showlegend=False,
+    )
     fig.update_yaxes(range=[0, 1.1])
-    rows = [[_esc(label), _fmt(b["n"]), _fmt(b["correct"]), _fmt(b["accuracy"]), _fmt(b["cut"])]
-            for label, b in zip(labels, buckets)]
-    table = _table(["thinking tokens", "samples", "correct", "accuracy", "cut (no answer)"], rows,
-                   "thinking-buckets")
+    rows = [
+        [_esc(label), _fmt(b["n"]), _fmt(b["correct"]), _fmt(b["accuracy"]), _fmt(b["cut"])]
+        for label, b in zip(labels, buckets)
+    ]
+    table = _table(["thinking tokens", "samples", "correct", "accuracy", "cut (no answer)"], rows, "thinking-buckets")
     return head + f'<div class="overview">{table}{figs.add(fig, "thinking-length")}</div>'
 
 
@@ -530,9 +631,11 @@ def _browser_payload(run: EvalRun, cap: int) -> tuple[dict[str, Any], str]:
     note = ""
     if left:
         right = sum(bool(s.correct) for s in left)
-        note = (f"This file embeds the first {len(shown):,} of {len(run.samples):,} samples (in samples.jsonl "
-                f"order); the {len(left):,} left out ({right:,} correct, {len(left) - right:,} wrong) are counted "
-                f"in the metrics above and are in {RunDir(run.path).samples}.")
+        note = (
+            f"This file embeds the first {len(shown):,} of {len(run.samples):,} samples (in samples.jsonl "
+            f"order); the {len(left):,} left out ({right:,} correct, {len(left) - right:,} wrong) are counted "
+            f"in the metrics above and are in {RunDir(run.path).samples}."
+        )
     samples = []
     for s in shown:
         row = _cap_text({k: v for k, v in s.to_json().items() if k not in ("session_started_at", "finished_at")})
@@ -552,14 +655,19 @@ def question_of(prompt: Any) -> str:
         for m in reversed(prompt):
             if isinstance(m, dict) and m.get("role") == "user":
                 content = m.get("content")
-                text = content if isinstance(content, str) else " ".join(
-                    str(p.get("text", "")) for p in content if isinstance(p, dict)) if isinstance(content, list) else ""
+                text = (
+                    content
+                    if isinstance(content, str)
+                    else " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+                    if isinstance(content, list)
+                    else ""
+                )
                 break
     elif isinstance(prompt, str):
         parts = [p for p in prompt.split("\n\n") if p.strip()]
         text = parts[-1] if parts else prompt
     text = " ".join(text.split())
-    return text if len(text) <= QUESTION_CAP else text[:QUESTION_CAP - 1] + "…"
+    return text if len(text) <= QUESTION_CAP else text[: QUESTION_CAP - 1] + "…"
 
 
 def _length(sample: Sample) -> float:
@@ -587,9 +695,12 @@ def sample_orders(samples: list[Sample]) -> dict[str, list[int]]:
     def down(key: str) -> Any:
         return lambda i: (number(samples[i], key) is None, -(number(samples[i], key) or 0.0))
 
-    return {"task": sorted(idx, key=task_key), "reward": sorted(idx, key=down("reward")),
-            "latency": sorted(idx, key=down("latency_s")),
-            "length": sorted(idx, key=lambda i: -_length(samples[i]))}
+    return {
+        "task": sorted(idx, key=task_key),
+        "reward": sorted(idx, key=down("reward")),
+        "latency": sorted(idx, key=down("latency_s")),
+        "length": sorted(idx, key=lambda i: -_length(samples[i])),
+    }
 
 
 def _sample_browser(run: EvalRun, browsers: list[dict[str, Any]], cap: int, title: str = "Samples") -> str:
@@ -599,22 +710,35 @@ def _sample_browser(run: EvalRun, browsers: list[dict[str, Any]], cap: int, titl
     n = payload["total"]
     right = sum(bool(s.correct) for s in run.samples)
     omitted = f'<p class="omitted">{_esc(note)}</p>' if note else ""
-    return (f'<h3>{_esc(title)}</h3>'
-            f'<p class="sample-count" data-total="{n}">{n:,} samples: {right:,} correct, {n - right:,} wrong</p>'
-            f'{omitted}<div class="browser" data-browser="{index}"></div>')
+    return (
+        f"<h3>{_esc(title)}</h3>"
+        f'<p class="sample-count" data-total="{n}">{n:,} samples: {right:,} correct, {n - right:,} wrong</p>'
+        f'{omitted}<div class="browser" data-browser="{index}"></div>'
+    )
 
 
 def _eval_section(run: EvalRun, label: str, figs: _Figures, browsers: list[dict[str, Any]], cap: int) -> str:
     r, res = run.results, run.results.to_json()
-    head = (f'<p class="meta">{_esc(r.benchmark)} · {_esc(r.model)} · split '
-            f'{_esc(r.split)} · {_fmt(r.n_tasks)} tasks · {_fmt(r.n_samples)} samples'
-            f'{" · " + _fmt(r.num_samples) + " per task" if (r.num_samples or 1) > 1 else ""}'
-            f' · {_esc(run.meta.created or "")}</p>')
+    head = (
+        f'<p class="meta">{_esc(r.benchmark)} · {_esc(r.model)} · split '
+        f"{_esc(r.split)} · {_fmt(r.n_tasks)} tasks · {_fmt(r.n_samples)} samples"
+        f"{' · ' + _fmt(r.num_samples) + ' per task' if (r.num_samples or 1) > 1 else ''}"
+        f" · {_esc(run.meta.created or '')}</p>"
+    )
     if run.meta.command:
         head += f'<p class="meta"><code>{_esc(" ".join(map(str, run.meta.command)))}</code></p>'
-    parts = [head, '<div class="overview"><div>', "<h3>Metrics</h3>", _metrics_table(res), "</div>",
-             _group_chart(figs, [(label, res)], ""), "</div>", _thinking(run, figs), _efficiency(run),
-             _sample_browser(run, browsers, cap)]
+    parts = [
+        head,
+        '<div class="overview"><div>',
+        "<h3>Metrics</h3>",
+        _metrics_table(res),
+        "</div>",
+        _group_chart(figs, [(label, res)], ""),
+        "</div>",
+        _thinking(run, figs),
+        _efficiency(run),
+        _sample_browser(run, browsers, cap),
+    ]
     return "".join(parts)
 
 
@@ -624,12 +748,14 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
     meta = run.meta
     # What the algorithm logs a line per (rft: rounds; its max_steps caps each round's SFT).
     unit, field_name = meta.steps
-    length = f'{unit} of {_esc(meta.trainer.get(field_name, "?"))}'
+    length = f"{unit} of {_esc(meta.trainer.get(field_name, '?'))}"
     lora = meta.options.get("lora_rank")
-    parts = [f'<p class="meta">{_esc(meta.benchmark)} · {_esc(meta.model)} · '
-             f'{_esc(meta.algo)}{" + LoRA r=" + _esc(lora) if lora else ""}'
-             f' · {_fmt(len(run.metrics))} logged {length} · '
-             f'{_esc(meta.created or "")}</p>']
+    parts = [
+        f'<p class="meta">{_esc(meta.benchmark)} · {_esc(meta.model)} · '
+        f"{_esc(meta.algo)}{' + LoRA r=' + _esc(lora) if lora else ''}"
+        f" · {_fmt(len(run.metrics))} logged {length} · "
+        f"{_esc(meta.created or '')}</p>"
+    ]
     parts += [f'<p class="note">{_esc(n)}</p>' for n in run.notes]
 
     # Curves over steps: one chart per quantity the trainer logged.
@@ -643,8 +769,9 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
             continue
         fig = go.Figure(go.Scatter(x=steps, y=ys, mode="lines+markers", name=key))
         if key == "reward" and any(isinstance(r.get("reward_std"), (int, float)) for r in run.metrics):
-            fig.data[0].error_y = dict(type="data", array=[r.get("reward_std") or 0 for r in run.metrics],
-                                       visible=True, thickness=1)
+            fig.data[0].error_y = dict(
+                type="data", array=[r.get("reward_std") or 0 for r in run.metrics], visible=True, thickness=1
+            )
         fig.update_layout(title=f"{title} per step", xaxis_title="step", yaxis_title=key)
         if key == "accuracy":
             fig.update_yaxes(range=[-0.02, 1.02])
@@ -660,9 +787,15 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
         xs = list(run.evals)
         head = _headline(run.evals[xs[-1]].results.to_json()) or "accuracy"
         stats = [run.evals[s].results.metrics.get(head, {}) for s in xs]
-        fig = go.Figure(go.Scatter(x=xs, y=[st.get("value") for st in stats], mode="lines+markers", name=head,
-                                   error_y=dict(type="data", array=[st.get("stderr") or 0 for st in stats],
-                                                visible=True)))
+        fig = go.Figure(
+            go.Scatter(
+                x=xs,
+                y=[st.get("value") for st in stats],
+                mode="lines+markers",
+                name=head,
+                error_y=dict(type="data", array=[st.get("stderr") or 0 for st in stats], visible=True),
+            )
+        )
         fig.update_layout(title=f"Held-out {head} at each evaluation", xaxis_title="step", yaxis_title=head)
         fig.update_yaxes(range=[-0.02, 1.02])
         _step_axis(fig, xs)
@@ -675,8 +808,11 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
     parts.append(_step_completions(run))
     if run.evals:
         last_step = list(run.evals)[-1]
-        parts.append(_sample_browser(run.evals[last_step], browsers, cap,
-                                     f"Samples of the last held-out evaluation (step {last_step})"))
+        parts.append(
+            _sample_browser(
+                run.evals[last_step], browsers, cap, f"Samples of the last held-out evaluation (step {last_step})"
+            )
+        )
     return "".join(parts)
 
 
@@ -688,8 +824,14 @@ def _before_after(first: EvalRun, last: EvalRun, a: str, b: str) -> str:
     for name in [n for n in ma if n in mb]:
         va, vb = ma[name].get("value"), mb[name].get("value")
         delta = vb - va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None
-        rows.append([_esc(name), f"{_fmt(va)} ± {_fmt(ma[name].get('stderr'))}",
-                     f"{_fmt(vb)} ± {_fmt(mb[name].get('stderr'))}", _esc(f"{delta:+.4f}" if delta is not None else "")])
+        rows.append(
+            [
+                _esc(name),
+                f"{_fmt(va)} ± {_fmt(ma[name].get('stderr'))}",
+                f"{_fmt(vb)} ± {_fmt(mb[name].get('stderr'))}",
+                _esc(f"{delta:+.4f}" if delta is not None else ""),
+            ]
+        )
     table = _table(["metric", _esc(a), _esc(b), "difference"], rows, "before-after")
     return f"<h4>Before and after training</h4>{table}{_paired(first, last)}"
 
@@ -705,19 +847,32 @@ def _paired(a: EvalRun, b: EvalRun) -> str:
         return f'<p class="note">No paired comparison: {_esc(exc)}</p>'
     rows = []
     for m in cmp.metrics:
-        rows.append([_esc(m.metric), _fmt(m.a), _fmt(m.b), _esc(f"{m.diff:+.4f}") + " ± " + _fmt(m.stderr),
-                     f"[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]", f"{m.won} / {m.lost} / {m.tied}",
-                     _fmt(m.mcnemar_p) if m.mcnemar_p is not None else ""])
-    table = _table(["metric", "A", "B", "B - A ± paired stderr", "95% interval", "tasks won / lost / tied by B",
-                    "McNemar p"], rows, "paired")
+        rows.append(
+            [
+                _esc(m.metric),
+                _fmt(m.a),
+                _fmt(m.b),
+                _esc(f"{m.diff:+.4f}") + " ± " + _fmt(m.stderr),
+                f"[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]",
+                f"{m.won} / {m.lost} / {m.tied}",
+                _fmt(m.mcnemar_p) if m.mcnemar_p is not None else "",
+            ]
+        )
+    table = _table(
+        ["metric", "A", "B", "B - A ± paired stderr", "95% interval", "tasks won / lost / tied by B", "McNemar p"],
+        rows,
+        "paired",
+    )
     flips = []
     for what, ids in (("gained by B", cmp.gained), ("lost by B", cmp.lost)):
         if ids:
             shown = ", ".join(ids[:30]) + (f" ... ({len(ids) - 30} more)" if len(ids) > 30 else "")
-            flips.append(f"<p class=\"note\">{len(ids)} tasks {what}: {_esc(shown)}</p>")
+            flips.append(f'<p class="note">{len(ids)} tasks {what}: {_esc(shown)}</p>')
     warn = "".join(f'<p class="note">{_esc(w)}</p>' for w in cmp.warnings)
-    return (f"<h4>Paired comparison: B = {_esc(b.path.name)} against A = {_esc(a.path.name)}, "
-            f"on the {cmp.shared:,} tasks both hold</h4>{warn}{table}{''.join(flips)}")
+    return (
+        f"<h4>Paired comparison: B = {_esc(b.path.name)} against A = {_esc(a.path.name)}, "
+        f"on the {cmp.shared:,} tasks both hold</h4>{warn}{table}{''.join(flips)}"
+    )
 
 
 def _thinking_summary(row: RewardRow) -> str:
@@ -733,8 +888,10 @@ def _folded_thinking(row: RewardRow) -> str:
     if not isinstance(thinking, str):
         return ""
     cut = "1" if row.thinking_cut else "0"
-    return (f'<details class="thinking" data-cut="{cut}"><summary>{_esc(_thinking_summary(row))}</summary>'
-            f'<pre>{_esc(_cap_text(thinking))}</pre></details>')
+    return (
+        f'<details class="thinking" data-cut="{cut}"><summary>{_esc(_thinking_summary(row))}</summary>'
+        f"<pre>{_esc(_cap_text(thinking))}</pre></details>"
+    )
 
 
 def _step_completions(run: TrainRun) -> str:
@@ -750,15 +907,31 @@ def _step_completions(run: TrainRun) -> str:
     for step in steps:
         for r in by_step[step][:STEP_SAMPLES]:
             text = r.completion if isinstance(r.completion, str) else json.dumps(r.completion)
-            rows.append([_esc(step), _esc(r.task_id), _fmt(r.reward),
-                         "✓" if r.correct else "✗", _esc(r.extracted), _esc(r.target),
-                         f"{_folded_thinking(r)}<pre>{_esc(_cap_text(text))}</pre>"])
+            rows.append(
+                [
+                    _esc(step),
+                    _esc(r.task_id),
+                    _fmt(r.reward),
+                    "✓" if r.correct else "✗",
+                    _esc(r.extracted),
+                    _esc(r.target),
+                    f"{_folded_thinking(r)}<pre>{_esc(_cap_text(text))}</pre>",
+                ]
+            )
     left = len(by_step) - len(steps)
-    note = (f'<p class="omitted">Completions of the first {left:,} logged steps are left out (the last '
-            f'{len(steps):,} are shown); all are in {_esc(RunDir(run.path).rewards)}.</p>') if left else ""
-    return (f"<h3>Sampled completions per step</h3><p class=\"note\">Up to {STEP_SAMPLES} per logged step, "
-            f"from rewards.jsonl.</p>{note}"
-            + _table(["step", "task", "reward", "", "extracted", "target", "completion"], rows, "step-samples"))
+    note = (
+        (
+            f'<p class="omitted">Completions of the first {left:,} logged steps are left out (the last '
+            f"{len(steps):,} are shown); all are in {_esc(RunDir(run.path).rewards)}.</p>"
+        )
+        if left
+        else ""
+    )
+    return (
+        f'<h3>Sampled completions per step</h3><p class="note">Up to {STEP_SAMPLES} per logged step, '
+        f"from rewards.jsonl.</p>{note}"
+        + _table(["step", "task", "reward", "", "extracted", "target", "completion"], rows, "step-samples")
+    )
 
 
 def shared_results(evals: list[EvalRun]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -778,8 +951,11 @@ def shared_results(evals: list[EvalRun]) -> tuple[list[dict[str, Any]], list[str
         kept = [s for s in run.samples if str(s.task_id) in shared]
         names = [m for m in run.results.metrics if m != "accuracy" and not m.startswith("pass")]
         grouped = any(s.group is not None for s in kept)
-        res = aggregate(kept, names, int(run.meta.options.get("num_samples") or 1),
-                        group_by="group" if grouped else None) if kept else {"metrics": {}}
+        res = (
+            aggregate(kept, names, int(run.meta.options.get("num_samples") or 1), group_by="group" if grouped else None)
+            if kept
+            else {"metrics": {}}
+        )
         out.append({**res, "benchmark": run.results.benchmark})
     return out, ids
 
@@ -791,10 +967,14 @@ def _compared_tasks(evals: list[EvalRun], shared: list[str], all_tasks: bool) ->
         return f"The chart compares the runs on the same {len(shared):,} tasks."
     each = ", ".join(f"{n:,}" for n in counts)
     if all_tasks:
-        return (f"The chart shows each run on all of its own tasks ({each}): different task sets, so the bars are "
-                f"not a paired comparison; without --all-tasks it compares the {len(shared):,} tasks all hold.")
-    return (f"The chart compares the runs on the {len(shared):,} tasks all of them hold (paired), out of {each}; "
-            f"the table above is each run on all of its own tasks (`arle report --all-tasks` charts those).")
+        return (
+            f"The chart shows each run on all of its own tasks ({each}): different task sets, so the bars are "
+            f"not a paired comparison; without --all-tasks it compares the {len(shared):,} tasks all hold."
+        )
+    return (
+        f"The chart compares the runs on the {len(shared):,} tasks all of them hold (paired), out of {each}; "
+        f"the table above is each run on all of its own tasks (`arle report --all-tasks` charts those)."
+    )
 
 
 def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: bool = False) -> str:
@@ -816,10 +996,16 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: b
     for label, run, res in results:
         metrics = res.get("metrics") or {}
         kind = "train (last held-out eval)" if isinstance(run, TrainRun) else "eval"
-        rows.append([_esc(label), kind, _esc(res.get("benchmark") or run.meta.benchmark),
-                     _esc(res.get("model") or run.meta.model), _fmt(res.get("n_samples"))]
-                    + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else ""
-                       for n in names])
+        rows.append(
+            [
+                _esc(label),
+                kind,
+                _esc(res.get("benchmark") or run.meta.benchmark),
+                _esc(res.get("model") or run.meta.model),
+                _fmt(res.get("n_samples")),
+            ]
+            + [f"{_fmt(metrics[n]['value'])} ± {_fmt(metrics[n].get('stderr'))}" if n in metrics else "" for n in names]
+        )
     table = _table(["run", "kind", "benchmark", "model", "samples", *map(_esc, names)], rows, "comparison")
     benchmarks = {res.get("benchmark") for _, _, res in results if res}
     charted = [(label, res) for label, _, res in results if res]
@@ -830,18 +1016,25 @@ def _comparison(runs: list[Run], labels: list[str], figs: _Figures, all_tasks: b
         if not all_tasks:
             charted = [(label, res) for (label, _), res in zip(charted, shared_res)]
             title = f"Runs side by side on the {len(shared):,} shared tasks: "
-        tasks_note = f'<p class="note compared-tasks" data-shared="{len(shared)}">' \
-                     f'{_esc(_compared_tasks(evals, shared, all_tasks))}</p>'
+        tasks_note = (
+            f'<p class="note compared-tasks" data-shared="{len(shared)}">'
+            f"{_esc(_compared_tasks(evals, shared, all_tasks))}</p>"
+        )
     chart = _group_chart(figs, charted, title, "compare-")
-    note = ('<p class="note">These runs are of different benchmarks: their numbers are not comparable.</p>'
-            if len(benchmarks) > 1 else "")
+    note = (
+        '<p class="note">These runs are of different benchmarks: their numbers are not comparable.</p>'
+        if len(benchmarks) > 1
+        else ""
+    )
     paired = ""
     evals = [run for run in runs if isinstance(run, EvalRun)]
     if len(runs) == 2 and len(evals) == 2:
         paired = _paired(evals[0], evals[1])
     if not paired:
-        paired = ('<p class="note">Side by side only; `arle compare RUN_A RUN_B` gives the paired difference, its '
-                  'interval and the tasks that flipped.</p>')
+        paired = (
+            '<p class="note">Side by side only; `arle compare RUN_A RUN_B` gives the paired difference, its '
+            "interval and the tasks that flipped.</p>"
+        )
     compute = _compute(runs, labels, figs) if len(benchmarks) == 1 else ""
     return f"<h2>Comparison</h2>{note}{table}{paired}{compute}{tasks_note}{chart}"
 
@@ -871,33 +1064,61 @@ def _compute(runs: list[Run], labels: list[str], figs: _Figures) -> str:
         diff = ""
         if i:
             try:
-                acc = next((m for m in compare_runs(shown[0][1].path, run.path).metrics if m.metric == "accuracy"),
-                           None)
+                acc = next(
+                    (m for m in compare_runs(shown[0][1].path, run.path).metrics if m.metric == "accuracy"), None
+                )
             except UserError:  # different splits or data: side by side only
                 acc = None
             diff = "" if acc is None else _esc(f"{acc.diff:+.4f}") + " ± " + _fmt(acc.stderr)
         budget = "/".join(_fmt(b) for b in (point.max_thinking_tokens, point.max_tokens) if b is not None)
-        rows.append([_esc(point.run), f"{_fmt(point.accuracy)} ± {_fmt(point.stderr)}",
-                     *([_fmt(point.thinking_tokens, 1), _fmt(point.cut_share)] if thought else []),
-                     _fmt(point.completion_tokens, 1), _fmt(point.completion_tokens_total), _esc(budget), diff])
-    head = ["run", "accuracy", *(["thinking tokens (mean)", "cut share"] if thought else []),
-            "completion tokens (mean)", "completion tokens (total)", "budget (thinking/max)",
-            "accuracy - first run ± paired stderr"]
+        rows.append(
+            [
+                _esc(point.run),
+                f"{_fmt(point.accuracy)} ± {_fmt(point.stderr)}",
+                *([_fmt(point.thinking_tokens, 1), _fmt(point.cut_share)] if thought else []),
+                _fmt(point.completion_tokens, 1),
+                _fmt(point.completion_tokens_total),
+                _esc(budget),
+                diff,
+            ]
+        )
+    head = [
+        "run",
+        "accuracy",
+        *(["thinking tokens (mean)", "cut share"] if thought else []),
+        "completion tokens (mean)",
+        "completion tokens (total)",
+        "budget (thinking/max)",
+        "accuracy - first run ± paired stderr",
+    ]
     table = _table(head, rows, "compute")
     xs = [p.thinking_tokens if thought else p.completion_tokens for p in points]
     known = {i: x for i, x in enumerate(xs) if x is not None}
     order = sorted(known, key=known.__getitem__)
     chart = ""
     if order:
-        fig = go.Figure(go.Scatter(x=[xs[i] for i in order], y=[points[i].accuracy for i in order],
-                                   mode="lines+markers+text", text=[_plot_text(points[i].run) for i in order],
-                                   textposition="top center", name="accuracy",
-                                   error_y=dict(type="data", visible=True,
-                                                array=[points[i].stderr if math.isfinite(points[i].stderr) else 0
-                                                       for i in order])))
+        fig = go.Figure(
+            go.Scatter(
+                x=[xs[i] for i in order],
+                y=[points[i].accuracy for i in order],
+                mode="lines+markers+text",
+                text=[_plot_text(points[i].run) for i in order],
+                textposition="top center",
+                name="accuracy",
+                error_y=dict(
+                    type="data",
+                    visible=True,
+                    array=[points[i].stderr if math.isfinite(points[i].stderr) else 0 for i in order],
+                ),
+            )
+        )
         what = "thinking" if thought else "completion"
-        fig.update_layout(title=f"Accuracy against {what} tokens", xaxis_title=f"{what} tokens (mean per sample)",
-                          yaxis_title="accuracy", showlegend=False)
+        fig.update_layout(
+            title=f"Accuracy against {what} tokens",
+            xaxis_title=f"{what} tokens (mean per sample)",
+            yaxis_title="accuracy",
+            showlegend=False,
+        )
         fig.update_yaxes(range=[-0.02, 1.1])
         chart = figs.add(fig, "compute")
     title = "Accuracy against compute" if thought else "Accuracy and tokens"
@@ -923,6 +1144,7 @@ def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_t
     if not runs:
         raise UserError("pass at least one run directory")
     import plotly.offline
+
     names = [r.path.name or str(r.path) for r in runs]
     labels = [_label(r, i, names) for i, r in enumerate(runs)]
     figs = _Figures()
@@ -932,10 +1154,15 @@ def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_t
         body.append(_comparison(runs, labels, figs, all_tasks))
     for run, label in zip(runs, labels):
         kind = "training run" if isinstance(run, TrainRun) else "eval run"
-        inner = (_train_section(run, label, figs, browsers, sample_cap) if isinstance(run, TrainRun)
-                 else _eval_section(run, label, figs, browsers, sample_cap))
-        body.append(f'<section class="run" data-kind="{"train" if isinstance(run, TrainRun) else "eval"}">'
-                    f'<h2>{_esc(label)} <span class="note">({kind}: {_esc(run.path)})</span></h2>{inner}</section>')
+        inner = (
+            _train_section(run, label, figs, browsers, sample_cap)
+            if isinstance(run, TrainRun)
+            else _eval_section(run, label, figs, browsers, sample_cap)
+        )
+        body.append(
+            f'<section class="run" data-kind="{"train" if isinstance(run, TrainRun) else "eval"}">'
+            f'<h2>{_esc(label)} <span class="note">({kind}: {_esc(run.path)})</span></h2>{inner}</section>'
+        )
     title = "arle report: " + ", ".join(labels)
     # The library's JavaScript, once per file; a `</script` inside it would end the element early.
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
@@ -943,16 +1170,20 @@ def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_t
     generated = time.strftime("%Y-%m-%d %H:%M:%S")
     # The policy lets the inline code run and forbids every request: no hostile sample (nor
     # the library) can load an image, a script, a font or a frame from anywhere.
-    csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
-           "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<title>{_esc(title)}</title><style>{_CSS}</style></head><body>'
-            f'<header><h1>{_esc(title)}</h1><p>generated {generated} by arle · one file, works offline</p></header>'
-            f'<main>{"".join(body)}</main>'
-            f'<script type="application/json" id="report-data">{data}</script>'
-            f'<script>{plotly_js}</script><script>{_JS}</script></body></html>\n')
+    csp = (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+        "font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<header><h1>{_esc(title)}</h1><p>generated {generated} by arle · one file, works offline</p></header>"
+        f"<main>{''.join(body)}</main>"
+        f'<script type="application/json" id="report-data">{data}</script>'
+        f"<script>{plotly_js}</script><script>{_JS}</script></body></html>\n"
+    )
 
 
 def default_output(paths: Sequence[Path | str]) -> Path:
@@ -960,8 +1191,9 @@ def default_output(paths: Sequence[Path | str]) -> Path:
     return Path(paths[0]) / "report.html" if len(paths) == 1 else Path("report.html")
 
 
-def write_report(paths: Sequence[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP,
-                 all_tasks: bool = False) -> Path:
+def write_report(
+    paths: Sequence[Path | str], output: Path | None = None, *, sample_cap: int = SAMPLE_CAP, all_tasks: bool = False
+) -> Path:
     """Check the runs, build the report and write it (atomically); return where it went.
 
     Every run is read and checked before anything is written, so bad input leaves no file."""

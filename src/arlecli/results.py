@@ -54,8 +54,10 @@ def read_samples(run_dir: Path) -> list[dict[str, Any]]:
             except ValueError:  # broken, not UTF-8, or nested deeper than safeio.MAX_DEPTH: damaged
                 sample = None
             if not isinstance(sample, dict) or any(k not in sample for k in _SAMPLE_KEYS):
-                raise UserError(f"{path}: line {n} is not a sample (damaged or edited); nothing was changed: "
-                                f"repair that line or delete it (its sample is then redone), then rerun")
+                raise UserError(
+                    f"{path}: line {n} is not a sample (damaged or edited); nothing was changed: "
+                    f"repair that line or delete it (its sample is then redone), then rerun"
+                )
             samples.append(sample)
     return samples
 
@@ -167,9 +169,14 @@ def pass_ks(n: int) -> list[int]:
     return sorted(ks)
 
 
-def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], num_samples: int,
-              group_by: str | None = None, prices: Prices | None = None,
-              env_stats: Callable[[list[Sample]], dict[str, Any]] | None = None) -> dict[str, Any]:
+def aggregate(
+    lines: Iterable[Sample | Mapping[str, Any]],
+    metrics: list[str],
+    num_samples: int,
+    group_by: str | None = None,
+    prices: Prices | None = None,
+    env_stats: Callable[[list[Sample]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Per-task means (over a task's samples), then mean and stderr over tasks.
 
     Always reports `accuracy` (the reward's `correct`); each name in `metrics` is read
@@ -193,20 +200,23 @@ def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], n
         for name in names:
             per_task = []
             for tid in task_ids:
-                vals = [float(s.correct) if name == "accuracy" else float(s.details.get(name, 0.0))
-                        for s in by_task[tid]]
+                vals = [
+                    float(s.correct) if name == "accuracy" else float(s.details.get(name, 0.0)) for s in by_task[tid]
+                ]
                 per_task.append(sum(vals) / len(vals))
             out[name] = mean_stderr(per_task).as_dict()
         ks = pass_ks(num_samples) if num_samples > 1 else [1]
         if num_samples > 1 or any(m.startswith("pass@") for m in metrics):
             for k in ks:
-                per_task = [pass_at_k(len(by_task[t]), sum(bool(s.correct) for s in by_task[t]), k)
-                            for t in task_ids]
+                per_task = [pass_at_k(len(by_task[t]), sum(bool(s.correct) for s in by_task[t]), k) for t in task_ids]
                 out[f"pass@{k}"] = mean_stderr(per_task).as_dict()
         if num_samples > 1:
             for k in ks:
-                per_task = [pass_hat_k(len(by_task[t]), sum(bool(s.correct) for s in by_task[t]), k)
-                            for t in task_ids if len(by_task[t]) >= k]
+                per_task = [
+                    pass_hat_k(len(by_task[t]), sum(bool(s.correct) for s in by_task[t]), k)
+                    for t in task_ids
+                    if len(by_task[t]) >= k
+                ]
                 out[f"pass^{k}"] = mean_stderr(per_task).as_dict()
         return out
 
@@ -227,8 +237,9 @@ def aggregate(lines: Iterable[Sample | Mapping[str, Any]], metrics: list[str], n
         "time": efficiency.time_stats(samples),
         "agents": efficiency.agent_stats(samples),
         **(env_stats(samples) if env_stats is not None else {}),  # the env kind's own (a game's `games`)
-        "consistency": ({"samples_per_task": num_samples, **efficiency.all_agree(by_task, task_ids)}
-                        if num_samples > 1 else None),
+        "consistency": (
+            {"samples_per_task": num_samples, **efficiency.all_agree(by_task, task_ids)} if num_samples > 1 else None
+        ),
         "cost": efficiency.cost_stats(samples, len(task_ids), prices),
         "reasoning": efficiency.reasoning_stats(samples),
     }

@@ -107,16 +107,21 @@ def check_fresh(run_dir: Path, resume: bool) -> None:
     if not resume:
         return
     if not run_dir.exists():
-        raise UserError(f"cannot resume {run_dir}: no such directory, so there is no run to continue; "
-                        f"check the --output path, or drop --resume to start a new run there")
+        raise UserError(
+            f"cannot resume {run_dir}: no such directory, so there is no run to continue; "
+            f"check the --output path, or drop --resume to start a new run there"
+        )
     if not run_dir.is_dir():
         raise UserError(f"cannot resume {run_dir}: it is a file, not a run directory; choose another --output")
-    raise UserError(f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
-                    f"drop --resume or choose another --output")
+    raise UserError(
+        f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
+        f"drop --resume or choose another --output"
+    )
 
 
-def prepare(run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Iterable[str],
-            may_change: Collection[str] = ()) -> None:
+def prepare(
+    run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Iterable[str], may_change: Collection[str] = ()
+) -> None:
     """Start the run in `run_dir` (create it, write meta.json), or check that a resume may continue it.
 
     On resume, every key of `compare` must hold the value stored in meta.json; a key whose value
@@ -137,8 +142,7 @@ def prepare(run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Itera
     except OSError as exc:  # a parent that is a file, no permission, a full or read-only disk
         reason = exc.strerror or type(exc).__name__
         where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != run_dir else ""
-        raise UserError(f"cannot write the run directory {run_dir}: {reason}{where}; "
-                        f"choose another --output") from None
+        raise UserError(f"cannot write the run directory {run_dir}: {reason}{where}; choose another --output") from None
 
 
 def file_hash(path: Path | str) -> str:
@@ -164,11 +168,14 @@ def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change:
     try:
         old = safeio.loads((run_dir / META).read_bytes())
     except ValueError as exc:  # broken, not UTF-8, or nested deeper than safeio.MAX_DEPTH
-        raise UserError(f"cannot resume {run_dir}: its {META} is not valid JSON ({safeio.clean_text(str(exc))}); "
-                        f"choose a new --output") from None
+        raise UserError(
+            f"cannot resume {run_dir}: its {META} is not valid JSON ({safeio.clean_text(str(exc))}); "
+            f"choose a new --output"
+        ) from None
     except OSError as exc:  # a folder named meta.json, or no permission to read it
-        raise UserError(f"cannot resume {run_dir}: cannot read its {META} ({exc.strerror or exc}); "
-                        f"choose a new --output") from None
+        raise UserError(
+            f"cannot resume {run_dir}: cannot read its {META} ({exc.strerror or exc}); choose a new --output"
+        ) from None
     if not isinstance(old, dict):
         raise UserError(f"cannot resume {run_dir}: its {META} is not a JSON object; choose a new --output")
     diffs = []
@@ -192,8 +199,10 @@ def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change:
         elif old.get(key) != now:
             diffs.append(f"{key}: {old.get(key)!r} -> {now!r}")
     if diffs:
-        raise UserError(f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
-                        f"rerun with the original settings or use a new --output")
+        raise UserError(
+            f"cannot resume {run_dir}: settings differ from the original run ({'; '.join(diffs)}); "
+            f"rerun with the original settings or use a new --output"
+        )
     resumed: list[Any] = old["resumed"] if isinstance(old.get("resumed"), list) else []
     updated["resumed"] = [*resumed, meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%S%z")]
     write_json(run_dir / META, updated)
@@ -203,8 +212,19 @@ def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change:
 # An eval run opened and closed (eval.py and loglik.py)
 
 
-def open_run(card: "Card", engine: "Engine", opts: Any, *, model: str, run_dir: Path, resume: bool,
-             command: list[str] | None, expected: int, scoring: str, **extra: Any) -> set[str]:
+def open_run(
+    card: "Card",
+    engine: "Engine",
+    opts: Any,
+    *,
+    model: str,
+    run_dir: Path,
+    resume: bool,
+    command: list[str] | None,
+    expected: int,
+    scoring: str,
+    **extra: Any,
+) -> set[str]:
     """Start (or resume) an eval run in `run_dir`: write meta.json, refuse a resume whose
     settings differ, and return the ids of the samples already done. `opts`: the run's
     EvalOptions; `extra` joins meta.json."""
@@ -244,13 +264,23 @@ def model_options(engine: "Engine") -> dict[str, Any]:
     from arlecli.thinking import tags_for
 
     tags = tags_for(engine)
-    return {"think_tags": tags.option() if tags is not None else "none",
-            "chat_template_kwargs": getattr(engine, "chat_template_kwargs", None) or {}}
+    return {
+        "think_tags": tags.option() if tags is not None else "none",
+        "chat_template_kwargs": getattr(engine, "chat_template_kwargs", None) or {},
+    }
 
 
-def close_run(card: "Card", opts: Any, *, model: str, run_dir: Path, metrics: list[str],
-              prices: "Prices | None", env_stats: Callable[[list[Any]], dict[str, Any]] | None = None,
-              **extra: Any) -> dict[str, Any]:
+def close_run(
+    card: "Card",
+    opts: Any,
+    *,
+    model: str,
+    run_dir: Path,
+    metrics: list[str],
+    prices: "Prices | None",
+    env_stats: Callable[[list[Any]], dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """Aggregate `run_dir`'s samples into results.json (`extra` joins it; `env_stats` adds the
     card's env kind's own blocks) and return it."""
     samples = read_samples(run_dir)
@@ -258,9 +288,12 @@ def close_run(card: "Card", opts: Any, *, model: str, run_dir: Path, metrics: li
     if len(ids) != len(set(ids)):
         raise UserError(f"{run_dir}/{SAMPLES} holds duplicate sample ids; it was written by two runs at once")
     results = {
-        "benchmark": card.name, "card_version": card.version, "model": model,
+        "benchmark": card.name,
+        "card_version": card.version,
+        "model": model,
         "split": opts.data or (opts.split or card.source.default_split),
-        "num_samples": opts.num_samples, **extra,
+        "num_samples": opts.num_samples,
+        **extra,
         **aggregate(samples, metrics, opts.num_samples, card.group_by, prices, env_stats),
     }
     write_json(RunDir(run_dir).results, results)
@@ -276,8 +309,11 @@ def checkpoints(run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir()
-             if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir() and _state_complete(p)]
+    found = [
+        (int(m.group(1)), p)
+        for p in run_dir.iterdir()
+        if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir() and _state_complete(p)
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -345,15 +381,20 @@ def read_meta(run_dir: Path) -> Meta:
     """A run's meta.json; UserError (one line) when `run_dir` is no run directory or the file is damaged."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise UserError(f"{run_dir} is not a run directory: no such folder; `arle runs list` shows the runs "
-                        f"under ./runs")
+        raise UserError(
+            f"{run_dir} is not a run directory: no such folder; `arle runs list` shows the runs under ./runs"
+        )
     if not (run_dir / META).is_file():
-        raise UserError(f"{run_dir} is not a run directory: it has no {META} (arle eval and arle train write one "
-                        f"first); `arle runs list {run_dir}` shows the runs under it")
+        raise UserError(
+            f"{run_dir} is not a run directory: it has no {META} (arle eval and arle train write one "
+            f"first); `arle runs list {run_dir}` shows the runs under it"
+        )
     meta = read_json(run_dir / META)
     if not isinstance(meta, dict):
-        raise UserError(f"{run_dir / META} is not a JSON object, so {run_dir} is not a readable run; "
-                        f"it was not written by arle or was edited")
+        raise UserError(
+            f"{run_dir / META} is not a JSON object, so {run_dir} is not a readable run; "
+            f"it was not written by arle or was edited"
+        )
     return Meta.from_json(meta)
 
 
@@ -389,20 +430,20 @@ class RunInfo:
     samples for an eval run and optimizer steps for a training run."""
 
     path: str
-    kind: str                       # eval | train
+    kind: str  # eval | train
     benchmark: str | None
     model: str | None
     split: str | None
-    metric: str | None              # the headline metric's name (accuracy)
+    metric: str | None  # the headline metric's name (accuracy)
     value: float | None
     stderr: float | None
     done: int | None
     expected: int | None
-    unit: str                       # samples | steps | rounds (rft)
-    status: str                     # complete | interrupted | damaged
+    unit: str  # samples | steps | rounds (rft)
+    status: str  # complete | interrupted | damaged
     resumable: bool
     started: str | None
-    note: str = ""                  # why damaged, or where a resume continues from
+    note: str = ""  # why damaged, or where a resume continues from
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -427,14 +468,43 @@ def describe(run_dir: Path) -> RunInfo:
     try:
         meta = read_meta(run_dir)
     except UserError as exc:
-        return RunInfo(str(run_dir), "?", None, None, None, None, None, None, None, None, "samples", "damaged",
-                       False, None, str(exc))
+        return RunInfo(
+            str(run_dir),
+            "?",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "samples",
+            "damaged",
+            False,
+            None,
+            str(exc),
+        )
     try:
         return _describe_train(run_dir, meta) if meta.is_training else _describe_eval(run_dir, meta)
     except OSError as exc:  # an unreadable samples.jsonl or metrics.jsonl (permissions, a folder in its place)
-        return RunInfo(str(run_dir), "train" if meta.is_training else "eval", meta.benchmark, meta.model, None,
-                       None, None, None, None, None, "samples", "damaged", False, meta.created,
-                       f"cannot read it: {exc.strerror or exc}")
+        return RunInfo(
+            str(run_dir),
+            "train" if meta.is_training else "eval",
+            meta.benchmark,
+            meta.model,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "samples",
+            "damaged",
+            False,
+            meta.created,
+            f"cannot read it: {exc.strerror or exc}",
+        )
 
 
 def _read_results(path: Path) -> Results | None:
@@ -445,9 +515,22 @@ def _read_results(path: Path) -> Results | None:
 
 def _describe_eval(run_dir: Path, meta: Meta) -> RunInfo:
     done, torn = count_lines(run_dir / SAMPLES)
-    info = RunInfo(str(run_dir), "eval", meta.benchmark, meta.model,
-                   meta.options.get("data") or meta.options.get("split"), "accuracy", None, None, done, None,
-                   "samples", "interrupted", True, meta.created)
+    info = RunInfo(
+        str(run_dir),
+        "eval",
+        meta.benchmark,
+        meta.model,
+        meta.options.get("data") or meta.options.get("split"),
+        "accuracy",
+        None,
+        None,
+        done,
+        None,
+        "samples",
+        "interrupted",
+        True,
+        meta.created,
+    )
     results = None
     if (run_dir / RESULTS).exists():
         try:
@@ -475,8 +558,22 @@ def _describe_train(run_dir: Path, meta: Meta) -> RunInfo:
     steps = [int(r["step"]) for r in RunDir(run_dir).read_metrics() if isinstance(r.get("step"), (int, float))]
     # What the algorithm counts (rft: rounds; its metrics.jsonl has one line per round, step = round).
     unit, length = meta.steps
-    info = RunInfo(str(run_dir), "train", meta.benchmark, meta.model, meta.eval_split, None, None, None,
-                   max(steps, default=0), meta.trainer.get(length), unit, "interrupted", True, meta.created)
+    info = RunInfo(
+        str(run_dir),
+        "train",
+        meta.benchmark,
+        meta.model,
+        meta.eval_split,
+        None,
+        None,
+        None,
+        max(steps, default=0),
+        meta.trainer.get(length),
+        unit,
+        "interrupted",
+        True,
+        meta.created,
+    )
     # Headline: held-out accuracy of the latest finished evaluation (the "after" of summary.json).
     for folder in reversed(held_out_dirs(run_dir)):
         if (folder / RESULTS).exists():
@@ -498,7 +595,7 @@ def _describe_train(run_dir: Path, meta: Meta) -> RunInfo:
             info.status, info.note = "damaged", str(exc)
     else:
         ckpt = latest_checkpoint(run_dir)
-        info.note = (f"resumes from {ckpt.name}" if ckpt else "no checkpoint yet: a resume starts at step 0")
+        info.note = f"resumes from {ckpt.name}" if ckpt else "no checkpoint yet: a resume starts at step 0"
     return info
 
 
@@ -528,26 +625,38 @@ def load_eval(run_dir: Path) -> EvalRun:
     meta = read_meta(run_dir)
     if meta.is_training:
         evals = [str(p) for p in held_out_dirs(run_dir) if (p / RESULTS).exists()]
-        hint = (f"use its held-out evals, e.g. {evals[0]} and {evals[-1]}" if len(evals) > 1 else
-                f"its held-out evals are {RunDir(run_dir).held_out}/step-N (none finished yet)" if not evals else
-                f"its one finished held-out eval is {evals[0]}")
+        hint = (
+            f"use its held-out evals, e.g. {evals[0]} and {evals[-1]}"
+            if len(evals) > 1
+            else f"its held-out evals are {RunDir(run_dir).held_out}/step-N (none finished yet)"
+            if not evals
+            else f"its one finished held-out eval is {evals[0]}"
+        )
         raise UserError(f"{run_dir} is a training run, not an eval run; {hint}")
     if not (run_dir / RESULTS).exists():
         done, _ = count_lines(run_dir / SAMPLES)
         expected = _expected_samples(meta, None)
-        raise UserError(f"{run_dir} has no {RESULTS}: the run was interrupted or is still running "
-                        f"({done}/{expected if expected is not None else '?'} samples done); {_finish_hint(run_dir, meta)}")
+        raise UserError(
+            f"{run_dir} has no {RESULTS}: the run was interrupted or is still running "
+            f"({done}/{expected if expected is not None else '?'} samples done); {_finish_hint(run_dir, meta)}"
+        )
     data = read_json(run_dir / RESULTS)
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise UserError(f"{run_dir / RESULTS} is not an arle results file (no metrics); it was edited or "
-                        f"damaged: {_finish_hint(run_dir, meta)} to recompute it")
+        raise UserError(
+            f"{run_dir / RESULTS} is not an arle results file (no metrics); it was edited or "
+            f"damaged: {_finish_hint(run_dir, meta)} to recompute it"
+        )
     results = Results.from_json(data)
     _, torn = count_lines(run_dir / SAMPLES)
     if torn:
-        raise UserError(f"{run_dir / SAMPLES} ends in a torn line (a write cut off by a kill), so it does not "
-                        f"match {RESULTS}; nothing was changed: {_finish_hint(run_dir, meta)} to redo that sample")
+        raise UserError(
+            f"{run_dir / SAMPLES} ends in a torn line (a write cut off by a kill), so it does not "
+            f"match {RESULTS}; nothing was changed: {_finish_hint(run_dir, meta)} to redo that sample"
+        )
     samples = samples_of(read_samples(run_dir))  # raises in one line for a damaged line in the middle
     if len(samples) != results.n_samples:
-        raise UserError(f"{run_dir}: {SAMPLES} holds {len(samples)} samples but {RESULTS} counts "
-                        f"{results.n_samples}; the run is still being written or its files were mixed up")
+        raise UserError(
+            f"{run_dir}: {SAMPLES} holds {len(samples)} samples but {RESULTS} counts "
+            f"{results.n_samples}; the run is still being written or its files were mixed up"
+        )
     return EvalRun(run_dir, meta, results, samples)

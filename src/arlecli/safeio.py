@@ -56,8 +56,10 @@ def clean_text(text: str) -> str:
 # Shown escaped: C0 controls but \n and \t; DEL and the C1 controls (U+0080-U+009F; U+009B is
 # CSI by itself); the line and paragraph separators; the bidi embeddings, overrides, isolates and
 # marks, which reorder what is shown ("Trojan Source"); lone surrogates, which stdout cannot encode.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-                     "\ud800-\udfff]")
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
 
 def terminal_text(text: str) -> str:
     """`text` safe to print: every character a terminal would act on instead of showing is
@@ -182,8 +184,9 @@ def _strict_loader() -> type:
         def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D401 (PyYAML's hook)
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
-                raise ComposerError(None, None, "YAML aliases (*name) are not accepted here: write the value out",
-                                    event.start_mark)
+                raise ComposerError(
+                    None, None, "YAML aliases (*name) are not accepted here: write the value out", event.start_mark
+                )
             self._depth += 1
             try:
                 if self._depth > MAX_DEPTH:

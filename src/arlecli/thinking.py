@@ -55,8 +55,9 @@ def parse_option(value: str | None, where: str = "--think-tags") -> ThinkTags | 
         return NONE
     parts = value.split(",")
     if len(parts) != 2 or not all(p.strip() for p in parts) or parts[0].strip() == parts[1].strip():
-        raise UserError(f"{where} must be START,END (two different tags, e.g. '<think>,</think>') or 'none'; "
-                        f"got {value!r}")
+        raise UserError(
+            f"{where} must be START,END (two different tags, e.g. '<think>,</think>') or 'none'; got {value!r}"
+        )
     return ThinkTags(parts[0].strip(), parts[1].strip())
 
 
@@ -122,7 +123,7 @@ def split(text: str, tags: ThinkTags | None, *, reasoning: str | None = None, op
         return Split(None, text)
     body = text.lstrip()
     if body.startswith(tags.start):
-        rest = body[len(tags.start):]
+        rest = body[len(tags.start) :]
     elif opened or (tags.end in text and tags.start not in text.split(tags.end, 1)[0]):
         rest = text
     else:
@@ -166,8 +167,9 @@ def prompt_opens(tokenizer: Any, prompt_ids: list[int] | None, tags: ThinkTags |
     return tail.rstrip().endswith(tags.start)
 
 
-def thinking_token_count(tokenizer: Any, token_ids: list[int], tags: ThinkTags | None, thinking: str | None,
-                         cut: bool) -> int | None:
+def thinking_token_count(
+    tokenizer: Any, token_ids: list[int], tags: ThinkTags | None, thinking: str | None, cut: bool
+) -> int | None:
     """How many of a turn's generated ids are thinking (through the end tag): all of them for a
     cut thought, None when the turn did not think or the ids are unknown (an endpoint)."""
     if thinking is None or not token_ids or tokenizer is None or tags is None:
@@ -224,9 +226,11 @@ def check_budget(max_thinking_tokens: int | None, model_thinks: bool, model: str
     """Refuse `--max-thinking-tokens` for a model not known to think: there is no thought to
     bound (a plain model's answer would be cut instead), so it is a mistake, not a no-op."""
     if max_thinking_tokens is not None and not model_thinks:
-        raise UserError(f"--max-thinking-tokens: {model} is not known to think (its tokenizer declares no "
-                        "think tags); pass --think-tags START,END if it writes its thinking between them, "
-                        "or drop --max-thinking-tokens")
+        raise UserError(
+            f"--max-thinking-tokens: {model} is not known to think (its tokenizer declares no "
+            "think tags); pass --think-tags START,END if it writes its thinking between them, "
+            "or drop --max-thinking-tokens"
+        )
 
 
 def tags_for(engine: Any) -> ThinkTags | None:

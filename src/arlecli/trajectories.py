@@ -78,8 +78,8 @@ class Trajectory:
     prompt: list[dict[str, Any]] | str
     continuation: list[dict[str, Any]] | str
     tools: list[dict[str, Any]] | None
-    cut: bool = False                   # a model turn stopped at its token limit (finish_reason "length")
-    thinking_cut: bool = False          # a model turn thought and gave no answer
+    cut: bool = False  # a model turn stopped at its token limit (finish_reason "length")
+    thinking_cut: bool = False  # a model turn thought and gave no answer
 
     @property
     def is_text(self) -> bool:
@@ -114,15 +114,20 @@ class Count:
 class Export:
     """The rows to write and how each filter got there (printed, and `--json`)."""
 
-    kind: str                       # sft | dpo
+    kind: str  # sft | dpo
     rows: list[dict[str, Any]]
-    runs: list[dict[str, Any]]      # run, benchmark, model, samples
+    runs: list[dict[str, Any]]  # run, benchmark, model, samples
     counts: list[Count] = field(default_factory=list)
 
     def report(self, output: Path) -> dict[str, Any]:
         """The `--json` report."""
-        return {"output": str(output), "kind": self.kind, "rows": len(self.rows), "runs": self.runs,
-                "filters": [asdict(c) for c in self.counts]}
+        return {
+            "output": str(output),
+            "kind": self.kind,
+            "rows": len(self.rows),
+            "runs": self.runs,
+            "filters": [asdict(c) for c in self.counts],
+        }
 
 
 # Reading runs ------------------------------------------------------------------------------
@@ -159,18 +164,31 @@ def trajectories(run: EvalRun, *, drop_thinking: bool = False) -> list[Trajector
         recorded = _chat(s.prompt) and (s.turns is not None or "turns" in s.extra)  # a multi-turn episode
         if recorded and "rollout" in (s.env_info if isinstance(s.env_info, dict) else {}):
             # An agent's own requests (its tools, a rewritten history) are not in samples.jsonl.
-            raise UserError(f"{run.path} is a @rollout agent's run, whose conversations samples.jsonl does not "
-                            f"hold whole; from-eval reads runs of single-turn and env cards")
+            raise UserError(
+                f"{run.path} is a @rollout agent's run, whose conversations samples.jsonl does not "
+                f"hold whole; from-eval reads runs of single-turn and env cards"
+            )
         if recorded and not s.has_tools:
-            raise UserError(f"{where} line {n}: recorded by an older arle that did not record the tool schemas its "
-                            f"prompts carried; rerun the eval (arle eval ... --output NEW) to export it")
-        out.append(trajectory(s, run=str(run.path), benchmark=str(run.meta.benchmark), model=str(run.meta.model),
-                              where=f"{where} line {n}", drop_thinking=drop_thinking))
+            raise UserError(
+                f"{where} line {n}: recorded by an older arle that did not record the tool schemas its "
+                f"prompts carried; rerun the eval (arle eval ... --output NEW) to export it"
+            )
+        out.append(
+            trajectory(
+                s,
+                run=str(run.path),
+                benchmark=str(run.meta.benchmark),
+                model=str(run.meta.model),
+                where=f"{where} line {n}",
+                drop_thinking=drop_thinking,
+            )
+        )
     return out
 
 
-def trajectory(sample: Sample, *, run: str, benchmark: str, model: str, where: str = "a sample",
-               drop_thinking: bool = False) -> Trajectory:
+def trajectory(
+    sample: Sample, *, run: str, benchmark: str, model: str, where: str = "a sample", drop_thinking: bool = False
+) -> Trajectory:
     """A sample as the conversation the model had (see the module docstring): an eval run's
     line, or an episode's `Sample.from_episode` (train.rft). UserError naming `where` for
     what arle does not write."""
@@ -198,28 +216,54 @@ def trajectory(sample: Sample, *, run: str, benchmark: str, model: str, where: s
             continuation += [_assistant(turn.completion, where, thought), *observation]
         cut = any(turn.finish_reason == "length" for turn in turns)
         thinking_cut = any(bool(turn.thinking_cut) for turn in turns) or bool(sample.thinking_cut)
-    return Trajectory(run=run, benchmark=benchmark, model=model, task_id=str(sample.task_id),
-                      sample=int(sample.sample or 0), reward=float(sample.reward or 0.0), correct=bool(sample.correct),
-                      prompt=prompt, continuation=continuation, tools=tools, cut=cut, thinking_cut=thinking_cut)
+    return Trajectory(
+        run=run,
+        benchmark=benchmark,
+        model=model,
+        task_id=str(sample.task_id),
+        sample=int(sample.sample or 0),
+        reward=float(sample.reward or 0.0),
+        correct=bool(sample.correct),
+        prompt=prompt,
+        continuation=continuation,
+        tools=tools,
+        cut=cut,
+        thinking_cut=thinking_cut,
+    )
 
 
-def _text_trajectory(sample: Sample, where: str, prompt: str, drop_thinking: bool, *, run: str, benchmark: str,
-                     model: str) -> Trajectory:
+def _text_trajectory(
+    sample: Sample, where: str, prompt: str, drop_thinking: bool, *, run: str, benchmark: str, model: str
+) -> Trajectory:
     """A completion-format card's sample: its plain-text prompt and the reply's text."""
     completion = sample.completion
     if sample.turns is not None or "turns" in sample.extra or not isinstance(completion, str):
-        raise UserError(f"{where}: a plain-text prompt with turns or without a text completion is not what arle "
-                        f"writes; the file was edited or damaged")
+        raise UserError(
+            f"{where}: a plain-text prompt with turns or without a text completion is not what arle "
+            f"writes; the file was edited or damaged"
+        )
     if isinstance(sample.thinking, str) and not drop_thinking:
         # A text row has no message to carry the thought in, and where the think tags go is the
         # model's; the answer alone is a row only when asked for.
-        raise UserError(f"{run}: a completion-format card's samples hold the model's thinking apart from its "
-                        f"answer, which a prompt/completion row cannot carry; pass --drop-thinking to write the "
-                        f"answers alone")
-    return Trajectory(run=run, benchmark=benchmark, model=model, task_id=str(sample.task_id),
-                      sample=int(sample.sample or 0), reward=float(sample.reward or 0.0), correct=bool(sample.correct),
-                      prompt=prompt, continuation=completion, tools=None,
-                      cut=sample.finish_reason == "length", thinking_cut=bool(sample.thinking_cut))
+        raise UserError(
+            f"{run}: a completion-format card's samples hold the model's thinking apart from its "
+            f"answer, which a prompt/completion row cannot carry; pass --drop-thinking to write the "
+            f"answers alone"
+        )
+    return Trajectory(
+        run=run,
+        benchmark=benchmark,
+        model=model,
+        task_id=str(sample.task_id),
+        sample=int(sample.sample or 0),
+        reward=float(sample.reward or 0.0),
+        correct=bool(sample.correct),
+        prompt=prompt,
+        continuation=completion,
+        tools=None,
+        cut=sample.finish_reason == "length",
+        thinking_cut=bool(sample.thinking_cut),
+    )
 
 
 def _chat(messages: Any) -> bool:
@@ -238,9 +282,16 @@ def _assistant(completion: Any, where: str, thinking: Any = None) -> dict[str, A
 # SFT rows ----------------------------------------------------------------------------------
 
 
-def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: float | None = None,
-             max_per_task: int | None = None, dedupe: bool = False, keep_cut: bool = False,
-             drop_thinking: bool = False) -> Export:
+def sft_rows(
+    runs: list[EvalRun],
+    *,
+    correct_only: bool = True,
+    min_reward: float | None = None,
+    max_per_task: int | None = None,
+    dedupe: bool = False,
+    keep_cut: bool = False,
+    drop_thinking: bool = False,
+) -> Export:
     """SFT rows from `runs`' episodes: those with an answer to every turn's thought, no turn of
     which was cut at its token limit (unless `keep_cut`), that are correct (`correct_only`) and
     reach `min_reward`, identical conversations once (`dedupe`), at most `max_per_task` per
@@ -250,21 +301,33 @@ def sft_rows(runs: list[EvalRun], *, correct_only: bool = True, min_reward: floa
     found = [t for run in runs for t in trajectories(run, drop_thinking=drop_thinking)]
     for t in found:
         if not isinstance(t.prompt, str) and any(m.get("role") == "assistant" for m in t.prompt):
-            raise UserError(f"{t.run}: its prompts hold few-shot exemplars as assistant turns, which an SFT row "
-                            f"would train on as the model's own; rerun the eval with --num-fewshot 0 "
-                            f"(--pairs keeps them in the prompt)")
+            raise UserError(
+                f"{t.run}: its prompts hold few-shot exemplars as assistant turns, which an SFT row "
+                f"would train on as the model's own; rerun the eval with --num-fewshot 0 "
+                f"(--pairs keeps them in the prompt)"
+            )
     export = Export("sft", [], _run_list(runs))
     kept = _count(export, "read", found, found, "the runs hold no samples")
     kept = _answered(export, kept)
     if not keep_cut:
         kept = _count(export, "complete", kept, [t for t in kept if not t.cut], _ALL_CUT)
     if correct_only:
-        kept = _count(export, "correct-only", kept, [t for t in kept if t.correct],
-                      "none of them is correct; pass --all or --min-reward X to keep others")
+        kept = _count(
+            export,
+            "correct-only",
+            kept,
+            [t for t in kept if t.correct],
+            "none of them is correct; pass --all or --min-reward X to keep others",
+        )
     if min_reward is not None:
         best = max(t.reward for t in kept)
-        kept = _count(export, f"min-reward {min_reward:g}", kept, [t for t in kept if t.reward >= min_reward],
-                      f"the highest reward is {best:g}; lower --min-reward")
+        kept = _count(
+            export,
+            f"min-reward {min_reward:g}",
+            kept,
+            [t for t in kept if t.reward >= min_reward],
+            f"the highest reward is {best:g}; lower --min-reward",
+        )
     if dedupe:
         kept = _count(export, "dedupe", kept, _dedupe(kept), "")
     if max_per_task is not None:
@@ -279,8 +342,15 @@ def sft_row(t: Trajectory) -> dict[str, Any]:
     row: dict[str, Any] = {"prompt": t.prompt, "completion": t.continuation} if t.is_text else {"messages": t.messages}
     if t.tools:
         row["tools"] = t.tools
-    row.update(benchmark=t.benchmark, run=t.run, task_id=t.task_id, sample=t.sample, reward=t.reward,
-               correct=t.correct, model=t.model)
+    row.update(
+        benchmark=t.benchmark,
+        run=t.run,
+        task_id=t.task_id,
+        sample=t.sample,
+        reward=t.reward,
+        correct=t.correct,
+        model=t.model,
+    )
     return row
 
 
@@ -304,10 +374,14 @@ def _top_per_task(items: list[Trajectory], k: int) -> list[Trajectory]:
     return [t for i, t in enumerate(items) if i in chosen]
 
 
-_ALL_CUT = ("each was cut at its token limit, and a row would end the turn where the model did not; "
-            "evaluate with a larger --max-tokens, or pass --keep-cut")
-_ALL_THOUGHT = ("each ended inside its thinking with no answer; evaluate with a larger --max-tokens "
-                "(or a smaller --max-thinking-tokens, which leaves room for the answer)")
+_ALL_CUT = (
+    "each was cut at its token limit, and a row would end the turn where the model did not; "
+    "evaluate with a larger --max-tokens, or pass --keep-cut"
+)
+_ALL_THOUGHT = (
+    "each ended inside its thinking with no answer; evaluate with a larger --max-tokens "
+    "(or a smaller --max-thinking-tokens, which leaves room for the answer)"
+)
 
 
 def _answered(export: Export, kept: list[Trajectory]) -> list[Trajectory]:
@@ -318,25 +392,35 @@ def _answered(export: Export, kept: list[Trajectory]) -> list[Trajectory]:
     return _count(export, "answered", kept, [t for t in kept if not t.thinking_cut], _ALL_THOUGHT)
 
 
-def _count(export: Export, name: str, before: list[Trajectory], after: list[Trajectory],
-           why_none: str) -> list[Trajectory]:
+def _count(
+    export: Export, name: str, before: list[Trajectory], after: list[Trajectory], why_none: str
+) -> list[Trajectory]:
     export.counts.append(Count(name, len(after), len(before)))
     if not after:
-        raise UserError(f"no rows to write: {name} kept 0 of {len(before)} samples"
-                        + (f" ({why_none})" if why_none else ""))
+        raise UserError(
+            f"no rows to write: {name} kept 0 of {len(before)} samples" + (f" ({why_none})" if why_none else "")
+        )
     return after
 
 
 def _run_list(runs: list[EvalRun]) -> list[dict[str, Any]]:
-    return [{"run": str(r.path), "benchmark": r.meta.benchmark, "model": r.meta.model,
-             "samples": len(r.samples)} for r in runs]
+    return [
+        {"run": str(r.path), "benchmark": r.meta.benchmark, "model": r.meta.model, "samples": len(r.samples)}
+        for r in runs
+    ]
 
 
 # DPO pairs ---------------------------------------------------------------------------------
 
 
-def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: bool = False,
-              keep_cut: bool = False, drop_thinking: bool = False) -> Export:
+def dpo_pairs(
+    runs: list[EvalRun],
+    *,
+    max_per_task: int | None = None,
+    dedupe: bool = False,
+    keep_cut: bool = False,
+    drop_thinking: bool = False,
+) -> Export:
     """DPO rows: within each task, the i-th correct episode paired with the i-th wrong one
     (each used once, at most `max_per_task` pairs a task); see the module docstring. A correct
     episode cut at its token limit is chosen only with `keep_cut` (a wrong one may be rejected);
@@ -348,8 +432,7 @@ def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: b
     if dedupe:
         kept = _count(export, "dedupe", kept, _dedupe(kept), "")
     if not keep_cut:
-        kept = _count(export, "complete when correct", kept, [t for t in kept if not (t.correct and t.cut)],
-                      _ALL_CUT)
+        kept = _count(export, "complete when correct", kept, [t for t in kept if not (t.correct and t.cut)], _ALL_CUT)
     groups: dict[str, list[Trajectory]] = {}
     for t in kept:
         groups.setdefault(t.prompt_key(), []).append(t)
@@ -357,9 +440,11 @@ def dpo_pairs(runs: list[EvalRun], *, max_per_task: int | None = None, dedupe: b
     export.counts.append(Count("tasks with a correct and a wrong sample", len(both), len(groups), "tasks"))
     if not both:
         n_right = sum(t.correct for t in kept)
-        raise UserError(f"no pairs to write: none of the {len(groups)} tasks has both a correct and a wrong sample "
-                        f"({n_right} correct, {len(kept) - n_right} wrong in all); sample each task more often "
-                        f"(arle eval --num-samples N --temperature 1.0)")
+        raise UserError(
+            f"no pairs to write: none of the {len(groups)} tasks has both a correct and a wrong sample "
+            f"({n_right} correct, {len(kept) - n_right} wrong in all); sample each task more often "
+            f"(arle eval --num-samples N --temperature 1.0)"
+        )
     for group in both:
         right = [t for t in group if t.correct]
         wrong = [t for t in group if not t.correct]
@@ -377,8 +462,14 @@ def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
     if chosen.tools:
         row["tools"] = chosen.tools
     run = chosen.run if chosen.run == rejected.run else f"{chosen.run} | {rejected.run}"
-    row.update(benchmark=chosen.benchmark, run=run, task_id=chosen.task_id, model=chosen.model,
-               chosen_reward=chosen.reward, rejected_reward=rejected.reward)
+    row.update(
+        benchmark=chosen.benchmark,
+        run=run,
+        task_id=chosen.task_id,
+        model=chosen.model,
+        chosen_reward=chosen.reward,
+        rejected_reward=rejected.reward,
+    )
     return row
 
 
@@ -430,8 +521,9 @@ def template_renders_reasoning(tokenizer: Any) -> bool:
         return False
 
 
-def for_template(tokenizer: Any, messages: list[dict[str, Any]], *, renders: bool | None = None
-                 ) -> list[dict[str, Any]]:
+def for_template(
+    tokenizer: Any, messages: list[dict[str, Any]], *, renders: bool | None = None
+) -> list[dict[str, Any]]:
     """`messages` as a trainer renders them with `tokenizer`'s chat template, so that every
     assistant turn's thinking is trained: unchanged where the template renders
     reasoning_content (`renders`, default: `template_renders_reasoning`); else each such

@@ -41,16 +41,17 @@ class Page:
     """What loading a page produced."""
 
     url: str
-    errors: list[str] = field(default_factory=list)      # JS exceptions, console errors, CSP violations
-    requests: list[str] = field(default_factory=list)    # every URL the page asked for (the page itself included)
+    errors: list[str] = field(default_factory=list)  # JS exceptions, console errors, CSP violations
+    requests: list[str] = field(default_factory=list)  # every URL the page asked for (the page itself included)
     browser: "Chromium | None" = None
     session: str = ""
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (awaited if it is a promise)."""
         assert self.browser is not None
-        reply = self.browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                       "awaitPromise": True}, self.session)
+        reply = self.browser.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True}, self.session
+        )
         if "exceptionDetails" in reply:
             raise AssertionError(f"evaluating {expression!r} threw: {reply['exceptionDetails']}")
         return reply["result"].get("value")
@@ -58,9 +59,11 @@ class Page:
     def screenshot(self, path: Path, width: int = 1280, height: int = 1600) -> Path:
         """A PNG of the page's top `height` pixels at `width`."""
         assert self.browser is not None
-        self.browser.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
-                                                                 "deviceScaleFactor": 1, "mobile": False},
-                          self.session)
+        self.browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            self.session,
+        )
         time.sleep(0.5)  # plotly redraws responsive charts on resize
         shot = self.browser.call("Page.captureScreenshot", {"format": "png"}, self.session)
         Path(path).write_bytes(base64.b64decode(shot["data"]))
@@ -88,13 +91,29 @@ class Chromium:
             os.dup2(from_child_w, 4)
 
         self.proc = subprocess.Popen(
-            [self.binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-             "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", f"--user-data-dir={self.profile}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                self.binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-pipe",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                f"--user-data-dir={self.profile}",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             # 3 and 4 are kept open: subprocess closes the other descriptors after preexec_fn runs.
-            pass_fds=(3, 4), preexec_fn=fds)
+            pass_fds=(3, 4),
+            preexec_fn=fds,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         return self
@@ -131,8 +150,9 @@ class Chromium:
         raw, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(raw)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str = "",
-             timeout: float = 60) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict[str, Any] | None = None, session: str = "", timeout: float = 60
+    ) -> dict[str, Any]:
         """Send one command and return its result; events that arrive meanwhile are kept in `events`."""
         self._id += 1
         message: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
@@ -159,8 +179,9 @@ class Chromium:
 
     # -- pages ---------------------------------------------------------------------------------
 
-    def open_page(self, path: Path, *, ready: str = "document.body && document.body.dataset.ready === '1'",
-                  timeout: float = 60) -> Page:
+    def open_page(
+        self, path: Path, *, ready: str = "document.body && document.body.dataset.ready === '1'", timeout: float = 60
+    ) -> Page:
         """Load a file in a new tab and wait until `ready` is true (or a timeout); then the page's
         errors and requests so far are in the returned Page."""
         url = Path(path).resolve().as_uri()
@@ -185,8 +206,9 @@ class Chromium:
                 details = params.get("exceptionDetails", {})
                 page.errors.append(str(details.get("exception", {}).get("description") or details.get("text")))
             elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-                page.errors.append("console: " + " ".join(str(a.get("value", a.get("description")))
-                                                          for a in params.get("args", [])))
+                page.errors.append(
+                    "console: " + " ".join(str(a.get("value", a.get("description"))) for a in params.get("args", []))
+                )
             elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
                 page.errors.append("log: " + params["entry"].get("text", ""))
             elif method == "Network.requestWillBeSent":
@@ -205,8 +227,8 @@ def png_colours(path: Path, limit: int = 4096) -> int:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        chunk = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        chunk = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
             assert depth == 8 and colour in (2, 6) and interlace == 0, "only 8-bit RGB(A), non-interlaced"
@@ -220,7 +242,7 @@ def png_colours(path: Path, limit: int = 4096) -> int:
     colours: set[bytes] = set()
     for y in range(height):
         row_start = y * (stride + 1)
-        kind, line = raw[row_start], bytearray(raw[row_start + 1:row_start + 1 + stride])
+        kind, line = raw[row_start], bytearray(raw[row_start + 1 : row_start + 1 + stride])
         for i in range(stride):  # undo the PNG row filter
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -236,7 +258,7 @@ def png_colours(path: Path, limit: int = 4096) -> int:
                 line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
         prev = line
         if y % 4 == 0:  # every 4th row is plenty to tell a page from a blank
-            colours.update(bytes(line[i:i + 3]) for i in range(0, stride, bpp * 2))
+            colours.update(bytes(line[i : i + 3]) for i in range(0, stride, bpp * 2))
             if len(colours) >= limit:
                 break
     return len(colours)

@@ -14,8 +14,9 @@ ARLE = [sys.executable, "-m", "arlecli"]
 
 def arle(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""
-    return subprocess.run([*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
-                          cwd=cwd)
+    return subprocess.run(
+        [*ARLE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy(), cwd=cwd
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:

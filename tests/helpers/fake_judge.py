@@ -38,7 +38,9 @@ def grade_by_reference(body: dict[str, Any]) -> str:
     if MUMBLE in response:
         return "Hmm, hard to say. It might be fine."
     match = bool(reference) and _norm(reference) in _norm(response)
-    reasoning = "The response states the reference answer." if match else "The response does not state the reference answer."
+    reasoning = (
+        "The response states the reference answer." if match else "The response does not state the reference answer."
+    )
     scale = re.search(r"whole number from (\d+) \(worst\) to (\d+)", prompt)
     if scale:
         return f"{reasoning}\nScore: {scale[2] if match else scale[1]}"
@@ -54,6 +56,12 @@ def judge_profile(name: str = "judge", **server: Any) -> Iterator[FakeOpenAIServ
     from arlecli import config
 
     with FakeOpenAIServer(grade_by_reference, **server) as srv:
-        config.save_profile(config.ModelProfile(name=name, base_url=srv.base_url, model=srv.model,
-                                                api_key_env="JUDGE_TEST_KEY" if server.get("api_key") else None))
+        config.save_profile(
+            config.ModelProfile(
+                name=name,
+                base_url=srv.base_url,
+                model=srv.model,
+                api_key_env="JUDGE_TEST_KEY" if server.get("api_key") else None,
+            )
+        )
         yield srv

@@ -134,18 +134,14 @@ class FakeOpenAIServer:
         return [
             r.body
             for r in self.requests
-            if r.method == "POST"
-            and r.body is not None
-            and (endpoint is None or r.path.endswith(endpoint))
+            if r.method == "POST" and r.body is not None and (endpoint is None or r.path.endswith(endpoint))
         ]
 
     def __enter__(self) -> FakeOpenAIServer:
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.fake = self
         # A short poll interval keeps __exit__ (shutdown) from adding ~0.5 s to every test.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self._thread.start()
         return self
 
@@ -228,8 +224,11 @@ class FakeOpenAIServer:
             except Exception as exc:  # surface test bugs as a server error, visibly
                 traceback.print_exc()
                 return _error(500, f"responder raised {type(exc).__name__}: {exc}", "server_error")
-            reply = (_completion(body, chat, text.content, number, text.reasoning_content, text.finish_reason)
-                     if isinstance(text, Reply) else _completion(body, chat, str(text), number))
+            reply = (
+                _completion(body, chat, text.content, number, text.reasoning_content, text.finish_reason)
+                if isinstance(text, Reply)
+                else _completion(body, chat, str(text), number)
+            )
             if not chat and body.get("echo") and body.get("logprobs") is not None and self.echo_logprobs:
                 _echo(reply, body["prompt"], self.echo_logprobs(body["prompt"]))
             if not self.usage:
@@ -275,8 +274,14 @@ def _validate(body: dict[str, Any] | None, chat: bool, bad_json: bool) -> str | 
     return None
 
 
-def _completion(body: dict[str, Any], chat: bool, text: str, number: int, reasoning: str | None = None,
-                forced_finish: str | None = None) -> dict[str, Any]:
+def _completion(
+    body: dict[str, Any],
+    chat: bool,
+    text: str,
+    number: int,
+    reasoning: str | None = None,
+    forced_finish: str | None = None,
+) -> dict[str, Any]:
     """A standard (vLLM-flavoured) response for `text` (and a reasoning parser's `reasoning`)."""
     finish = "stop"
     max_tokens = body.get("max_tokens")
@@ -343,8 +348,9 @@ def _echo(reply: dict[str, Any], prompt: str, scored: list[tuple[str, int, float
     tokens = [t for t, _, _ in scored] + list(gen["tokens"])
     values = [lp for _, _, lp in scored] + list(gen["token_logprobs"])
     offsets = [o for _, o, _ in scored] + [len(prompt) + o for o in gen["text_offset"]]
-    top = [None if lp is None else {t: lp} for t, _, lp in scored] + [{t: lp} for t, lp in zip(gen["tokens"],
-                                                                                          gen["token_logprobs"])]
+    top = [None if lp is None else {t: lp} for t, _, lp in scored] + [
+        {t: lp} for t, lp in zip(gen["tokens"], gen["token_logprobs"])
+    ]
     choice["text"] = prompt + choice["text"]
     choice["logprobs"] = {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
@@ -369,9 +375,7 @@ def _error(status: int, message: str, code: str) -> tuple[int, dict[str, Any], d
     return status, {"error": {"message": message, "type": kind, "param": None, "code": code}}, {}
 
 
-def _send_json(
-    handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any], extra: dict[str, str]
-) -> None:
+def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any], extra: dict[str, str]) -> None:
     data = json.dumps(payload).encode()
     try:
         handler.send_response(status)

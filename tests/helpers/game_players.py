@@ -70,6 +70,7 @@ def seat_of(task: Task, sample: int = 0) -> int:
 
 # --- reading observations ---------------------------------------------------------------
 
+
 def tictactoe_cells(observation: str) -> list[str]:
     """The 9 cells of the last board shown: 'X', 'O' or '' (free)."""
     block = observation.rsplit("Current Board:", 1)[1]
@@ -143,13 +144,16 @@ def connect_four_moves(observation: str, seat: int, want: str) -> list[str]:
         return bad
 
     centre = len(board[0]) // 2
-    order = sorted(cols, key=lambda c: (not _wins(board, c, mine), not _wins(board, c, theirs), gives(c),
-                                        abs(c - centre), c))
+    order = sorted(
+        cols, key=lambda c: (not _wins(board, c, mine), not _wins(board, c, theirs), gives(c), abs(c - centre), c)
+    )
     return [f"[col {c}]" for c in order]
 
 
-KUHN_PLAN = {"win": {"K": ("bet", "call", "check"), "Q": ("check", "call", "bet"), "J": ("check", "fold", "bet")},
-             "loss": {"K": ("fold", "check", "call"), "Q": ("fold", "bet", "check"), "J": ("bet", "call", "check")}}
+KUHN_PLAN = {
+    "win": {"K": ("bet", "call", "check"), "Q": ("check", "call", "bet"), "J": ("check", "fold", "bet")},
+    "loss": {"K": ("fold", "check", "call"), "Q": ("fold", "bet", "check"), "J": ("bet", "call", "check")},
+}
 
 
 def kuhn_poker_moves(observation: str, seat: int, want: str) -> list[str]:
@@ -159,10 +163,14 @@ def kuhn_poker_moves(observation: str, seat: int, want: str) -> list[str]:
 
 
 MOVES: dict[str, Callable[[str, int, str], list[str]]] = {
-    "TicTacToe-v0": tictactoe_moves, "ConnectFour-v0": connect_four_moves, "KuhnPoker-v0": kuhn_poker_moves}
+    "TicTacToe-v0": tictactoe_moves,
+    "ConnectFour-v0": connect_four_moves,
+    "KuhnPoker-v0": kuhn_poker_moves,
+}
 
 
 # --- the search -------------------------------------------------------------------------
+
 
 def line(card: Any, task: Task, want: str, budget: int = 2000) -> list[str] | None:
     """A line of replies with which the fixture's seat ends the game with outcome `want`
@@ -188,8 +196,11 @@ def line(card: Any, task: Task, want: str, budget: int = 2000) -> list[str] | No
     return search([])
 
 
-INVALID = {"TicTacToe-v0": ["[9]", "[9]"], "ConnectFour-v0": ["[col 7]", "[col 7]"],
-           "KuhnPoker-v0": ["[raise]", "[raise]"]}
+INVALID = {
+    "TicTacToe-v0": ["[9]", "[9]"],
+    "ConnectFour-v0": ["[col 7]", "[col 7]"],
+    "KuhnPoker-v0": ["[raise]", "[raise]"],
+}
 
 
 def answers(card: Any, tasks: list[Task]) -> list[dict[str, list[str]]]:

@@ -54,6 +54,7 @@ def play(game: Game, reply: str, replies: list[str]) -> None:
 
 # --- Tower of Hanoi --------------------------------------------------------------------------
 
+
 def solve_tower_of_hanoi(seed: int) -> list[str]:
     game = new_game("tower_of_hanoi", seed)
     disks = len(game.state.game_state["towers"]["A"])
@@ -154,6 +155,7 @@ def minesweeper_mines(seed: int) -> list[tuple[int, int]]:
 
 # --- Mastermind: one probe, then the secret code ------------------------------------------------
 
+
 def solve_mastermind(seed: int) -> list[str]:
     game = new_game("mastermind", seed)
     secret = game.state.game_state["secret_code"]
@@ -214,6 +216,7 @@ def solve_game_2048(seed: int, max_moves: int = 200) -> list[str]:
 
 # --- Crosswords: one letter of the solution a turn -----------------------------------------------
 
+
 def solve_crosswords(seed: int) -> list[str]:
     game = new_game("crosswords", seed)
     state = game.state.game_state
@@ -246,6 +249,7 @@ SOLVERS: dict[str, Callable[[int], list[str]]] = {
 
 # --- losing lines (the answers' "wrong" side) ----------------------------------------------------
 
+
 def sokoban_shuffle(seed: int) -> list[str]:
     """Step back and forth between two free floor cells until the game's move limit."""
     game = new_game("sokoban", seed)
@@ -272,15 +276,19 @@ def lose_sokoban(seed: int) -> list[str]:
 
 def lose_minesweeper(seed: int) -> list[str]:
     mines = minesweeper_mines(seed)
-    return [lambda: [MINESWEEPER_FIRST, *(f"[{r} {c}]" for r, c in mines[:2])],   # two mines in a row
-            lambda: [MINESWEEPER_FIRST, MINESWEEPER_FIRST],                       # an opened cell, again
-            lambda: [MINESWEEPER_FIRST, "I reveal row 0, column 0."]][seed % 3]()
+    return [
+        lambda: [MINESWEEPER_FIRST, *(f"[{r} {c}]" for r, c in mines[:2])],  # two mines in a row
+        lambda: [MINESWEEPER_FIRST, MINESWEEPER_FIRST],  # an opened cell, again
+        lambda: [MINESWEEPER_FIRST, "I reveal row 0, column 0."],
+    ][seed % 3]()
 
 
 def lose_mastermind(seed: int) -> list[str]:
-    return [lambda: wrong_codes(seed, 21),                                     # the guess limit runs out
-            lambda: ["[1 1 2 2]", "[3 3 4 4]"],                                # repeated digits
-            lambda: wrong_codes(seed, 1) * 3][seed % 3]()                      # the same guess again
+    return [
+        lambda: wrong_codes(seed, 21),  # the guess limit runs out
+        lambda: ["[1 1 2 2]", "[3 3 4 4]"],  # repeated digits
+        lambda: wrong_codes(seed, 1) * 3,
+    ][seed % 3]()  # the same guess again
 
 
 def lose_game_2048(seed: int) -> list[str]:
@@ -295,11 +303,17 @@ def crosswords_black_cell(seed: int) -> str:
 
 def lose_crosswords(seed: int) -> list[str]:
     solved = solve_crosswords(seed)
-    return [lambda: [crosswords_wrong_letter(seed)] * 2,                      # a wrong letter, twice
-            lambda: [crosswords_black_cell(seed), "[99 99 A]"],                 # a black cell, then off the grid
-            lambda: [*solved[:3], crosswords_wrong_letter(seed)]][seed % 3]()   # three letters, then wrong ones
+    return [
+        lambda: [crosswords_wrong_letter(seed)] * 2,  # a wrong letter, twice
+        lambda: [crosswords_black_cell(seed), "[99 99 A]"],  # a black cell, then off the grid
+        lambda: [*solved[:3], crosswords_wrong_letter(seed)],
+    ][seed % 3]()  # three letters, then wrong ones
 
 
 LOSERS: dict[str, Callable[[int], list[str]]] = {
-    "sokoban": lose_sokoban, "minesweeper": lose_minesweeper, "mastermind": lose_mastermind,
-    "game_2048": lose_game_2048, "crosswords": lose_crosswords}
+    "sokoban": lose_sokoban,
+    "minesweeper": lose_minesweeper,
+    "mastermind": lose_mastermind,
+    "game_2048": lose_game_2048,
+    "crosswords": lose_crosswords,
+}

@@ -36,13 +36,13 @@ LMEVAL_FEWSHOT_SEED = 1234  # lm_eval.defaults.DEFAULT_OTHER_SEED, simple_evalua
 class LmEvalDoc:
     """What lm-eval builds for one document."""
 
-    doc: dict[str, Any]                     # the doc after the task's process_docs
-    context: str                            # the prompt text (chat: the chat template's output)
-    fewshot: list[dict[str, Any]]           # the exemplar docs the sampler drew, in order
-    requests: list[tuple[Any, ...]]         # each Instance's arguments, in order
-    request_type: str                       # generate_until, loglikelihood, ...
+    doc: dict[str, Any]  # the doc after the task's process_docs
+    context: str  # the prompt text (chat: the chat template's output)
+    fewshot: list[dict[str, Any]]  # the exemplar docs the sampler drew, in order
+    requests: list[tuple[Any, ...]]  # each Instance's arguments, in order
+    request_type: str  # generate_until, loglikelihood, ...
     messages: list[dict[str, str]] | None = None  # chat=True: the messages given to the template
-    target: Any = None                      # doc_to_target(doc)
+    target: Any = None  # doc_to_target(doc)
 
     @property
     def gen_kwargs(self) -> dict[str, Any]:
@@ -114,9 +114,15 @@ def _dataset(splits: dict[str, list[dict[str, Any]]]) -> Any:
     return datasets.DatasetDict({name: datasets.Dataset.from_list(list(rows)) for name, rows in splits.items()})
 
 
-def lmeval_task(task: str, splits: dict[str, list[dict[str, Any]]], *, folder: str | None = None,
-                num_fewshot: int | None = None, seed: int | None = LMEVAL_FEWSHOT_SEED,
-                overrides: dict[str, Any] | None = None) -> Any:
+def lmeval_task(
+    task: str,
+    splits: dict[str, list[dict[str, Any]]],
+    *,
+    folder: str | None = None,
+    num_fewshot: int | None = None,
+    seed: int | None = LMEVAL_FEWSHOT_SEED,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
     """lm-eval's ConfigurableTask for `task`, reading `splits` ({lm-eval split name: rows}).
 
     `num_fewshot` None keeps the YAML's (0 if it has none, as simple_evaluate does); the
@@ -143,11 +149,20 @@ def lmeval_task(task: str, splits: dict[str, list[dict[str, Any]]], *, folder: s
     return obj
 
 
-def lmeval_docs(task: str, splits: dict[str, list[dict[str, Any]]], *, folder: str | None = None,
-                num_fewshot: int | None = None, seed: int | None = LMEVAL_FEWSHOT_SEED,
-                chat: bool = False, fewshot_as_multiturn: bool = False,
-                system_instruction: str | None = None, chat_template: Any = None,
-                overrides: dict[str, Any] | None = None, limit: int | None = None) -> list[LmEvalDoc]:
+def lmeval_docs(
+    task: str,
+    splits: dict[str, list[dict[str, Any]]],
+    *,
+    folder: str | None = None,
+    num_fewshot: int | None = None,
+    seed: int | None = LMEVAL_FEWSHOT_SEED,
+    chat: bool = False,
+    fewshot_as_multiturn: bool = False,
+    system_instruction: str | None = None,
+    chat_template: Any = None,
+    overrides: dict[str, Any] | None = None,
+    limit: int | None = None,
+) -> list[LmEvalDoc]:
     """Build lm-eval's requests for every eval doc of `task` over local `splits`.
 
     `chat=True` builds them as `--apply_chat_template` does: `messages` holds what lm-eval
@@ -180,9 +195,15 @@ def lmeval_docs(task: str, splits: dict[str, list[dict[str, Any]]], *, folder: s
             return chat_template(messages, add_generation_prompt=add_generation_prompt)
         return json.dumps(messages)
 
-    obj.build_all_requests(limit=limit, rank=0, world_size=1, apply_chat_template=chat,
-                           fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
-                           chat_template=render if chat else None)
+    obj.build_all_requests(
+        limit=limit,
+        rank=0,
+        world_size=1,
+        apply_chat_template=chat,
+        fewshot_as_multiturn=fewshot_as_multiturn,
+        system_instruction=system_instruction,
+        chat_template=render if chat else None,
+    )
     by_doc: dict[int, list[Any]] = {}
     for inst in obj.instances:
         by_doc.setdefault(inst.doc_id, []).append(inst)
@@ -192,11 +213,17 @@ def lmeval_docs(task: str, splits: dict[str, list[dict[str, Any]]], *, folder: s
         insts = sorted(by_doc[doc_id], key=lambda x: x.idx)
         doc = docs[doc_id]
         first = insts[0].arguments[0]
-        out.append(LmEvalDoc(
-            doc=dict(doc), context=first if isinstance(first, str) else str(first),
-            fewshot=record["fewshot"], requests=[tuple(inst.arguments) for inst in insts],
-            request_type=insts[0].request_type, messages=record["messages"], target=obj.doc_to_target(doc),
-        ))
+        out.append(
+            LmEvalDoc(
+                doc=dict(doc),
+                context=first if isinstance(first, str) else str(first),
+                fewshot=record["fewshot"],
+                requests=[tuple(inst.arguments) for inst in insts],
+                request_type=insts[0].request_type,
+                messages=record["messages"],
+                target=obj.doc_to_target(doc),
+            )
+        )
     return out
 
 

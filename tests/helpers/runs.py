@@ -53,6 +53,5 @@ def write_run(folder: Path, samples: list[dict[str, Any]], benchmark: str = "toy
     folder.mkdir(parents=True)
     (folder / "meta.json").write_text(json.dumps({"benchmark": benchmark, "model": model, "options": {}}))
     (folder / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    (folder / "results.json").write_text(json.dumps({"benchmark": benchmark, "metrics": {},
-                                                     "n_samples": len(samples)}))
+    (folder / "results.json").write_text(json.dumps({"benchmark": benchmark, "metrics": {}, "n_samples": len(samples)}))
     return folder

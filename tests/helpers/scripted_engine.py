@@ -28,15 +28,20 @@ class ScriptedEngine:
         for i, request in enumerate(requests):
             self.calls.append(request)
             prompt = self.encode(request)
-            yield i, continue_script(self.tokenizer, self.script_ids[len(prompt) - len(self.prompt_ids):],
-                                     request.params, prompt)
+            yield (
+                i,
+                continue_script(
+                    self.tokenizer, self.script_ids[len(prompt) - len(self.prompt_ids) :], request.params, prompt
+                ),
+            )
 
     def close(self) -> None:
         pass
 
 
-def continue_script(tokenizer: Any, rest: list[int], params: SamplingParams, prompt: list[int],
-                    budget: bool = True) -> Completion:
+def continue_script(
+    tokenizer: Any, rest: list[int], params: SamplingParams, prompt: list[int], budget: bool = True
+) -> Completion:
     """The Completion a model that goes on with `rest` (its ids, EOS last) writes under
     `params`: cut at a stop string (its ids kept, its text cut), a stop token id, EOS or, with
     `budget`, max_tokens."""
@@ -53,8 +58,13 @@ def continue_script(tokenizer: Any, rest: list[int], params: SamplingParams, pro
         if budget and len(out) >= params.max_tokens:
             break
     text = cut_at_stop(tokenizer.decode(out, skip_special_tokens=True), params.stop)
-    return Completion(text=text, token_ids=out, prompt_token_ids=prompt, finish_reason=why,
-                      logprobs=[-1.0] * len(out) if params.logprobs else None)
+    return Completion(
+        text=text,
+        token_ids=out,
+        prompt_token_ids=prompt,
+        finish_reason=why,
+        logprobs=[-1.0] * len(out) if params.logprobs else None,
+    )
 
 
 class Replies:

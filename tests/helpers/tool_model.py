@@ -17,12 +17,12 @@ QWEN_TOOLS_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
     "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
-    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
-    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
-    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
+    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
+    '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
+    '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}'
     "{%- else %}{%- if messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endif %}"
     "{%- for message in messages %}"
@@ -33,7 +33,7 @@ QWEN_TOOLS_TEMPLATE = (
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
     "{%- for tool_call in message.tool_calls %}"
     "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}'
     "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
@@ -48,12 +48,22 @@ GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")  # math_tool'
 # The calculator call the scripted first turn of a math_tool episode makes (first_turn_calls_a_tool).
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "14 + 9 - 17"}}\n</tool_call>'
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def call_block(name: str, **arguments: Any) -> str:
@@ -87,7 +97,8 @@ def tool_template_model(tiny_model: Path, folder: Path) -> Path:
         "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
         "{% endif %}{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
         "{{ m['content'] }}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-        "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     tok.save_pretrained(str(folder))
     return folder
 
@@ -137,15 +148,19 @@ def script_generate(monkeypatch: Any, engine_class: Any, reply: Callable[[Any], 
             prompt = self.tokenizer.decode(self.encode(request))
             started = prompt.rsplit("<|im_start|>assistant\n", 1)[-1] if "<|im_start|>assistant\n" in prompt else ""
             if started and started in text:
-                text = text[text.index(started) + len(started):]
+                text = text[text.index(started) + len(started) :]
             full = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
-            ids = full[:request.params.max_tokens]
+            ids = full[: request.params.max_tokens]
             why = "stop" if len(ids) == len(full) else "length"
             text = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), request.params.stop)
             if callable(hooks.get("on_tokens")):
                 hooks["on_tokens"](i, list(ids))
-            yield i, Completion(text, ids, self.encode(request), [-1.0] * len(ids) if request.params.logprobs
-                                else None, why)
+            yield (
+                i,
+                Completion(
+                    text, ids, self.encode(request), [-1.0] * len(ids) if request.params.logprobs else None, why
+                ),
+            )
         if own:
             extra = {k: renumbered(v) for k, v in hooks.items()}
             for j, comp in original(self, [requests[i] for i in own], then=renumbered(then), **extra):

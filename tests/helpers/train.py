@@ -19,10 +19,21 @@ from arlecli.types import Score
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
 # The real `arle` entry point, in a process that also registers this module's test rewards.
-ARLE = [sys.executable, "-c",
-        f"import sys; sys.path.insert(0, {str(TESTS)!r}); import helpers.train; helpers.train.cli_main()"]
-TINY = ["--limit", "8", "--num-generations", "2", "--set", "max_completion_length=8",
-        "--set", "per_device_train_batch_size=2"]
+ARLE = [
+    sys.executable,
+    "-c",
+    f"import sys; sys.path.insert(0, {str(TESTS)!r}); import helpers.train; helpers.train.cli_main()",
+]
+TINY = [
+    "--limit",
+    "8",
+    "--num-generations",
+    "2",
+    "--set",
+    "max_completion_length=8",
+    "--set",
+    "per_device_train_batch_size=2",
+]
 
 
 def cli_main() -> None:

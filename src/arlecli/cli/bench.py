@@ -40,16 +40,31 @@ def list_command(
     cards = [c for c in found if not category or c.category == category]
     # A broken card is listed whatever the category filter: its category may be what is broken.
     if as_json:
-        print_json([{"name": c.name, "category": c.category, "source": _source_text(c), "reward": c.reward,
-                     "version": c.version, "description": c.description, "path": str(c.path)} for c in cards]
-                   + [{"name": b.name, "broken": b.reason, "path": str(b.path)} for b in broken])
+        print_json(
+            [
+                {
+                    "name": c.name,
+                    "category": c.category,
+                    "source": _source_text(c),
+                    "reward": c.reward,
+                    "version": c.version,
+                    "description": c.description,
+                    "path": str(c.path),
+                }
+                for c in cards
+            ]
+            + [{"name": b.name, "broken": b.reason, "path": str(b.path)} for b in broken]
+        )
         return
     title = f"{len(cards)} benchmarks" + (f", {len(broken)} broken" if broken else "")
     out = console()
     # Card text, shown as is (print_table shows cells plain); at 80 columns one record per card.
-    print_table(out, [Column("name", key=True), Column("category"), Column("source", wrap=True), Column("reward")],
-                [[str(c.name), str(c.category), _source_text(c, short=True), str(c.reward)] for c in cards],
-                title=title)
+    print_table(
+        out,
+        [Column("name", key=True), Column("category"), Column("source", wrap=True), Column("reward")],
+        [[str(c.name), str(c.category), _source_text(c, short=True), str(c.reward)] for c in cards],
+        title=title,
+    )
     for b in broken:  # one unwrapped line each, so the reason reads whole in a log or a grep
         out.print(f"broken: {b.name}: {b.reason}", style="red", markup=False, highlight=False, soft_wrap=True)
 
@@ -77,12 +92,24 @@ def show_command(
         task = tasks_from_rows(card, rows, "fixture")[0]
         example = make_env(card, task).reset()  # what the model sees first (tool guide included)
     info: dict[str, Any] = {
-            "name": card.name, "version": card.version, "category": card.category, "description": card.description,
-            "source": _source_text(card), "splits": split_names(card), "default_split": card.source.default_split,
-            "reward": card.reward, "reward_params": card.reward_params, "metrics": card.metrics,
-            "format": card.prompt.format, "stop": card.prompt.stop, "max_tokens": card.prompt.max_tokens,
-            "fewshot": card.prompt.fewshot.n, "path": str(card.path), "origins": part_origins(card),
-            "example_prompt": example}
+        "name": card.name,
+        "version": card.version,
+        "category": card.category,
+        "description": card.description,
+        "source": _source_text(card),
+        "splits": split_names(card),
+        "default_split": card.source.default_split,
+        "reward": card.reward,
+        "reward_params": card.reward_params,
+        "metrics": card.metrics,
+        "format": card.prompt.format,
+        "stop": card.prompt.stop,
+        "max_tokens": card.prompt.max_tokens,
+        "fewshot": card.prompt.fewshot.n,
+        "path": str(card.path),
+        "origins": part_origins(card),
+        "example_prompt": example,
+    }
     if as_json:
         print_json(info)
         return
@@ -92,8 +119,18 @@ def show_command(
     # Card text is data: its brackets are not markup (terminal_text escapes control characters).
     out.print(f"[bold]{escape(card.name)}[/bold] {escape(f'v{card.version}  ({card.category})  {card.path}')}")
     out.print(card.description, markup=False)
-    for key in ("source", "splits", "default_split", "reward", "reward_params", "metrics", "format", "stop",
-                "max_tokens", "fewshot"):
+    for key in (
+        "source",
+        "splits",
+        "default_split",
+        "reward",
+        "reward_params",
+        "metrics",
+        "format",
+        "stop",
+        "max_tokens",
+        "fewshot",
+    ):
         out.print(f"  {key}: {json.dumps(info[key]) if not isinstance(info[key], str) else info[key]}", markup=False)
     out.print("--- where each part comes from ---", markup=False)
     for part, origin in info["origins"].items():

@@ -17,13 +17,25 @@ from arlecli.errors import UserError
 
 def eval_command(
     bench: str = typer.Argument(..., help="Benchmark name (see `arle bench list`) or a card file."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
-                                        "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
-                                           "http://127.0.0.1:8000/v1 (then --model is the served model name)."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="hf, vllm or openai. Default: openai for an "
-                                          "endpoint; vllm on a CUDA machine with vLLM installed; hf otherwise "
-                                          "(on CPU, vLLM's ~20 s start-up only pays off when asked for)."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Profile name, local folder or hub id. "
+        "Default: the default profile, else the embedded SmolLM2-135M-Instruct.",
+    ),
+    base_url: Optional[str] = typer.Option(
+        None,
+        "--base-url",
+        help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (then --model is the served model name).",
+    ),
+    backend: Optional[str] = typer.Option(
+        None,
+        "--backend",
+        help="hf, vllm or openai. Default: openai for an "
+        "endpoint; vllm on a CUDA machine with vLLM installed; hf otherwise "
+        "(on CPU, vLLM's ~20 s start-up only pays off when asked for).",
+    ),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Env var holding the endpoint's API key."),
     request_timeout: Optional[str] = options.REQUEST_TIMEOUT,
     max_retries: Optional[str] = options.MAX_RETRIES,
@@ -32,17 +44,22 @@ def eval_command(
     split: Optional[str] = typer.Option(None, "--split", help="Split to evaluate (default: the card's)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Evaluate only the first N tasks."),
     num_samples: int = typer.Option(1, "--num-samples", "-n", min=1, help="Samples per task (pass@k)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0,
-                                                help="0 = greedy. Default: 0, or 0.8 when -n > 1."),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", min=0.0, help="0 = greedy. Default: 0, or 0.8 when -n > 1."
+    ),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Default: the card's."),
     max_thinking_tokens: Optional[int] = options.MAX_THINKING_TOKENS,
     think_tags: Optional[str] = options.THINK_TAGS,
     chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Default: the card's."),
-    scoring: Optional[str] = typer.Option(None, "--scoring", help="generate (the model answers; the reward "
-                                          "scores it) or loglikelihood (multiple-choice cards: each option's "
-                                          "loglikelihood, acc/acc_norm as lm-eval). Default: the card's."),
+    scoring: Optional[str] = typer.Option(
+        None,
+        "--scoring",
+        help="generate (the model answers; the reward "
+        "scores it) or loglikelihood (multiple-choice cards: each option's "
+        "loglikelihood, acc/acc_norm as lm-eval). Default: the card's.",
+    ),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="hf backend batch size."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Concurrent requests (openai backend)."),
     tensor_parallel_size: int = options.TENSOR_PARALLEL,
@@ -52,22 +69,36 @@ def eval_command(
     quantization: Optional[str] = options.QUANTIZATION,
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
     seed: int = typer.Option(1234, "--seed"),
-    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player game cards: who plays the other "
-                                           "seat: random or scripted (built-in players), self (the model "
-                                           "itself), or a profile name, folder or hub id (any model arle can "
-                                           "run, with its own default engine). Default: the card's."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
-                                          "(default: a new folder in runs/ named BENCH-MODEL-TIMESTAMP)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run (the latest matching one "
-                                "when --output is not given)."),
-    rows: Optional[Path] = typer.Option(None, "--rows", help="The benchmark's rows from a local file in the "
-                                        "dataset's own schema (jsonl, json, parquet, csv) instead of the card's "
-                                        "source; `arle train --rows` trains on them."),
+    opponent: Optional[str] = typer.Option(
+        None,
+        "--opponent",
+        help="Two-player game cards: who plays the other "
+        "seat: random or scripted (built-in players), self (the model "
+        "itself), or a profile name, folder or hub id (any model arle can "
+        "run, with its own default engine). Default: the card's.",
+    ),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="Run directory (default: a new folder in runs/ named BENCH-MODEL-TIMESTAMP)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue an interrupted run (the latest matching one when --output is not given)."
+    ),
+    rows: Optional[Path] = typer.Option(
+        None,
+        "--rows",
+        help="The benchmark's rows from a local file in the "
+        "dataset's own schema (jsonl, json, parquet, csv) instead of the card's "
+        "source; `arle train --rows` trains on them.",
+    ),
     data: Optional[Path] = typer.Option(None, "--data", hidden=True, help="The old name of --rows."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
-    sandbox: str = typer.Option("auto", "--sandbox", help="Where the code sandbox cannot isolate "
-                                "model-written code (no user namespaces, root without a pids cgroup): "
-                                "auto warns and runs it with rlimits only, require refuses."),
+    sandbox: str = typer.Option(
+        "auto",
+        "--sandbox",
+        help="Where the code sandbox cannot isolate "
+        "model-written code (no user namespaces, root without a pids cgroup): "
+        "auto warns and runs it with rlimits only, require refuses.",
+    ),
 ) -> None:
     """Score a model on a benchmark; writes meta.json, samples.jsonl and results.json."""
     from arlecli.sandbox import set_policy
@@ -84,8 +115,12 @@ def eval_command(
         if rows is not None:
             raise UserError("--data is the old name of --rows: pass one of them")
         if err_console().is_terminal:  # for the person typing it; scripts and logs keep their output as it was
-            err_console().print("note: `arle eval --data` is now `--rows` (the benchmark's rows, as in `arle train "
-                                "--rows`); --data still works", highlight=False, soft_wrap=True)
+            err_console().print(
+                "note: `arle eval --data` is now `--rows` (the benchmark's rows, as in `arle train "
+                "--rows`); --data still works",
+                highlight=False,
+                soft_wrap=True,
+            )
         rows = data
     card = load_card(bench)
     resolve_references(card)
@@ -97,9 +132,19 @@ def eval_command(
         spec_of(card)  # a card without a loglikelihood block is refused before any model loads
     if temperature is None:
         temperature = 0.8 if num_samples > 1 else 0.0
-    opts = EvalOptions(split=split, limit=limit, num_samples=num_samples, temperature=temperature, top_p=top_p,
-                       max_tokens=max_tokens, num_fewshot=num_fewshot, seed=seed,
-                       data=str(rows) if rows else None, opponent=opponent, max_thinking_tokens=max_thinking_tokens)
+    opts = EvalOptions(
+        split=split,
+        limit=limit,
+        num_samples=num_samples,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        num_fewshot=num_fewshot,
+        seed=seed,
+        data=str(rows) if rows else None,
+        opponent=opponent,
+        max_thinking_tokens=max_thinking_tokens,
+    )
     opponent_spec = None
     if opponent is not None:
         from arlecli.envs.textarena import OPPONENT_NAMES, with_opponent
@@ -109,13 +154,22 @@ def eval_command(
             opponent_spec = resolve_model(opponent)  # an unknown model is refused before any loads
     # A bad price is refused before the model is resolved or loaded.
     cli_prices = (check_price(price_input, "--price-input"), check_price(price_output, "--price-output"))
-    spec = resolve_model(model, base_url=base_url, backend=backend, api_key_env=api_key_env,
-                         request_timeout=request_timeout, max_retries=max_retries, think_tags=think_tags,
-                         chat_template_kwargs=parse_template_kwargs(chat_template_kwargs))
+    spec = resolve_model(
+        model,
+        base_url=base_url,
+        backend=backend,
+        api_key_env=api_key_env,
+        request_timeout=request_timeout,
+        max_retries=max_retries,
+        think_tags=think_tags,
+        chat_template_kwargs=parse_template_kwargs(chat_template_kwargs),
+    )
     # Each price given on the command line overrides the profile's.
-    prices = make_prices(cli_prices[0] if cli_prices[0] is not None else spec.price_input,
-                         cli_prices[1] if cli_prices[1] is not None else spec.price_output,
-                         "arle eval" if spec.profile is None else f"arle eval with profile {spec.profile!r}")
+    prices = make_prices(
+        cli_prices[0] if cli_prices[0] is not None else spec.price_input,
+        cli_prices[1] if cli_prices[1] is not None else spec.price_output,
+        "arle eval" if spec.profile is None else f"arle eval with profile {spec.profile!r}",
+    )
     from arlecli.envs import env_kind
     from arlecli.progress import Meter
 
@@ -123,12 +177,29 @@ def eval_command(
     meter = Meter(phase=f"loading {spec.name}" if spec.kind == "hf" else "starting")
     view = ProgressView(card.name, meter, turns=env_kind(card.env).multi_turn)
     try:
-        results, run_dir = _run(card, spec, opts, meter, view, output=output, resume=resume, scoring=scoring,
-                       prices=prices, opponent_spec=opponent_spec, batch_size=batch_size, concurrency=concurrency,
-                       max_thinking_tokens=max_thinking_tokens, vllm=dict(
-                           tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-                           gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                           quantization=quantization, kv_cache_dtype=kv_cache_dtype))
+        results, run_dir = _run(
+            card,
+            spec,
+            opts,
+            meter,
+            view,
+            output=output,
+            resume=resume,
+            scoring=scoring,
+            prices=prices,
+            opponent_spec=opponent_spec,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            max_thinking_tokens=max_thinking_tokens,
+            vllm=dict(
+                tensor_parallel_size=tensor_parallel_size,
+                data_parallel_size=data_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                quantization=quantization,
+                kv_cache_dtype=kv_cache_dtype,
+            ),
+        )
     finally:
         view.stop()
     if as_json:
@@ -139,9 +210,23 @@ def eval_command(
     (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
 
 
-def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, output: Optional[Path], resume: bool,
-         scoring: Optional[str], prices: Any, opponent_spec: Any, batch_size: int, concurrency: int,
-         max_thinking_tokens: Optional[int], vllm: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+def _run(
+    card: Any,
+    spec: Any,
+    opts: Any,
+    meter: Any,
+    view: ProgressView,
+    *,
+    output: Optional[Path],
+    resume: bool,
+    scoring: Optional[str],
+    prices: Any,
+    opponent_spec: Any,
+    batch_size: int,
+    concurrency: int,
+    max_thinking_tokens: Optional[int],
+    vllm: dict[str, Any],
+) -> tuple[dict[str, Any], Path]:
     """Load the engine(s) and run the eval with `view` showing `meter`; returns results.json's
     content and the run directory."""
     from arlecli import rundir
@@ -187,20 +272,31 @@ def _run(card: Any, spec: Any, opts: Any, meter: Any, view: ProgressView, *, out
         served = getattr(engine, "served_model", None)
         model_name = served() if served is not None and spec.kind == "openai" and not spec.model else spec.name
         with lent:
-            results = run_eval(card, metered(engine, meter), opts, model=model_name, run_dir=run_dir,
-                               resume=resume, command=["arle", *sys.argv[1:]], on_start=start,
-                               on_sample=lambda sample: meter.sample(sample["correct"]), prices=prices,
-                               scoring=scoring)
+            results = run_eval(
+                card,
+                metered(engine, meter),
+                opts,
+                model=model_name,
+                run_dir=run_dir,
+                resume=resume,
+                command=["arle", *sys.argv[1:]],
+                on_start=start,
+                on_sample=lambda sample: meter.sample(sample["correct"]),
+                prices=prices,
+                scoring=scoring,
+            )
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.
         from arlecli.records import RunDir
 
         samples = RunDir(run_dir).samples
         if samples.is_file() and samples.stat().st_size > 0:
-            raise UserError(f"{exc}; the samples finished so far are kept in {run_dir}: "
-                            "rerun with --resume to continue") from None
-        raise UserError(f"{exc}; no sample finished before it (the run is {run_dir}): rerun with --resume "
-                        "once that is fixed") from None
+            raise UserError(
+                f"{exc}; the samples finished so far are kept in {run_dir}: rerun with --resume to continue"
+            ) from None
+        raise UserError(
+            f"{exc}; no sample finished before it (the run is {run_dir}): rerun with --resume once that is fixed"
+        ) from None
     finally:
         engine.close()
         if opponent_engine is not None:
@@ -235,13 +331,26 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
     """The summary: a header line, each metric with its stderr (then per-group rows if any),
     the efficiency lines, all wrapped to the terminal by whole fields."""
     out = console()
-    print_lines(out, [str(results["benchmark"]), str(results["model"]), f"{results['n_tasks']} tasks",
-                      f"{results['n_samples']} samples"])
-    columns = [Column("group"), Column("metric"), Column("value", justify="right"),
-               Column("± stderr", "±", justify="right")]
-    rows = [[str(group), str(name), f"{stat['value']:.4f}", f"{stat['stderr']:.4f}"]
-            for group, metrics in [("all", results["metrics"]), *results.get("groups", {}).items()]
-            for name, stat in metrics.items()]
+    print_lines(
+        out,
+        [
+            str(results["benchmark"]),
+            str(results["model"]),
+            f"{results['n_tasks']} tasks",
+            f"{results['n_samples']} samples",
+        ],
+    )
+    columns = [
+        Column("group"),
+        Column("metric"),
+        Column("value", justify="right"),
+        Column("± stderr", "±", justify="right"),
+    ]
+    rows = [
+        [str(group), str(name), f"{stat['value']:.4f}", f"{stat['stderr']:.4f}"]
+        for group, metrics in [("all", results["metrics"]), *results.get("groups", {}).items()]
+        for name, stat in metrics.items()
+    ]
     print_table(out, columns, rows)
     for label, parts in efficiency_parts(results):
         print_lines(out, [f"{label}: {parts[0]}", *parts[1:]])
@@ -280,21 +389,40 @@ def efficiency_parts(results: dict[str, Any]) -> list[tuple[str, list[str]]]:
     if a:
         parts = [f"{_num(a['turns_per_episode'], 2)} turns/episode"]
         if "tool_calls_per_episode" in a:
-            parts.append(f"{_num(a['tool_calls_per_episode'], 2)} tool calls"
-                         + (f" ({_num(a['tool_errors_per_episode'], 2)} errors)" if "tool_errors_per_episode" in a
-                            else ""))
+            parts.append(
+                f"{_num(a['tool_calls_per_episode'], 2)} tool calls"
+                + (f" ({_num(a['tool_errors_per_episode'], 2)} errors)" if "tool_errors_per_episode" in a else "")
+            )
         parts.append(f"steps-to-success {_num(a['steps_to_success'], 2)}")
         parts.append(f"{_num(a['tokens_per_success'], 0)} tokens/success")
         parts.append("ended: " + ", ".join(f"{r} {n}" for r, n in a["end_reasons"].items()))
         lines.append(("agents", parts))
     c = results.get("consistency")
     if c and c.get("all_agree") is not None:
-        lines.append(("consistency", [f"all {c['samples_per_task']} samples agree on the outcome in "
-                                      f"{c['all_agree']:.1%} of tasks", f"on the answer in {c['same_answer']:.1%}"]))
+        lines.append(
+            (
+                "consistency",
+                [
+                    f"all {c['samples_per_task']} samples agree on the outcome in {c['all_agree']:.1%} of tasks",
+                    f"on the answer in {c['same_answer']:.1%}",
+                ],
+            )
+        )
     cost = results.get("cost")
     if cost:
-        lines.append(("cost", [f"{_usd(cost['total'])} total", f"{_usd(cost['per_task'])}/task",
-                               f"cost-of-pass {_usd(cost['cost_of_pass'])}"
-                               + (f" (token counts unknown for {cost['samples_without_counts']} samples)"
-                                  if cost.get("samples_without_counts") else "")]))
+        lines.append(
+            (
+                "cost",
+                [
+                    f"{_usd(cost['total'])} total",
+                    f"{_usd(cost['per_task'])}/task",
+                    f"cost-of-pass {_usd(cost['cost_of_pass'])}"
+                    + (
+                        f" (token counts unknown for {cost['samples_without_counts']} samples)"
+                        if cost.get("samples_without_counts")
+                        else ""
+                    ),
+                ],
+            )
+        )
     return lines

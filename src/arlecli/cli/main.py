@@ -14,6 +14,7 @@ import typer
 from arlecli import __version__
 from arlecli.errors import UserError
 
+
 def _plain_help() -> None:
     """Help that fits any terminal: click's two columns (options, then their help wrapped by
     whole words) instead of Rich's option panels, and no type tokens.
@@ -36,7 +37,8 @@ def _plain_help() -> None:
     for cls in (core.TyperArgument, core.TyperOption):
         cls._get_number_range_help_str = lambda self: None  # type: ignore[method-assign]
     core.TyperArgument.display_name_raw = property(  # type: ignore[method-assign,assignment]
-        lambda self: self.metavar if self.metavar is not None else (self.name or "").upper())
+        lambda self: self.metavar if self.metavar is not None else (self.name or "").upper()
+    )
 
     def usage_name(self: core.TyperArgument) -> str:
         name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
@@ -80,8 +82,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Show the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
 ) -> None:
     """Evaluate and RL-train LLMs and agents on benchmarks."""
 

@@ -42,8 +42,13 @@ def _print_table(table: Table) -> None:
 
 
 def _profile_json(profile: config.ModelProfile, default: str | None) -> dict:
-    return {"name": profile.name, "kind": profile.kind, "location": profile.location, **profile.to_dict(),
-            "default": profile.name == default}
+    return {
+        "name": profile.name,
+        "kind": profile.kind,
+        "location": profile.location,
+        **profile.to_dict(),
+        "default": profile.name == default,
+    }
 
 
 def _api_key_status(env_name: str) -> str:
@@ -64,8 +69,10 @@ def _print_profile(profile: config.ModelProfile, default: str | None) -> None:
         table.add_row("model", profile.model or "(asked from the endpoint)")
         table.add_row("api key", _api_key_status(profile.api_key_env) if profile.api_key_env else "none")
         timeout, retries = profile.request_timeout, profile.max_retries
-        table.add_row("request timeout", f"{timeout:g} s" if timeout is not None
-                      else f"{config.DEFAULT_REQUEST_TIMEOUT_S:g} s (default)")
+        table.add_row(
+            "request timeout",
+            f"{timeout:g} s" if timeout is not None else f"{config.DEFAULT_REQUEST_TIMEOUT_S:g} s (default)",
+        )
         table.add_row("max retries", str(retries) if retries is not None else f"{config.DEFAULT_MAX_RETRIES} (default)")
     table.add_row("backend", profile.backend or "auto")
     if profile.price_input is not None and profile.price_output is not None:
@@ -77,17 +84,23 @@ def _print_profile(profile: config.ModelProfile, default: str | None) -> None:
     _print_table(table)
 
 
-def _ask_missing(name: str | None, path: str | None, hub_id: str | None, base_url: str | None,
-                 model: str | None, api_key_env: str | None) -> tuple[str, str | None, str | None, str | None,
-                                                                     str | None, str | None]:
+def _ask_missing(
+    name: str | None,
+    path: str | None,
+    hub_id: str | None,
+    base_url: str | None,
+    model: str | None,
+    api_key_env: str | None,
+) -> tuple[str, str | None, str | None, str | None, str | None, str | None]:
     """Prompt for what `setup` needs and was not given (TTY only)."""
     needs_source = not (path or hub_id or base_url)
     if not name or needs_source:
         if not stdin_is_tty():
             if not name:
                 raise UserError("arle model setup needs a profile name: pass --name NAME")
-            raise UserError("arle model setup needs a model: pass one of --path DIR, --hub-id ORG/NAME or "
-                            "--base-url URL")
+            raise UserError(
+                "arle model setup needs a model: pass one of --path DIR, --hub-id ORG/NAME or --base-url URL"
+            )
     from rich.prompt import Prompt
 
     if not name:
@@ -101,8 +114,9 @@ def _ask_missing(name: str | None, path: str | None, hub_id: str | None, base_ur
         else:
             base_url = Prompt.ask("Endpoint base URL", default="http://localhost:8000/v1")
             model = model or Prompt.ask("Served model name (empty: ask the endpoint)", default="") or None
-            api_key_env = api_key_env or Prompt.ask(
-                "Name of the env var holding the API key (empty: none)", default="") or None
+            api_key_env = (
+                api_key_env or Prompt.ask("Name of the env var holding the API key (empty: none)", default="") or None
+            )
     return name, path, hub_id, base_url, model, api_key_env
 
 
@@ -111,12 +125,17 @@ def setup(
     name: str | None = typer.Option(None, "--name", help="Profile name, e.g. my-qwen."),
     path: str | None = typer.Option(None, "--path", help="A local model folder."),
     hub_id: str | None = typer.Option(None, "--hub-id", help="A hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct."),
-    base_url: str | None = typer.Option(None, "--base-url",
-                                        help="An OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."),
-    model: str | None = typer.Option(None, "--model",
-                                     help="Served model name at --base-url (default: ask the endpoint)."),
-    api_key_env: str | None = typer.Option(None, "--api-key-env", help="NAME of the env var holding the endpoint's "
-                                           "API key (the key itself is never stored)."),
+    base_url: str | None = typer.Option(
+        None, "--base-url", help="An OpenAI-compatible endpoint, e.g. http://localhost:8000/v1."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Served model name at --base-url (default: ask the endpoint)."
+    ),
+    api_key_env: str | None = typer.Option(
+        None,
+        "--api-key-env",
+        help="NAME of the env var holding the endpoint's API key (the key itself is never stored).",
+    ),
     backend: str | None = typer.Option(None, "--backend", help="hf, vllm or openai (default: automatic)."),
     request_timeout: str | None = options.REQUEST_TIMEOUT,
     max_retries: str | None = options.MAX_RETRIES,
@@ -130,8 +149,10 @@ def setup(
     # Checked before any prompt: a bad number should not cost the user an interactive session.
     timeout_s = config.check_request_timeout(request_timeout)
     retries = config.check_max_retries(max_retries)
-    prices = (efficiency.check_price(price_input, "--price-input"),
-              efficiency.check_price(price_output, "--price-output"))
+    prices = (
+        efficiency.check_price(price_input, "--price-input"),
+        efficiency.check_price(price_output, "--price-output"),
+    )
     efficiency.make_prices(*prices, "arle model setup")
     template_kwargs = config.parse_template_kwargs(chat_template_kwargs) or None
     if think_tags is not None:
@@ -141,10 +162,21 @@ def setup(
     name, path, hub_id, base_url, model, api_key_env = _ask_missing(name, path, hub_id, base_url, model, api_key_env)
     replaced = name in config.load_profiles()
     profile = config.save_profile(
-        config.ModelProfile(name=name, path=path, hub_id=hub_id, base_url=base_url, model=model,
-                            api_key_env=api_key_env, backend=backend, request_timeout=timeout_s,
-                            max_retries=retries, price_input=prices[0], price_output=prices[1],
-                            think_tags=think_tags, chat_template_kwargs=template_kwargs),
+        config.ModelProfile(
+            name=name,
+            path=path,
+            hub_id=hub_id,
+            base_url=base_url,
+            model=model,
+            api_key_env=api_key_env,
+            backend=backend,
+            request_timeout=timeout_s,
+            max_retries=retries,
+            price_input=prices[0],
+            price_output=prices[1],
+            think_tags=think_tags,
+            chat_template_kwargs=template_kwargs,
+        ),
         make_default=default,
     )
     typer.echo(f"{'replaced' if replaced else 'saved'} profile {profile.name} in {config.profiles_path()}")
@@ -160,13 +192,14 @@ def list_profiles(json_out: bool = typer.Option(False, "--json", help="Print JSO
         typer.echo(json.dumps([_profile_json(p, default) for _, p in sorted(profiles.items())], indent=2))
         return
     if not profiles:
-        typer.echo("no model profiles yet: add one with `arle model setup` "
-                   "(without one, --model defaults to the embedded SmolLM2-135M-Instruct)")
+        typer.echo(
+            "no model profiles yet: add one with `arle model setup` "
+            "(without one, --model defaults to the embedded SmolLM2-135M-Instruct)"
+        )
         return
     table = Table("name", "kind", "location", "backend", "default", box=None, pad_edge=False)
     for name, profile in sorted(profiles.items()):
-        table.add_row(name, profile.kind, profile.location, profile.backend or "auto",
-                      "yes" if name == default else "")
+        table.add_row(name, profile.kind, profile.location, profile.backend or "auto", "yes" if name == default else "")
     _print_table(table)
 
 

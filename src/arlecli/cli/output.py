@@ -143,8 +143,14 @@ class ProgressView:
             from rich.markup import escape
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), console=err_console(), refresh_per_second=4)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=20),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=err_console(),
+                refresh_per_second=4,
+            )
             self.bar.start()
             # The bar renders its description as markup, past the console's own escaping.
             self.task = self.bar.add_task(escape(terminal_text(self.label)), total=None, info=self.info())
@@ -278,8 +284,9 @@ def _ellipses(renderable: Any, width: int) -> int:
     return _rendered(renderable, width).count("…")
 
 
-def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title: str | None = None,
-                caption: str | None = None) -> None:
+def print_table(
+    out: Any, columns: list[Column], rows: list[list[Any]], *, title: str | None = None, caption: str | None = None
+) -> None:
     """A table that fits `out`'s width without cutting anything: the full table where it
     fits; else the same with short headers and no inner borders; else that with the `wrap`
     columns wrapped between words, where their longest words fit; else one record per row,
@@ -292,11 +299,13 @@ def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title
     cells = [[c if not isinstance(c, str) else plain(c) for c in row] for row in rows]
 
     def table(short: bool, wrap: bool = False) -> Any:
-        t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD if short else box.HEAVY_HEAD,
-                  pad_edge=not short)
+        t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD if short else box.HEAVY_HEAD, pad_edge=not short)
         for col in columns:
-            t.add_column(col.short or col.header if short else col.header, justify=col.justify,  # type: ignore[arg-type]
-                         no_wrap=not (wrap and col.wrap))
+            t.add_column(
+                col.short or col.header if short else col.header,
+                justify=col.justify,  # type: ignore[arg-type]
+                no_wrap=not (wrap and col.wrap),
+            )
         for row in cells:
             t.add_row(*row)
         return t
@@ -308,9 +317,11 @@ def print_table(out: Any, columns: list[Column], rows: list[list[Any]], *, title
         # out with room to spare (its maximum measure misses a few border columns, and a table
         # a few columns too wide gets every cell cut with `…`).
         if wrap:  # and the columns that do not wrap must not be cut to make room
-            fits = (any(c.wrap for c in columns)
-                    and Measurement.get(out, out.options.update_width(10_000), t).minimum <= out.width
-                    and _ellipses(t, out.width) == sum(str(c).count("…") for row in rows for c in row))
+            fits = (
+                any(c.wrap for c in columns)
+                and Measurement.get(out, out.options.update_width(10_000), t).minimum <= out.width
+                and _ellipses(t, out.width) == sum(str(c).count("…") for row in rows for c in row)
+            )
         else:
             fits = _natural_width(t) <= out.width
         if fits:

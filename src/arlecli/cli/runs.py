@@ -25,8 +25,17 @@ app = typer.Typer(help="List and inspect run directories.", no_args_is_help=True
 
 # results.json keys printed as the metrics table and header; any other key (the efficiency,
 # cost and consistency blocks, and whatever later versions add) is printed as it stands.
-_RESULTS_CORE = {"benchmark", "card_version", "model", "split", "num_samples", "metrics", "n_tasks", "n_samples",
-                 "groups"}
+_RESULTS_CORE = {
+    "benchmark",
+    "card_version",
+    "model",
+    "split",
+    "num_samples",
+    "metrics",
+    "n_tasks",
+    "n_samples",
+    "groups",
+}
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -78,17 +87,38 @@ def list_command(
         return
     out = console()
     if not infos:
-        out.print(f"no runs under {base} (arle eval and arle train write them there)", markup=False,
-                  highlight=False)
+        out.print(f"no runs under {base} (arle eval and arle train write them there)", markup=False, highlight=False)
         return
-    columns = [Column("kind"), Column("benchmark", "bench"), Column("model"), Column("accuracy ± stderr", "acc"),
-               Column("done"), Column("status"), Column("started"), Column("path", key=True)]
+    columns = [
+        Column("kind"),
+        Column("benchmark", "bench"),
+        Column("model"),
+        Column("accuracy ± stderr", "acc"),
+        Column("done"),
+        Column("status"),
+        Column("started"),
+        Column("path", key=True),
+    ]
     rows = []
     for i in infos:
-        metric = _stat_text(i.value, i.stderr) + (f" ({i.metric.split('@', 1)[1]})" if i.metric and "@" in i.metric
-                                                  else "")
-        rows.append([str(v) for v in (i.kind, i.benchmark or "-", i.model or "-", metric, _done_text(i),
-                                      _status_text(i), i.started or "-", i.path)])
+        metric = _stat_text(i.value, i.stderr) + (
+            f" ({i.metric.split('@', 1)[1]})" if i.metric and "@" in i.metric else ""
+        )
+        rows.append(
+            [
+                str(v)
+                for v in (
+                    i.kind,
+                    i.benchmark or "-",
+                    i.model or "-",
+                    metric,
+                    _done_text(i),
+                    _status_text(i),
+                    i.started or "-",
+                    i.path,
+                )
+            ]
+        )
     print_table(out, columns, rows, title=f"{len(infos)} runs under {base}")
 
 
@@ -142,32 +172,49 @@ def _show_eval(run_dir: Path, failed: int, as_json: bool) -> None:
     r, res = run.results, run.results.to_json()
     wrong = [s for s in run.samples if not s.correct]
     if as_json:
-        print_json({"info": info.as_dict(), "meta": run.meta.to_json(), "results": res,
-                    "failed": [s.to_json() for s in wrong[:failed]]})
+        print_json(
+            {
+                "info": info.as_dict(),
+                "meta": run.meta.to_json(),
+                "results": res,
+                "failed": [s.to_json() for s in wrong[:failed]],
+            }
+        )
         return
     from rich.table import Table
 
     out = console()
-    print_lines(out, [str(r.benchmark), str(r.model), f"split {r.split}", f"{r.n_tasks} tasks",
-                      f"{r.n_samples} samples"])
+    print_lines(
+        out, [str(r.benchmark), str(r.model), f"split {r.split}", f"{r.n_tasks} tasks", f"{r.n_samples} samples"]
+    )
     print_lines(out, [f"status: {_status_text(info)}", f"started {info.started or '-'}", str(run_dir)])
     if run.meta.command:
         out.print("command: " + " ".join(map(str, run.meta.command)), markup=False, highlight=False)
     table = Table()
-    for col, justify in (("group", "left"), ("metric", "left"), ("value", "right"), ("± stderr", "right"),
-                         ("n", "right")):
+    for col, justify in (
+        ("group", "left"),
+        ("metric", "left"),
+        ("value", "right"),
+        ("± stderr", "right"),
+        ("n", "right"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for group, metrics in [("all", r.metrics), *r.groups.items()]:
         for name, stat in metrics.items():
-            table.add_row(plain(group), plain(name), _num(stat.get("value")), _num(stat.get("stderr")),
-                          _num(stat.get("n")))
+            table.add_row(
+                plain(group), plain(name), _num(stat.get("value")), _num(stat.get("stderr")), _num(stat.get("n"))
+            )
     out.print(table)
     _print_blocks(out, res, _RESULTS_CORE)
     if wrong and failed:
         out.print(f"failed samples (first {min(failed, len(wrong))} of {len(wrong)}):", markup=False, highlight=False)
         for s in wrong[:failed]:
-            out.print(f"  {s.id}  target {_one_line(s.target, 60)}  extracted "
-                      f"{_one_line(s.extracted, 60)}  finish {s.finish_reason}", markup=False, highlight=False)
+            out.print(
+                f"  {s.id}  target {_one_line(s.target, 60)}  extracted "
+                f"{_one_line(s.extracted, 60)}  finish {s.finish_reason}",
+                markup=False,
+                highlight=False,
+            )
             thinking = _thinking_line(s)
             if thinking is not None:  # the thought above its answer, dimmed: context, not the answer
                 out.print(thinking, markup=False, highlight=False, style="dim")
@@ -188,17 +235,26 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
     evals = {p.name: read_json(p / RESULTS) for p in rundir.held_out_dirs(run_dir) if (p / RESULTS).exists()}
     steps = files.read_metrics()
     if as_json:
-        print_json({"info": info.as_dict(), "meta": meta.to_json(), "summary": summary, "evals": evals,
-                    "last_step": steps[-1] if steps else None})
+        print_json(
+            {
+                "info": info.as_dict(),
+                "meta": meta.to_json(),
+                "summary": summary,
+                "evals": evals,
+                "last_step": steps[-1] if steps else None,
+            }
+        )
         return
     from rich.table import Table
 
     out = console()
-    out.print(f"train · {meta.benchmark} · {meta.model} · {meta.algo} · "
-              f"{_done_text(info)}", markup=False, highlight=False)
+    out.print(
+        f"train · {meta.benchmark} · {meta.model} · {meta.algo} · {_done_text(info)}", markup=False, highlight=False
+    )
     note = f" ({info.note})" if info.note and info.status != "damaged" else ""
-    out.print(f"status: {_status_text(info)}{note} · started {info.started or '-'} · {run_dir}", markup=False,
-              highlight=False)
+    out.print(
+        f"status: {_status_text(info)}{note} · started {info.started or '-'} · {run_dir}", markup=False, highlight=False
+    )
     if evals:
         table = Table(title="held-out evaluations")
         for col in ("eval", "accuracy", "± stderr", "tasks", "path"):
@@ -211,16 +267,19 @@ def _show_train(run_dir: Path, as_json: bool) -> None:
     if steps:
         last = steps[-1]
         keys = [k for k in ("step", "reward", "accuracy", "kl", "loss", "tokens_per_second") if k in last]
-        out.print("last logged step: " + "  ".join(f"{k} {_num(last[k])}" for k in keys), markup=False,
-                  highlight=False)
+        out.print("last logged step: " + "  ".join(f"{k} {_num(last[k])}" for k in keys), markup=False, highlight=False)
     if isinstance(summary, dict):
         _print_blocks(out, {"summary": {k: v for k, v in summary.items() if k != "evals"}}, set())
     if len(evals) > 1:
         labels = list(evals)
         root = files.held_out
         # soft_wrap: a long path must not be broken across lines in a command meant to be copied.
-        out.print(f"before/after: arle compare {root / labels[0]} {root / labels[-1]}", markup=False,
-                  highlight=False, soft_wrap=True)
+        out.print(
+            f"before/after: arle compare {root / labels[0]} {root / labels[-1]}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("show")
@@ -246,23 +305,44 @@ def _print_comparison(cmp: Any, flips: int) -> None:
     print_lines(out, [cmp.benchmark, f"split {cmp.split}", f"{cmp.shared} shared tasks", *extra])
     print_lines(out, [f"A: {cmp.run_a}", f"({cmp.model_a})"], sep=" ")
     print_lines(out, [f"B: {cmp.run_b}", f"({cmp.model_b})"], sep=" ")
-    columns = [Column("group", key=True), Column("metric", key=True), Column("A", justify="right"),
-               Column("B", justify="right"), Column("B - A", "B-A", "right"), Column("± stderr", "±", "right"),
-               Column("95% CI", "CI", "right"), Column("won/lost/tied", "W/L/T", "right"),
-               Column("McNemar p", "p", "right")]
+    columns = [
+        Column("group", key=True),
+        Column("metric", key=True),
+        Column("A", justify="right"),
+        Column("B", justify="right"),
+        Column("B - A", "B-A", "right"),
+        Column("± stderr", "±", "right"),
+        Column("95% CI", "CI", "right"),
+        Column("won/lost/tied", "W/L/T", "right"),
+        Column("McNemar p", "p", "right"),
+    ]
     rows = []
     for group, metrics in [("all", cmp.metrics), *cmp.groups.items()]:
         for m in metrics:
             ci = "-" if not math.isfinite(m.stderr) else f"[{m.ci_low:+.4f}, {m.ci_high:+.4f}]"
-            rows.append([str(group), str(m.metric), _num(m.a), _num(m.b), f"{m.diff:+.4f}", _num(m.stderr), ci,
-                         f"{m.won}/{m.lost}/{m.tied}", _num(m.mcnemar_p)])
-    print_table(out, columns, rows, caption="B - A, paired over shared tasks; won/lost/tied (W/L/T): tasks where "
-                "B scored higher/lower/same")
+            rows.append(
+                [
+                    str(group),
+                    str(m.metric),
+                    _num(m.a),
+                    _num(m.b),
+                    f"{m.diff:+.4f}",
+                    _num(m.stderr),
+                    ci,
+                    f"{m.won}/{m.lost}/{m.tied}",
+                    _num(m.mcnemar_p),
+                ]
+            )
+    print_table(
+        out,
+        columns,
+        rows,
+        caption="B - A, paired over shared tasks; won/lost/tied (W/L/T): tasks where B scored higher/lower/same",
+    )
     for label, ids in (("B right, A wrong", cmp.gained), ("A right, B wrong", cmp.lost)):
         shown = ids[:flips] + ([f"... ({len(ids) - flips} more)"] if len(ids) > flips else []) or ["-"]
         print_lines(out, [f"{label} ({len(ids)}): {shown[0]}", *shown[1:]], sep=", ", indent="  ")
-    _print_compute(cmp.compute, [None, next((m for m in cmp.metrics if m.metric == "accuracy"), None)],
-                   ["A", "B"])
+    _print_compute(cmp.compute, [None, next((m for m in cmp.metrics if m.metric == "accuracy"), None)], ["A", "B"])
     for warning in cmp.warnings:
         err_console().print(f"warning: {warning}", markup=False, highlight=False)
 
@@ -281,26 +361,43 @@ def _print_compute(points: list[Any], diffs: list[Any], labels: list[str]) -> No
     columns = [Column("run", key=True), Column("accuracy", "acc", "right"), Column("± stderr", "±", "right")]
     if thought:
         columns += [Column("thinking tokens", "think", "right"), Column("cut", justify="right")]
-    columns += [Column("completion tokens", "compl", "right"), Column("total completion", "total", "right"),
-                Column("budget", justify="right"), Column("accuracy - first", "vs first", "right")]
+    columns += [
+        Column("completion tokens", "compl", "right"),
+        Column("total completion", "total", "right"),
+        Column("budget", justify="right"),
+        Column("accuracy - first", "vs first", "right"),
+    ]
     rows = []
     for label, p, diff in zip(labels, points, diffs):
         budget = "/".join(str(b) for b in (p.max_thinking_tokens, p.max_tokens) if b is not None) or "-"
         row = [str(label), _num(p.accuracy), _num(p.stderr)]
         if thought:
             row += [_tokens(p.thinking_tokens), "-" if p.cut_share is None else f"{p.cut_share:.1%}"]
-        row += [_tokens(p.completion_tokens), _num(p.completion_tokens_total), budget,
-                "-" if diff is None else f"{diff.diff:+.4f} ± {_num(diff.stderr)}"]
+        row += [
+            _tokens(p.completion_tokens),
+            _num(p.completion_tokens_total),
+            budget,
+            "-" if diff is None else f"{diff.diff:+.4f} ± {_num(diff.stderr)}",
+        ]
         rows.append(row)
-    print_table(console(), columns, rows, title="accuracy against compute" if thought else "accuracy and tokens",
-                caption="tokens are means per sample; vs first: accuracy - the first run's, paired over shared tasks")
+    print_table(
+        console(),
+        columns,
+        rows,
+        title="accuracy against compute" if thought else "accuracy and tokens",
+        caption="tokens are means per sample; vs first: accuracy - the first run's, paired over shared tasks",
+    )
 
 
 def compare_command(
-    runs: List[Path] = typer.Argument(..., help="Eval runs: A (the baseline, e.g. RUN/eval/step-0), B, and "
-                                                "optionally more (each compared with A)."),
-    force: bool = typer.Option(False, "--force", help="Compare runs of different benchmarks, splits or --data "
-                               "files anyway (on the task ids they share)."),
+    runs: List[Path] = typer.Argument(
+        ..., help="Eval runs: A (the baseline, e.g. RUN/eval/step-0), B, and optionally more (each compared with A)."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Compare runs of different benchmarks, splits or --data files anyway (on the task ids they share).",
+    ),
     flips: int = typer.Option(20, "--flips", min=0, help="How many flipped task ids to print per direction."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:

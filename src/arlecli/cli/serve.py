@@ -20,46 +20,92 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def serve_command(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder (a trained "
-                                        "checkpoint or a LoRA adapter folder, served as-is) or hub id. "
-                                        "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="hf or vllm (default: the same choice "
-                                          "as `arle eval`, hf on CPU)."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Profile name, local folder (a trained "
+        "checkpoint or a LoRA adapter folder, served as-is) or hub id. "
+        "Default: the default profile, else the embedded SmolLM2-135M-Instruct.",
+    ),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="hf or vllm (default: the same choice as `arle eval`, hf on CPU)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0: all)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of an env var holding the key "
-                                              "clients must send as `Authorization: Bearer KEY`."),
-    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1, help="Most requests "
-                                                  "generated at once, as one batch (default: 16 on hf, 256 on vllm)."),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model name clients "
-                                                    "send and /v1/models lists (default: the model's name)."),
+    api_key_env: Optional[str] = typer.Option(
+        None,
+        "--api-key-env",
+        help="Name of an env var holding the key clients must send as `Authorization: Bearer KEY`.",
+    ),
+    max_concurrency: Optional[int] = typer.Option(
+        None,
+        "--max-concurrency",
+        min=1,
+        help="Most requests generated at once, as one batch (default: 16 on hf, 256 on vllm).",
+    ),
+    served_model_name: Optional[str] = typer.Option(
+        None,
+        "--served-model-name",
+        help="The model name clients send and /v1/models lists (default: the model's name).",
+    ),
     think_tags: Optional[str] = options.THINK_TAGS,
     chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
-    tool_call_parser: Optional[str] = typer.Option(None, "--tool-call-parser", help="How replies to requests with "
-                                                   "`tools` are parsed for calls: hermes (<tool_call> blocks: "
-                                                   "Qwen, SmolLM3), llama3_json or mistral (default: the one the "
-                                                   "model's chat template calls for, else hermes)."),
-    record: Optional[Path] = typer.Option(None, "--record", help="Record every request (messages, params, token "
-                                          "ids, logprobs, text) to DIR/SESSION.jsonl. A client opens a session "
-                                          "with POST /sessions, which answers its id and base URL (/s/ID/v1; or "
-                                          "send the X-Arle-Session header); ids the server did not open are "
-                                          "refused. Requests naming no session go to DIR/default.jsonl."),
-    record_memory_mb: float = typer.Option(1024.0, "--record-memory-mb", min=1.0, help="Most memory (MB) all "
-                                           "recorded sessions together may hold in replies kept to continue them "
-                                           "with the exact token ids; past it the least recently used session's "
-                                           "oldest replies are dropped (a later call continuing one is encoded "
-                                           "afresh)."),
-    max_choices: int = typer.Option(256, "--max-choices", min=1, help="Most generations one request may ask for "
-                                    "(prompts x n); more is answered 400."),
-    max_connections: Optional[int] = typer.Option(None, "--max-connections", min=1, help="Most open connections; "
-                                                  "at the cap the longest-idle one is closed for a new one "
-                                                  "(default: what the open-file limit allows, at most 4096)."),
-    max_body_mb: float = typer.Option(32.0, "--max-body-mb", min=0.001, help="Largest request body in MB; larger "
-                                      "is answered 413."),
-    header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.1, help="Seconds a connection may take "
-                                         "to send a request's headers before it is closed."),
-    access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="One line per request on stderr "
-                                    "(client, method, path, status, seconds, tokens)."),
+    tool_call_parser: Optional[str] = typer.Option(
+        None,
+        "--tool-call-parser",
+        help="How replies to requests with "
+        "`tools` are parsed for calls: hermes (<tool_call> blocks: "
+        "Qwen, SmolLM3), llama3_json or mistral (default: the one the "
+        "model's chat template calls for, else hermes).",
+    ),
+    record: Optional[Path] = typer.Option(
+        None,
+        "--record",
+        help="Record every request (messages, params, token "
+        "ids, logprobs, text) to DIR/SESSION.jsonl. A client opens a session "
+        "with POST /sessions, which answers its id and base URL (/s/ID/v1; or "
+        "send the X-Arle-Session header); ids the server did not open are "
+        "refused. Requests naming no session go to DIR/default.jsonl.",
+    ),
+    record_memory_mb: float = typer.Option(
+        1024.0,
+        "--record-memory-mb",
+        min=1.0,
+        help="Most memory (MB) all "
+        "recorded sessions together may hold in replies kept to continue them "
+        "with the exact token ids; past it the least recently used session's "
+        "oldest replies are dropped (a later call continuing one is encoded "
+        "afresh).",
+    ),
+    max_choices: int = typer.Option(
+        256,
+        "--max-choices",
+        min=1,
+        help="Most generations one request may ask for (prompts x n); more is answered 400.",
+    ),
+    max_connections: Optional[int] = typer.Option(
+        None,
+        "--max-connections",
+        min=1,
+        help="Most open connections; "
+        "at the cap the longest-idle one is closed for a new one "
+        "(default: what the open-file limit allows, at most 4096).",
+    ),
+    max_body_mb: float = typer.Option(
+        32.0, "--max-body-mb", min=0.001, help="Largest request body in MB; larger is answered 413."
+    ),
+    header_timeout: float = typer.Option(
+        10.0,
+        "--header-timeout",
+        min=0.1,
+        help="Seconds a connection may take to send a request's headers before it is closed.",
+    ),
+    access_log: bool = typer.Option(
+        True,
+        "--access-log/--no-access-log",
+        help="One line per request on stderr (client, method, path, status, seconds, tokens).",
+    ),
     tensor_parallel_size: int = options.TENSOR_PARALLEL,
     data_parallel_size: int = options.DATA_PARALLEL,
     gpu_memory_utilization: float = options.GPU_MEMORY,
@@ -90,23 +136,45 @@ def serve_command(
     from arlecli.config import parse_template_kwargs
 
     # --api-key-env here is our key, not an endpoint's.
-    spec = resolve_model(model, backend=backend, think_tags=think_tags,
-                         chat_template_kwargs=parse_template_kwargs(chat_template_kwargs))
+    spec = resolve_model(
+        model, backend=backend, think_tags=think_tags, chat_template_kwargs=parse_template_kwargs(chat_template_kwargs)
+    )
     sock = server.bind(host, port)  # before loading the model: a busy port fails at once
-    vllm_options = VLLMOptions(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
-                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                               quantization=quantization, kv_cache_dtype=kv_cache_dtype)
-    engine = make_engine(spec, batch_size=max_concurrency or DEFAULT_CONCURRENCY["hf"],
-                         concurrency=max_concurrency or DEFAULT_CONCURRENCY["hf"], vllm_options=vllm_options)
+    vllm_options = VLLMOptions(
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    engine = make_engine(
+        spec,
+        batch_size=max_concurrency or DEFAULT_CONCURRENCY["hf"],
+        concurrency=max_concurrency or DEFAULT_CONCURRENCY["hf"],
+        vllm_options=vllm_options,
+    )
     # After make_engine: the factory may pick the backend itself (vllm on a CUDA machine).
     concurrency = max_concurrency or DEFAULT_CONCURRENCY.get(engine.name, DEFAULT_CONCURRENCY["hf"])
     name = served_model_name or spec.name
-    limits = ServeLimits(max_choices=max_choices, max_connections=max_connections,
-                         max_body_bytes=int(max_body_mb * 2**20), header_timeout_s=header_timeout,
-                         record_memory_bytes=int(record_memory_mb * 2**20))
-    app = create_app(engine, model_name=name, api_key=api_key, record_dir=record, max_concurrency=concurrency,
-                     limits=limits, max_model_len=max_model_len, tool_call_parser=tool_call_parser,
-                     access_log=access_log)
+    limits = ServeLimits(
+        max_choices=max_choices,
+        max_connections=max_connections,
+        max_body_bytes=int(max_body_mb * 2**20),
+        header_timeout_s=header_timeout,
+        record_memory_bytes=int(record_memory_mb * 2**20),
+    )
+    app = create_app(
+        engine,
+        model_name=name,
+        api_key=api_key,
+        record_dir=record,
+        max_concurrency=concurrency,
+        limits=limits,
+        max_model_len=max_model_len,
+        tool_call_parser=tool_call_parser,
+        access_log=access_log,
+    )
 
     def ready() -> None:
         typer.echo(terminal_text(f"serving {name} on {server.url(sock)}"))
@@ -139,12 +207,16 @@ def _api_key(api_key_env: str | None) -> str | None:
         return None
     key = os.environ.get(api_key_env, "").strip()
     if not key and _looks_like_a_key(api_key_env):
-        raise UserError("--api-key-env takes the NAME of an environment variable, and the value given looks like "
-                        "a key itself (not repeated here): run `export ARLE_SERVE_KEY=<the key>` and pass "
-                        "--api-key-env ARLE_SERVE_KEY")
+        raise UserError(
+            "--api-key-env takes the NAME of an environment variable, and the value given looks like "
+            "a key itself (not repeated here): run `export ARLE_SERVE_KEY=<the key>` and pass "
+            "--api-key-env ARLE_SERVE_KEY"
+        )
     if not key:
-        raise UserError(f"--api-key-env {api_key_env}: the environment variable is empty or not set; "
-                        f"export {api_key_env}=... with the key clients must send")
+        raise UserError(
+            f"--api-key-env {api_key_env}: the environment variable is empty or not set; "
+            f"export {api_key_env}=... with the key clients must send"
+        )
     return key
 
 

@@ -22,10 +22,13 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def step_line(row: dict[str, Any], eta: float | None = None) -> str:
     """One logged step as a line: what a person watches (the full row is in metrics.jsonl)."""
-    parts = [f"step {row['step']}/{row.get('max_steps', '?')}", *_learning(row),
-             f"loss {_fmt(row.get('loss', row.get('policy_loss')), '.4f')}",
-             f"{_fmt(row.get('seconds_per_step'), '.2f')} s/step",
-             f"{_fmt(row.get('tokens_per_second'), '.0f')} tok/s"]
+    parts = [
+        f"step {row['step']}/{row.get('max_steps', '?')}",
+        *_learning(row),
+        f"loss {_fmt(row.get('loss', row.get('policy_loss')), '.4f')}",
+        f"{_fmt(row.get('seconds_per_step'), '.2f')} s/step",
+        f"{_fmt(row.get('tokens_per_second'), '.0f')} tok/s",
+    ]
     if eta is not None:
         parts.append(f"eta {clock(eta)}")
     return "  ".join(parts)
@@ -69,8 +72,7 @@ def _learning(row: dict[str, Any]) -> list[str]:
         return [f"pref acc {_fmt(row.get('rewards/accuracies'))}", f"margin {_fmt(row.get('rewards/margins'), '.4f')}"]
     if "reward" not in row and "mean_token_accuracy" in row:
         return [f"token acc {_fmt(row.get('mean_token_accuracy'))}"]
-    return [f"reward {_fmt(row.get('reward'))}", f"acc {_fmt(row.get('accuracy'))}",
-            f"kl {_fmt(row.get('kl'), '.4f')}"]
+    return [f"reward {_fmt(row.get('reward'))}", f"acc {_fmt(row.get('accuracy'))}", f"kl {_fmt(row.get('kl'), '.4f')}"]
 
 
 class _View:
@@ -91,9 +93,14 @@ class _View:
 
             # The time left is ours (StepClock): Rich's estimate of it stays blank for steps
             # slower than its 30 s window.
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[info]}"),
-                                     console=err_console())
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=20),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[eta]}"),
+                TextColumn("{task.fields[info]}"),
+                console=err_console(),
+            )
             self.progress.start()
         return self.progress
 
@@ -109,8 +116,12 @@ class _View:
         info = " ".join([*_learning(row), f"{_fmt(row.get('seconds_per_step'), '.1f')} s/step"])
         if self.train_task is None:
             self.train_task = bars.add_task("train", total=row.get("max_steps"), info="", eta="")
-        bars.update(self.train_task, completed=row["step"], info=info,
-                    eta=f"eta {clock(eta)}" if eta is not None else "eta -:--:--")
+        bars.update(
+            self.train_task,
+            completed=row["step"],
+            info=info,
+            eta=f"eta {clock(eta)}" if eta is not None else "eta -:--:--",
+        )
 
     def eval_start(self, label: str, total: int, done: int) -> None:
         self.eval_label, self.eval_total, self.eval_done_n = label, total, done
@@ -118,8 +129,9 @@ class _View:
         if self.tty:
             self.eval_task = self._bars().add_task(f"eval {label}", total=total, completed=done, info="", eta="")
         else:
-            err_console().print(f"eval {label}: {total} held-out tasks" + (f" ({done} done)" if done else ""),
-                                highlight=False)
+            err_console().print(
+                f"eval {label}: {total} held-out tasks" + (f" ({done} done)" if done else ""), highlight=False
+            )
 
     def eval_sample(self, sample: dict[str, Any]) -> None:
         self.eval_new += 1
@@ -132,8 +144,10 @@ class _View:
         if self.tty and self.eval_task is not None:
             self.progress.remove_task(self.eval_task)
             self.eval_task = None
-        err_console().print(f"eval {label}: accuracy {acc['value']:.4f} ± {acc['stderr']:.4f} "
-                            f"({results['n_tasks']} tasks)", highlight=False)
+        err_console().print(
+            f"eval {label}: accuracy {acc['value']:.4f} ± {acc['stderr']:.4f} ({results['n_tasks']} tasks)",
+            highlight=False,
+        )
 
     def stop(self) -> None:
         if self.progress is not None:
@@ -142,87 +156,166 @@ class _View:
 
 def train_command(
     ctx: typer.Context,
-    bench: Optional[str] = typer.Argument(None, metavar="BENCH", help="Benchmark name or card file (or `benchmark:` in the recipe)."),
-    algo: Optional[str] = typer.Option(None, "--algo", help="grpo (default), rloo or ppo (RL on the card's "
-                                       "reward); sft or dpo (on recorded trajectories: --data); rft (rounds of "
-                                       "sampling, keeping what the reward accepts, SFT on it)."),
-    data: Optional[str] = typer.Option(None, "--data", help="sft/dpo: a JSONL file of SFT rows (dpo: preference "
-                                       "pairs), from `arle data from-eval RUN [--pairs] -o FILE.jsonl`."),
-    rows: Optional[str] = typer.Option(None, "--rows", help="grpo/rloo/ppo/rft: the benchmark's rows from a local "
-                                       "file in the dataset's own schema (jsonl, json, parquet, csv) instead of "
-                                       "the card's source, read as `arle eval --rows` reads them."),
-    eval_rows: Optional[str] = typer.Option(None, "--eval-rows", help="Held-out evaluations on the rows of this "
-                                            "file (default: the card's eval split; with --rows and no "
-                                            "--eval-split, the --rows file)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile name, local folder or hub id. "
-                                        "Default: the default profile, else the embedded SmolLM2-135M-Instruct."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML (a file, or a packaged recipe name "
-                                         "such as countdown-grpo-cpu): arle and trainer fields."),
-    sets: Optional[list[str]] = typer.Option(None, "--set", help="KEY=VALUE: any arle field or trainer config "
-                                             "field (GRPOConfig/RLOOConfig, PPO params); repeatable; wins over "
-                                             "the recipe and the flags."),
+    bench: Optional[str] = typer.Argument(
+        None, metavar="BENCH", help="Benchmark name or card file (or `benchmark:` in the recipe)."
+    ),
+    algo: Optional[str] = typer.Option(
+        None,
+        "--algo",
+        help="grpo (default), rloo or ppo (RL on the card's "
+        "reward); sft or dpo (on recorded trajectories: --data); rft (rounds of "
+        "sampling, keeping what the reward accepts, SFT on it).",
+    ),
+    data: Optional[str] = typer.Option(
+        None,
+        "--data",
+        help="sft/dpo: a JSONL file of SFT rows (dpo: preference "
+        "pairs), from `arle data from-eval RUN [--pairs] -o FILE.jsonl`.",
+    ),
+    rows: Optional[str] = typer.Option(
+        None,
+        "--rows",
+        help="grpo/rloo/ppo/rft: the benchmark's rows from a local "
+        "file in the dataset's own schema (jsonl, json, parquet, csv) instead of "
+        "the card's source, read as `arle eval --rows` reads them.",
+    ),
+    eval_rows: Optional[str] = typer.Option(
+        None,
+        "--eval-rows",
+        help="Held-out evaluations on the rows of this "
+        "file (default: the card's eval split; with --rows and no "
+        "--eval-split, the --rows file).",
+    ),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Profile name, local folder or hub id. "
+        "Default: the default profile, else the embedded SmolLM2-135M-Instruct.",
+    ),
+    recipe: Optional[str] = typer.Option(
+        None,
+        "--recipe",
+        help="Recipe YAML (a file, or a packaged recipe name such as countdown-grpo-cpu): arle and trainer fields.",
+    ),
+    sets: Optional[list[str]] = typer.Option(
+        None,
+        "--set",
+        help="KEY=VALUE: any arle field or trainer config "
+        "field (GRPOConfig/RLOOConfig, PPO params); repeatable; wins over "
+        "the recipe and the flags.",
+    ),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Optimizer steps (default 100)."),
-    num_generations: Optional[int] = typer.Option(None, "--num-generations", min=1,
-                                                  help="Completions per prompt (default: the trainer's)."),
-    learning_rate: Optional[float] = typer.Option(None, "--learning-rate", "--lr", min=0.0,
-                                                  help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA); "
-                                                  "sft 2e-5 / 2e-4, dpo 1e-6 / 1e-5."),
-    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", min=0,
-                                            help="LoRA rank on all linear layers; 0 (default) = full fine-tune."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Rollouts and held-out evals: hf (default: the "
-                                          "eval's engine over the live policy) or vllm (in-process vLLM, synced "
-                                          "to the policy before each rollout)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per model turn, as in "
-                                             "`arle eval` (default: the card's)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Rollout sampling "
-                                                "temperature (default 1.0)."),
+    num_generations: Optional[int] = typer.Option(
+        None, "--num-generations", min=1, help="Completions per prompt (default: the trainer's)."
+    ),
+    learning_rate: Optional[float] = typer.Option(
+        None,
+        "--learning-rate",
+        "--lr",
+        min=0.0,
+        help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA); sft 2e-5 / 2e-4, dpo 1e-6 / 1e-5.",
+    ),
+    lora_rank: Optional[int] = typer.Option(
+        None, "--lora-rank", min=0, help="LoRA rank on all linear layers; 0 (default) = full fine-tune."
+    ),
+    backend: Optional[str] = typer.Option(
+        None,
+        "--backend",
+        help="Rollouts and held-out evals: hf (default: the "
+        "eval's engine over the live policy) or vllm (in-process vLLM, synced "
+        "to the policy before each rollout).",
+    ),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", min=1, help="Tokens per model turn, as in `arle eval` (default: the card's)."
+    ),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", min=0.0, help="Rollout sampling temperature (default 1.0)."
+    ),
     max_thinking_tokens: Optional[int] = options.MAX_THINKING_TOKENS,
     think_tags: Optional[str] = options.THINK_TAGS,
     chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
     quantization: Optional[str] = options.QUANTIZATION,
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
-    vllm_server: Optional[str] = typer.Option(None, "--vllm-server", help="URL of a `trl vllm-serve` server: "
-                                              "grpo/rloo rollouts run there, weights synced by TRL over NCCL "
-                                              "(multi-node; needs CUDA)."),
-    opponent: Optional[str] = typer.Option(None, "--opponent", help="Two-player game cards: who plays the other "
-                                           "seat in rollouts: self (default: self-play, each seat trained with "
-                                           "its own outcome), random or scripted. Held-out evals play the "
-                                           "card's opponent."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run directory "
-                                          "(default: a new folder in runs/ named train-BENCH-MODEL-TIMESTAMP)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint (the latest "
-                                "matching run when --output is not given)."),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every", min=0,
-                                             help="Held-out eval every N steps too (default: before and after only)."),
+    vllm_server: Optional[str] = typer.Option(
+        None,
+        "--vllm-server",
+        help="URL of a `trl vllm-serve` server: "
+        "grpo/rloo rollouts run there, weights synced by TRL over NCCL "
+        "(multi-node; needs CUDA).",
+    ),
+    opponent: Optional[str] = typer.Option(
+        None,
+        "--opponent",
+        help="Two-player game cards: who plays the other "
+        "seat in rollouts: self (default: self-play, each seat trained with "
+        "its own outcome), random or scripted. Held-out evals play the "
+        "card's opponent.",
+    ),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="Run directory (default: a new folder in runs/ named train-BENCH-MODEL-TIMESTAMP)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue from the run's last checkpoint (the latest matching run when --output is not given).",
+    ),
+    eval_every: Optional[int] = typer.Option(
+        None, "--eval-every", min=0, help="Held-out eval every N steps too (default: before and after only)."
+    ),
     eval_split: Optional[str] = typer.Option(None, "--eval-split", help="Held-out split (default: the card's)."),
-    eval_limit: Optional[int] = typer.Option(None, "--eval-limit", min=0,
-                                             help="Held-out tasks per eval (default 50; 0 = no held-out eval)."),
+    eval_limit: Optional[int] = typer.Option(
+        None, "--eval-limit", min=0, help="Held-out tasks per eval (default 50; 0 = no held-out eval)."
+    ),
     report_to: Optional[str] = typer.Option(None, "--report-to", help="none (default), tensorboard, trackio or wandb."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Default 1234."),
-    split: Optional[str] = typer.Option(None, "--split", help="Train split (default: train if the card has one, "
-                                        "else its default split)."),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="Train split (default: train if the card has one, else its default split)."
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Train on the first N rows only."),
-    save_steps: Optional[int] = typer.Option(None, "--save-steps", min=1, help="Checkpoint every N steps (default 50)."),
+    save_steps: Optional[int] = typer.Option(
+        None, "--save-steps", min=1, help="Checkpoint every N steps (default 50)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
-    sandbox: str = typer.Option("require", "--sandbox", help="require (default) refuses to run model-written "
-                                "code where the code sandbox cannot isolate it; auto warns and runs it with "
-                                "rlimits only. RL training rewards whatever passes the tests: keep require."),
-    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1, help="Training processes per "
-                                                "machine (data parallel through accelerate; gloo on CPU, NCCL on "
-                                                "GPU). Per-device batch x processes must be a multiple of "
-                                                "--num-generations."),
-    deepspeed: Optional[str] = typer.Option(None, "--deepspeed", help="zero2 or zero3: DeepSpeed ZeRO through "
-                                            "accelerate (needs CUDA and `pip install deepspeed`)."),
+    sandbox: str = typer.Option(
+        "require",
+        "--sandbox",
+        help="require (default) refuses to run model-written "
+        "code where the code sandbox cannot isolate it; auto warns and runs it with "
+        "rlimits only. RL training rewards whatever passes the tests: keep require.",
+    ),
+    num_processes: Optional[int] = typer.Option(
+        None,
+        "--num-processes",
+        min=1,
+        help="Training processes per "
+        "machine (data parallel through accelerate; gloo on CPU, NCCL on "
+        "GPU). Per-device batch x processes must be a multiple of "
+        "--num-generations.",
+    ),
+    deepspeed: Optional[str] = typer.Option(
+        None,
+        "--deepspeed",
+        help="zero2 or zero3: DeepSpeed ZeRO through accelerate (needs CUDA and `pip install deepspeed`).",
+    ),
     fsdp: bool = typer.Option(False, "--fsdp", help="FSDP full shard through accelerate (needs CUDA)."),
-    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="Launch with this "
-                                                     "accelerate config file (from `accelerate config`) instead."),
-    num_machines: Optional[int] = typer.Option(None, "--num-machines", min=1, help="Machines (multi-node); run "
-                                               "the same command on each with its --machine-rank."),
+    accelerate_config: Optional[Path] = typer.Option(
+        None, "--accelerate-config", help="Launch with this accelerate config file (from `accelerate config`) instead."
+    ),
+    num_machines: Optional[int] = typer.Option(
+        None,
+        "--num-machines",
+        min=1,
+        help="Machines (multi-node); run the same command on each with its --machine-rank.",
+    ),
     machine_rank: Optional[int] = typer.Option(None, "--machine-rank", min=0, help="This machine's rank (0 = main)."),
     main_process_ip: Optional[str] = typer.Option(None, "--main-process-ip", help="Address of machine rank 0."),
-    main_process_port: Optional[int] = typer.Option(None, "--main-process-port", min=0,
-                                                    help="Port on machine rank 0 (default: a free port on one "
-                                                    "machine, 29500 across machines)."),
+    main_process_port: Optional[int] = typer.Option(
+        None,
+        "--main-process-port",
+        min=0,
+        help="Port on machine rank 0 (default: a free port on one machine, 29500 across machines).",
+    ),
 ) -> None:
     """Train a model on a benchmark: RL on its reward, or SFT/DPO on recorded trajectories (--data);
     writes checkpoints, metrics, held-out evals and the final model."""
@@ -234,38 +327,69 @@ def train_command(
     from arlecli.train import launch
     from arlecli.train.run import TrainView, refuse, run_train
 
-    launch_opts = launch.LaunchOptions(num_processes, num_machines, machine_rank, main_process_ip,
-                                       main_process_port, deepspeed, fsdp, accelerate_config)
+    launch_opts = launch.LaunchOptions(
+        num_processes,
+        num_machines,
+        machine_rank,
+        main_process_ip,
+        main_process_port,
+        deepspeed,
+        fsdp,
+        accelerate_config,
+    )
     recipe_data: dict[str, Any] = {}
     recipe_name = None
     if recipe:
         path, recipe_data = load_recipe(recipe)
         recipe_name = str(path)
-    flags = {"benchmark": bench, "algo": algo, "model": model, "backend": backend, "split": split, "limit": limit,
-             "lora_rank": lora_rank, "eval_every": eval_every, "eval_split": eval_split, "eval_limit": eval_limit,
-             "max_steps": max_steps, "num_generations": num_generations, "data": data, "rows": rows,
-             "eval_rows": eval_rows, "learning_rate": learning_rate,
-             "report_to": report_to, "seed": seed, "save_steps": save_steps, "max_completion_length": max_tokens,
-             "temperature": temperature, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
-             "vllm_server": vllm_server, "opponent": opponent, "think_tags": think_tags,
-             "chat_template_kwargs": parse_template_kwargs(chat_template_kwargs) or None,
-             "max_thinking_tokens": max_thinking_tokens}
+    flags = {
+        "benchmark": bench,
+        "algo": algo,
+        "model": model,
+        "backend": backend,
+        "split": split,
+        "limit": limit,
+        "lora_rank": lora_rank,
+        "eval_every": eval_every,
+        "eval_split": eval_split,
+        "eval_limit": eval_limit,
+        "max_steps": max_steps,
+        "num_generations": num_generations,
+        "data": data,
+        "rows": rows,
+        "eval_rows": eval_rows,
+        "learning_rate": learning_rate,
+        "report_to": report_to,
+        "seed": seed,
+        "save_steps": save_steps,
+        "max_completion_length": max_tokens,
+        "temperature": temperature,
+        "quantization": quantization,
+        "kv_cache_dtype": kv_cache_dtype,
+        "vllm_server": vllm_server,
+        "opponent": opponent,
+        "think_tags": think_tags,
+        "chat_template_kwargs": parse_template_kwargs(chat_template_kwargs) or None,
+        "max_thinking_tokens": max_thinking_tokens,
+    }
     cfg = resolve(recipe_data, flags, parse_set(sets or []), recipe_name=recipe_name)
     if not cfg.options.benchmark:
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
     refuse(card, cfg, sandbox=sandbox)  # before resolving the model (the embedded one unpacks): nothing loads
-    spec = resolve_model(cfg.options.model, think_tags=cfg.options.think_tags,
-                         chat_template_kwargs=cfg.options.chat_template_kwargs)
+    spec = resolve_model(
+        cfg.options.model, think_tags=cfg.options.think_tags, chat_template_kwargs=cfg.options.chat_template_kwargs
+    )
     run_dir = rundir.choose_dir(output, f"train-{card.name}", spec.name, resume)
     command = launch.original_command() or ["arle", *sys.argv[1:]]
     if launch_opts.wanted():
         refuse(card, cfg, spec, sandbox=sandbox)  # the model's checks too, before any process starts
         launch.check(launch_opts, cfg.options.algo)
         if (num_machines or 1) > 1 and output is None:
-            raise UserError("--num-machines needs --output: the same run directory (on a shared filesystem) "
-                            "on every machine")
+            raise UserError(
+                "--num-machines needs --output: the same run directory (on a shared filesystem) on every machine"
+            )
         if not machine_rank:
             rundir.check_fresh(run_dir, resume)
         child = ["train", *_child_args(ctx), "--output", str(run_dir)]
@@ -273,17 +397,38 @@ def train_command(
         raise typer.Exit(rc)
     if launch.rank() != 0:  # a launched rank other than the main one: the main process speaks for the run
         try:
-            run_train(card, cfg, spec, run_dir, resume=resume, command=command, view=TrainView(message=_quiet),
-                      sandbox=sandbox)
+            run_train(
+                card,
+                cfg,
+                spec,
+                run_dir,
+                resume=resume,
+                command=command,
+                view=TrainView(message=_quiet),
+                sandbox=sandbox,
+            )
         except UserError:
             raise typer.Exit(2) from None  # the main process prints the error once
         return
     rundir.check_fresh(run_dir, resume)  # before any model loads: a resume of a folder that never ran is refused
     view = _View()
     try:  # run_train refuses what cannot train, says what it trains, then trains
-        summary = run_train(card, cfg, spec, run_dir, resume=resume, command=command, sandbox=sandbox,
-                            view=TrainView(log=view.log, eval_start=view.eval_start, eval_sample=view.eval_sample,
-                                           eval_done=view.eval_done, message=view.message))
+        summary = run_train(
+            card,
+            cfg,
+            spec,
+            run_dir,
+            resume=resume,
+            command=command,
+            sandbox=sandbox,
+            view=TrainView(
+                log=view.log,
+                eval_start=view.eval_start,
+                eval_sample=view.eval_sample,
+                eval_done=view.eval_done,
+                message=view.message,
+            ),
+        )
     finally:
         view.stop()
     if as_json:
@@ -294,8 +439,17 @@ def train_command(
     (err_console() if as_json else console()).print(report_hint(run_dir), highlight=False, soft_wrap=True)
 
 
-_LAUNCH_PARAMS = {"num_processes", "deepspeed", "fsdp", "accelerate_config", "num_machines", "machine_rank",
-                  "main_process_ip", "main_process_port", "output"}
+_LAUNCH_PARAMS = {
+    "num_processes",
+    "deepspeed",
+    "fsdp",
+    "accelerate_config",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "output",
+}
 
 
 def _quiet(text: str) -> None:
@@ -330,12 +484,17 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     before, after = summary.get("before"), summary.get("after")
     if before and after:
         delta = (after["accuracy"] or 0.0) - (before["accuracy"] or 0.0)
-        out.print(f"held-out accuracy: {before['accuracy']:.4f} ({before['label']}) -> {after['accuracy']:.4f} "
-                  f"({after['label']}), {delta:+.4f}", highlight=False)
+        out.print(
+            f"held-out accuracy: {before['accuracy']:.4f} ({before['label']}) -> {after['accuracy']:.4f} "
+            f"({after['label']}), {delta:+.4f}",
+            highlight=False,
+        )
     from arlecli.train.algorithm import recorded  # here, not at the top: `arle --help` stays fast
 
     declared = recorded(summary.get("algo"))
     unit = declared.unit if declared else "steps"
     out.print(f"{summary['global_step']} {unit}; final model: {summary['final_model']}", highlight=False)
-    out.print(f"run directory: {run_dir}  (evaluate: arle eval {summary['benchmark']} --model "
-              f"{summary['final_model']})", highlight=False)
+    out.print(
+        f"run directory: {run_dir}  (evaluate: arle eval {summary['benchmark']} --model {summary['final_model']})",
+        highlight=False,
+    )

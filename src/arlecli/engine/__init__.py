@@ -20,8 +20,19 @@ if TYPE_CHECKING:
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.models import ModelSpec
 
-__all__ = ["ENGINES", "Completion", "Engine", "EngineFactory", "GenerationRequest", "SamplingParams", "check_backend",
-           "choose_backend", "engine_names", "make_engine", "register_engine"]
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "Engine",
+    "EngineFactory",
+    "GenerationRequest",
+    "SamplingParams",
+    "check_backend",
+    "choose_backend",
+    "engine_names",
+    "make_engine",
+    "register_engine",
+]
 
 
 def choose_backend(spec: ModelSpec) -> str:
@@ -49,8 +60,9 @@ def choose_backend(spec: ModelSpec) -> str:
     return "vllm"
 
 
-def make_engine(spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8,
-                vllm_options: VLLMOptions | None = None) -> Engine:
+def make_engine(
+    spec: ModelSpec, *, batch_size: int = 16, concurrency: int = 8, vllm_options: VLLMOptions | None = None
+) -> Engine:
     """Build the engine for `spec` on the backend `choose_backend` picks.
 
     `vllm_options` (parallelism, GPU memory share, context length) go to vLLM; another
@@ -72,9 +84,14 @@ def _openai(spec: ModelSpec, *, concurrency: int = 8, **_: Any) -> Engine:
     from arlecli.engine.openai import OpenAIEngine
 
     limits: dict[str, Any] = {"timeout_s": spec.request_timeout, "max_retries": spec.max_retries}
-    return OpenAIEngine(spec.base_url or "", spec.model, api_key_env=spec.api_key_env, concurrency=concurrency,
-                        chat_template_kwargs=spec.chat_template_kwargs,
-                        **{k: v for k, v in limits.items() if v is not None})
+    return OpenAIEngine(
+        spec.base_url or "",
+        spec.model,
+        api_key_env=spec.api_key_env,
+        concurrency=concurrency,
+        chat_template_kwargs=spec.chat_template_kwargs,
+        **{k: v for k, v in limits.items() if v is not None},
+    )
 
 
 @register_engine("vllm")
@@ -83,8 +100,9 @@ def _vllm(spec: ModelSpec, *, vllm_options: VLLMOptions | None = None, **_: Any)
 
     from arlecli.engine.vllm import VLLMEngine, VLLMOptions
 
-    return VLLMEngine(spec.path_or_id or "", chat_template_kwargs=spec.chat_template_kwargs,
-                      **asdict(vllm_options or VLLMOptions()))
+    return VLLMEngine(
+        spec.path_or_id or "", chat_template_kwargs=spec.chat_template_kwargs, **asdict(vllm_options or VLLMOptions())
+    )
 
 
 @register_engine("hf")

@@ -99,8 +99,9 @@ class Loglik:
     num_tokens: int
 
 
-def encode_pair(tokenizer: Any, context: str, continuation: str,
-                prefix_token_id: int | None = None) -> tuple[list[int], list[int]]:
+def encode_pair(
+    tokenizer: Any, context: str, continuation: str, prefix_token_id: int | None = None
+) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) exactly as lm-eval 0.4.13 splits them for a causal LM.
 
     Trailing whitespace of the context moves to the continuation; the whole text is encoded
@@ -108,8 +109,11 @@ def encode_pair(tokenizer: Any, context: str, continuation: str,
     continuation is what follows the length of the context encoded alone. An empty context
     is conditioned on `prefix_token_id` (BOS, else EOS), as lm-eval's `loglikelihood` does.
     """
-    prefix = prefix_token_id if prefix_token_id is not None else (
-        tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id)
+    prefix = (
+        prefix_token_id
+        if prefix_token_id is not None
+        else (tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id)
+    )
     if context == "":
         cont = list(tokenizer.encode(continuation, add_special_tokens=False))
         return ([prefix], cont) if prefix != cont[0] else (cont[:1], cont[1:])
@@ -126,7 +130,7 @@ def encode_pair(tokenizer: Any, context: str, continuation: str,
 
     whole = encode(context + continuation)
     ctx = encode(context)
-    return ctx, whole[len(ctx):]
+    return ctx, whole[len(ctx) :]
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:
@@ -134,7 +138,7 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
     engine cuts the same way, so a stop means the same thing on every backend)."""
     positions = [text.find(s) for s in stop if s]
     positions = [p for p in positions if p >= 0]
-    return text[:min(positions)] if positions else text
+    return text[: min(positions)] if positions else text
 
 
 def cut_answer_at_stop(text: str, stop: list[str], tags: ThinkTags | None, *, opened: bool = False) -> str:

@@ -32,8 +32,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from arlecli.engine.base import (Completion, GenerationRequest, Loglik, LoglikRequest, SamplingParams, cut_at_stop,
-                                 encode_pair)
+from arlecli.engine.base import (
+    Completion,
+    GenerationRequest,
+    Loglik,
+    LoglikRequest,
+    SamplingParams,
+    cut_at_stop,
+    encode_pair,
+)
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
 
@@ -63,9 +70,17 @@ class HFEngine:
     streams = True  # generate() takes `on_tokens` (each row's ids so far, after every step: arle serve streams them)
     admits = True  # generate() takes `more` (requests that join a running call: arle serve's new arrivals)
 
-    def __init__(self, model: str, *, batch_size: int = 16, device: str | None = None,
-                 dtype: str | None = None, model_obj: Any | None = None, tokenizer: Any | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        batch_size: int = 16,
+        device: str | None = None,
+        dtype: str | None = None,
+        model_obj: Any | None = None,
+        tokenizer: Any | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         import torch
 
         self.torch = torch
@@ -94,17 +109,23 @@ class HFEngine:
         self.eos_ids = eos_ids
         self._on_tokens: Callable[[int, list[int]], None] | None = None
         self._more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (
-            next(iter(eos_ids)) if eos_ids else 0)
+        self.pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else (next(iter(eos_ids)) if eos_ids else 0)
+        )
 
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids (shared with the vllm backend so both see the same ids)."""
         return encode_request(self.tokenizer, request, self.chat_template_kwargs)
 
-    def generate(self, requests: list[GenerationRequest], then: Then | None = None,
-                 on_tokens: Callable[[int, list[int]], None] | None = None,
-                 more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None,
-                 ) -> Iterator[tuple[int, Completion]]:
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        then: Then | None = None,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+        more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None,
+    ) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes.
 
         Continuous batching: up to `batch_size` rows decode together; a finished row leaves
@@ -173,17 +194,28 @@ class HFEngine:
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for b, r in enumerate(rows):  # left padding: every row's next token lands in the last column
-            ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[b, width - len(r.prompt_ids):] = 1
+            ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[b, width - len(r.prompt_ids) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
         return out.logits[:, -1, :].float(), cache, mask, positions[:, -1:] + 1
 
-    def _step(self, rows: list[_Row], logits, then: Then | None = None, waiting: deque[_Row] | None = None,
-              ) -> tuple[list[int], list[int], list[tuple[int, Completion]]]:
+    def _step(
+        self,
+        rows: list[_Row],
+        logits,
+        then: Then | None = None,
+        waiting: deque[_Row] | None = None,
+    ) -> tuple[list[int], list[int], list[tuple[int, Completion]]]:
         """Pick each row's next token; returns (tokens, surviving row positions, finished). A
         row that is fed ids (a chained follow-up's) takes the next of them instead."""
         chosen, lps = self._pick(logits, rows)
@@ -213,11 +245,11 @@ class HFEngine:
                 continue
             prompt_ids = self.encode(follow)
             so_far = [*r.prompt_ids, *r.out]
-            if done != "eos" and prompt_ids[:len(so_far)] == so_far:
+            if done != "eos" and prompt_ids[: len(so_far)] == so_far:
                 # Continue in place: the KV cache holds everything but the token just sampled,
                 # which is fed next, then whatever the follow-up adds.
                 rows[b] = self._row(r.index, prompt_ids, follow.params)
-                rows[b].feed = prompt_ids[len(so_far):]
+                rows[b].feed = prompt_ids[len(so_far) :]
                 rows[b].started = time.perf_counter()
                 keep.append(b)
             elif waiting is not None:
@@ -262,8 +294,13 @@ class HFEngine:
                 if not active:
                     continue
                 mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-                out = self.model(input_ids=last.view(-1, 1), attention_mask=mask, position_ids=next_pos,
-                                 use_cache=True, **{self._cache_kw: cache})
+                out = self.model(
+                    input_ids=last.view(-1, 1),
+                    attention_mask=mask,
+                    position_ids=next_pos,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                )
                 next_pos = next_pos + 1
                 tokens, keep, finished = self._step(active, out.logits[:, -1, :].float(), then, waiting)
                 yield from finished
@@ -327,10 +364,14 @@ class HFEngine:
         text = cut_at_stop(full, r.params.stop)
         if text != full:
             why = "stop"
-        return Completion(text=text, token_ids=list(r.out), prompt_token_ids=list(r.prompt_ids),
-                          logprobs=list(r.logprobs) if r.params.logprobs else None,
-                          finish_reason="length" if why == "length" else "stop",
-                          latency_s=time.perf_counter() - r.started)
+        return Completion(
+            text=text,
+            token_ids=list(r.out),
+            prompt_token_ids=list(r.prompt_ids),
+            logprobs=list(r.logprobs) if r.params.logprobs else None,
+            finish_reason="length" if why == "length" else "stop",
+            latency_s=time.perf_counter() - r.started,
+        )
 
     def loglikelihood(self, requests: list[LoglikRequest]) -> Iterator[tuple[int, Loglik]]:
         """Yield (index, Loglik) for each (context, continuation), a batch at a time.
@@ -344,22 +385,26 @@ class HFEngine:
         encoded = [encode_pair(self.tokenizer, r.context, r.continuation) for r in requests]
         for i, (_, cont) in enumerate(encoded):
             if not cont:
-                raise UserError(f"loglikelihood request {i}: the continuation {requests[i].continuation!r} "
-                                "is empty after tokenisation")
+                raise UserError(
+                    f"loglikelihood request {i}: the continuation {requests[i].continuation!r} "
+                    "is empty after tokenisation"
+                )
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (ctx, _) in enumerate(encoded):
             groups.setdefault(tuple(ctx), []).append(i)
         shared = sorted((g for g in groups.values() if len(g) > 1), key=lambda g: -len(encoded[g[0]][0]))
-        alone = sorted((i for g in groups.values() if len(g) == 1 for i in g),
-                       key=lambda i: (-len(encoded[i][0]) - len(encoded[i][1]), tuple(encoded[i][0] + encoded[i][1])))
+        alone = sorted(
+            (i for g in groups.values() if len(g) == 1 for i in g),
+            key=lambda i: (-len(encoded[i][0]) - len(encoded[i][1]), tuple(encoded[i][0] + encoded[i][1])),
+        )
         packed = pack_linears(self.model) if self._packed is None else None
         try:
             for group in shared:
                 for start in range(0, len(group), self.batch_size):
-                    part = group[start:start + self.batch_size]
+                    part = group[start : start + self.batch_size]
                     yield from zip(part, self._score_shared([encoded[i] for i in part]))
             for start in range(0, len(alone), self.batch_size):
-                batch = alone[start:start + self.batch_size]
+                batch = alone[start : start + self.batch_size]
                 yield from zip(batch, self._score_batch([encoded[i] for i in batch]))
         finally:
             if packed is not None:
@@ -368,7 +413,7 @@ class HFEngine:
     def _inputs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
         # The last token is only ever a target; a too-long sequence loses its left end (as lm-eval).
         limit = self._max_length()
-        return [(ctx + cont)[-(limit + 1):][:-1] for ctx, cont in pairs]
+        return [(ctx + cont)[-(limit + 1) :][:-1] for ctx, cont in pairs]
 
     def _score_shared(self, pairs: list[tuple[list[int], list[int]]]) -> list[Loglik]:
         """Score continuations of one shared context: the context's KV once, then every
@@ -387,21 +432,25 @@ class HFEngine:
             return self._score_batch(pairs)
         with torch.inference_mode():
             cache = DynamicCache(config=self.model.config)
-            self.model(input_ids=torch.tensor([inputs[0][:shared]], device=self.device), use_cache=True,
-                       logits_to_keep=1, **{self._cache_kw: cache})
+            self.model(
+                input_ids=torch.tensor([inputs[0][:shared]], device=self.device),
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: cache},
+            )
             cache.batch_repeat_interleave(len(pairs))
             rests = [x[shared:] for x in inputs]
             width = max(len(r) for r in rests)
             ids = torch.full((len(rests), width), self.pad_id, dtype=torch.long)
             for b, r in enumerate(rests):
-                ids[b, :len(r)] = torch.tensor(r)
+                ids[b, : len(r)] = torch.tensor(r)
             logits = self.model(input_ids=ids.to(self.device), use_cache=True, **{self._cache_kw: cache}).logits
             return [self._loglik(logits[b], len(r), cont) for b, (r, (_, cont)) in enumerate(zip(rests, pairs))]
 
     def _loglik(self, logits: Any, length: int, cont: list[int]) -> Loglik:
         """The Loglik of `cont`, the last tokens predicted by a row's logits[:length]."""
         torch = self.torch
-        rows = torch.log_softmax(logits[length - len(cont):length].float(), dim=-1)
+        rows = torch.log_softmax(logits[length - len(cont) : length].float(), dim=-1)
         target = torch.tensor(cont, device=rows.device)
         greedy = bool((rows.argmax(dim=-1) == target).all())
         return Loglik(float(rows.gather(1, target.view(-1, 1)).sum()), greedy, len(cont))
@@ -421,7 +470,7 @@ class HFEngine:
         width = max(len(x) for x in inputs)
         ids = torch.full((len(inputs), width), self.pad_id, dtype=torch.long)
         for b, x in enumerate(inputs):
-            ids[b, :len(x)] = torch.tensor(x)
+            ids[b, : len(x)] = torch.tensor(x)
         with torch.inference_mode():
             logits = self.model(input_ids=ids.to(self.device)).logits
             return [self._loglik(logits[b], len(x), cont) for b, (x, (_, cont)) in enumerate(zip(inputs, pairs))]
@@ -483,9 +532,15 @@ def pack_linears(model: Any) -> list[Any]:
     the modules are unpacked and packed again."""
     import torch
 
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)
-               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
-               and m.weight.shape == (m.out_features, m.in_features)]  # a ZeRO-3 shard has another shape
+    linears = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+        and "forward" not in vars(m)
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype == torch.float32
+        and m.weight.shape == (m.out_features, m.in_features)
+    ]  # a ZeRO-3 shard has another shape
     if not linears or not _onednn_linear_works():
         return []
     for m in linears:
@@ -560,20 +615,35 @@ def use_grouped_attention(model: Any) -> bool:
     return True
 
 
-def _grouped_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                  scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+def _grouped_sdpa(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
     """transformers' `sdpa_attention_forward`, but with a mask on CPU the key/value heads go
     to SDPA unrepeated (`enable_gqa`); every other case is handed to transformers as is."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1 or query.device.type != "cpu"
-            or kwargs.get("position_bias") is not None):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+    if (
+        attention_mask is None
+        or getattr(module, "num_key_value_groups", 1) == 1
+        or query.device.type != "cpu"
+        or kwargs.get("position_bias") is not None
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     # With a mask transformers runs non-causal SDPA on the mask alone: the same call here.
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -596,6 +666,8 @@ def _load(model: str, device: str, dtype: str | None):
             m = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
         tok = AutoTokenizer.from_pretrained(model, padding_side="left")
     except OSError as exc:
-        raise UserError(f"cannot load model '{model}': {str(exc).splitlines()[0]} "
-                        f"(give a local folder, a cached hub id, or --base-url for an endpoint)") from None
+        raise UserError(
+            f"cannot load model '{model}': {str(exc).splitlines()[0]} "
+            f"(give a local folder, a cached hub id, or --base-url for an endpoint)"
+        ) from None
     return m.to(device), tok

@@ -200,16 +200,26 @@ class OpenAIEngine:
     async def _loglik_request(self, req: LoglikRequest) -> Loglik:
         url = self.base_url + "/completions"
         prompt = req.context + req.continuation
-        body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1,
-                "echo": True, "seed": 1234}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": 1,
+            "echo": True,
+            "seed": 1234,
+        }
         try:
-            return await self._call(url, lambda: body, lambda data: _parse_echo(data, prompt, req.context),
-                                    "echo of prompt logprobs")
+            return await self._call(
+                url, lambda: body, lambda data: _parse_echo(data, prompt, req.context), "echo of prompt logprobs"
+            )
         except EngineRequestError as exc:
             if "HTTP 4" not in str(exc):  # retries spent, a hang: the endpoint's trouble, not a missing feature
                 raise
-            raise UserError(f"{exc}; --scoring loglikelihood needs an endpoint whose /completions echoes prompt "
-                            "logprobs (echo + logprobs, as vLLM's server does); use --scoring generate") from None
+            raise UserError(
+                f"{exc}; --scoring loglikelihood needs an endpoint whose /completions echoes prompt "
+                "logprobs (echo + logprobs, as vLLM's server does); use --scoring generate"
+            ) from None
 
     def close(self) -> None:
         """Cancel in-flight requests, close the HTTP client and stop the background loop."""
@@ -251,8 +261,7 @@ class OpenAIEngine:
             if self._closed:
                 raise RuntimeError("OpenAIEngine is closed")
             if self.model is None:
-                self.model = _only_model(self.base_url, self.api_key_env,
-                                         min(self.timeout_s, _MAX_LIST_MODELS_S))
+                self.model = _only_model(self.base_url, self.api_key_env, min(self.timeout_s, _MAX_LIST_MODELS_S))
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="arle-openai", daemon=True)
@@ -265,9 +274,7 @@ class OpenAIEngine:
         # Created on the loop thread: the client's pool and the semaphore belong to that loop.
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30.0)),
-            limits=httpx.Limits(
-                max_connections=self.concurrency, max_keepalive_connections=self.concurrency
-            ),
+            limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
         )
         self._slots = asyncio.Semaphore(self.concurrency)
 
@@ -292,8 +299,12 @@ class OpenAIEngine:
         def parse(data: Any) -> Completion:
             return parse_completion(data, chat, req.params.stop, tags)
 
-        return await self._call(url, lambda: _request_body(model, req, self._send_token_ids, self.chat_template_kwargs,
-                                                           server_stops), parse, "completion")
+        return await self._call(
+            url,
+            lambda: _request_body(model, req, self._send_token_ids, self.chat_template_kwargs, server_stops),
+            parse,
+            "completion",
+        )
 
     async def _call(self, url: str, make_body: Any, parse: Any, what: str) -> Any:
         """POST `make_body()` to `url` with retries and return `parse(reply JSON)` (its
@@ -349,9 +360,7 @@ class OpenAIEngine:
                         self._send_token_ids = False
                         continue
                     if status < 500 and status not in _RETRY_STATUS:
-                        raise _status_error(
-                            status, url, message, self.base_url, self.model, self.api_key_env
-                        )
+                        raise _status_error(status, url, message, self.base_url, self.model, self.api_key_env)
                     problem = f"HTTP {status}" + (f" ({message})" if message else "")
                     delay = _retry_after_s(resp_headers)
                 if attempt >= self.max_retries:
@@ -362,9 +371,7 @@ class OpenAIEngine:
                 await asyncio.sleep(delay)
                 attempt += 1
 
-    async def _post(
-        self, url: str, body: dict[str, Any], headers: dict[str, str]
-    ) -> tuple[int, httpx.Headers, bytes]:
+    async def _post(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, httpx.Headers, bytes]:
         """POST and read the whole reply, refusing one past MAX_RESPONSE_BYTES."""
         assert self._client is not None
         # Encoded here, not by httpx: a lone surrogate (in an earlier turn's reply, a tool's
@@ -398,10 +405,12 @@ class OpenAIEngine:
         if now - self._last_warning < _WARN_EVERY_S:
             return
         self._last_warning = now
-        print(safeio.terminal_text(  # the problem quotes the endpoint's own error text
-            f"warning: openai engine: POST {url}: {problem}; retrying (attempt {next_attempt} of "
-            f"{self.max_retries + 1}, each up to {self.timeout_s:g} s; see --request-timeout "
-            "and --max-retries)"),
+        print(
+            safeio.terminal_text(  # the problem quotes the endpoint's own error text
+                f"warning: openai engine: POST {url}: {problem}; retrying (attempt {next_attempt} of "
+                f"{self.max_retries + 1}, each up to {self.timeout_s:g} s; see --request-timeout "
+                "and --max-retries)"
+            ),
             file=sys.stderr,
             flush=True,
         )
@@ -428,9 +437,7 @@ async def _settled(coro: Any) -> Any:
         return exc
 
 
-def list_models(
-    base_url: str, api_key_env: str | None = None, timeout_s: float = _MAX_LIST_MODELS_S
-) -> list[str]:
+def list_models(base_url: str, api_key_env: str | None = None, timeout_s: float = _MAX_LIST_MODELS_S) -> list[str]:
     """Return the model names an OpenAI-compatible server serves (GET {base_url}/models).
 
     `timeout_s` bounds the whole request, a server trickling its answer included."""
@@ -468,8 +475,9 @@ def list_models(
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         entries = []
-    return [m["id"] for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)
-            and not _has_surrogate(m["id"])]
+    return [
+        m["id"] for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str) and not _has_surrogate(m["id"])
+    ]
 
 
 def _run_blocking(coro: Any) -> Any:
@@ -488,17 +496,14 @@ def _only_model(base_url: str, api_key_env: str | None, timeout_s: float) -> str
         return models[0]
     if not models:
         raise UserError(f"openai engine: {base_url}/models lists no models; pass the model name")
-    raise UserError(
-        f"openai engine: {base_url} serves several models ({', '.join(models)}); pick one by name"
-    )
+    raise UserError(f"openai engine: {base_url} serves several models ({', '.join(models)}); pick one by name")
 
 
 def _normalise_base_url(base_url: str) -> str:
     url = base_url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise UserError(
-            f"openai engine: base URL {base_url!r} must start with http:// or https:// "
-            "(e.g. http://127.0.0.1:8000/v1)"
+            f"openai engine: base URL {base_url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)"
         )
     return url
 
@@ -521,8 +526,13 @@ def _auth_headers(api_key_env: str | None) -> tuple[dict[str, str], str | None]:
     return {"Authorization": f"Bearer {key}"}, key
 
 
-def _request_body(model: str, req: GenerationRequest, token_ids: bool,
-                  template_kwargs: dict[str, Any] | None = None, server_stops: bool = True) -> dict[str, Any]:
+def _request_body(
+    model: str,
+    req: GenerationRequest,
+    token_ids: bool,
+    template_kwargs: dict[str, Any] | None = None,
+    server_stops: bool = True,
+) -> dict[str, Any]:
     p: SamplingParams = req.params
     body: dict[str, Any] = {
         "model": model,
@@ -628,13 +638,19 @@ def _parse_echo(data: Any, prompt: str, context: str) -> Loglik:
         raise MalformedReply("choices[0] is not an object")
     raw = choice.get("logprobs")
     text = choice.get("text")
-    fix = ("--scoring loglikelihood needs an endpoint whose /completions echoes prompt logprobs "
-           "(echo + logprobs, as vLLM's server does); use --scoring generate")
+    fix = (
+        "--scoring loglikelihood needs an endpoint whose /completions echoes prompt logprobs "
+        "(echo + logprobs, as vLLM's server does); use --scoring generate"
+    )
     if not isinstance(raw, dict) or not isinstance(text, str) or not text.startswith(prompt):
         raise _NoPromptLogprobs(f"openai engine: the endpoint answered without the prompt's logprobs; {fix}")
     tokens, values, offsets = raw.get("tokens"), raw.get("token_logprobs"), raw.get("text_offset")
-    if not (isinstance(tokens, list) and isinstance(values, list) and isinstance(offsets, list)
-            and len(tokens) == len(values) == len(offsets)):
+    if not (
+        isinstance(tokens, list)
+        and isinstance(values, list)
+        and isinstance(offsets, list)
+        and len(tokens) == len(values) == len(offsets)
+    ):
         raise _NoPromptLogprobs(f"openai engine: the endpoint's echo has no tokens/token_logprobs/text_offset; {fix}")
     top = raw.get("top_logprobs") if isinstance(raw.get("top_logprobs"), list) else None
     # Prompt tokens: those starting inside the prompt (the generated token starts at its end).
@@ -674,9 +690,8 @@ def _text(value: Any, where: str) -> str:
         return ""
     if isinstance(value, list):
         # Some servers answer with content parts, as requests may send them.
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in value):
-            raise MalformedReply(f"{where} is a list that is not all {{\"type\": \"text\", \"text\": ...}} parts")
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
+            raise MalformedReply(f'{where} is a list that is not all {{"type": "text", "text": ...}} parts')
         value = "".join(p["text"] for p in value)
     if not isinstance(value, str):
         raise MalformedReply(f"{where} is {_kind(value)}, not a string")
@@ -689,8 +704,7 @@ def _text(value: Any, where: str) -> str:
 def _token_ids(value: Any, where: str) -> list[int]:
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                              for t in value):
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
         raise MalformedReply(f"{where} is not a list of token ids (whole numbers >= 0)")
     return value
 
@@ -738,8 +752,7 @@ def _kind(value: Any) -> str:
     """How a JSON value reads in an error: "a string", "a list", "null", ..."""
     if value is None:
         return "null"
-    names = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", int: "a number",
-             float: "a number"}
+    names = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", int: "a number", float: "a number"}
     return names.get(type(value), type(value).__name__)
 
 
@@ -761,8 +774,7 @@ def _json(content: bytes, url: str) -> Any:
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's stack
         snippet = _one_line(content[:200].decode("utf-8", "replace"))[:120]
         raise EngineRequestError(
-            f"openai engine: {url} did not answer with JSON ({snippet!r}); "
-            "check the base URL (it usually ends in /v1)"
+            f"openai engine: {url} did not answer with JSON ({snippet!r}); check the base URL (it usually ends in /v1)"
         ) from None
 
 
@@ -783,10 +795,7 @@ def _status_error(
     said = f" (server said: {message})" if message else ""
     if status in (401, 403):
         if api_key_env:
-            fix = (
-                f"check that the environment variable {api_key_env} holds a valid API key "
-                "for this endpoint"
-            )
+            fix = f"check that the environment variable {api_key_env} holds a valid API key for this endpoint"
         else:
             fix = (
                 "the server wants an API key: pass --api-key-env NAME (or set api_key_env in the "
@@ -794,14 +803,9 @@ def _status_error(
             )
         return EngineRequestError(f"openai engine: HTTP {status} from {url}{said}; {fix}")
     if status == 404:
-        what = (
-            f" and the model name {model!r} (GET {base_url}/models lists the served models)"
-            if model
-            else ""
-        )
+        what = f" and the model name {model!r} (GET {base_url}/models lists the served models)" if model else ""
         return EngineRequestError(
-            f"openai engine: HTTP 404 from {url}{said}; check the base URL (it usually ends "
-            f"in /v1){what}"
+            f"openai engine: HTTP 404 from {url}{said}; check the base URL (it usually ends in /v1){what}"
         )
     return EngineRequestError(f"openai engine: HTTP {status} from {url}{said}")
 

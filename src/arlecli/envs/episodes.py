@@ -49,29 +49,46 @@ class Sampling:
 
     temperature: float = 0.0
     top_p: float = 1.0
-    max_tokens: int | None = None   # per model turn; None: the card's budget
+    max_tokens: int | None = None  # per model turn; None: the card's budget
     seed: int = 1234
-    logprobs: bool = False          # the engine's per-token sampling logprobs (training wants them)
+    logprobs: bool = False  # the engine's per-token sampling logprobs (training wants them)
     # A thinking model's thought per turn, apart from `max_tokens` (then the answer's budget):
     # budget forcing (engine.phases). None: one budget for thought and answer.
     max_thinking_tokens: int | None = None
 
     def params(self, card: Any, task_id: str, k: int) -> SamplingParams:
         """The engine settings of sample `k` of task `task_id` (every turn of it: see `Transcript.request`)."""
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                              max_tokens=self.max_tokens or card.prompt.max_tokens, stop=list(card.prompt.stop),
-                              seed=sample_seed(self.seed, task_id, k), logprobs=self.logprobs,
-                              max_thinking_tokens=self.max_thinking_tokens)
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens or card.prompt.max_tokens,
+            stop=list(card.prompt.stop),
+            seed=sample_seed(self.seed, task_id, k),
+            logprobs=self.logprobs,
+            max_thinking_tokens=self.max_thinking_tokens,
+        )
 
 
-def collect(card: Any, engine: Engine, tasks: Sequence[Task], exemplars: Exemplars,
-            draws: Sequence[tuple[int, int]], sampling: Sampling) -> Iterator[tuple[int, Episode]]:
+def collect(
+    card: Any,
+    engine: Engine,
+    tasks: Sequence[Task],
+    exemplars: Exemplars,
+    draws: Sequence[tuple[int, int]],
+    sampling: Sampling,
+) -> Iterator[tuple[int, Episode]]:
     """Run one episode per draw `(task index, sample number)`; yield (draw index, Episode) as
     each ends, in any order. Tasks travel by index: two draws of one task are two samples."""
     native = native_tools(engine)
-    jobs = [Job(tasks[i], make_env(card, tasks[i], exemplars_for(exemplars, tasks[i]), native),
-                sampling.params(card, tasks[i].id, k), k)
-            for i, k in draws]
+    jobs = [
+        Job(
+            tasks[i],
+            make_env(card, tasks[i], exemplars_for(exemplars, tasks[i]), native),
+            sampling.params(card, tasks[i].id, k),
+            k,
+        )
+        for i, k in draws
+    ]
     if not jobs:
         return iter(())
     return env_kind(card.env).run(engine, jobs)
@@ -103,18 +120,36 @@ class Transcript:
         with: its thinking (delimited by `tags`) apart from its answer (thinking.split)."""
         opened = prompt_opens(tokenizer, comp.prompt_token_ids, tags)
         thought = split(comp.text, tags, reasoning=comp.reasoning, opened=opened)
-        counted = (comp.reasoning_tokens if comp.reasoning is not None else
-                   thinking_token_count(tokenizer, comp.token_ids, tags, thought.thinking, thought.cut))
-        turn = Turn(prompt=self.prompt, completion=thought.answer, prompt_token_ids=comp.prompt_token_ids,
-                    token_ids=comp.token_ids, logprobs=comp.logprobs, finish_reason=comp.finish_reason,
-                    prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
-                    latency_s=comp.latency_s, thinking=thought.thinking, thinking_cut=thought.cut,
-                    thinking_tokens=counted, forced=list(comp.forced))
+        counted = (
+            comp.reasoning_tokens
+            if comp.reasoning is not None
+            else thinking_token_count(tokenizer, comp.token_ids, tags, thought.thinking, thought.cut)
+        )
+        turn = Turn(
+            prompt=self.prompt,
+            completion=thought.answer,
+            prompt_token_ids=comp.prompt_token_ids,
+            token_ids=comp.token_ids,
+            logprobs=comp.logprobs,
+            finish_reason=comp.finish_reason,
+            prompt_tokens=comp.prompt_tokens,
+            completion_tokens=comp.completion_tokens,
+            latency_s=comp.latency_s,
+            thinking=thought.thinking,
+            thinking_cut=thought.cut,
+            thinking_tokens=counted,
+            forced=list(comp.forced),
+        )
         self.episode.turns.append(turn)
         return turn
 
-    def extend(self, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
-               template_kwargs: dict[str, Any] | None = None) -> None:
+    def extend(
+        self,
+        messages: list[dict[str, Any]],
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         """The next prompt: the conversation so far, the last turn as an assistant message and
         the environment's reply `messages`. The message holds the answer as `content` and the
         thinking, if any, as `reasoning_content` (what vLLM's reasoning parsers return), so a
@@ -133,7 +168,8 @@ class Transcript:
         if tokenizer is not None and turn.prompt_token_ids:
             switches = {"template_kwargs": template_kwargs} if template_kwargs else {}  # the template's own switches
             self.prompt_ids, continued = continue_ids(
-                tokenizer, [*turn.prompt_token_ids, *(turn.token_ids or [])], self.prompt, tools, **switches)
+                tokenizer, [*turn.prompt_token_ids, *(turn.token_ids or [])], self.prompt, tools, **switches
+            )
             if not continued:
                 self.seams.append(len(self.episode.turns))
 
@@ -142,9 +178,13 @@ class Transcript:
         turn = len(self.episode.turns)
         params = params if params.seed is None else replace(params, seed=params.seed + turn)
         prompt = self.prompt
-        return GenerationRequest(messages=prompt if isinstance(prompt, list) else None,
-                                 prompt=prompt if isinstance(prompt, str) else None,
-                                 params=params, tools=tools, prompt_token_ids=self.prompt_ids)
+        return GenerationRequest(
+            messages=prompt if isinstance(prompt, list) else None,
+            prompt=prompt if isinstance(prompt, str) else None,
+            params=params,
+            tools=tools,
+            prompt_token_ids=self.prompt_ids,
+        )
 
 
 def native_tools(engine: Engine) -> bool:
@@ -161,8 +201,7 @@ def run_episodes(engine: Engine, jobs: list[Job]) -> Iterator[tuple[int, Episode
     engine = phased(engine)
     tokenizer = getattr(engine, "tokenizer", None)
     tags = tags_for(engine)
-    states = {i: Transcript(job.env.reset(), Episode(job.task.id, tools=job.env.tools))
-              for i, job in enumerate(jobs)}
+    states = {i: Transcript(job.env.reset(), Episode(job.task.id, tools=job.env.tools)) for i, job in enumerate(jobs)}
     active = list(states)
     while active:
         requests = [states[i].request(jobs[i].params, jobs[i].env.tools) for i in active]

@@ -75,11 +75,13 @@ def where(position: tuple[int, int]) -> str:
 def question(rows: list[str]) -> str:
     """The task text for a board: the rules and the starting board."""
     n = len(rows)
-    return (f"You are on a frozen lake, a {n}x{n} grid. S is the start, F is frozen ice (safe), "
-            "H is a hole (falling in ends the game) and G is the goal; P marks where you are. "
-            "You move one square at a time: left, down, right or up. The ice is not slippery; "
-            "moving into the edge leaves you where you are.\n\n"
-            f"{render_board(rows, (0, 0))}\n\nYou are at {where((0, 0))}. Reach G without falling into a hole.")
+    return (
+        f"You are on a frozen lake, a {n}x{n} grid. S is the start, F is frozen ice (safe), "
+        "H is a hole (falling in ends the game) and G is the goal; P marks where you are. "
+        "You move one square at a time: left, down, right or up. The ice is not slippery; "
+        "moving into the edge leaves you where you are.\n\n"
+        f"{render_board(rows, (0, 0))}\n\nYou are at {where((0, 0))}. Reach G without falling into a hole."
+    )
 
 
 def shortest_path(rows: list[str]) -> list[str]:
@@ -149,8 +151,12 @@ class Lake:
 
     def outcome(self) -> dict[str, Any]:
         """What a reward needs: the outcome, the path and the final position (1-based)."""
-        return {"reached_goal": self.reached_goal, "fell_in_hole": self.fell_in_hole, "path": list(self.path),
-                "position": [self.position[0] + 1, self.position[1] + 1]}
+        return {
+            "reached_goal": self.reached_goal,
+            "fell_in_hole": self.fell_in_hole,
+            "path": list(self.path),
+            "position": [self.position[0] + 1, self.position[1] + 1],
+        }
 
 
 def replay(rows: list[str], completions: list[str]) -> Lake:
@@ -189,18 +195,22 @@ class FrozenLakeTextEnv:
         moves, error = parse_moves(completion)
         if error is not None:
             self.invalid += 1
-            return self._say(f"Invalid move: {error}. Reply with {MOVE_FORMAT}.\n\n"
-                             f"{render_board(self.lake.rows, self.lake.position)}\n\n"
-                             f"You are still at {where(self.lake.position)}.")
+            return self._say(
+                f"Invalid move: {error}. Reply with {MOVE_FORMAT}.\n\n"
+                f"{render_board(self.lake.rows, self.lake.position)}\n\n"
+                f"You are still at {where(self.lake.position)}."
+            )
         blocked = self.lake.play(moves)
         if self.lake.reached_goal:
             return Step(self._say("You reached the goal.").messages, done=True, reason="reached_goal")
         if self.lake.fell_in_hole:
             return Step(self._say("You fell into a hole.").messages, done=True, reason="fell_in_hole")
         note = f" (the edge stopped: {', '.join(blocked)})" if blocked else ""
-        return self._say(f"You moved {', '.join(moves)}{note}.\n\n"
-                         f"{render_board(self.lake.rows, self.lake.position)}\n\n"
-                         f"You are at {where(self.lake.position)}. Your next move?")
+        return self._say(
+            f"You moved {', '.join(moves)}{note}.\n\n"
+            f"{render_board(self.lake.rows, self.lake.position)}\n\n"
+            f"You are at {where(self.lake.position)}. Your next move?"
+        )
 
     def info(self) -> dict[str, Any]:
         return {**self.lake.outcome(), "invalid_moves": self.invalid}
@@ -211,8 +221,9 @@ class FrozenLakeTextEnv:
 
 
 @register_env("frozenlake")
-def frozenlake_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool,
-                   max_turns: int | None = None) -> FrozenLakeTextEnv:
+def frozenlake_env(
+    card: Any, task: Task, exemplars: list[Task], native_tools: bool, max_turns: int | None = None
+) -> FrozenLakeTextEnv:
     """Env factory for `env: {name: frozenlake, params: {max_turns: N}}` (see the module doc)."""
     return FrozenLakeTextEnv(card, task, exemplars, max_turns)
 
@@ -239,8 +250,11 @@ def frozenlake() -> RewardFn:
         outcome = episode.info if "reached_goal" in episode.info else _replayed(task, episode)
         reached = bool(outcome.get("reached_goal"))
         path = list(outcome.get("path") or [])
-        details = {"reached_goal": int(reached), "fell_in_hole": int(bool(outcome.get("fell_in_hole"))),
-                   "moves": len(path)}
+        details = {
+            "reached_goal": int(reached),
+            "fell_in_hole": int(bool(outcome.get("fell_in_hole"))),
+            "moves": len(path),
+        }
         return Score(float(reached), reached, " ".join(path), details)
 
     return score
@@ -280,6 +294,13 @@ def frozenlake_rows(*, seed: int, size: int, params: dict[str, Any] | None = Non
         rng = random.Random(f"arle-frozenlake:{seed}:{i}")  # row i depends only on (seed, i)
         side = rng.choice(cfg["sizes"])
         board = generate_random_map(size=side, p=float(cfg["p"]), seed=rng.randrange(2**31))
-        rows.append({"id": f"frozenlake-{seed}-{i}", "size": side, "map": board,
-                     "question": question(board), "answer": " ".join(shortest_path(board))})
+        rows.append(
+            {
+                "id": f"frozenlake-{seed}-{i}",
+                "size": side,
+                "map": board,
+                "question": question(board),
+                "answer": " ".join(shortest_path(board)),
+            }
+        )
     return rows

@@ -30,7 +30,7 @@ from arlecli.types import Task
 MAX_PROPOSAL_CHARS = 1000  # an untagged proposal is the whole reply: keep the judge prompt short
 DEFAULT_JUDGE = (
     "Now switch roles: you are the judge. Check the solver's proposal for the problem above "
-    "step by step. End with a line \"Verdict: correct\" or \"Verdict: incorrect\", then the final "
+    'step by step. End with a line "Verdict: correct" or "Verdict: incorrect", then the final '
     "answer inside <answer></answer> tags: the proposal if it is correct, else a corrected one.\n\n"
     "Proposal: {proposal}"
 )
@@ -47,7 +47,7 @@ def proposal_of(text: str) -> str:
 
 
 def verdict_of(text: str) -> str | None:
-    """"correct" or "incorrect" from the judge's last "Verdict:" line, else None."""
+    """ "correct" or "incorrect" from the judge's last "Verdict:" line, else None."""
     found = _VERDICT.findall(text)
     return found[-1].lower() if found else None
 
@@ -83,7 +83,8 @@ class SolverJudgeEnv:
 
 
 @register_env("judge")
-def judge_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool,
-              judge: str = DEFAULT_JUDGE) -> SolverJudgeEnv:
+def judge_env(
+    card: Any, task: Task, exemplars: list[Task], native_tools: bool, judge: str = DEFAULT_JUDGE
+) -> SolverJudgeEnv:
     """Env factory for `env: {name: judge, params: {judge: "<template with {proposal}>"}}`."""
     return SolverJudgeEnv(card, task, exemplars, judge)

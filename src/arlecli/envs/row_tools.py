@@ -24,7 +24,8 @@ MAX_PARAGRAPHS = 3  # a search returns the best few, as a search engine's first 
 # Words that match nearly every paragraph; overlap on them says nothing about relevance.
 _STOPWORDS = frozenset(
     "a an and are as at be by did does for from has have in is it of on or the to was were what when where "
-    "which who whom whose why how with that this".split())
+    "which who whom whose why how with that this".split()
+)
 
 
 def _words(text: str) -> list[str]:
@@ -48,8 +49,7 @@ def hotpotqa_search(row: Row) -> Row:
 def paragraphs(fields: dict[str, Any]) -> list[tuple[str, str]]:
     """(title, text) of each paragraph of a HotpotQA row's `context`."""
     context = fields.get("context") or {}
-    return [(str(t), "".join(s).strip())
-            for t, s in zip(context.get("title") or [], context.get("sentences") or [])]
+    return [(str(t), "".join(s).strip()) for t, s in zip(context.get("title") or [], context.get("sentences") or [])]
 
 
 def rank_paragraphs(query: str, paras: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -98,9 +98,13 @@ def finqa_tools(row: Row) -> Row:
     table = row.get("table") or []
     header = [str(c).strip() for c in (table[0] if table else [])]
     labels = [str(r[0]).strip() for r in table[1:] if r]
-    return {**out, "text_before": " ".join(row.get("pre_text") or []).strip() or "(none)",
-            "text_after": " ".join(row.get("post_text") or []).strip() or "(none)",
-            "table_rows": "; ".join(labels) or "(none)", "table_columns": "; ".join(header[1:]) or "(none)"}
+    return {
+        **out,
+        "text_before": " ".join(row.get("pre_text") or []).strip() or "(none)",
+        "text_after": " ".join(row.get("post_text") or []).strip() or "(none)",
+        "table_rows": "; ".join(labels) or "(none)",
+        "table_columns": "; ".join(header[1:]) or "(none)",
+    }
 
 
 def match_label(name: str, labels: list[str], what: str) -> int:

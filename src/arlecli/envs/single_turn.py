@@ -12,6 +12,7 @@ from arlecli.cards import Card, Rendered, render_prompt
 from arlecli.envs import Step, register_env
 from arlecli.types import Task
 
+
 @dataclass
 class SingleTurnEnv:
     """The one-step env: the card's prompt, one completion, done."""

@@ -148,15 +148,24 @@ class Game:
             done = getattr(self.env, "_get_percentage_completion", None) if self.players == 1 else None
             with self.own_random():
                 reward = float(done()) if done is not None else 0.0
-            return {"outcome": "loss" if self.players == 1 else "unfinished", "reward": reward,
-                    "reason": "arle's turn limit", "game_turns": self.state.turn}
+            return {
+                "outcome": "loss" if self.players == 1 else "unfinished",
+                "reward": reward,
+                "reason": "arle's turn limit",
+                "game_turns": self.state.turn,
+            }
         reward = float(rewards.get(seat, 0.0))
         if self.players == 1:
             outcome = "win" if reward >= 1 else "loss"
         else:
             outcome = "win" if reward > 0 else "loss" if reward < 0 else "draw"
-        return {"outcome": outcome, "reward": reward, "reason": str(info.get("reason", "")),
-                "invalid_move": bool(info.get("invalid_move")), "game_turns": self.state.turn}
+        return {
+            "outcome": outcome,
+            "reward": reward,
+            "reason": str(info.get("reason", "")),
+            "invalid_move": bool(info.get("invalid_move")),
+            "game_turns": self.state.turn,
+        }
 
     def turn_limit_reached(self) -> bool:
         """Whether the game ended on its own turn limit."""
@@ -179,6 +188,7 @@ def render(messages: list[tuple[int, str, Any]], seat: int) -> str:
 
 
 # --- built-in opponents: (game, seat, rng) -> a move in the game's own format -------------
+
 
 def game_name(game_id: str) -> str:
     """The game's name without its version and variant: "TicTacToe-v0" -> "TicTacToe"."""
@@ -250,19 +260,25 @@ def _kuhn_poker(game: Game, seat: int, rng: random.Random, scripted: bool) -> st
 
 
 _PLAYERS: dict[str, Callable[[Game, int, random.Random, bool], str]] = {
-    "TicTacToe": _tictactoe, "ConnectFour": _connect_four, "KuhnPoker": _kuhn_poker}
+    "TicTacToe": _tictactoe,
+    "ConnectFour": _connect_four,
+    "KuhnPoker": _kuhn_poker,
+}
 
 
 def builtin_move(name: str, game: Game, seat: int, rng: random.Random) -> str:
     """The move built-in opponent `name` (random, scripted) makes in `game` as `seat`."""
     play = _PLAYERS.get(game_name(game.id))
     if play is None:
-        raise UserError(f"no built-in opponent plays {game.id}: use --opponent self or a model "
-                        f"(built-in players: {', '.join(sorted(_PLAYERS))})")
+        raise UserError(
+            f"no built-in opponent plays {game.id}: use --opponent self or a model "
+            f"(built-in players: {', '.join(sorted(_PLAYERS))})"
+        )
     return play(game, seat, rng, name == "scripted")
 
 
 # --- the env kind --------------------------------------------------------------------------
+
 
 @dataclass
 class GameSetup:
@@ -273,7 +289,7 @@ class GameSetup:
     task: Task
     game: str
     players: int
-    opponent: str                 # a built-in name, "self", or a model lent with `model_opponent`
+    opponent: str  # a built-in name, "self", or a model lent with `model_opponent`
     max_turns: int
     game_params: dict[str, Any]
 
@@ -297,9 +313,9 @@ class GameSetup:
 
 @dataclass
 class _Seat:
-    engine: Any = None                     # who answers: an engine, or None for a built-in player
+    engine: Any = None  # who answers: an engine, or None for a built-in player
     builtin: str | None = None
-    job: int | None = None                 # the recorded job, if any
+    job: int | None = None  # the recorded job, if any
     params: Any = None
     transcript: Transcript | None = None
     invalid: int = 0
@@ -312,7 +328,7 @@ class _Match:
     game: Game
     seats: list[_Seat]
     end: str | None = None
-    waiting: int | None = None             # the seat whose model reply is awaited
+    waiting: int | None = None  # the seat whose model reply is awaited
     finished: list[tuple[int, Episode]] = field(default_factory=list)
 
 
@@ -338,12 +354,14 @@ def _matches(engine: Any, jobs: list[Job]) -> list[_Match]:
             elif setup.opponent not in BUILTIN_OPPONENTS:
                 other = engine if setup.opponent == SELF else _lent(setup.opponent)
                 # An unrecorded seat samples with its own seeds, apart from every recorded sample's.
-                params = replace(first.params, seed=None if first.params.seed is None
-                                 else first.params.seed + 1_000_003 * (seat + 1))
+                params = replace(
+                    first.params, seed=None if first.params.seed is None else first.params.seed + 1_000_003 * (seat + 1)
+                )
                 seats.append(_Seat(engine=other, params=params))
             else:
-                seats.append(_Seat(builtin=setup.opponent,
-                                   rng=random.Random(f"arle-opponent:{setup.seed}:{game_no}:{seat}")))
+                seats.append(
+                    _Seat(builtin=setup.opponent, rng=random.Random(f"arle-opponent:{setup.seed}:{game_no}:{seat}"))
+                )
         game = Game(setup.game, setup.seed, setup.players, setup.game_params)
         matches.append(_Match(setup, game, seats))
     return matches
@@ -366,8 +384,12 @@ def _advance(match: _Match, tokenizers: dict[int, Any]) -> None:
             match.end = "turn_limit"
             return
         else:
-            seat.transcript.extend([{"role": "user", "content": text}], tokenizers.get(id(seat.engine)), None,
-                                   getattr(seat.engine, "chat_template_kwargs", None))
+            seat.transcript.extend(
+                [{"role": "user", "content": text}],
+                tokenizers.get(id(seat.engine)),
+                None,
+                getattr(seat.engine, "chat_template_kwargs", None),
+            )
         match.waiting = pid
         return
 
@@ -390,10 +412,17 @@ def _finish(match: _Match) -> None:
         episode = seat.transcript.episode if seat.transcript else Episode(setup.task.id)
         turns = len(episode.turns)
         episode.end_reason = reason
-        episode.info = {"game": setup.game, "seed": setup.seed, "seat": pid, "players": setup.players,
-                        "opponent": _opponent_name(setup.opponent), **result, "invalid_moves": seat.invalid,
-                        "turns": turns,
-                        **({"seams": seat.transcript.seams} if seat.transcript and seat.transcript.seams else {})}
+        episode.info = {
+            "game": setup.game,
+            "seed": setup.seed,
+            "seat": pid,
+            "players": setup.players,
+            "opponent": _opponent_name(setup.opponent),
+            **result,
+            "invalid_moves": seat.invalid,
+            "turns": turns,
+            **({"seams": seat.transcript.seams} if seat.transcript and seat.transcript.seams else {}),
+        }
         match.finished.append((seat.job, episode))
 
 
@@ -423,8 +452,10 @@ def model_opponent(name: str, engine: Any) -> Iterator[None]:
 def _lent(name: str) -> Any:
     engine = _LENT.get(name)
     if engine is None:
-        raise UserError(f"opponent '{name}' is not one of {', '.join(OPPONENT_NAMES)} and no model plays under "
-                        "that name (a model plays through `arle eval --opponent PROFILE`)")
+        raise UserError(
+            f"opponent '{name}' is not one of {', '.join(OPPONENT_NAMES)} and no model plays under "
+            "that name (a model plays through `arle eval --opponent PROFILE`)"
+        )
     return engine
 
 
@@ -470,8 +501,11 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
     the game id must be TextArena's)."""
     unknown = sorted(set(params) - set(_PARAMS))
     if unknown:
-        raise ParamError(unknown[0], f"is not a param of env 'textarena' (known: {', '.join(_PARAMS)}; "
-                                     "the game's own constructor arguments go in params.game_params)")
+        raise ParamError(
+            unknown[0],
+            f"is not a param of env 'textarena' (known: {', '.join(_PARAMS)}; "
+            "the game's own constructor arguments go in params.game_params)",
+        )
     game = params.get("game")
     if not isinstance(game, str) or not game:
         raise ParamError("game", "is required: a TextArena game id (e.g. Sokoban-v0)")
@@ -491,8 +525,11 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
     if params.get("players", 1) > 1 and not isinstance(opponent, str):
         raise ParamError("opponent", f"must be a name, got {type(opponent).__name__}")
     if params.get("players", 1) > 1 and opponent not in OPPONENT_NAMES and opponent not in _LENT:
-        raise ParamError("opponent", f"'{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
-                                     "(a model plays through `arle eval --opponent PROFILE`)")
+        raise ParamError(
+            "opponent",
+            f"'{opponent}' is not one of {', '.join(OPPONENT_NAMES)} "
+            "(a model plays through `arle eval --opponent PROFILE`)",
+        )
 
 
 def game_stats(samples: list[Sample]) -> dict[str, Any]:
@@ -500,31 +537,52 @@ def game_stats(samples: list[Sample]) -> dict[str, Any]:
     and an outcome): games, per_seat {seat: {games, win, draw, loss}} (rates), invalid_move_rate
     (the share of games lost to an invalid move), invalid_moves_per_turn and turns_per_game of
     the recorded player."""
-    games = [s.env_info for s in samples
-             if isinstance(s.env_info, dict) and "outcome" in s.env_info and "seat" in s.env_info]
+    games = [
+        s.env_info for s in samples if isinstance(s.env_info, dict) and "outcome" in s.env_info and "seat" in s.env_info
+    ]
     if not games:
         return {}
     per_seat: dict[str, dict[str, Any]] = {}
     for seat in sorted({int(g["seat"]) for g in games}):
         mine = [g for g in games if int(g["seat"]) == seat]
-        per_seat[str(seat)] = {"games": len(mine), **{o: sum(g["outcome"] == o for g in mine) / len(mine)
-                                                      for o in ("win", "draw", "loss")}}
+        per_seat[str(seat)] = {
+            "games": len(mine),
+            **{o: sum(g["outcome"] == o for g in mine) / len(mine) for o in ("win", "draw", "loss")},
+        }
     turns = sum(int(g.get("turns", 0)) for g in games)
-    return {"games": {"games": len(games), "per_seat": per_seat,
+    return {
+        "games": {
+            "games": len(games),
+            "per_seat": per_seat,
             "invalid_move_rate": sum(bool(g.get("invalid_move")) for g in games) / len(games),
             "invalid_moves_per_turn": sum(int(g.get("invalid_moves", 0)) for g in games) / turns if turns else None,
-            "turns_per_game": turns / len(games)}}
+            "turns_per_game": turns / len(games),
+        }
+    }
 
 
 # The factory makes a GameSetup, not an Env: run_games plays it (a game has several players).
 @register_env("textarena", driver=run_games, check=check_params, stats=game_stats)  # type: ignore[arg-type]
-def textarena_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool, game: str | None = None,
-                  players: int = 1, opponent: str = "random", max_turns: int = _DEFAULT_MAX_TURNS,
-                  game_params: dict[str, Any] | None = None) -> GameSetup:
+def textarena_env(
+    card: Any,
+    task: Task,
+    exemplars: list[Task],
+    native_tools: bool,
+    game: str | None = None,
+    players: int = 1,
+    opponent: str = "random",
+    max_turns: int = _DEFAULT_MAX_TURNS,
+    game_params: dict[str, Any] | None = None,
+) -> GameSetup:
     """Env factory for `env: {name: textarena, params: {game, players, opponent, max_turns,
     game_params}}` (see the module doc)."""
-    params = {"game": game, "players": players, "opponent": opponent, "max_turns": max_turns,
-              "game_params": game_params}
+    params = {
+        "game": game,
+        "players": players,
+        "opponent": opponent,
+        "max_turns": max_turns,
+        "game_params": game_params,
+    }
     try:  # a card built in code, not loaded (its check ran at load otherwise)
         check_params(params)
     except ParamError as exc:
@@ -563,5 +621,13 @@ def textarena_rows(*, seed: int, size: int, params: dict[str, Any] | None = None
     if cfg:
         raise UserError(f"unknown params for textarena: {', '.join(sorted(cfg))}; known: game")
     name = game_name(game).lower()
-    return [{"id": f"{name}-{seed + i}", "game": game, "seed": seed + i, "question": f"{game}, seed {seed + i}",
-             "answer": "win"} for i in range(size)]
+    return [
+        {
+            "id": f"{name}-{seed + i}",
+            "game": game,
+            "seed": seed + i,
+            "question": f"{game}, seed {seed + i}",
+            "answer": "win",
+        }
+        for i in range(size)
+    ]

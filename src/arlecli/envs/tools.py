@@ -60,7 +60,7 @@ _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 TEXT_FALLBACK = (
     "You can call these tools:\n<tools>\n{schemas}\n</tools>\n\n"
     "To call a tool, write a block like this (one block per call):\n"
-    "<tool_call>\n{{\"name\": \"<tool name>\", \"arguments\": {{<arguments as JSON>}}}}\n</tool_call>\n"
+    '<tool_call>\n{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}\n</tool_call>\n'
     "The results come back in <tool_response></tool_response> blocks. "
     "When you know the answer, reply without a tool call."
 )
@@ -166,8 +166,16 @@ def call_tool(tools: dict[str, Callable[..., Any]], call: ToolCall) -> tuple[str
 class ToolEnv:
     """The card's prompt, then tool calls and results until the model answers."""
 
-    def __init__(self, card: Any, task: Task, exemplars: list[Task], native_tools: bool,
-                 tools: list[str], max_turns: int = 5, system: str | None = None) -> None:
+    def __init__(
+        self,
+        card: Any,
+        task: Task,
+        exemplars: list[Task],
+        native_tools: bool,
+        tools: list[str],
+        max_turns: int = 5,
+        system: str | None = None,
+    ) -> None:
         if not tools:
             raise UserError(f"{card.name}: env 'tools' needs params.tools, e.g. [calculator]")
         base = Path(card.path).parent if getattr(card, "path", None) else None

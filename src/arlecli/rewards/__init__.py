@@ -44,8 +44,9 @@ Metrics = Sequence[str] | Callable[[dict[str, Any]], Iterable[str]]
 
 # Every module of this package registers its rewards on import (on the first lookup),
 # and the rewards that live beside the env they score (FrozenLake's replays its rules).
-REWARDS: Registry[RewardFactory] = Registry("rewards", "reward",
-                                            builtin=["arlecli.rewards.*", "arlecli.envs.frozenlake"])
+REWARDS: Registry[RewardFactory] = Registry(
+    "rewards", "reward", builtin=["arlecli.rewards.*", "arlecli.envs.frozenlake"]
+)
 # Always reported, whatever the reward: `accuracy` is the Score's `correct`, pass@k comes from it.
 ALWAYS_METRICS = ("accuracy",)
 _PASS_AT_K = re.compile(r"pass@[1-9][0-9]*")
@@ -67,10 +68,15 @@ Fields = Sequence[str] | Callable[[dict[str, Any]], Iterable["str | Field"]]
 _PARAM_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def register(name: str | None = None, *, metrics: Metrics | None = None,
-             needs_target: bool | Callable[[dict[str, Any]], bool] = True,
-             fields: Fields = (), runs_code: bool = False,
-             forgeable: bool = False) -> Callable[[RewardFactory], RewardFactory]:
+def register(
+    name: str | None = None,
+    *,
+    metrics: Metrics | None = None,
+    needs_target: bool | Callable[[dict[str, Any]], bool] = True,
+    fields: Fields = (),
+    runs_code: bool = False,
+    forgeable: bool = False,
+) -> Callable[[RewardFactory], RewardFactory]:
     """Register a reward factory under `name` (default: the function's name); its keyword args
     are the card's params, and `metrics` the names its Scores' `details` carry (a list, or a
     function of the card's params; [] for none beyond accuracy). `needs_target` False (or a
@@ -142,8 +148,11 @@ def needs_target(name: str, params: dict[str, Any] | None = None) -> bool:
 def unknown_metrics(name: str, params: dict[str, Any], metrics: Iterable[str]) -> list[tuple[str, list[str]]]:
     """Each of `metrics` that reward `name` does not report, with its near names."""
     known = reward_metrics(name, params)
-    return [(m, difflib.get_close_matches(m, [*known, "pass@1"], n=1)) for m in metrics
-            if m not in known and not _PASS_AT_K.fullmatch(m)]
+    return [
+        (m, difflib.get_close_matches(m, [*known, "pass@1"], n=1))
+        for m in metrics
+        if m not in known and not _PASS_AT_K.fullmatch(m)
+    ]
 
 
 def get_reward(name: str, params: dict[str, Any] | None = None) -> RewardFn:
@@ -248,8 +257,9 @@ def failed_score(exc: BaseException) -> Score:
         message = "(its message could not be read)"
     if len(message) > MAX_ERROR_CHARS:
         message = message[:MAX_ERROR_CHARS] + "..."
-    return Score(0.0, False, None, {REWARD_ERROR: f"{type(exc).__name__}: {message}" if message
-                                    else type(exc).__name__})
+    return Score(
+        0.0, False, None, {REWARD_ERROR: f"{type(exc).__name__}: {message}" if message else type(exc).__name__}
+    )
 
 
 def check_tasks(score: Any, card: Any, tasks: list[Task]) -> None:
@@ -280,8 +290,11 @@ def check_params(name: str, params: dict[str, Any]) -> None:
     for key, value in params.items():
         if key not in declared:
             near = difflib.get_close_matches(key, declared, n=1)
-            known = f"did you mean '{near[0]}'?" if near else (
-                f"it takes: {', '.join(declared)}" if declared else "it takes no params")
+            known = (
+                f"did you mean '{near[0]}'?"
+                if near
+                else (f"it takes: {', '.join(declared)}" if declared else "it takes no params")
+            )
             raise ParamError(key, f"is not a param of reward '{name}'; {known}")
         hint = hints.get(key, Any)
         if not _fits(value, hint):
@@ -330,8 +343,12 @@ def _type_text(hint: Any) -> str:
 
 # How each YAML-visible type is named in an error: (one value, several).
 _TYPE_WORDS: dict[Any, tuple[str, str]] = {
-    type(None): ("null", "nulls"), bool: ("true or false", "booleans"), int: ("a whole number", "whole numbers"),
-    float: ("a number", "numbers"), str: ("a string", "strings"), dict: ("a mapping", "mappings"),
+    type(None): ("null", "nulls"),
+    bool: ("true or false", "booleans"),
+    int: ("a whole number", "whole numbers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+    dict: ("a mapping", "mappings"),
     list: ("a list", "lists"),
 }
 
@@ -358,8 +375,11 @@ def reward_fields(name: str, params: dict[str, Any] | None = None) -> list[Field
     params = params or {}
     declared = declared_fields(factory)
     specs = declared(params) if callable(declared) else declared
-    defaults = {n: p.default for n, p in inspect.signature(factory).parameters.items()
-                if p.default is not inspect.Parameter.empty}
+    defaults = {
+        n: p.default
+        for n, p in inspect.signature(factory).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
     fields = [s if isinstance(s, Field) else _resolve(s, params, defaults) for s in specs]
     return [f for f in fields if f.names]  # a param set to null names no column: nothing to check
 
@@ -388,5 +408,7 @@ def check_task_fields(name: str, params: dict[str, Any], tasks: Sequence[Task], 
             if not any(n in task.fields for n in need.names):
                 which = " or ".join(repr(n) for n in need.names)
                 fix = f", or point the card's reward param {need.param} at the right one" if need.param else ""
-                raise UserError(f"task {task.id!r} of {origin} has no field {which}, which reward '{name}' needs; "
-                                f"give rows with that column{fix}")
+                raise UserError(
+                    f"task {task.id!r} of {origin} has no field {which}, which reward '{name}' needs; "
+                    f"give rows with that column{fix}"
+                )

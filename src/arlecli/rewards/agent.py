@@ -9,9 +9,15 @@ from arlecli.rewards import Field, RewardFn, get_reward, register, reward_fields
 from arlecli.types import Episode, Score, Task
 
 
-@register("solver_judge", metrics=lambda p: [*reward_metrics(p.get("reward", "countdown"), p.get("reward_params")),
-                                            "solver_correct", "judge_fixed"],
-          fields=lambda p: _inner_fields(p.get("reward", "countdown"), p.get("reward_params")))
+@register(
+    "solver_judge",
+    metrics=lambda p: [
+        *reward_metrics(p.get("reward", "countdown"), p.get("reward_params")),
+        "solver_correct",
+        "judge_fixed",
+    ],
+    fields=lambda p: _inner_fields(p.get("reward", "countdown"), p.get("reward_params")),
+)
 def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None = None) -> RewardFn:
     """A solver-then-judge episode (envs/judge.py) scored by `reward` on the final (judge's)
     answer, with the solver's own first answer scored by the same reward as a detail.
@@ -26,8 +32,11 @@ def solver_judge(reward: str = "countdown", reward_params: dict[str, Any] | None
     def score(task: Task, episode: Episode) -> Score:
         final = inner(task, episode)
         first = inner(task, Episode(episode.task_id, episode.turns[:1], episode.end_reason, episode.info))
-        details = {**final.details, "solver_correct": int(first.correct),
-                   "judge_fixed": int(final.correct and not first.correct)}
+        details = {
+            **final.details,
+            "solver_correct": int(first.correct),
+            "judge_fixed": int(final.correct and not first.correct),
+        }
         return Score(final.reward, final.correct, final.extracted, details)
 
     return score
@@ -59,11 +68,15 @@ def game() -> RewardFn:
         if "outcome" not in info:
             raise ValueError(f"task {task.id}: the game reward scores games played by env 'textarena'")
         outcome = str(info["outcome"])
-        details = {"win": int(outcome == "win"), "draw": int(outcome == "draw"), "loss": int(outcome == "loss"),
-                   "invalid_move": int(bool(info.get("invalid_move"))),
-                   "invalid_moves": int(info.get("invalid_moves", 0)), "turns": int(info.get("turns", 0)),
-                   "seat": int(info.get("seat", 0))}
+        details = {
+            "win": int(outcome == "win"),
+            "draw": int(outcome == "draw"),
+            "loss": int(outcome == "loss"),
+            "invalid_move": int(bool(info.get("invalid_move"))),
+            "invalid_moves": int(info.get("invalid_moves", 0)),
+            "turns": int(info.get("turns", 0)),
+            "seat": int(info.get("seat", 0)),
+        }
         return Score(float(info.get("reward", 0.0)), outcome == "win", outcome, details)
 
     return score
-

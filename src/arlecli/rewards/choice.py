@@ -27,9 +27,7 @@ _EXPLICIT = re.compile(
 )
 # A letter that opens the reply: "B", "B.", "B)", "(B) text", "**B** because", "B: text",
 # "B" alone on the first line; but not "A cat..." or "I think...".
-_LEADING = re.compile(
-    r"^[\s*_`\"'(\[]*([A-Z])(?:[ \t*_`\"')\]]*(?:\n|$)|[*_`\"']*(?:\*\*|[.):\]])(?!\d))"
-)
+_LEADING = re.compile(r"^[\s*_`\"'(\[]*([A-Z])(?:[ \t*_`\"')\]]*(?:\n|$)|[*_`\"']*(?:\*\*|[.):\]])(?!\d))")
 _STANDALONE = re.compile(r"(?<![A-Za-z0-9'])([A-Z])(?![A-Za-z0-9'])")
 # "A" and "I" are also English words; standing before a lowercase word they usually are
 # words ("A rabbit", "I think") unless the next word says something about the option.
@@ -115,11 +113,7 @@ def extract_by_text(text: str, choices: list[str], leading: bool = False) -> str
         opening = [i for i, c in enumerate(norm) if c and re.match(rf"{re.escape(c)}(?![a-z0-9])", tail)]
         if len(opening) == 1:
             return LETTERS[opening[0]]
-    found = [
-        i
-        for i, c in enumerate(norm)
-        if c and re.search(rf"(?<![a-z0-9]){re.escape(c)}(?![a-z0-9])", reply)
-    ]
+    found = [i for i, c in enumerate(norm) if c and re.search(rf"(?<![a-z0-9]){re.escape(c)}(?![a-z0-9])", reply)]
     return LETTERS[found[0]] if len(found) == 1 else None
 
 

@@ -79,8 +79,13 @@ class CodeTestsParams:
     packages: tuple[str, ...] = ()
 
 
-@register("code_tests", metrics=[], needs_target=False, runs_code=True,
-          fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
+@register(
+    "code_tests",
+    metrics=[],
+    needs_target=False,
+    runs_code=True,
+    fields=["{prompt_field}", "{test_field}", "{entry_point_field}"],
+)
 def code_tests(
     prompt_field: str = "prompt",
     test_field: str = "test",
@@ -145,8 +150,14 @@ def score_batch(
 
 # Forgeable: unittest tests patch the solution's module, so the verdict is reached inside the
 # model's own interpreter (harness.FORGEABLE_MODES).
-@register("code_unittest", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False,
-          runs_code=True, forgeable=True, fields=["{prompt_field}", "{test_field}", "{entry_point_field}"])
+@register(
+    "code_unittest",
+    metrics=["tests_passed", "tests_total", "test_pass_rate"],
+    needs_target=False,
+    runs_code=True,
+    forgeable=True,
+    fields=["{prompt_field}", "{test_field}", "{entry_point_field}"],
+)
 def code_unittest(
     prompt_field: str = "complete_prompt",
     test_field: str = "test",
@@ -183,12 +194,14 @@ def code_unittest(
         for t, e in zip(tasks, episodes):
             prompt = _field(t, prompt_field, "prompt_field", "code_unittest")
             solution, code = build_solution(
-                prompt, e.completion, _field(t, entry_point_field, "entry_point_field", "code_unittest"))
+                prompt, e.completion, _field(t, entry_point_field, "entry_point_field", "code_unittest")
+            )
             test = _field(t, test_field, "test_field", "code_unittest")
             # The task's own text names what to bind; the completion never does.
             wanted = sorted({*(packages or ()), *imported_packages(prompt, test)})
-            jobs.append({"mode": "unittest", "program": solution + "\n" + test, "test_class": test_class,
-                         "packages": wanted})
+            jobs.append(
+                {"mode": "unittest", "program": solution + "\n" + test, "test_class": test_class, "packages": wanted}
+            )
             codes.append(code)
         verdicts = run_tests(jobs, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb)
         return [_to_score(code, v, counts=True) for code, v in zip(codes, verdicts)]
@@ -196,8 +209,13 @@ def code_unittest(
     return _with_batch(batch)
 
 
-@register("code_io", metrics=["tests_passed", "tests_total", "test_pass_rate"], needs_target=False,
-          runs_code=True, fields=["{tests_fields}"])
+@register(
+    "code_io",
+    metrics=["tests_passed", "tests_total", "test_pass_rate"],
+    needs_target=False,
+    runs_code=True,
+    fields=["{tests_fields}"],
+)
 def code_io(
     tests_fields: str | list[str] = "tests",
     fn_name_field: str = "fn_name",
@@ -253,14 +271,24 @@ def code_io(
                 empty.append(True)
                 continue
             empty.append(False)
-            jobs.append({
-                "mode": "io", "program": code, "tests": tests[:max_tests] if max_tests else tests,
-                "fn_name": fn_name, "prelude": CALL_PRELUDE, "test_timeout_s": test_timeout_s,
-                "stop_on_failure": stop_on_failure, "float_tol": float_tol, "packages": list(packages or ()),
-            })
+            jobs.append(
+                {
+                    "mode": "io",
+                    "program": code,
+                    "tests": tests[:max_tests] if max_tests else tests,
+                    "fn_name": fn_name,
+                    "prelude": CALL_PRELUDE,
+                    "test_timeout_s": test_timeout_s,
+                    "stop_on_failure": stop_on_failure,
+                    "float_tol": float_tol,
+                    "packages": list(packages or ()),
+                }
+            )
         verdicts = iter(run_tests(jobs, workers=workers, timeout_s=timeout_s, memory_mb=memory_mb))
-        return [_no_tests_score(code) if none else _to_score(code, next(verdicts), counts=True)
-                for code, none in zip(codes, empty)]
+        return [
+            _no_tests_score(code) if none else _to_score(code, next(verdicts), counts=True)
+            for code, none in zip(codes, empty)
+        ]
 
     return _with_batch(batch)
 
@@ -282,16 +310,21 @@ def imported_packages(*sources: str) -> list[str]:
     return sorted(n for n in names if n not in sys.stdlib_module_names and n != "__future__")
 
 
-def task_tests(task: Task, fields: Sequence[str], fn_name_field: str = "fn_name",
-               metadata_field: str = "metadata") -> tuple[list[dict[str, Any]], str | None]:
+def task_tests(
+    task: Task, fields: Sequence[str], fn_name_field: str = "fn_name", metadata_field: str = "metadata"
+) -> tuple[list[dict[str, Any]], str | None]:
     """The task's tests in the harness's format, and the function they call (or None)."""
     if not any(f in task.fields for f in fields):
         raise UserError(
             f"task {task.id!r} has none of the fields {', '.join(fields)} for reward 'code_io'; "
-            f"map the dataset's test column to one, or set the reward param tests_fields")
+            f"map the dataset's test column to one, or set the reward param tests_fields"
+        )
     raws = [decode_tests(task.fields.get(f)) for f in fields]
-    fn_name = str(task.fields.get(fn_name_field) or "") or _fn_name_in(raws) or _metadata_fn_name(
-        task.fields.get(metadata_field))
+    fn_name = (
+        str(task.fields.get(fn_name_field) or "")
+        or _fn_name_in(raws)
+        or _metadata_fn_name(task.fields.get(metadata_field))
+    )
     tests: list[dict[str, Any]] = []
     for raw in raws:
         tests.extend(parse_tests(raw, fn_name))
@@ -353,8 +386,7 @@ def parse_tests(raw: Any, fn_name: str | None = None) -> list[dict[str, Any]]:
     """
     if isinstance(raw, dict) and "inputs" in raw and "outputs" in raw:
         name = raw.get("fn_name") or fn_name
-        return [_test(inp, out, bool(name), unwrap=True)
-                for inp, out in zip(raw["inputs"] or [], raw["outputs"] or [])]
+        return [_test(inp, out, bool(name), unwrap=True) for inp, out in zip(raw["inputs"] or [], raw["outputs"] or [])]
     if isinstance(raw, list):
         tests = []
         for t in raw:
@@ -444,8 +476,9 @@ def build_solution(prompt: str, completion: str, entry_point: str) -> tuple[str,
     return prompt + code, code
 
 
-def build_program(prompt: str, completion: str, test: str, entry_point: str,
-                  call_check: bool = True) -> tuple[str, str]:
+def build_program(
+    prompt: str, completion: str, test: str, entry_point: str, call_check: bool = True
+) -> tuple[str, str]:
     """Return (program to run, the completion code inside it): `build_solution`, then the
     test source and, with `call_check`, `check(entry_point)`."""
     solution, code = build_solution(prompt, completion, entry_point)
@@ -453,16 +486,22 @@ def build_program(prompt: str, completion: str, test: str, entry_point: str,
     return (program + f"\ncheck({entry_point})\n" if call_check else program + "\n"), code
 
 
-def script_job(prompt: str, completion: str, test: str, entry_point: str,
-               call_check: bool = True) -> tuple[dict[str, Any], str]:
+def script_job(
+    prompt: str, completion: str, test: str, entry_point: str, call_check: bool = True
+) -> tuple[dict[str, Any], str]:
     """Return (the harness's "script" job, the completion code in it): the solution as
     `build_solution` builds it runs in its own process; the prompt (for the helpers it
     defines, or its imports when it does not parse), the test source and, with
     `call_check`, `check(entry_point)` run in the harness's."""
     solution, code = build_solution(prompt, completion, entry_point)
     trusted = prompt if _parses(prompt) else _import_lines(prompt)
-    job = {"mode": "script", "solution": solution, "prompt": trusted, "test": test,
-           "entry_point": entry_point if call_check else None}
+    job = {
+        "mode": "script",
+        "solution": solution,
+        "prompt": trusted,
+        "test": test,
+        "entry_point": entry_point if call_check else None,
+    }
     return job, code
 
 
@@ -526,8 +565,11 @@ def _import_lines(prompt: str) -> str:
 def _to_score(code: str, verdict: HarnessVerdict, counts: bool = False) -> Score:
     details: dict[str, Any] = {"status": verdict.status}
     if counts:
-        details.update(tests_passed=verdict.passed, tests_total=verdict.total,
-                       test_pass_rate=verdict.passed / verdict.total if verdict.total else 0.0)
+        details.update(
+            tests_passed=verdict.passed,
+            tests_total=verdict.total,
+            test_pass_rate=verdict.passed / verdict.total if verdict.total else 0.0,
+        )
     if verdict.status != "passed":
         details["error"] = _error_text(verdict)
     passed = verdict.status == "passed"
@@ -536,9 +578,20 @@ def _to_score(code: str, verdict: HarnessVerdict, counts: bool = False) -> Score
 
 def _error_text(verdict: HarnessVerdict) -> str:
     failure = verdict.failure or {}
-    if failure.get("kind") in ("timeout", "no_verdict", "exit", "wrong_answer", "not_plain_data",
-                               "solution_died", "protocol_error", "not_run") or not (
-            verdict.result.stderr or verdict.result.stdout).strip():
+    if (
+        failure.get("kind")
+        in (
+            "timeout",
+            "no_verdict",
+            "exit",
+            "wrong_answer",
+            "not_plain_data",
+            "solution_died",
+            "protocol_error",
+            "not_run",
+        )
+        or not (verdict.result.stderr or verdict.result.stdout).strip()
+    ):
         where = f"test {failure['test']}: " if failure.get("test") is not None else ""
         text = f"{failure.get('kind', 'failed')}: {where}{failure.get('message', '')}"
     else:
@@ -548,6 +601,15 @@ def _error_text(verdict: HarnessVerdict) -> str:
 
 def _no_tests_score(code: str) -> Score:
     # A problem whose tests are missing or unreadable cannot be verified: never a reward.
-    return Score(reward=0.0, correct=False, extracted=code,
-                 details={"status": "failed", "tests_passed": 0, "tests_total": 0,
-                          "test_pass_rate": 0.0, "error": "the task has no readable tests"})
+    return Score(
+        reward=0.0,
+        correct=False,
+        extracted=code,
+        details={
+            "status": "failed",
+            "tests_passed": 0,
+            "tests_total": 0,
+            "test_pass_rate": 0.0,
+            "error": "the task has no readable tests",
+        },
+    )

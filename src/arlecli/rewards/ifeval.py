@@ -52,8 +52,7 @@ _loaded: dict[str, types.ModuleType] = {}
 def _ifeval_dir() -> Path:
     spec = importlib.util.find_spec("lm_eval")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("the ifeval reward uses lm-eval's IFEval checks; "
-                        "`pip install 'lm-eval[ifeval]==0.4.13'`")
+        raise UserError("the ifeval reward uses lm-eval's IFEval checks; `pip install 'lm-eval[ifeval]==0.4.13'`")
     return Path(list(spec.submodule_search_locations)[0]) / "tasks" / "ifeval"
 
 
@@ -93,8 +92,9 @@ def lm_eval_ifeval() -> dict[str, types.ModuleType]:
             try:
                 modules = _exec_modules(_ifeval_dir())
             except ImportError as exc:
-                raise UserError(f"the ifeval reward needs lm-eval's IFEval extras ({exc}); "
-                                f"`pip install 'lm-eval[ifeval]==0.4.13'`") from None
+                raise UserError(
+                    f"the ifeval reward needs lm-eval's IFEval extras ({exc}); `pip install 'lm-eval[ifeval]==0.4.13'`"
+                ) from None
             import langdetect
 
             langdetect.DetectorFactory.seed = 0
@@ -114,9 +114,11 @@ def _ensure_punkt() -> None:
     except LookupError:
         pass
     if not nltk.download("punkt_tab", quiet=True):
-        raise UserError("IFEval's number_sentences and capital_word_frequency checks need NLTK's "
-                        "punkt_tab data and it could not be downloaded; run "
-                        "`python -m nltk.downloader punkt_tab` (or point NLTK_DATA at a copy)")
+        raise UserError(
+            "IFEval's number_sentences and capital_word_frequency checks need NLTK's "
+            "punkt_tab data and it could not be downloaded; run "
+            "`python -m nltk.downloader punkt_tab` (or point NLTK_DATA at a copy)"
+        )
 
 
 def _kwargs_list(value: Any, n: int) -> list[dict[str, Any]]:
@@ -126,8 +128,7 @@ def _kwargs_list(value: Any, n: int) -> list[dict[str, Any]]:
     return (items + [{}] * n)[:n]
 
 
-def check(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str,
-          response: str) -> dict[str, Any]:
+def check(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str) -> dict[str, Any]:
     """lm-eval's `process_results` for one response: prompt/instruction-level strict and
     loose results (loose retries without the first/last line and without '*')."""
     modules = lm_eval_ifeval()
@@ -136,16 +137,29 @@ def check(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str,
         raise UserError(f"unknown IFEval instruction(s) {', '.join(unknown)}: lm-eval's registry does not check them")
     if any(i in PUNKT_INSTRUCTIONS for i in instruction_ids):
         _ensure_punkt()
-    doc = {"key": 0, "instruction_id_list": instruction_ids, "prompt": prompt,
-           "kwargs": _kwargs_list(kwargs, len(instruction_ids))}
+    doc = {
+        "key": 0,
+        "instruction_id_list": instruction_ids,
+        "prompt": prompt,
+        "kwargs": _kwargs_list(kwargs, len(instruction_ids)),
+    }
     with _LOCK:
         _RNG.seed(0)
         return modules["utils"].process_results(doc, [response])
 
 
-@register("ifeval", metrics=["prompt_level_strict_acc", "prompt_level_loose_acc", "inst_level_strict_acc",
-                              "inst_level_loose_acc", "n_instructions"], needs_target=False,
-          fields=["instruction_id_list"])
+@register(
+    "ifeval",
+    metrics=[
+        "prompt_level_strict_acc",
+        "prompt_level_loose_acc",
+        "inst_level_strict_acc",
+        "inst_level_loose_acc",
+        "n_instructions",
+    ],
+    needs_target=False,
+    fields=["instruction_id_list"],
+)
 def ifeval() -> RewardFn:
     """IFEval scored by lm-eval's own checks (lm-eval 0.4.13 `ifeval` task).
 

@@ -83,14 +83,16 @@ class Scale:
 
     @classmethod
     def parse(cls, text: str) -> Scale:
-        """"pass/fail" or "LO-HI" (whole numbers, 0 <= LO < HI <= 100); ValueError otherwise."""
+        """ "pass/fail" or "LO-HI" (whole numbers, 0 <= LO < HI <= 100); ValueError otherwise."""
         if text.strip().lower() == PASS_FAIL:
             return cls(PASS_FAIL)
         m = _RANGE.match(text)
         if m and int(m[1]) < int(m[2]) <= 100:
             return cls(f"{int(m[1])}-{int(m[2])}", int(m[1]), int(m[2]))
-        raise ValueError(f"scale {text!r} is not one arle knows; use \"pass/fail\" or a whole-number "
-                         "range \"LO-HI\" such as \"1-5\", \"1-10\" or \"0-100\"")
+        raise ValueError(
+            f'scale {text!r} is not one arle knows; use "pass/fail" or a whole-number '
+            'range "LO-HI" such as "1-5", "1-10" or "0-100"'
+        )
 
     def verdict_line(self) -> str:
         """The last line the judge is asked to write."""
@@ -105,9 +107,9 @@ class Scale:
         found = list(pattern.finditer(reply))
         if not found:
             what = "Verdict: PASS/FAIL" if self.low is None else "Score: N"
-            raise ValueError(f"no \"{what}\" line in the judge's reply")
+            raise ValueError(f'no "{what}" line in the judge\'s reply')
         last = found[-1]
-        reasoning = reply[:last.start()].strip()
+        reasoning = reply[: last.start()].strip()
         if self.low is None:
             verdict = last[1].upper()
             return (1.0 if verdict == "PASS" else 0.0), verdict, reasoning
@@ -175,8 +177,13 @@ class JudgeCache:
                 Path(tmp).unlink(missing_ok=True)
             if not self._warned:
                 self._warned = True
-                print(safeio.terminal_text(f"warning: judge cache {self.folder} not written ({exc.strerror or exc}); "
-                                    "reruns will ask the judge again"), file=sys.stderr)
+                print(
+                    safeio.terminal_text(
+                        f"warning: judge cache {self.folder} not written ({exc.strerror or exc}); "
+                        "reruns will ask the judge again"
+                    ),
+                    file=sys.stderr,
+                )
 
 
 class JudgeReward:
@@ -185,16 +192,27 @@ class JudgeReward:
     The judge model is resolved when the reward is built (so a bad `model` stops `arle eval`
     before any generation) and its engine is started on first use."""
 
-    def __init__(self, spec: Any, rubric: str, scale: Scale, threshold: float, concurrency: int,
-                 max_tokens: int, temperature: float, cache: JudgeCache | None) -> None:
+    def __init__(
+        self,
+        spec: Any,
+        rubric: str,
+        scale: Scale,
+        threshold: float,
+        concurrency: int,
+        max_tokens: int,
+        temperature: float,
+        cache: JudgeCache | None,
+    ) -> None:
         self.spec = spec
         self.rubric, self.scale, self.threshold = rubric, scale, threshold
         self.concurrency, self.max_tokens, self.temperature = concurrency, max_tokens, temperature
         self.batch_size = concurrency  # what arle eval hands score_batch at a time
         self.cache = cache
         # Where the judge is, not how it is reached: an API key never enters the key or a file.
-        self.identity = json.dumps({"kind": spec.kind, "base_url": spec.base_url, "model": spec.model,
-                                    "path_or_id": spec.path_or_id}, sort_keys=True)
+        self.identity = json.dumps(
+            {"kind": spec.kind, "base_url": spec.base_url, "model": spec.model, "path_or_id": spec.path_or_id},
+            sort_keys=True,
+        )
         self.failed = 0
         self.graded = 0
         self._engine: Any = None
@@ -227,9 +245,18 @@ class JudgeReward:
     def _key(self, prompt: str) -> str:
         # safeio.dumps: the same text as json.dumps (so cached keys stay valid) unless a lone
         # surrogate would make .encode() fail.
-        material = safeio.dumps({"v": PROMPT_VERSION, "judge": self.identity, "rubric": self.rubric,
-                                 "scale": self.scale.text, "prompt": prompt, "max_tokens": self.max_tokens,
-                                 "temperature": self.temperature}, sort_keys=True)
+        material = safeio.dumps(
+            {
+                "v": PROMPT_VERSION,
+                "judge": self.identity,
+                "rubric": self.rubric,
+                "scale": self.scale.text,
+                "prompt": prompt,
+                "max_tokens": self.max_tokens,
+                "temperature": self.temperature,
+            },
+            sort_keys=True,
+        )
         return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
     def _ask(self, prompts: dict[str, str]) -> dict[str, str]:
@@ -272,8 +299,13 @@ class JudgeReward:
                 self.failed += 1
                 self.graded += 1
             clipped = reply.strip()[:_MAX_ERROR_REPLY] + ("..." if len(reply.strip()) > _MAX_ERROR_REPLY else "")
-            details.update(judge_reasoning=reply.strip(), judge_verdict=None, judge_score=0.0, judge_failed=1.0,
-                           judge_error=f"{exc}: {clipped!r}")
+            details.update(
+                judge_reasoning=reply.strip(),
+                judge_verdict=None,
+                judge_score=0.0,
+                judge_failed=1.0,
+                judge_error=f"{exc}: {clipped!r}",
+            )
             return Score(0.0, False, None, details)
         with self._lock:
             self.graded += 1
@@ -283,9 +315,14 @@ class JudgeReward:
     def close(self) -> None:
         """Stop the judge engine; say how many replies had no verdict (they scored 0)."""
         if self.failed:
-            print(safeio.terminal_text(f"warning: judge {self.spec.name}: {self.failed} of {self.graded} replies "
-                                "had no usable verdict and scored 0 (see details.judge_error in the samples); "
-                                "check the rubric, the scale and the judge's max_tokens"), file=sys.stderr)
+            print(
+                safeio.terminal_text(
+                    f"warning: judge {self.spec.name}: {self.failed} of {self.graded} replies "
+                    "had no usable verdict and scored 0 (see details.judge_error in the samples); "
+                    "check the rubric, the scale and the judge's max_tokens"
+                ),
+                file=sys.stderr,
+            )
             self.failed = self.graded = 0
         with self._lock:
             engine, self._engine = self._engine, None
@@ -294,10 +331,21 @@ class JudgeReward:
 
 
 @register("judge", metrics=["judge_score", "judge_failed"], needs_target=False)
-def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: float = 0.5,
-          model_name: str | None = None, api_key_env: str | None = None, backend: str | None = None,
-          concurrency: int = 8, max_tokens: int = 512, temperature: float = 0.0,
-          timeout_s: float | None = None, max_retries: int | None = None, cache: bool = True) -> RewardFn:
+def judge(
+    model: str = "",
+    rubric: str = "",
+    scale: str = PASS_FAIL,
+    threshold: float = 0.5,
+    model_name: str | None = None,
+    api_key_env: str | None = None,
+    backend: str | None = None,
+    concurrency: int = 8,
+    max_tokens: int = 512,
+    temperature: float = 0.0,
+    timeout_s: float | None = None,
+    max_retries: int | None = None,
+    cache: bool = True,
+) -> RewardFn:
     """A judge model grades each completion against `rubric` on `scale`.
 
     Args:
@@ -322,9 +370,11 @@ def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: 
     except ValueError as exc:
         raise ValueError(f"param 'scale': {exc}") from None
     if not model.strip():
-        raise ValueError("param 'model' is missing: name the judge (a profile, a local folder, a hub id or an "
-                         "http(s) endpoint URL), e.g. model: judge after "
-                         "`arle model setup --name judge --base-url URL`")
+        raise ValueError(
+            "param 'model' is missing: name the judge (a profile, a local folder, a hub id or an "
+            "http(s) endpoint URL), e.g. model: judge after "
+            "`arle model setup --name judge --base-url URL`"
+        )
     if not rubric.strip():
         raise ValueError("param 'rubric' is missing: say what a good response is (it may use {column} placeholders)")
     if threshold > 1:
@@ -333,16 +383,26 @@ def judge(model: str = "", rubric: str = "", scale: str = PASS_FAIL, threshold: 
         raise ValueError("params 'concurrency' and 'max_tokens' must be at least 1")
     is_url = model.startswith(("http://", "https://"))
     if not is_url and (model_name or api_key_env):
-        raise ValueError("params 'model_name' and 'api_key_env' only apply when 'model' is an http(s) URL "
-                         "(a profile carries its own)")
+        raise ValueError(
+            "params 'model_name' and 'api_key_env' only apply when 'model' is an http(s) URL "
+            "(a profile carries its own)"
+        )
     try:
-        spec = resolve_model(model_name if is_url else model, base_url=model if is_url else None, backend=backend,
-                             api_key_env=api_key_env, request_timeout=timeout_s, max_retries=max_retries)
+        spec = resolve_model(
+            model_name if is_url else model,
+            base_url=model if is_url else None,
+            backend=backend,
+            api_key_env=api_key_env,
+            request_timeout=timeout_s,
+            max_retries=max_retries,
+        )
     except UserError as exc:
         if str(exc).startswith("unknown model"):
-            raise ValueError(f"param 'model': {model!r} is not a profile, a local folder, a hub id or an http(s) URL; "
-                             f"create the profile with `arle model setup --name {model} --base-url URL --model NAME "
-                             "--api-key-env VAR`, or set model to the endpoint's URL") from None
+            raise ValueError(
+                f"param 'model': {model!r} is not a profile, a local folder, a hub id or an http(s) URL; "
+                f"create the profile with `arle model setup --name {model} --base-url URL --model NAME "
+                "--api-key-env VAR`, or set model to the endpoint's URL"
+            ) from None
         raise ValueError(f"param 'model' {model!r}: {exc}") from None
     store = JudgeCache(config.cache_dir() / "judge") if cache else None
     return JudgeReward(spec, rubric, parsed, threshold, concurrency, max_tokens, temperature, store)

@@ -88,7 +88,7 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5) :]
     if rest.startswith(" "):
         # `\boxed 5$`: the argument runs to the next `$` or whitespace.
         return re.split(r"[\s$]", rest.lstrip(), maxsplit=1)[0] or None

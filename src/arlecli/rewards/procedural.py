@@ -156,9 +156,7 @@ def countdown() -> RewardFn:
             try:
                 value, used = safe_arithmetic(expr)
                 valid = True
-                correct = Counter(used) == Counter(numbers) and abs(
-                    float(value - Fraction(str(target)))
-                ) <= 1e-6
+                correct = Counter(used) == Counter(numbers) and abs(float(value - Fraction(str(target)))) <= 1e-6
             except UnsafeExpression:
                 pass
         details = {"accuracy": int(correct), "valid_expression": int(valid)}
@@ -181,8 +179,15 @@ MAX_INERT_CHARS = 2_000  # longer plain literals go to the sandbox: parse/compil
 # may well contain "open").
 _EVAL_CHECKERS = frozenset(
     {
-        "binary_matrix", "composite", "countdown", "intermediate_integration", "n_queens",
-        "polynomial_multiplication", "puzzle24", "simple_integration", "spiral_matrix",
+        "binary_matrix",
+        "composite",
+        "countdown",
+        "intermediate_integration",
+        "n_queens",
+        "polynomial_multiplication",
+        "puzzle24",
+        "simple_integration",
+        "spiral_matrix",
         "string_insertion",
     }
 )
@@ -219,17 +224,14 @@ def is_inert(answer: str) -> bool:
         return False
     # ast.walk is iterative, so a long operator chain cannot exhaust the stack here.
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Expression, ast.List, ast.Tuple, ast.expr_context, ast.operator,
-                             ast.unaryop)):
+        if isinstance(node, (ast.Expression, ast.List, ast.Tuple, ast.expr_context, ast.operator, ast.unaryop)):
             continue  # operator nodes are vetted through their BinOp/UnaryOp below
         if isinstance(node, ast.Constant) and type(node.value) in (int, float, str, bool):
             continue
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) \
-                and _numeric(node.operand):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and _numeric(node.operand):
             continue
         # Numbers only on both sides: "a" * 10**9 or [0] * 10**9 would allocate gigabytes.
-        if isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS and _numeric(node.left) \
-                and _numeric(node.right):
+        if isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS and _numeric(node.left) and _numeric(node.right):
             continue
         return False
     return True
@@ -291,8 +293,11 @@ def _in_process(name: str, answer: str, entry: dict[str, Any]) -> float:
 
 
 def sandbox_checks(
-    jobs: Sequence[tuple[str, str, dict[str, Any]]], *, timeout_s: float = 10.0,
-    memory_mb: int = 2048, workers: int | None = None,
+    jobs: Sequence[tuple[str, str, dict[str, Any]]],
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 2048,
+    workers: int | None = None,
 ) -> list[float]:
     """Run reasoning-gym checkers on (dataset, answer, entry) jobs in the sandbox, in parallel.
 
@@ -306,8 +311,14 @@ def sandbox_checks(
         json.dumps({"name": name, "answer": answer, "entry": entry, "nonce": nonce}, default=str)
         for (name, answer, entry), nonce in zip(jobs, nonces)
     ]
-    results = run_programs([_CHECKER_PROGRAM] * len(jobs), stdins=stdins, timeout_s=timeout_s,
-                           memory_mb=memory_mb, workers=workers, packages=[("reasoning_gym",)] * len(jobs))
+    results = run_programs(
+        [_CHECKER_PROGRAM] * len(jobs),
+        stdins=stdins,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        workers=workers,
+        packages=[("reasoning_gym",)] * len(jobs),
+    )
     return [_sandbox_value(r.stdout, nonce) if r.passed else 0.0 for r, nonce in zip(results, nonces)]
 
 
@@ -315,7 +326,7 @@ def _sandbox_value(stdout: str, nonce: str) -> float:
     for line in reversed(stdout.splitlines()):
         if line.startswith(nonce + " "):
             try:
-                return float(json.loads(line[len(nonce) + 1:]))
+                return float(json.loads(line[len(nonce) + 1 :]))
             except (ValueError, TypeError):
                 return 0.0
     return 0.0
@@ -323,10 +334,10 @@ def _sandbox_value(stdout: str, nonce: str) -> float:
 
 # Without the `task` param the row's metadata names its dataset (and every checker reads it).
 # runs_code: reasoning_gym's checkers run in the sandbox (they are third-party code on model output).
-@register("reasoning_gym", metrics=["accuracy"], runs_code=True,
-          fields=lambda p: [] if p.get("task") else ["metadata"])
-def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: int = 2048,
-                  workers: int | None = None) -> RewardFn:
+@register("reasoning_gym", metrics=["accuracy"], runs_code=True, fields=lambda p: [] if p.get("task") else ["metadata"])
+def reasoning_gym(
+    task: str | None = None, timeout_s: float = 10.0, memory_mb: int = 2048, workers: int | None = None
+) -> RewardFn:
     """Score with reasoning-gym's own checker (`score_answer`) for the row's dataset.
 
     The answer is the last `<answer>...</answer>` content, else the last non-empty line.
@@ -371,8 +382,7 @@ def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: i
             values.append(value)
             if job is not None:
                 jobs.append(job)
-        checked = sandbox_checks(jobs, timeout_s=timeout_s, memory_mb=memory_mb,
-                                 workers=workers) if jobs else []
+        checked = sandbox_checks(jobs, timeout_s=timeout_s, memory_mb=memory_mb, workers=workers) if jobs else []
         sandboxed = iter(checked)
         return [_rg_score(next(sandboxed) if v is None else v, a) for v, a in zip(values, answers)]
 
@@ -383,8 +393,9 @@ def reasoning_gym(task: str | None = None, timeout_s: float = 10.0, memory_mb: i
     return score
 
 
-def _triage(row: Task, completion: str, fixed: str | None
-            ) -> tuple[str | None, float | None, tuple[str, str, dict[str, Any]] | None]:
+def _triage(
+    row: Task, completion: str, fixed: str | None
+) -> tuple[str | None, float | None, tuple[str, str, dict[str, Any]] | None]:
     """(answer, score, None) when scored here, or (answer, None, sandbox job)."""
     entry = rg_entry(row, fixed)
     name = fixed or entry["metadata"].get("source_dataset")
@@ -427,8 +438,10 @@ def parse_grid(text: str) -> Grid | None:
         data = safeio.loads(body)  # model text: "[[[[..." is no grid, not a RecursionError
     except ValueError:
         data = None
-    if isinstance(data, list) and data and all(
-        isinstance(r, list) and all(type(c) is int and 0 <= c <= 9 for c in r) for r in data
+    if (
+        isinstance(data, list)
+        and data
+        and all(isinstance(r, list) and all(type(c) is int and 0 <= c <= 9 for c in r) for r in data)
     ):
         return data
     blocks: list[list[str]] = []

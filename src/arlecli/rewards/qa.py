@@ -44,7 +44,7 @@ def extract_answer(text: str) -> str:
     else:
         marks = list(_ANSWER_LINE.finditer(text))
         if marks:
-            answer = text[marks[-1].end():].strip().split("\n", 1)[0]
+            answer = text[marks[-1].end() :].strip().split("\n", 1)[0]
         else:
             lines = [line for line in text.splitlines() if line.strip()]
             answer = lines[-1] if lines else ""
@@ -94,8 +94,11 @@ def is_abstention(answer: str) -> bool:
 
 
 # With abstain, an empty gold means "unanswerable" (SQuAD v2), so it is not a missing target.
-@register("qa", metrics=lambda p: ["exact_match", "f1", *(["abstained"] if p.get("abstain") else [])],
-          needs_target=lambda p: not p.get("abstain"))
+@register(
+    "qa",
+    metrics=lambda p: ["exact_match", "f1", *(["abstained"] if p.get("abstain") else [])],
+    needs_target=lambda p: not p.get("abstain"),
+)
 def qa(abstain: bool = False) -> RewardFn:
     """Short-answer QA scored as the official SQuAD script: normalised exact match and F1.
 
@@ -259,13 +262,13 @@ def parse_number(text: str) -> tuple[float, int, bool] | None:
     m = found[-1]
     raw = re.sub(r"[\s$,]", "", m.group(0))
     # "(12.5)" is how financial tables write a negative number.
-    negative = raw.startswith("-") or (text[:m.start()].rstrip().endswith("(") and text[m.end():].startswith(")"))
+    negative = raw.startswith("-") or (text[: m.start()].rstrip().endswith("(") and text[m.end() :].startswith(")"))
     try:
         value = abs(float(raw))
     except ValueError:
         return None
     decimals = len(raw.split(".", 1)[1]) if "." in raw else 0
-    after = text[m.end():].lstrip()
+    after = text[m.end() :].lstrip()
     percent = after.startswith("%") or after.lower().startswith("percent")
     return (-value if negative else value), decimals, percent
 
@@ -275,7 +278,7 @@ def numbers_match(pred: float, decimals: int, gold: float, rel_tol: float, round
     `decimals` places."""
     if math.isclose(pred, gold, rel_tol=rel_tol, abs_tol=1e-9):
         return True
-    return rounded and abs(pred - gold) <= 0.5 * 10 ** -decimals + 1e-9
+    return rounded and abs(pred - gold) <= 0.5 * 10**-decimals + 1e-9
 
 
 def _as_float(value: Any) -> float | None:
@@ -339,7 +342,7 @@ def tatqa_scale(answer: str) -> tuple[str, str]:
         return answer, ""
     last = m[-1]
     scale = "percent" if last.group(0) == "%" else last.group(1).lower()
-    return (answer[:last.start()] + answer[last.end():]).strip(), scale
+    return (answer[: last.start()] + answer[last.end() :]).strip(), scale
 
 
 def _render(spans: list[str], scale: str) -> str:

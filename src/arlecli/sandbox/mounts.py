@@ -36,10 +36,26 @@ from typing import Iterable, Mapping
 JAIL_DIR = "/sandbox"
 # Mounted rw in the jail (size-limited): whatever bubblewrap creates below them is writable.
 WRITABLE_MOUNTS = ("/tmp", "/dev/shm", JAIL_DIR)
-_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/ld.so.conf",
-           "/etc/ld.so.conf.d", "/etc/localtime")
-_SITE_GLOBS = ("lib*/python3*/site-packages", "lib*/python3*/dist-packages", "lib/python3/dist-packages",
-               "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
+_SYSTEM = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+)
+_SITE_GLOBS = (
+    "lib*/python3*/site-packages",
+    "lib*/python3*/dist-packages",
+    "lib/python3/dist-packages",
+    "local/lib/python3*/site-packages",
+    "local/lib/python3*/dist-packages",
+)
 # /proc files that show what namespaces do not separate (the user's kernel keys).
 _PROC_MASKS = ("/proc/keys", "/proc/key-users")
 _NEVER_BOUND = frozenset({"arle"})  # its wheel carries the benchmarks' fixtures, answers included

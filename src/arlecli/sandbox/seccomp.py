@@ -23,20 +23,60 @@ import platform
 import struct
 
 # What is refused, by name (the docstring says why).
-DENIED = ("add_key", "request_key", "keyctl", "ptrace", "process_vm_readv", "process_vm_writev", "bpf",
-          "userfaultfd", "perf_event_open", "io_uring_setup", "io_uring_enter", "io_uring_register")
+DENIED = (
+    "add_key",
+    "request_key",
+    "keyctl",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "bpf",
+    "userfaultfd",
+    "perf_event_open",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+)
 
 # Per architecture: the AUDIT_ARCH value, the syscall numbers of DENIED, and the lowest
 # number of a second ABI on the same audit arch (x32 on x86-64), or None.
 _TABLES: dict[str, tuple[int, dict[str, int], int | None]] = {
-    "x86_64": (0xC000003E, {"add_key": 248, "request_key": 249, "keyctl": 250, "ptrace": 101,
-                            "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321, "userfaultfd": 323,
-                            "perf_event_open": 298, "io_uring_setup": 425, "io_uring_enter": 426,
-                            "io_uring_register": 427}, 0x40000000),
-    "aarch64": (0xC00000B7, {"add_key": 217, "request_key": 218, "keyctl": 219, "ptrace": 117,
-                             "process_vm_readv": 270, "process_vm_writev": 271, "bpf": 280, "userfaultfd": 282,
-                             "perf_event_open": 241, "io_uring_setup": 425, "io_uring_enter": 426,
-                             "io_uring_register": 427}, None),
+    "x86_64": (
+        0xC000003E,
+        {
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "bpf": 321,
+            "userfaultfd": 323,
+            "perf_event_open": 298,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+        },
+        0x40000000,
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "add_key": 217,
+            "request_key": 218,
+            "keyctl": 219,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "bpf": 280,
+            "userfaultfd": 282,
+            "perf_event_open": 241,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+        },
+        None,
+    ),
 }
 
 # Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
@@ -61,9 +101,11 @@ def program() -> bytes | None:
     # Layout: check arch; load nr; (x32 check); one jeq per denied nr; ALLOW; DENY.
     checks = len(denied) + (1 if second_abi is not None else 0)
     to_deny = checks + 1  # from the instruction after the arch check's load, jumps land past ALLOW
-    out = [_insn(_LD_W_ABS, 0, 0, _ARCH),
-           _insn(_JEQ_K, 0, to_deny + 1, arch),  # another ABI: straight to DENY
-           _insn(_LD_W_ABS, 0, 0, _NR)]
+    out = [
+        _insn(_LD_W_ABS, 0, 0, _ARCH),
+        _insn(_JEQ_K, 0, to_deny + 1, arch),  # another ABI: straight to DENY
+        _insn(_LD_W_ABS, 0, 0, _NR),
+    ]
     left = checks
     if second_abi is not None:
         left -= 1

@@ -132,9 +132,17 @@ class _Streamed:
 
 
 class _Api:
-    def __init__(self, engine: Engine, batcher: Batcher, model_name: str, api_key: str | None,
-                 recorder: Recorder | None, limits: ServeLimits, max_model_len: int | None,
-                 tool_call_parser: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        batcher: Batcher,
+        model_name: str,
+        api_key: str | None,
+        recorder: Recorder | None,
+        limits: ServeLimits,
+        max_model_len: int | None,
+        tool_call_parser: str | None = None,
+    ) -> None:
         self.engine = engine
         self.batcher = batcher
         self.limits = limits
@@ -148,9 +156,11 @@ class _Api:
         tokenizer = getattr(engine, "tokenizer", None)
         self.tool_parser = parser_for(tokenizer, tool_call_parser)  # serve/tools.py
         # Only recorded traffic needs exact ids, and only chat templates have turns to continue.
-        self.continuations = Continuations(tokenizer, limits.record_memory_bytes,
-                                           getattr(engine, "chat_template_kwargs", None)) if (
-            recorder is not None and getattr(tokenizer, "chat_template", None)) else None
+        self.continuations = (
+            Continuations(tokenizer, limits.record_memory_bytes, getattr(engine, "chat_template_kwargs", None))
+            if (recorder is not None and getattr(tokenizer, "chat_template", None))
+            else None
+        )
         self.sessions = Sessions(on_close=self.continuations.forget if self.continuations is not None else None)
         # Context checks need the context and the engine's own prompt encoding; an engine
         # without them (a remote endpoint) leaves the checks to whoever serves the model.
@@ -173,8 +183,12 @@ class _Api:
         self._authorize(request)
         wanted = request.path_params["model_id"]
         if wanted != self.model_name:
-            raise ApiError(404, f"The model `{wanted}` does not exist (this server serves `{self.model_name}`).",
-                           "model_not_found", "model")
+            raise ApiError(
+                404,
+                f"The model `{wanted}` does not exist (this server serves `{self.model_name}`).",
+                "model_not_found",
+                "model",
+            )
         return _Json(self._card())
 
     async def open_session(self, request: Request) -> Response:
@@ -204,14 +218,22 @@ class _Api:
         body = await lim.read_json(request, self.limits)
         req = protocol.parse_chat(body) if chat else protocol.parse_completion(body)
         if req.model is not None and req.model != self.model_name:
-            raise ApiError(404, f"The model `{req.model}` does not exist (this server serves "
-                           f"`{self.model_name}`).", "model_not_found", "model")
+            raise ApiError(
+                404,
+                f"The model `{req.model}` does not exist (this server serves `{self.model_name}`).",
+                "model_not_found",
+                "model",
+            )
         lim.check_choices(req, self.limits)
         if req.tools is not None and self.encode is None:
             # Over a remote endpoint the engine sends text and gets text: calls would be lost.
-            raise ApiError(400, f"`tools` are not supported by arle serve on the {self.engine.name} engine (function "
-                           "calling needs the model's chat template in this process: the hf or vllm backend)",
-                           "invalid_request_error", "tools")
+            raise ApiError(
+                400,
+                f"`tools` are not supported by arle serve on the {self.engine.name} engine (function "
+                "calling needs the model's chat template in this process: the hf or vllm backend)",
+                "invalid_request_error",
+                "tools",
+            )
         self._check_logprobs(req)
         if req.prompt_ids is not None:
             req.prompts = await asyncio.to_thread(self._token_prompts, req.prompt_ids)
@@ -221,7 +243,8 @@ class _Api:
         continued, continues = None, None
         if chat and self.continuations is not None:
             continued, continues = self.continuations.prompt_ids(
-                session, req.prompts[0], req.tools.tools if req.tools is not None else None)
+                session, req.prompts[0], req.tools.tools if req.tools is not None else None
+            )
         prompt_ids, budgets = await self._fit_context(req, continued)
         prompt_ids, budgets = self._force_call(req, prompt_ids, budgets)
         headers = {"Cache-Control": "no-cache"} if req.stream else {}
@@ -235,10 +258,12 @@ class _Api:
         if req.echo and req.params.temperature == 0 and req.params.max_tokens <= 1 and prompt_ids is not None:
             # lm-eval's loglikelihood request: the scoring pass alone gives the prompt's logprobs
             # and the greedy next token, so nothing is generated.
-            return await self._echo_only(request, req, rid, received, [p for p in prompt_ids if p is not None],
-                                         session, endpoint, headers)
-        engine_requests = req.engine_requests(force_logprobs=self.recorder is not None or self._scores(req),
-                                              prompt_ids=prompt_ids, max_tokens=budgets)
+            return await self._echo_only(
+                request, req, rid, received, [p for p in prompt_ids if p is not None], session, endpoint, headers
+            )
+        engine_requests = req.engine_requests(
+            force_logprobs=self.recorder is not None or self._scores(req), prompt_ids=prompt_ids, max_tokens=budgets
+        )
         streams = self._text_streams(req, engine_requests)
         try:
             futures = self.batcher.submit(engine_requests, [s.hook for s in streams] if streams else None)
@@ -246,8 +271,9 @@ class _Api:
             raise ApiError(503, str(exc), "unavailable") from None
         waiting = [asyncio.wrap_future(f) for f in futures]
         if req.stream:
-            events = self._stream(req, futures, waiting, rid, int(received), session, endpoint, received, continues,
-                                  streams, request)
+            events = self._stream(
+                req, futures, waiting, rid, int(received), session, endpoint, received, continues, streams, request
+            )
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         # Future[Any]: the answers and the disconnect watch race in one wait.
         gathered: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*waiting))
@@ -279,14 +305,23 @@ class _Api:
             return
         param = "echo" if req.echo else ("top_logprobs" if req.chat else "logprobs")
         if self.scorer is None:
-            raise ApiError(400, f"`{param}` ({'prompt logprobs' if req.echo else 'top-N alternatives'}) is not "
-                           f"supported by arle serve on the {self.engine.name} engine (it has no model in this "
-                           "process to score with)", "invalid_request_error", param)
+            raise ApiError(
+                400,
+                f"`{param}` ({'prompt logprobs' if req.echo else 'top-N alternatives'}) is not "
+                f"supported by arle serve on the {self.engine.name} engine (it has no model in this "
+                "process to score with)",
+                "invalid_request_error",
+                param,
+            )
         if req.top_logprobs and req.params.temperature > 0 and scoring.raw_only(self.engine):
-            raise ApiError(400, f"`{param}` with temperature > 0 is not supported by arle serve on the "
-                           f"{self.engine.name} engine (its alternatives would be raw logprobs, not those of the "
-                           "distribution the token was sampled from): use temperature 0 or the hf backend",
-                           "invalid_request_error", param)
+            raise ApiError(
+                400,
+                f"`{param}` with temperature > 0 is not supported by arle serve on the "
+                f"{self.engine.name} engine (its alternatives would be raw logprobs, not those of the "
+                "distribution the token was sampled from): use temperature 0 or the hf backend",
+                "invalid_request_error",
+                param,
+            )
 
     @staticmethod
     def _scores(req: ApiRequest) -> bool:
@@ -297,38 +332,66 @@ class _Api:
         """The text of token-id prompts; ApiError(400) for ids outside the vocabulary."""
         tokenizer = getattr(self.engine, "tokenizer", None)
         if tokenizer is None or not hasattr(tokenizer, "decode"):
-            raise ApiError(400, f"token-id prompts need a tokenizer, and the {self.engine.name} engine has none here; "
-                           "send the prompt as text", "invalid_request_error", "prompt")
+            raise ApiError(
+                400,
+                f"token-id prompts need a tokenizer, and the {self.engine.name} engine has none here; "
+                "send the prompt as text",
+                "invalid_request_error",
+                "prompt",
+            )
         vocab = len(tokenizer)
         for i, ids in enumerate(prompts):
             bad = next((t for t in ids if t >= vocab), None)
             if bad is not None:
-                raise ApiError(400, f"`prompt[{i}]` holds token id {bad}, outside this model's vocabulary of {vocab}",
-                               "invalid_request_error", "prompt")
+                raise ApiError(
+                    400,
+                    f"`prompt[{i}]` holds token id {bad}, outside this model's vocabulary of {vocab}",
+                    "invalid_request_error",
+                    "prompt",
+                )
         return [tokenizer.decode(ids) for ids in prompts]
 
     async def _score(self, req: ApiRequest, completions: list[Any]) -> list[scoring.Scored]:
         """The scoring pass of each choice (prompt + its tokens), in the batcher's thread."""
         assert self.scorer is not None
-        jobs = [scoring.ScoreJob(list(c.prompt_token_ids) + list(c.token_ids), req.top_logprobs,
-                                 len(c.prompt_token_ids), req.params.temperature, req.params.top_p)
-                for c in completions]
+        jobs = [
+            scoring.ScoreJob(
+                list(c.prompt_token_ids) + list(c.token_ids),
+                req.top_logprobs,
+                len(c.prompt_token_ids),
+                req.params.temperature,
+                req.params.top_p,
+            )
+            for c in completions
+        ]
         scorer = self.scorer
         try:
             return await asyncio.wrap_future(self.batcher.call(lambda: scorer(jobs)))
         except Exception as exc:
             raise _engine_error(exc) from None
 
-    async def _echo_only(self, request: Request, req: ApiRequest, rid: str, received: float,
-                         prompt_ids: list[list[int]], session: str, endpoint: str,
-                         headers: dict[str, str]) -> Response:
+    async def _echo_only(
+        self,
+        request: Request,
+        req: ApiRequest,
+        rid: str,
+        received: float,
+        prompt_ids: list[list[int]],
+        session: str,
+        endpoint: str,
+        headers: dict[str, str],
+    ) -> Response:
         """An echo with at most one greedy token: the prompt's logprobs (and that token) from
         the scoring pass alone."""
         from arlecli.engine.base import Completion
 
         if self.scorer is None:
-            raise ApiError(400, f"`echo` is not supported by arle serve on the {self.engine.name} engine",
-                           "invalid_request_error", "echo")
+            raise ApiError(
+                400,
+                f"`echo` is not supported by arle serve on the {self.engine.name} engine",
+                "invalid_request_error",
+                "echo",
+            )
         jobs = [scoring.ScoreJob(ids, req.top_logprobs, len(ids)) for ids in prompt_ids]
         scorer = self.scorer
         try:
@@ -341,11 +404,20 @@ class _Api:
             tokens = [sc.next_token] if generate else []
             # An engine with a scorer is in-process: it has the tokenizer the Engine protocol does not declare.
             text = cast(Any, self.engine).tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
-            comp = Completion(text=cut_at_stop(text, req.params.stop), token_ids=tokens, prompt_token_ids=ids,
-                              logprobs=[sc.next_logprob] if generate else [], finish_reason="length")
-            full = scoring.Scored(sc.logprobs + ([sc.next_logprob] if generate else []),
-                                  sc.top + ([sc.next_top] if generate else []), sc.next_token, sc.next_logprob,
-                                  sc.next_top)
+            comp = Completion(
+                text=cut_at_stop(text, req.params.stop),
+                token_ids=tokens,
+                prompt_token_ids=ids,
+                logprobs=[sc.next_logprob] if generate else [],
+                finish_reason="length",
+            )
+            full = scoring.Scored(
+                sc.logprobs + ([sc.next_logprob] if generate else []),
+                sc.top + ([sc.next_top] if generate else []),
+                sc.next_token,
+                sc.next_logprob,
+                sc.next_top,
+            )
             for _ in range(req.n):
                 completions.append(comp)
                 per_choice.append(full)
@@ -353,8 +425,16 @@ class _Api:
         finished = [Finished(c, received, now, len(completions)) for c in completions]
         replies = [self._reply(req, c) for c in completions]
         self._record(session, rid, endpoint, req, finished, received, None, replies)
-        body = protocol.response(req, rid, int(received), self.model_name, replies, self.token_text, None,
-                                 per_choice if req.logprobs else None)
+        body = protocol.response(
+            req,
+            rid,
+            int(received),
+            self.model_name,
+            replies,
+            self.token_text,
+            None,
+            per_choice if req.logprobs else None,
+        )
         set_tokens(request, body["usage"])
         return _Json(body, headers=headers)
 
@@ -370,14 +450,22 @@ class _Api:
         out = []
         wake = _Wake()
         for gen in requests:
-            opened = parse and gen.prompt_token_ids is not None and prompt_opens(
-                tokenizer, gen.prompt_token_ids, self.reasoning.tags)
-            out.append(_Streamed(TextStream(tokenizer, stop=gen.params.stop, tags=self.reasoning.tags, opened=opened,
-                                            parse=parse), wake))
+            opened = (
+                parse
+                and gen.prompt_token_ids is not None
+                and prompt_opens(tokenizer, gen.prompt_token_ids, self.reasoning.tags)
+            )
+            out.append(
+                _Streamed(
+                    TextStream(tokenizer, stop=gen.params.stop, tags=self.reasoning.tags, opened=opened, parse=parse),
+                    wake,
+                )
+            )
         return out
 
-    async def _fit_context(self, req: ApiRequest, continued: list[int] | None
-                           ) -> tuple[list[list[int] | None] | None, list[int] | None]:
+    async def _fit_context(
+        self, req: ApiRequest, continued: list[int] | None
+    ) -> tuple[list[list[int] | None] | None, list[int] | None]:
         """(prompt ids, max_tokens) per prompt, or (None, None) where the context is unknown;
         ApiError(400) for a prompt the chat template or tokenizer refuses, a prompt longer
         than the context, or a max_tokens beyond what it leaves.
@@ -401,27 +489,43 @@ class _Api:
             if req.prompt_ids is not None:  # sent as token ids: taken as they are
                 ids.append(req.prompt_ids[p])
                 continue
-            gen = GenerationRequest(messages=prompt, tools=req.tools.tools if req.tools is not None else None) \
-                if req.chat else GenerationRequest(prompt=prompt)
+            gen = (
+                GenerationRequest(messages=prompt, tools=req.tools.tools if req.tools is not None else None)
+                if req.chat
+                else GenerationRequest(prompt=prompt)
+            )
             try:
                 ids.append(await asyncio.to_thread(encode, gen))
             except UserError as exc:  # e.g. a chat request to a model without a chat template
                 raise ApiError(400, str(exc), "invalid_request_error") from None
             except Exception as exc:  # the template raised on these messages (roles out of order ...)
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
-                raise ApiError(400, f"the {'chat template' if req.chat else 'tokenizer'} refused this "
-                               f"{'conversation' if req.chat else 'prompt'}: {type(exc).__name__}: {first}",
-                               "invalid_request_error", "messages" if req.chat else "prompt") from None
+                raise ApiError(
+                    400,
+                    f"the {'chat template' if req.chat else 'tokenizer'} refused this "
+                    f"{'conversation' if req.chat else 'prompt'}: {type(exc).__name__}: {first}",
+                    "invalid_request_error",
+                    "messages" if req.chat else "prompt",
+                ) from None
         lengths = [len(x) for x in ids if x is not None]
         if 0 in lengths:
             raise _empty_prompt()
         return ids, lim.check_context(req, lengths, self.context)
 
-    async def _stream(self, req: ApiRequest, futures: list[Future[Finished]],
-                      waiting: list[asyncio.Future[Finished]], rid: str, created: int,
-                      session: str, endpoint: str, received: float,
-                      continues: dict[str, Any] | None, streams: list[_Streamed] | None = None,
-                      request: Request | None = None) -> AsyncIterator[str]:
+    async def _stream(
+        self,
+        req: ApiRequest,
+        futures: list[Future[Finished]],
+        waiting: list[asyncio.Future[Finished]],
+        rid: str,
+        created: int,
+        session: str,
+        endpoint: str,
+        received: float,
+        continues: dict[str, Any] | None,
+        streams: list[_Streamed] | None = None,
+        request: Request | None = None,
+    ) -> AsyncIterator[str]:
         def event(choices: list[dict[str, Any]], **extra: Any) -> str:
             return _sse(protocol.chunk(req, rid, created, self.model_name, choices, **extra))
 
@@ -429,7 +533,7 @@ class _Api:
             # The deltas choice i's new ids allow out (streaming.py), in field order.
             assert streams is not None
             st = streams[i]
-            return [protocol.token_delta(req, i, key, text) for key, text in st.text.update(st.ids[:st.count])]
+            return [protocol.token_delta(req, i, key, text) for key, text in st.text.update(st.ids[: st.count])]
 
         index = {fut: i for i, fut in enumerate(waiting)}
         finished: list[Finished | None] = [None] * len(waiting)
@@ -442,11 +546,13 @@ class _Api:
             prompt_ids_sent = False
             wake = streams[0].wake if streams else None
             while pending:
-                ringing: asyncio.Future[Any] | None = (asyncio.ensure_future(wake.event.wait()) if wake is not None
-                                                       else None)
+                ringing: asyncio.Future[Any] | None = (
+                    asyncio.ensure_future(wake.event.wait()) if wake is not None else None
+                )
                 try:
-                    done, pending = await asyncio.wait(pending | ({ringing} if ringing else set()),
-                                                       return_when=asyncio.FIRST_COMPLETED)
+                    done, pending = await asyncio.wait(
+                        pending | ({ringing} if ringing else set()), return_when=asyncio.FIRST_COMPLETED
+                    )
                 finally:
                     if ringing is not None:
                         ringing.cancel()
@@ -471,8 +577,9 @@ class _Api:
                     if streams is not None:  # what the token deltas left of each field
                         left = dict(streams[i].text.finish(reply_i, protocol.parsed(req, reply_i)))
                         if left.get("reasoning_content"):
-                            yield event([protocol.token_delta(req, i, "reasoning_content", left["reasoning_content"])],
-                                        **extra)
+                            yield event(
+                                [protocol.token_delta(req, i, "reasoning_content", left["reasoning_content"])], **extra
+                            )
                             extra = {}
                         rest = left.get("content", "")
                     else:
@@ -505,7 +612,7 @@ class _Api:
         (serve/tools.py, for a chat request with tools)."""
         if req.chat and req.tools is not None:
             forced = self._forced_ids(req)
-            if forced and list(comp.prompt_token_ids[-len(forced):]) == forced:  # the call's start arle wrote
+            if forced and list(comp.prompt_token_ids[-len(forced) :]) == forced:  # the call's start arle wrote
                 comp = dataclasses.replace(comp, text=forced_start(req.tools, self.tool_parser) + comp.text)
         reply = self.reasoning.reply(comp)
         return with_calls(reply, req.tools, self.tool_parser) if req.chat else reply
@@ -516,8 +623,9 @@ class _Api:
         tokenizer = getattr(self.engine, "tokenizer", None)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text and tokenizer is not None else []
 
-    def _force_call(self, req: ApiRequest, prompt_ids: list[list[int] | None] | None, budgets: list[int] | None
-                    ) -> tuple[list[list[int] | None] | None, list[int] | None]:
+    def _force_call(
+        self, req: ApiRequest, prompt_ids: list[list[int] | None] | None, budgets: list[int] | None
+    ) -> tuple[list[list[int] | None] | None, list[int] | None]:
         """Each prompt followed by the call opening its tool_choice forces (none: unchanged; a prompt
         that opens a thought is left to think first), its max_tokens shortened by as many tokens."""
         forced = self._forced_ids(req)
@@ -529,14 +637,32 @@ class _Api:
         out = [p if p is None or prompt_opens(tokenizer, p, self.reasoning.tags) else [*p, *forced] for p in prompt_ids]
         return out, [max(1, b - len(forced)) for b in budgets] if budgets is not None else None
 
-    def _record(self, session: str, rid: str, endpoint: str, req: ApiRequest, finished: list[Finished],
-                received: float, continues: dict[str, Any] | None, replies: list[Reply]) -> None:
+    def _record(
+        self,
+        session: str,
+        rid: str,
+        endpoint: str,
+        req: ApiRequest,
+        finished: list[Finished],
+        received: float,
+        continues: dict[str, Any] | None,
+        replies: list[Reply],
+    ) -> None:
         if self.recorder is None or (session != DEFAULT_SESSION and session not in self.sessions):
             return  # closed while this request ran: its episode was read already
         completions = [f.completion for f in finished]
         usage = protocol.usage(req, completions, reasoning_tokens(replies))
-        record = build_record(rid=rid, endpoint=endpoint, model=self.model_name, request=req, finished=finished,
-                              received_at=received, usage=usage, continues=continues, replies=replies)
+        record = build_record(
+            rid=rid,
+            endpoint=endpoint,
+            model=self.model_name,
+            request=req,
+            finished=finished,
+            received_at=received,
+            usage=usage,
+            continues=continues,
+            replies=replies,
+        )
         self.recorder.write(session, record)
         if req.chat and self.continuations is not None:
             # Before the response goes out, so the client's next call finds this reply.
@@ -554,10 +680,19 @@ class _Api:
             raise ApiError(401, "invalid API key", "invalid_api_key")
 
 
-def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, record_dir: Path | None = None,
-               max_concurrency: int = 16, batch_wait_s: float = 0.005, limits: ServeLimits | None = None,
-               max_model_len: int | None = None, tool_call_parser: str | None = None,
-               access_log: bool = False) -> Starlette:
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    record_dir: Path | None = None,
+    max_concurrency: int = 16,
+    batch_wait_s: float = 0.005,
+    limits: ServeLimits | None = None,
+    max_model_len: int | None = None,
+    tool_call_parser: str | None = None,
+    access_log: bool = False,
+) -> Starlette:
     """The server app for `engine`, served as `model_name`.
 
     Args:
@@ -584,9 +719,11 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
     recorder = Recorder(record_dir) if record_dir is not None else None
     limits = limits or ServeLimits()
     api = _Api(engine, batcher, model_name, api_key, recorder, limits, max_model_len, tool_call_parser)
-    routes = [Route("/health", _health, methods=["GET"]),
-              Route("/sessions", api.open_session, methods=["POST"]),
-              Route("/sessions/{sid}", api.close_session, methods=["DELETE"])]
+    routes = [
+        Route("/health", _health, methods=["GET"]),
+        Route("/sessions", api.open_session, methods=["POST"]),
+        Route("/sessions/{sid}", api.close_session, methods=["DELETE"]),
+    ]
     for prefix in ("", "/s/{session}"):
         routes += [
             Route(prefix + "/v1/models", api.models, methods=["GET"]),
@@ -602,9 +739,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None, r
 
     from starlette.middleware import Middleware
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
-        ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
-        middleware=[Middleware(AccessLog)] if access_log else [])
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        middleware=[Middleware(AccessLog)] if access_log else [],
+    )
     app.state.batcher = batcher
     app.state.recorder = recorder
     app.state.limits = limits
@@ -629,8 +769,12 @@ def _sse(data: dict[str, Any]) -> str:
 
 
 def _empty_prompt() -> ApiError:
-    return ApiError(400, "the prompt is empty: it encodes to no tokens, and the model needs at least one to "
-                    "start from", "invalid_request_error", "prompt")
+    return ApiError(
+        400,
+        "the prompt is empty: it encodes to no tokens, and the model needs at least one to start from",
+        "invalid_request_error",
+        "prompt",
+    )
 
 
 def _engine_error(exc: BaseException) -> ApiError:
@@ -654,12 +798,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         message = f"{request.method} {request.url.path} not found (the API is under /v1 or /s/SESSION/v1)"
     else:
         message = f"{request.method} {request.url.path}: {exc.detail}"
-    return _Json(ApiError(exc.status_code, message, "not_found" if exc.status_code == 404 else None).body(),
-                        status_code=exc.status_code, headers=exc.headers)
+    return _Json(
+        ApiError(exc.status_code, message, "not_found" if exc.status_code == 404 else None).body(),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     # The message may quote what the client sent: escaped, so it cannot drive the log's terminal.
     sys.stderr.write(terminal_text("".join(traceback.format_exception(exc))))
-    return _Json(ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body(),
-                        status_code=500)
+    return _Json(ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body(), status_code=500)

@@ -91,8 +91,9 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="arle-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, requests: list[GenerationRequest],
-               on_tokens: list[Callable[[list[int]], None] | None] | None = None) -> list[Future[Finished]]:
+    def submit(
+        self, requests: list[GenerationRequest], on_tokens: list[Callable[[list[int]], None] | None] | None = None
+    ) -> list[Future[Finished]]:
         """Queue `requests`; each future resolves to a Finished or raises the engine's error.
         Cancelling a future before its batch starts drops the request. `on_tokens[i]`, where
         given, sees request i's ids so far after each step (engines that stream only; it runs
@@ -250,6 +251,7 @@ class Batcher:
         requests = cast(list[GenerationRequest], [it.request for it in items])
         kwargs: dict[str, Any] = {}
         if self.streams:
+
             def on_tokens(i: int, ids: list[int]) -> None:
                 hook = items[i].on_tokens
                 if hook is not None:
@@ -276,7 +278,7 @@ class Batcher:
         """Requests queued since `items` started, appended to it (their index is their place
         there), while fewer than `max_batch` are unfinished; jobs met on the way run now."""
         out: list[tuple[int, GenerationRequest]] = []
-        unfinished = sum(not it.future.done() for it in items[-self.max_batch * 4:])  # the finished are mostly behind
+        unfinished = sum(not it.future.done() for it in items[-self.max_batch * 4 :])  # the finished are mostly behind
         while unfinished < self.max_batch:
             try:
                 item = self._queue.get_nowait()

@@ -78,8 +78,9 @@ class Continuations:
     sessions. `bytes` is what the kept replies hold now, `evicted` how many requests were
     dropped to stay within `max_bytes`."""
 
-    def __init__(self, tokenizer: Any, max_bytes: int = DEFAULT_MAX_BYTES,
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, max_bytes: int = DEFAULT_MAX_BYTES, template_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         # The engine's chat_template_kwargs: a continued turn renders as a fresh one.
         self.template_kwargs = template_kwargs
@@ -89,8 +90,9 @@ class Continuations:
         self._sessions: collections.OrderedDict[str, collections.deque[_Call]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def prompt_ids(self, session: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-                   ) -> tuple[list[int] | None, dict[str, Any] | None]:
+    def prompt_ids(
+        self, session: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int] | None, dict[str, Any] | None]:
         """(prompt ids, what was continued) for a chat request in `session`; (None, None) when
         it continues no remembered reply (the engine encodes the messages as usual). `tools`
         are the request's, which the template renders too.
@@ -110,8 +112,14 @@ class Continuations:
         info = {"id": call.rid, "choice": choice, "seamless": seamless}
         return (ids if seamless else None), info
 
-    def remember(self, session: str, rid: str, messages: list[dict[str, Any]], completions: list[Any],
-                 split: list[Any] | None = None) -> None:
+    def remember(
+        self,
+        session: str,
+        rid: str,
+        messages: list[dict[str, Any]],
+        completions: list[Any],
+        split: list[Any] | None = None,
+    ) -> None:
         """Keep each choice of a finished chat request as a reply later requests may continue;
         `split` holds each choice's reasoning.Reply (its answer, thinking and tool calls), if it was split."""
         with_ids = [(i, c) for i, c in enumerate(completions) if c.prompt_token_ids]
@@ -174,8 +182,9 @@ class Continuations:
         return None
 
 
-def _is_reply(message: dict[str, Any], text: str, answer: str | None, thinking: str | None,
-              calls: tuple[dict[str, Any], ...] = ()) -> bool:
+def _is_reply(
+    message: dict[str, Any], text: str, answer: str | None, thinking: str | None, calls: tuple[dict[str, Any], ...] = ()
+) -> bool:
     """Whether `message` is the reply sent back: its raw text, or its answer with at most its
     own thinking beside it (see the module docstring); a reply that called tools, its answer
     (the text outside the calls) with those calls (same functions and arguments; ids aside)."""
@@ -185,8 +194,12 @@ def _is_reply(message: dict[str, Any], text: str, answer: str | None, thinking: 
         return False
     content, sent = message.get("content"), message.get("reasoning_content")
     if calls or message.get("tool_calls"):
-        return bool(calls) and same_calls(message.get("tool_calls") or [], list(calls)) and \
-            content == answer and sent in (None, thinking)
+        return (
+            bool(calls)
+            and same_calls(message.get("tool_calls") or [], list(calls))
+            and content == answer
+            and sent in (None, thinking)
+        )
     if content == text and sent is None:
         return True
     return answer is not None and content == answer and sent in (None, thinking)
@@ -200,8 +213,11 @@ def _ids(ids: Any) -> array.array:
         return array.array("q", ids)
 
 
-def _size(messages: list[dict[str, Any]], prompt_ids: array.array,
-          replies: list[tuple[int, str, array.array, str | None, str | None, tuple[dict[str, Any], ...]]]) -> int:
+def _size(
+    messages: list[dict[str, Any]],
+    prompt_ids: array.array,
+    replies: list[tuple[int, str, array.array, str | None, str | None, tuple[dict[str, Any], ...]]],
+) -> int:
     """The bytes one remembered request holds, as Python stores them (an upper bound: strings
     shared with other requests are counted each time)."""
     size = _OVERHEAD + sys.getsizeof(messages) + sys.getsizeof(prompt_ids)

@@ -81,8 +81,9 @@ async def read_json(request: Any, limits: ServeLimits) -> Any:
     try:
         await asyncio.wait_for(pull(), limits.body_timeout_s)
     except asyncio.TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
-                       "request_timeout") from None
+        raise ApiError(
+            408, f"the request body did not arrive within {limits.body_timeout_s:g} s", "request_timeout"
+        ) from None
     except ClientDisconnect:  # nobody is left to answer; a 400 keeps it out of the error log
         raise ApiError(400, "the client disconnected while sending the body", "invalid_request_error") from None
     return decode_json(b"".join(chunks))
@@ -103,8 +104,11 @@ def decode_json(raw: bytes) -> Any:
         node = stack.pop()
         if isinstance(node, str):
             if _SURROGATE.search(node):
-                raise ApiError(400, "the request body holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                               "which is not valid Unicode text", "invalid_request_error")
+                raise ApiError(
+                    400,
+                    "the request body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text",
+                    "invalid_request_error",
+                )
         elif isinstance(node, dict):
             stack.extend(node.keys())
             stack.extend(node.values())
@@ -161,10 +165,14 @@ def too_long_by_chars(req: ApiRequest, context: int, longest_token: int) -> None
     for i in range(len(req.prompts)):
         chars = prompt_chars(req, i)
         if chars > context * longest_token:
-            raise ApiError(400, f"This model's maximum context length is {context} tokens. However, your "
-                           f"{_what(req)} of {chars:,} characters has at least {chars // longest_token:,} "
-                           f"tokens. Please reduce the length of the {_what(req)}.",
-                           "context_length_exceeded", _what(req))
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"{_what(req)} of {chars:,} characters has at least {chars // longest_token:,} "
+                f"tokens. Please reduce the length of the {_what(req)}.",
+                "context_length_exceeded",
+                _what(req),
+            )
 
 
 def check_context(req: ApiRequest, prompt_lengths: list[int], context: int) -> list[int]:
@@ -174,16 +182,24 @@ def check_context(req: ApiRequest, prompt_lengths: list[int], context: int) -> l
     budgets = []
     for length in prompt_lengths:
         if length >= context:
-            raise ApiError(400, f"This model's maximum context length is {context} tokens. However, your "
-                           f"request has {length} input tokens. Please reduce the length of the {_what(req)}.",
-                           "context_length_exceeded", _what(req))
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"request has {length} input tokens. Please reduce the length of the {_what(req)}.",
+                "context_length_exceeded",
+                _what(req),
+            )
         room = context - length
         wanted = req.params.max_tokens
         if wanted > room and req.max_tokens_explicit:
-            raise ApiError(400, f"This model's maximum context length is {context} tokens. However, you "
-                           f"requested {length + wanted} tokens ({length} in the {_what(req)}, {wanted} in the "
-                           f"completion). Please reduce the length of the {_what(req)} or completion.",
-                           "context_length_exceeded", "max_tokens")
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {length + wanted} tokens ({length} in the {_what(req)}, {wanted} in the "
+                f"completion). Please reduce the length of the {_what(req)} or completion.",
+                "context_length_exceeded",
+                "max_tokens",
+            )
         budgets.append(min(wanted, room))
     return budgets
 
@@ -192,9 +208,13 @@ def check_choices(req: ApiRequest, limits: ServeLimits) -> None:
     """ApiError(400) when `req` asks for more generations (prompts x n) than the server allows."""
     total = len(req.prompts) * req.n
     if total > limits.max_choices:
-        raise ApiError(400, f"this request asks for {total} generations ({len(req.prompts)} prompt(s) x n={req.n}); "
-                       f"this server allows at most {limits.max_choices} per request (arle serve --max-choices)",
-                       "invalid_request_error", "n")
+        raise ApiError(
+            400,
+            f"this request asks for {total} generations ({len(req.prompts)} prompt(s) x n={req.n}); "
+            f"this server allows at most {limits.max_choices} per request (arle serve --max-choices)",
+            "invalid_request_error",
+            "n",
+        )
 
 
 def _what(req: ApiRequest) -> str:
@@ -202,5 +222,9 @@ def _what(req: ApiRequest) -> str:
 
 
 def _too_big(limits: ServeLimits) -> ApiError:
-    return ApiError(413, f"the request body is larger than this server's limit of {limits.max_body_bytes:,} bytes "
-                    "(arle serve --max-body-mb)", "request_too_large")
+    return ApiError(
+        413,
+        f"the request body is larger than this server's limit of {limits.max_body_bytes:,} bytes "
+        "(arle serve --max-body-mb)",
+        "request_too_large",
+    )

@@ -82,18 +82,22 @@ class ApiRequest:
     seeds: list[int | None] = field(default_factory=lambda: [None])
     stream: bool = False
     include_usage: bool = False
-    logprobs: bool = False           # the client wants logprobs in the response
+    logprobs: bool = False  # the client wants logprobs in the response
     return_token_ids: bool = False
     max_tokens_explicit: bool = False  # the client set max_tokens (a default may be cut to fit)
-    raw_reasoning: bool = False      # reasoning_format "none": the thought stays in `content`
+    raw_reasoning: bool = False  # reasoning_format "none": the thought stays in `content`
     tools: ToolRequest | None = None  # function calling (serve/tools.py)
-    top_logprobs: int = 0            # alternatives per token (chat `top_logprobs`, completions `logprobs=N`)
-    echo: bool = False               # completions: the prompt, with its logprobs, before each choice's text
+    top_logprobs: int = 0  # alternatives per token (chat `top_logprobs`, completions `logprobs=N`)
+    echo: bool = False  # completions: the prompt, with its logprobs, before each choice's text
     prompt_ids: list[list[int]] | None = None  # completions sent as token ids (`prompts` holds their text)
-    response_format: Any = None      # serve/response_format.ResponseFormat, or None (plain text)
+    response_format: Any = None  # serve/response_format.ResponseFormat, or None (plain text)
 
-    def engine_requests(self, force_logprobs: bool = False, prompt_ids: list[list[int] | None] | None = None,
-                        max_tokens: list[int] | None = None) -> list[GenerationRequest]:
+    def engine_requests(
+        self,
+        force_logprobs: bool = False,
+        prompt_ids: list[list[int] | None] | None = None,
+        max_tokens: list[int] | None = None,
+    ) -> list[GenerationRequest]:
         """One engine request per choice, each with its own SamplingParams object (the batcher
         cuts a cancelled one short through it). `force_logprobs` asks the engine for logprobs
         the client did not request (the recorder keeps them; they do not change the sampled
@@ -105,11 +109,22 @@ class ApiRequest:
             ids = prompt_ids[p] if prompt_ids is not None else None
             budget = max_tokens[p] if max_tokens is not None else self.params.max_tokens
             for seed in self.seeds:
-                params = replace(self.params, seed=seed, stop=list(self.params.stop), max_tokens=budget,
-                                 logprobs=self.logprobs or force_logprobs)
+                params = replace(
+                    self.params,
+                    seed=seed,
+                    stop=list(self.params.stop),
+                    max_tokens=budget,
+                    logprobs=self.logprobs or force_logprobs,
+                )
                 if self.chat:
-                    out.append(GenerationRequest(messages=prompt, params=params, prompt_token_ids=ids,
-                                                 tools=self.tools.tools if self.tools is not None else None))
+                    out.append(
+                        GenerationRequest(
+                            messages=prompt,
+                            params=params,
+                            prompt_token_ids=ids,
+                            tools=self.tools.tools if self.tools is not None else None,
+                        )
+                    )
                 else:
                     out.append(GenerationRequest(prompt=prompt, params=params, prompt_token_ids=ids))
         return out
@@ -154,11 +169,20 @@ def parse_chat(body: Any) -> ApiRequest:
         raise _bad(str(exc), "response_format") from None
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in REASONING_FORMATS:
-        raise _bad("`reasoning_format` must be \"parsed\" (the thinking in `reasoning_content`) or \"none\" "
-                   "(the raw text in `content`)", "reasoning_format")
+        raise _bad(
+            '`reasoning_format` must be "parsed" (the thinking in `reasoning_content`) or "none" '
+            "(the raw text in `content`)",
+            "reasoning_format",
+        )
     max_tokens = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, "max_completion_tokens", "max_tokens")
-    req = _common(body, chat=True, prompts=[clean], max_tokens=max_tokens, logprobs=logprobs,
-                  explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")))
+    req = _common(
+        body,
+        chat=True,
+        prompts=[clean],
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        explicit=any(body.get(k) is not None for k in ("max_completion_tokens", "max_tokens")),
+    )
     req.raw_reasoning = fmt == "none"
     req.top_logprobs = top if logprobs else 0
     req.response_format = answer_format
@@ -178,11 +202,15 @@ def parse_completion(body: Any) -> ApiRequest:
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         prompts = list(prompt)
     else:
-        raise _bad("`prompt` must be a string, a non-empty list of strings, a list of token ids or a list of "
-                   "lists of token ids", "prompt")
+        raise _bad(
+            "`prompt` must be a string, a non-empty list of strings, a list of token ids or a list of "
+            "lists of token ids",
+            "prompt",
+        )
     logprobs_n = body.get("logprobs")
-    if logprobs_n is not None and (isinstance(logprobs_n, bool) or not isinstance(logprobs_n, int)
-                                   or not 0 <= logprobs_n <= 20):
+    if logprobs_n is not None and (
+        isinstance(logprobs_n, bool) or not isinstance(logprobs_n, int) or not 0 <= logprobs_n <= 20
+    ):
         raise _bad("`logprobs` must be an integer from 0 to 20", "logprobs")
     echo = _bool(body, "echo")
     if body.get("response_format") is not None and (body["response_format"] or {}).get("type") != "text":
@@ -196,8 +224,14 @@ def parse_completion(body: Any) -> ApiRequest:
         max_tokens = 0
     else:
         max_tokens = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
-    req = _common(body, chat=False, prompts=prompts, max_tokens=max_tokens, logprobs=logprobs_n is not None,
-                  explicit=body.get("max_tokens") is not None)
+    req = _common(
+        body,
+        chat=False,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        logprobs=logprobs_n is not None,
+        explicit=body.get("max_tokens") is not None,
+    )
     req.top_logprobs = logprobs_n or 0
     req.echo = echo
     req.prompt_ids = prompt_ids
@@ -223,8 +257,9 @@ def token_prompts(prompt: Any) -> list[list[int]] | None:
     return [list(p) for p in prompt]
 
 
-def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens: int, logprobs: bool,
-            explicit: bool = False) -> ApiRequest:
+def _common(
+    body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens: int, logprobs: bool, explicit: bool = False
+) -> ApiRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("`model` must be a string", "model")
@@ -248,12 +283,22 @@ def _common(body: dict[str, Any], *, chat: bool, prompts: list[Any], max_tokens:
     if options is not None and not isinstance(options, dict):
         raise _bad("`stream_options` must be an object", "stream_options")
     include_usage = stream and bool((options or {}).get("include_usage"))
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=_stop(body),
-                            seed=seed, logprobs=logprobs)
-    return ApiRequest(chat=chat, model=model, prompts=prompts, params=params, n=n,
-                      seeds=choice_seeds(seed, n, temperature), stream=stream, include_usage=include_usage,
-                      logprobs=logprobs, return_token_ids=_bool(body, "return_token_ids"),
-                      max_tokens_explicit=explicit)
+    params = SamplingParams(
+        temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=_stop(body), seed=seed, logprobs=logprobs
+    )
+    return ApiRequest(
+        chat=chat,
+        model=model,
+        prompts=prompts,
+        params=params,
+        n=n,
+        seeds=choice_seeds(seed, n, temperature),
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        return_token_ids=_bool(body, "return_token_ids"),
+        max_tokens_explicit=explicit,
+    )
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -364,8 +409,11 @@ def usage(req: ApiRequest, completions: list[Completion], reasoning_tokens: int 
     `completion_tokens_details`, which is left out when nothing thought."""
     prompt = sum(len(completions[p * req.n].prompt_token_ids) for p in range(len(req.prompts)))
     completion = sum(len(c.token_ids) for c in completions)
-    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                           "total_tokens": prompt + completion}
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
     if reasoning_tokens is not None:
         out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out
@@ -381,8 +429,11 @@ def message(req: ApiRequest, reply: Reply) -> dict[str, Any]:
     (content null when the model thought and gave no answer, as vLLM's parsers answer);
     a reply without a thought, or one asked for raw, is the text as generated."""
     if reply.tool_calls:  # serve/tools.py: the text outside the calls, and the calls
-        out: dict[str, Any] = {"role": "assistant", "content": reply.answer or None,
-                               "tool_calls": [dict(c) for c in reply.tool_calls]}
+        out: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.answer or None,
+            "tool_calls": [dict(c) for c in reply.tool_calls],
+        }
         if _parsed(req, reply):
             out["reasoning_content"] = reply.thinking
         return out
@@ -396,9 +447,16 @@ def finish_reason(reply: Reply) -> str:
     return "tool_calls" if reply.tool_calls else reply.completion.finish_reason
 
 
-def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[Reply],
-             token_text: TokenText, reasoning_tokens: int | None = None,
-             scored: list[Any] | None = None) -> dict[str, Any]:
+def response(
+    req: ApiRequest,
+    rid: str,
+    created: int,
+    model: str,
+    replies: list[Reply],
+    token_text: TokenText,
+    reasoning_tokens: int | None = None,
+    scored: list[Any] | None = None,
+) -> dict[str, Any]:
     """The non-streaming response body for `replies` (one per choice, in choice order);
     `scored`, per choice, the scoring pass its alternatives and echoed logprobs come from."""
     choices = []
@@ -417,9 +475,14 @@ def response(req: ApiRequest, rid: str, created: int, model: str, replies: list[
             text = choice["message"]["content"] if req.chat else comp.text
             response_format.mark(choice, req.response_format, text)
         choices.append(choice)
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.chat else "text_completion",
-                            "created": created, "model": model, "choices": choices,
-                            "usage": usage(req, completions, reasoning_tokens)}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion" if req.chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(req, completions, reasoning_tokens),
+    }
     if req.chat and req.return_token_ids:
         body["prompt_token_ids"] = completions[0].prompt_token_ids
     return body
@@ -457,27 +520,31 @@ def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText, scored: A
     if scored is not None:
         # Scored position k predicts ids[k] of prompt + completion; echoed prompts start at 0.
         first = len(comp.prompt_token_ids) - len(prompt_ids)
-        values: list[float | None] = [scored.logprobs[k - 1] if k > 0 else None
-                                      for k in range(first, first + len(ids))]
-        alts: list[list[tuple[int, float]] | None] = [scored.top[k - 1] if k > 0 else None
-                                                      for k in range(first, first + len(ids))]
+        values: list[float | None] = [scored.logprobs[k - 1] if k > 0 else None for k in range(first, first + len(ids))]
+        alts: list[list[tuple[int, float]] | None] = [
+            scored.top[k - 1] if k > 0 else None for k in range(first, first + len(ids))
+        ]
     else:
         if comp.logprobs is None:
             return None
         values = list(comp.logprobs)
-        ids = ids[:len(values)]
+        ids = ids[: len(values)]
         alts = [[] for _ in values]
     texts = token_text(ids)
     values = [None if v is None else _finite(v) for v in values]
     alt_ids = sorted({t for a in alts if a for t, _ in a})
     alt_text = dict(zip(alt_ids, token_text(alt_ids))) if alt_ids else {}
     if req.chat:
+
         def entry(t: str, lp: float | None) -> dict[str, Any]:
             return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass"))}
 
-        return {"content": [{**entry(t, lp),
-                             "top_logprobs": [entry(alt_text[i], _finite(a)) for i, a in (alts[k] or [])]}
-                            for k, (t, lp) in enumerate(zip(texts, values))]}
+        return {
+            "content": [
+                {**entry(t, lp), "top_logprobs": [entry(alt_text[i], _finite(a)) for i, a in (alts[k] or [])]}
+                for k, (t, lp) in enumerate(zip(texts, values))
+            ]
+        }
     offsets, at = [], 0
     for t in texts:
         offsets.append(at)
@@ -500,11 +567,18 @@ def _finite(v: float) -> float:
     return v if math.isfinite(v) else -9999.0
 
 
-def chunk(req: ApiRequest, rid: str, created: int, model: str, choices: list[dict[str, Any]],
-          **extra: Any) -> dict[str, Any]:
+def chunk(
+    req: ApiRequest, rid: str, created: int, model: str, choices: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
     """One streaming chunk (`chat.completion.chunk` or `text_completion`)."""
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-                            "created": created, "model": model, "choices": choices, **extra}
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if req.chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
     if req.include_usage and "usage" not in body:
         body["usage"] = None  # OpenAI: every chunk has usage: null, the last one the totals
     return body
@@ -536,8 +610,9 @@ def reasoning_delta(req: ApiRequest, index: int, reply: Reply) -> dict[str, Any]
     return {"index": index, "delta": {"reasoning_content": reply.thinking}, "logprobs": None, "finish_reason": None}
 
 
-def content_delta(req: ApiRequest, index: int, reply: Reply, token_text: TokenText, rest: str | None = None,
-                  scored: Any = None) -> dict[str, Any]:
+def content_delta(
+    req: ApiRequest, index: int, reply: Reply, token_text: TokenText, rest: str | None = None, scored: Any = None
+) -> dict[str, Any]:
     """A choice's last content delta: its whole answer (an engine that does not stream), or
     `rest`, what the token deltas before it left (serve/streaming.py); its logprobs and token
     ids cover everything generated, the thinking included."""

@@ -63,8 +63,11 @@ class Reasoning:
         part = split(comp.text, self.tags, reasoning=comp.reasoning, opened=opened)
         if part.thinking is None:
             return Reply(comp, comp.text)
-        counted = (comp.reasoning_tokens if comp.reasoning is not None else
-                   thinking_token_count(self.tokenizer, comp.token_ids, self.tags, part.thinking, part.cut))
+        counted = (
+            comp.reasoning_tokens
+            if comp.reasoning is not None
+            else thinking_token_count(self.tokenizer, comp.token_ids, self.tags, part.thinking, part.cut)
+        )
         return Reply(comp, part.answer, part.thinking, part.cut, counted)
 
 

@@ -86,9 +86,18 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished: list[Any],
-                 received_at: float, usage: dict[str, Any],
-                 continues: dict[str, Any] | None = None, replies: list[Reply] | None = None) -> dict[str, Any]:
+def build_record(
+    *,
+    rid: str,
+    endpoint: str,
+    model: str,
+    request: Any,
+    finished: list[Any],
+    received_at: float,
+    usage: dict[str, Any],
+    continues: dict[str, Any] | None = None,
+    replies: list[Reply] | None = None,
+) -> dict[str, Any]:
     """The record of one request: what was asked (messages or prompt, sampling params) and, per
     choice, the engine's prompt and completion token ids, logprobs, text, finish reason and times.
 
@@ -98,33 +107,48 @@ def build_record(*, rid: str, endpoint: str, model: str, request: Any, finished:
     apart into thinking and answer (None: recorded as the text alone).
     """
     params = request.params
-    asked: dict[str, Any] = {"messages": request.prompts[0]} if request.chat else {
-        "prompt": request.prompts[0] if len(request.prompts) == 1 else request.prompts}
+    asked: dict[str, Any] = (
+        {"messages": request.prompts[0]}
+        if request.chat
+        else {"prompt": request.prompts[0] if len(request.prompts) == 1 else request.prompts}
+    )
     tools = getattr(request, "tools", None)
     if tools is not None:  # function calling: what the template rendered, and how calls were asked for
         asked.update(tools=tools.tools, tool_choice=tools.choice)
     choices = []
     for i, fin in enumerate(finished):
         comp = fin.completion
-        choices.append({
-            "index": i,
-            "seed": request.seeds[i % request.n],
-            "prompt_token_ids": list(comp.prompt_token_ids),
-            "token_ids": list(comp.token_ids),
-            "logprobs": finite(comp.logprobs),
-            "text": comp.text,
-            "finish_reason": comp.finish_reason,
-            "started_at": fin.started_at,
-            "finished_at": fin.finished_at,
-            "batch_size": fin.batch_size,
-            **(_thinking(replies[i]) if replies is not None else {}),
-        })
+        choices.append(
+            {
+                "index": i,
+                "seed": request.seeds[i % request.n],
+                "prompt_token_ids": list(comp.prompt_token_ids),
+                "token_ids": list(comp.token_ids),
+                "logprobs": finite(comp.logprobs),
+                "text": comp.text,
+                "finish_reason": comp.finish_reason,
+                "started_at": fin.started_at,
+                "finished_at": fin.finished_at,
+                "batch_size": fin.batch_size,
+                **(_thinking(replies[i]) if replies is not None else {}),
+            }
+        )
     return {
-        "id": rid, "endpoint": endpoint, "model": model, **asked,
-        "params": {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens,
-                   "stop": list(params.stop), "seed": params.seed, "n": request.n,
-                   "logprobs": request.logprobs, "stream": request.stream,
-                   "reasoning_format": "none" if getattr(request, "raw_reasoning", False) else "parsed"},
+        "id": rid,
+        "endpoint": endpoint,
+        "model": model,
+        **asked,
+        "params": {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+            "stop": list(params.stop),
+            "seed": params.seed,
+            "n": request.n,
+            "logprobs": request.logprobs,
+            "stream": request.stream,
+            "reasoning_format": "none" if getattr(request, "raw_reasoning", False) else "parsed",
+        },
         "received_at": received_at,
         "finished_at": max((fin.finished_at for fin in finished), default=received_at),
         "usage": usage,

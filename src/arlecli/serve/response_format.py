@@ -58,14 +58,17 @@ def parse(value: Any) -> ResponseFormat | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise _bad("`response_format.json_schema` must be an object {name, schema, strict} with `schema` a "
-                       "JSON Schema object")
+            raise _bad(
+                "`response_format.json_schema` must be an object {name, schema, strict} with `schema` a "
+                "JSON Schema object"
+            )
         schema = spec.get("schema") or {}
         _check_schema(schema)
         name = spec.get("name")
         return ResponseFormat("json_schema", schema, name if isinstance(name, str) else None)
-    raise _bad(f"`response_format` type {kind!r} is not supported by arle serve (text, json_object and "
-               "json_schema are)")
+    raise _bad(
+        f"`response_format` type {kind!r} is not supported by arle serve (text, json_object and json_schema are)"
+    )
 
 
 def structured(fmt: ResponseFormat) -> dict[str, Any]:
@@ -92,8 +95,10 @@ def check(fmt: ResponseFormat, text: str | None) -> str | None:
         return None if isinstance(value, dict) else f"JSON, but a {type(value).__name__}, not an object"
     import jsonschema
 
-    errors = sorted(jsonschema.validators.validator_for(fmt.schema or {})(fmt.schema or {}).iter_errors(value),
-                    key=lambda e: list(e.path))
+    errors = sorted(
+        jsonschema.validators.validator_for(fmt.schema or {})(fmt.schema or {}).iter_errors(value),
+        key=lambda e: list(e.path),
+    )
     if not errors:
         return None
     where = "/".join(str(p) for p in errors[0].path)

@@ -87,7 +87,7 @@ def _score_hf(engine: Any, job: ScoreJob) -> Scored:
         target = torch.tensor(job.ids[1:], device=rows.device)
         chosen = rows[:-1].gather(1, target.view(-1, 1)).squeeze(1).tolist() if len(job.ids) > 1 else []
         best_lp, best_id = best_lp.tolist(), best_id.tolist()
-    top = [list(zip(best_id[p], best_lp[p]))[:job.top_n] for p in range(len(job.ids))]
+    top = [list(zip(best_id[p], best_lp[p]))[: job.top_n] for p in range(len(job.ids))]
     return Scored(chosen, top[:-1], best_id[-1][0], best_lp[-1][0], top[-1])
 
 
@@ -112,11 +112,14 @@ def _score_vllm(engine: Any, jobs: list[ScoreJob]) -> list[Scored]:
     for job in jobs:
         n = max(job.top_n, 1)
         # One greedy token is the least vLLM generates; its logprobs are the next-token ones.
-        params = VSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=n, logprobs=n,
-                                 detokenize=False)
+        params = VSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=n, logprobs=n, detokenize=False)
         with lock:
-            [res] = engine.llm.generate([TokensPrompt(prompt_token_ids=job.ids)], params, use_tqdm=False,
-                                        lora_request=getattr(engine, "_lora", None))
+            [res] = engine.llm.generate(
+                [TokensPrompt(prompt_token_ids=job.ids)],
+                params,
+                use_tqdm=False,
+                lora_request=getattr(engine, "_lora", None),
+            )
         steps = res.prompt_logprobs or []
         chosen, top = [], []
         for p in range(1, len(job.ids)):
@@ -131,6 +134,8 @@ def _score_vllm(engine: Any, jobs: list[ScoreJob]) -> list[Scored]:
 
 
 def _ranked(step: dict[int, Any], n: int) -> Alternatives:
-    pairs = sorted(((int(t), float(lp.logprob)) for t, lp in step.items() if lp.rank is not None and lp.rank <= n),
-                   key=lambda x: -x[1])
+    pairs = sorted(
+        ((int(t), float(lp.logprob)) for t, lp in step.items() if lp.rank is not None and lp.rank <= n),
+        key=lambda x: -x[1],
+    )
     return pairs[:n]

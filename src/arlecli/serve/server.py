@@ -121,16 +121,20 @@ def guarded_protocol(limits: ServeLimits, cap: int) -> type[asyncio.Protocol]:
         def _make_room(self) -> None:
             # Push out the longest-idle connection (no request in flight); if every one is
             # busy, this newest one goes instead. Either way the count stays at the cap.
-            idle = [c for c in self.connections if isinstance(c, GuardedH11Protocol) and not c._busy()
-                    and not c.transport.is_closing()]
+            idle = [
+                c
+                for c in self.connections
+                if isinstance(c, GuardedH11Protocol) and not c._busy() and not c.transport.is_closing()
+            ]
             victim = min(idle, key=lambda c: c._idle_since) if idle else self
             victim.transport.close()
             victim.connections.discard(victim)  # counted out now, not when the close lands
             now = time.monotonic()
             if now - warned[0] > 60:  # once a minute: a flood must not flood the log too
                 warned[0] = now
-                _log.warning(f"connection cap reached ({cap} open connections): closing idle ones "
-                             "(arle serve --max-connections)")
+                _log.warning(
+                    f"connection cap reached ({cap} open connections): closing idle ones (arle serve --max-connections)"
+                )
 
     return GuardedH11Protocol
 
@@ -148,8 +152,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port "
-                        "or --host") from None
+        raise UserError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass another --port or --host"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
@@ -163,8 +168,12 @@ def url(sock: socket.socket) -> str:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None,
-                 on_stop: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_ready: Callable[[], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.on_ready = on_ready
         self.on_stop = on_stop
@@ -187,16 +196,23 @@ def _config(app: Any) -> uvicorn.Config:
     state = getattr(app, "state", None)
     limits = getattr(state, "limits", None) or ServeLimits()
     # Our own ready line replaces uvicorn's banner; warnings and errors still show.
-    return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                          # uvicorn annotates it int but waits any number of seconds
-                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
-                          http=guarded_protocol(limits, connection_cap(limits)), ws="none",
-                          timeout_keep_alive=max(1, int(limits.keep_alive_s)),
-                          h11_max_incomplete_event_size=limits.max_header_bytes)
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        # uvicorn annotates it int but waits any number of seconds
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
+        http=guarded_protocol(limits, connection_cap(limits)),
+        ws="none",
+        timeout_keep_alive=max(1, int(limits.keep_alive_s)),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+    )
 
 
-def run(app: Any, sock: socket.socket, on_ready: Callable[[], None] | None = None,
-        on_stop: Callable[[], None] | None = None) -> None:
+def run(
+    app: Any, sock: socket.socket, on_ready: Callable[[], None] | None = None, on_stop: Callable[[], None] | None = None
+) -> None:
     """Serve `app` on `sock` until Ctrl-C or SIGTERM, then shut down and return.
 
     `on_ready()` is called once the server accepts connections, `on_stop()` as shutdown begins
@@ -220,17 +236,19 @@ def run(app: Any, sock: socket.socket, on_ready: Callable[[], None] | None = Non
 class BackgroundServer:
     """Serve an app from a daemon thread (tests, notebooks, a gateway inside a training run).
 
-        with BackgroundServer(app) as srv:
-            httpx.get(srv.base_url + "/models")
+    with BackgroundServer(app) as srv:
+        httpx.get(srv.base_url + "/models")
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
-                 on_stop: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, on_stop: Callable[[], None] | None = None
+    ) -> None:
         self.sock = bind(host, port)
         self.base_url = url(self.sock)
         self._server = _Server(_config(app), on_stop=on_stop)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.sock]},
-                                        name="arle-serve", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self.sock]}, name="arle-serve", daemon=True
+        )
 
     def __enter__(self) -> BackgroundServer:
         self._thread.start()

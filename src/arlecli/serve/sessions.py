@@ -48,8 +48,12 @@ class Sessions:
         sid = (f"{label}-" if label else "") + secrets.token_urlsafe(24)
         with self._lock:
             if len(self._open) >= self.max_open:
-                raise ApiError(429, f"this server has {self.max_open} sessions open, its limit: close finished "
-                               "ones with DELETE /sessions/ID", "too_many_sessions")
+                raise ApiError(
+                    429,
+                    f"this server has {self.max_open} sessions open, its limit: close finished "
+                    "ones with DELETE /sessions/ID",
+                    "too_many_sessions",
+                )
             self._open.add(sid)
         return sid
 
@@ -72,9 +76,12 @@ class Sessions:
             known = sid in self._open
         if not known:
             shown = sid if len(sid) <= 80 else sid[:80] + "..."
-            raise ApiError(404, f"no open session {shown!r}: sessions are opened with POST /sessions, which "
-                           "answers the id to use (ids are made by the server, not chosen by clients)",
-                           "session_not_found")
+            raise ApiError(
+                404,
+                f"no open session {shown!r}: sessions are opened with POST /sessions, which "
+                "answers the id to use (ids are made by the server, not chosen by clients)",
+                "session_not_found",
+            )
         return sid
 
     def __len__(self) -> int:

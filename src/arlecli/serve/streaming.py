@@ -67,7 +67,7 @@ class TextStream:
                 if text.endswith(s[:k]):
                     cut = k
                     break
-        return text[:len(text) - cut] if cut else text
+        return text[: len(text) - cut] if cut else text
 
     def _targets(self, text: str) -> dict[str, str]:
         if self.tags is None:
@@ -83,6 +83,6 @@ class TextStream:
         for key in (REASONING, CONTENT):
             want, sent = targets[key], self.sent[key]
             if len(want) > len(sent) and want.startswith(sent):
-                out.append((key, want[len(sent):]))
+                out.append((key, want[len(sent) :]))
                 self.sent[key] = want
         return out

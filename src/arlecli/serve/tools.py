@@ -77,8 +77,11 @@ def parse_tool_request(body: dict[str, Any]) -> ToolRequest | None:
     the bad field."""
     for old in ("functions", "function_call"):
         if body.get(old) is not None:
-            raise ToolRequestError(f"`{old}` (the deprecated function-calling API) is not supported by arle serve; "
-                                   "send `tools` and `tool_choice`", old)
+            raise ToolRequestError(
+                f"`{old}` (the deprecated function-calling API) is not supported by arle serve; "
+                "send `tools` and `tool_choice`",
+                old,
+            )
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -88,8 +91,7 @@ def parse_tool_request(body: dict[str, Any]) -> ToolRequest | None:
             raise ToolRequestError("`tool_choice` needs `tools`", "tool_choice")
         return None
     if not isinstance(tools, list):
-        raise ToolRequestError("`tools` must be a list of {\"type\": \"function\", \"function\": {...}} objects",
-                               "tools")
+        raise ToolRequestError('`tools` must be a list of {"type": "function", "function": {...}} objects', "tools")
     clean = [_tool(i, t) for i, t in enumerate(tools)]
     names = [t["function"]["name"] for t in clean]
     dup = next((n for n in names if names.count(n) > 1), None)
@@ -102,25 +104,33 @@ def parse_tool_request(body: dict[str, Any]) -> ToolRequest | None:
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str):
-            raise ToolRequestError('`tool_choice` must be "none", "auto", "required" or '
-                                   '{"type": "function", "function": {"name": ...}}', "tool_choice")
+            raise ToolRequestError(
+                '`tool_choice` must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                "tool_choice",
+            )
         if name not in names:
-            raise ToolRequestError(f"tool_choice names the function {name!r}, which is not among `tools` "
-                                   f"({', '.join(names)})", "tool_choice")
+            raise ToolRequestError(
+                f"tool_choice names the function {name!r}, which is not among `tools` ({', '.join(names)})",
+                "tool_choice",
+            )
         choice, named = name, True
     elif choice not in TOOL_CHOICES:
-        raise ToolRequestError('`tool_choice` must be "none", "auto", "required" or '
-                               '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        raise ToolRequestError(
+            '`tool_choice` must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
     return ToolRequest(clean, choice, named, parallel is not False)
 
 
 def _tool(i: int, tool: Any) -> dict[str, Any]:
     where = f"tools[{i}]"
     if not isinstance(tool, dict):
-        raise ToolRequestError(f"{where} must be an object {{\"type\": \"function\", \"function\": {{...}}}}", "tools")
+        raise ToolRequestError(f'{where} must be an object {{"type": "function", "function": {{...}}}}', "tools")
     if tool.get("type") != "function":
-        raise ToolRequestError(f"{where}: only function tools (`type: function`) are supported by arle serve, "
-                               f"not {tool.get('type')!r}", "tools")
+        raise ToolRequestError(
+            f"{where}: only function tools (`type: function`) are supported by arle serve, not {tool.get('type')!r}",
+            "tools",
+        )
     fn = tool.get("function")
     if not isinstance(fn, dict):
         raise ToolRequestError(f"{where}.function must be an object with a `name`", "tools")
@@ -131,8 +141,10 @@ def _tool(i: int, tool: Any) -> dict[str, Any]:
         raise ToolRequestError(f"{where}.function.description must be a string", "tools")
     params = fn.get("parameters")
     if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
-        raise ToolRequestError(f"{where}.function.parameters must be a JSON Schema object "
-                               "({\"type\": \"object\", \"properties\": {...}})", "tools")
+        raise ToolRequestError(
+            f'{where}.function.parameters must be a JSON Schema object ({{"type": "object", "properties": {{...}}}})',
+            "tools",
+        )
     if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
         raise ToolRequestError(f"{where}.function.strict must be true or false", "tools")
     out = {k: v for k, v in fn.items() if k in ("name", "description", "parameters", "strict")}
@@ -149,8 +161,9 @@ def message_tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
     for k, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)):
-            raise ToolRequestError(f"{where}[{k}] must be {{\"id\", \"type\": \"function\", \"function\": "
-                                   "{\"name\", \"arguments\"}}", "messages")
+            raise ToolRequestError(
+                f'{where}[{k}] must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', "messages"
+            )
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
             from arlecli import safeio
@@ -169,6 +182,7 @@ def message_tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
 def same_calls(sent: list[dict[str, Any]], made: list[dict[str, Any]]) -> bool:
     """Whether the calls an agent sent back (message_tool_calls) are the ones a reply made
     (as answered: arguments a JSON string): same functions, same arguments, in order."""
+
     def key(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
         out = []
         for c in calls:
@@ -253,7 +267,7 @@ def _mistral(text: str) -> Parsed:
     start = text.find("[TOOL_CALLS]")
     if start < 0:
         return Parsed(text, [])
-    found = _json_calls(text[start + len("[TOOL_CALLS]"):].strip(), ("arguments", "parameters"))
+    found = _json_calls(text[start + len("[TOOL_CALLS]") :].strip(), ("arguments", "parameters"))
     return Parsed(text[:start], found) if found else Parsed(text, [])
 
 
@@ -263,8 +277,9 @@ _PARSE: dict[str, Callable[[str], Parsed]] = {"hermes": _hermes, "llama3_json": 
 def check_parser(name: str | None) -> str | None:
     """`name` if it is a known parser (None: chosen by the template); a UserError otherwise."""
     if name is not None and name not in PARSERS:
-        raise UserError(f"--tool-call-parser {name}: not a tool-call parser arle knows; use one of "
-                        f"{', '.join(PARSERS)}")
+        raise UserError(
+            f"--tool-call-parser {name}: not a tool-call parser arle knows; use one of {', '.join(PARSERS)}"
+        )
     return name
 
 
@@ -295,8 +310,9 @@ def forced_start(request: ToolRequest | None, parser: str) -> str:
     forced text is part of the prompt (its ids carry no loss in training) and of the reply parsed."""
     if request is None or not request.parses or request.choice == "auto":
         return ""
-    head = {"hermes": '<tool_call>\n{"name": "', "llama3_json": '{"name": "',
-            "mistral": '[TOOL_CALLS] [{"name": "'}[parser]
+    head = {"hermes": '<tool_call>\n{"name": "', "llama3_json": '{"name": "', "mistral": '[TOOL_CALLS] [{"name": "'}[
+        parser
+    ]
     if not request.named:
         return head
     return f'{head}{request.choice}", "{"parameters" if parser == "llama3_json" else "arguments"}": '
@@ -321,9 +337,14 @@ def with_calls(reply: Any, request: ToolRequest | None, parser: str) -> Any:
         calls = calls[:1]
     if not calls:
         return reply
-    shaped = tuple({"id": new_call_id(), "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
-                   for name, args in calls)
+    shaped = tuple(
+        {
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+        }
+        for name, args in calls
+    )
     return replace(reply, answer=found.content.strip(), tool_calls=shaped, written=reply.answer)
 
 

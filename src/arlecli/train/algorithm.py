@@ -44,8 +44,8 @@ FINAL = "final"  # <run>/final/: the trained model every algorithm leaves
 class TrainView:
     """Where progress goes (the CLI's live view); every hook is optional."""
 
-    log: Callable[[dict[str, Any]], None] | None = None               # one logged step
-    eval_start: Callable[[str, int, int], None] | None = None         # (label, total, done)
+    log: Callable[[dict[str, Any]], None] | None = None  # one logged step
+    eval_start: Callable[[str, int, int], None] | None = None  # (label, total, done)
     eval_sample: Callable[[dict[str, Any]], None] | None = None
     eval_done: Callable[[str, dict[str, Any]], None] | None = None
     message: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
@@ -61,17 +61,17 @@ class TrainContext:
     algorithm gets neither and trains on `prepared`'s rows. `run` returns (every held-out
     evaluation's results by label, the last step) and leaves the trained model in `final`."""
 
-    card: Card                          # the benchmark (held-out evaluations play it)
-    cfg: "TrainConfig"                  # this stage's settings: options, trainer fields, DAPO controls
-    spec: ModelSpec                     # the model being trained
+    card: Card  # the benchmark (held-out evaluations play it)
+    cfg: "TrainConfig"  # this stage's settings: options, trainer fields, DAPO controls
+    spec: ModelSpec  # the model being trained
     run_dir: Path
-    checkpoint: Path | None             # resume from here
-    metrics: "MetricsLog"               # metrics.jsonl
+    checkpoint: Path | None  # resume from here
+    metrics: "MetricsLog"  # metrics.jsonl
     view: TrainView
-    ranks: "Ranks"                      # this process among the training processes
-    engine: "PolicyEngine"              # the engine over the policy (--backend): rollouts and held-out evals
-    heldout: "HeldOut | None"           # held-out evaluations (None: --eval-limit 0)
-    prepared: Any = None                # what the algorithm's `check` returned for this stage
+    ranks: "Ranks"  # this process among the training processes
+    engine: "PolicyEngine"  # the engine over the policy (--backend): rollouts and held-out evals
+    heldout: "HeldOut | None"  # held-out evaluations (None: --eval-limit 0)
+    prepared: Any = None  # what the algorithm's `check` returned for this stage
     rollouts: "Rollouts | None" = None  # RL: the card's tasks, sampled on the engine as `arle eval` does
     reward: "CardReward | None" = None  # RL: the card's reward
     prompts: list[Any] = field(default_factory=list)  # RL: row i is task i's prompt (TRL logs them)
@@ -167,8 +167,11 @@ def _as_algorithm(obj: Any, name: str) -> Algorithm:
 
 # arle's algorithms register on import (on the first lookup).
 ALGORITHMS: Registry[Algorithm] = Registry(
-    "algorithms", "algorithm", wrap=_as_algorithm,
-    builtin=["arlecli.train.grpo", "arlecli.train.ppo_run", "arlecli.train.offline", "arlecli.train.rft"])
+    "algorithms",
+    "algorithm",
+    wrap=_as_algorithm,
+    builtin=["arlecli.train.grpo", "arlecli.train.ppo_run", "arlecli.train.offline", "arlecli.train.rft"],
+)
 
 
 def register_algorithm(name: str | None = None, **declared: Any) -> Callable[[RunFn], RunFn]:

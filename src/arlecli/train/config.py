@@ -72,26 +72,27 @@ RESERVED = {
     "logging_dir": "logs go under the run directory",
 }
 
+
 @dataclass
 class TrainOptions:
     """arle's own training settings (everything that is not a trainer field)."""
 
     benchmark: str | None = None
     algo: str = "grpo"
-    model: str | None = None            # profile, local folder or hub id (see resolve_model)
-    backend: str = "hf"                 # rollouts (and held-out evals): arle's hf or in-process vllm engine
-    split: str | None = None            # train split; None: "train" if the card has one, else its default
-    limit: int | None = None            # train on the first N rows only
-    num_fewshot: int | None = None      # exemplars in train prompts; None: the card's (as the eval does)
-    lora_rank: int = 0                  # 0: full fine-tune; >0: LoRA on all linear layers
-    lora_alpha: int | None = None       # None: 2 x lora_rank
+    model: str | None = None  # profile, local folder or hub id (see resolve_model)
+    backend: str = "hf"  # rollouts (and held-out evals): arle's hf or in-process vllm engine
+    split: str | None = None  # train split; None: "train" if the card has one, else its default
+    limit: int | None = None  # train on the first N rows only
+    num_fewshot: int | None = None  # exemplars in train prompts; None: the card's (as the eval does)
+    lora_rank: int = 0  # 0: full fine-tune; >0: LoRA on all linear layers
+    lora_alpha: int | None = None  # None: 2 x lora_rank
     lora_dropout: float = 0.0
     lora_target_modules: Any = "all-linear"
-    eval_split: str | None = None       # held-out split; None: the card's default split
-    eval_limit: int = 50                # held-out tasks per evaluation; 0: no held-out evaluation
-    eval_every: int = 0                 # evaluate every N steps too (0: only before and after)
+    eval_split: str | None = None  # held-out split; None: the card's default split
+    eval_limit: int = 50  # held-out tasks per evaluation; 0: no held-out evaluation
+    eval_every: int = 0  # evaluate every N steps too (0: only before and after)
     eval_max_tokens: int | None = None  # None: the card's max_tokens, as `arle eval` uses
-    eval_batch_size: int = 16           # hf engine batch (rollouts and held-out evals)
+    eval_batch_size: int = 16  # hf engine batch (rollouts and held-out evals)
     # The colocated vLLM engine (--backend vllm): its share of GPU memory (the policy and its
     # optimizer state live there too), context length, and vLLM's quantization options.
     vllm_gpu_memory_utilization: float = 0.3
@@ -129,11 +130,37 @@ ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))
 # What a stage cannot change: it would make the stages one run no longer (another model or
 # data), or the checkpoint being resumed would ignore it (the optimizer's and the scheduler's
 # state, restored on resume, keep the learning rate and its schedule).
-STAGE_FIXED = {"benchmark", "algo", "model", "backend", "split", "limit", "num_fewshot", "lora_rank", "lora_alpha",
-               "lora_dropout", "lora_target_modules", "data", "rows", "eval_rows", "opponent", "vllm_server", "seed",
-               "max_steps",
-               "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
-               "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "save_total_limit"}
+STAGE_FIXED = {
+    "benchmark",
+    "algo",
+    "model",
+    "backend",
+    "split",
+    "limit",
+    "num_fewshot",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "data",
+    "rows",
+    "eval_rows",
+    "opponent",
+    "vllm_server",
+    "seed",
+    "max_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "warmup_ratio",
+    "optim",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "save_total_limit",
+}
 
 
 @dataclass
@@ -258,8 +285,11 @@ def _check_key(key: str, known: list[str], algo: str, where: str) -> None:
         hint = f"; did you mean {', '.join(near)}?"
     else:
         others = names(lambda other: other.name != algo and key in _fields_or_empty(other))
-        hint = (f"; it is a setting of --algo {' and '.join(others)}" if others
-                else "; see `arle train --help` and the trainer's config docs")
+        hint = (
+            f"; it is a setting of --algo {' and '.join(others)}"
+            if others
+            else "; see `arle train --help` and the trainer's config docs"
+        )
     raise UserError(f"{where}: unknown setting '{key}' for --algo {algo}{hint}")
 
 
@@ -270,8 +300,9 @@ def _fields_or_empty(other: Algorithm) -> dict[str, Any]:
         return {}
 
 
-def resolve(recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any], *,
-            recipe_name: str | None = None) -> TrainConfig:
+def resolve(
+    recipe: dict[str, Any], flags: dict[str, Any], sets: dict[str, Any], *, recipe_name: str | None = None
+) -> TrainConfig:
     """Merge recipe < flags < --set into a validated TrainConfig; a recipe's `stages:` becomes
     one TrainConfig per stage (recipe < stage < flags < --set).
 
@@ -328,17 +359,22 @@ def _dapo(values: dict[str, Any]) -> DAPOOptions:
     return DAPOOptions(**values)
 
 
-def _stages(raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str | None,
-            cap: Any) -> tuple[list[Stage], list[dict[str, Any]]]:
+def _stages(
+    raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str | None, cap: Any
+) -> tuple[list[Stage], list[dict[str, Any]]]:
     """The recipe's `stages:` as resolved stages, cut at step `cap` when the command line gave
     --max-steps (a short run of a long recipe), and the plan as written."""
     where = f"recipe {recipe_name}"
     if not algorithm(algo).staged:
-        raise UserError(f"{where}: stages resume the trainer's own checkpoints, which --algo "
-                        f"{' and '.join(names(lambda a: a.staged))} write; not {algo}")
+        raise UserError(
+            f"{where}: stages resume the trainer's own checkpoints, which --algo "
+            f"{' and '.join(names(lambda a: a.staged))} write; not {algo}"
+        )
     if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
-        raise UserError(f"{where}: stages must be a list of mappings, e.g. "
-                        "[{name: 8k, steps: 100, max_completion_length: 8192}, ...]")
+        raise UserError(
+            f"{where}: stages must be a list of mappings, e.g. "
+            "[{name: 8k, steps: 100, max_completion_length: 8192}, ...]"
+        )
     out: list[Stage] = []
     plan: list[dict[str, Any]] = []
     end = 0
@@ -350,8 +386,10 @@ def _stages(raw: Any, layers: list[tuple[dict[str, Any], str]], algo: str, recip
             raise UserError(f"{where}: stage {name} needs steps: N (a whole number >= 1), got {steps!r}")
         for key in settings:
             if key in STAGE_FIXED or key == "stages":
-                raise UserError(f"{where}: stage {name} sets {key}, which every stage shares (a stage resumes the "
-                                f"last one's checkpoint); set it at the top of the recipe")
+                raise UserError(
+                    f"{where}: stage {name} sets {key}, which every stage shares (a stage resumes the "
+                    f"last one's checkpoint); set it at the top of the recipe"
+                )
         plan.append({"name": name, "steps": steps, "settings": settings})
         if isinstance(cap, int) and end >= cap:
             continue
@@ -384,22 +422,30 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any], algo: Algorithm) -> N
     if opts.vllm_server and not opts.vllm_server.startswith(("http://", "https://")):
         raise UserError(f"--vllm-server {opts.vllm_server!r}: give the server's URL, e.g. http://node1:8000")
     if opts.data and not algo.data:
-        raise UserError(f"--data is recorded trajectories for --algo {' and '.join(names(lambda a: a.data))}; --algo "
-                        f"{opts.algo} samples from the benchmark's rows: drop --data (for the benchmark's rows "
-                        f"from a local file, as `arle eval --rows` reads them, pass --rows FILE)")
+        raise UserError(
+            f"--data is recorded trajectories for --algo {' and '.join(names(lambda a: a.data))}; --algo "
+            f"{opts.algo} samples from the benchmark's rows: drop --data (for the benchmark's rows "
+            f"from a local file, as `arle eval --rows` reads them, pass --rows FILE)"
+        )
     if opts.rows and algo.data:
-        raise UserError(f"--rows is the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
-                        f"(recorded trajectories): drop --rows, or pass --eval-rows FILE to evaluate on local rows")
+        raise UserError(
+            f"--rows is the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
+            f"(recorded trajectories): drop --rows, or pass --eval-rows FILE to evaluate on local rows"
+        )
     if opts.rows and opts.split:
         raise UserError("--rows replaces the card's source, so there is no split to pick: drop --split or --rows")
     for key in ("rows", "eval_rows"):
         value = getattr(opts, key)
         if value is not None and not Path(str(value)).expanduser().is_file():
-            raise UserError(f"--{key.replace('_', '-')} {value}: no such file; give a jsonl, json, parquet or csv "
-                            f"file of rows in the dataset's own schema")
+            raise UserError(
+                f"--{key.replace('_', '-')} {value}: no such file; give a jsonl, json, parquet or csv "
+                f"file of rows in the dataset's own schema"
+            )
     if opts.vllm_server and algo.data:
-        raise UserError(f"--vllm-server serves rollouts; --algo {opts.algo} has none (its held-out evals can use "
-                        f"--backend vllm): drop --vllm-server")
+        raise UserError(
+            f"--vllm-server serves rollouts; --algo {opts.algo} has none (its held-out evals can use "
+            f"--backend vllm): drop --vllm-server"
+        )
     if opts.lora_rank < 0:
         raise UserError("lora_rank must be >= 0 (0 is a full fine-tune)")
     _validate_thinking(opts)

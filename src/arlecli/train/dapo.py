@@ -77,11 +77,15 @@ class DAPOOptions:
         if self.overlong_penalty_factor < 0:
             raise UserError(f"{where}: overlong_penalty_factor must be >= 0 (it is subtracted from the reward)")
         if (self.overlong_filter or self.overlong_buffer_len) and not algo.overlong_filter:
-            raise UserError(f"{where}: overlong_filter and overlong_buffer_len are for --algo "
-                            f"{', '.join(names(lambda a: a.overlong_filter))}, not {algo.name}")
+            raise UserError(
+                f"{where}: overlong_filter and overlong_buffer_len are for --algo "
+                f"{', '.join(names(lambda a: a.overlong_filter))}, not {algo.name}"
+            )
         if self.dynamic_sampling and not algo.dynamic_sampling:
-            raise UserError(f"{where}: dynamic_sampling drops groups of completions of one task, which only "
-                            f"--algo {' and '.join(names(lambda a: a.dynamic_sampling))} sample; not {algo.name}")
+            raise UserError(
+                f"{where}: dynamic_sampling drops groups of completions of one task, which only "
+                f"--algo {' and '.join(names(lambda a: a.dynamic_sampling))} sample; not {algo.name}"
+            )
 
 
 DAPO_FIELDS = {name: spec.type for name, spec in DAPOOptions.__dataclass_fields__.items()}
@@ -141,9 +145,14 @@ def card_reward(score: Score) -> float:
     return float(score.reward) - float(penalty or 0.0)
 
 
-def fill_groups(indices: list[int], group: int, draw: Callable[[list[int]], list[Episode]],
-                judge: Callable[[list[Episode], list[int]], list[Score]],
-                refill: Callable[[int, list[set[int]], int], list[int]], rounds: int) -> Filled:
+def fill_groups(
+    indices: list[int],
+    group: int,
+    draw: Callable[[list[int]], list[Episode]],
+    judge: Callable[[list[Episode], list[int]], list[Score]],
+    refill: Callable[[int, list[set[int]], int], list[int]],
+    rounds: int,
+) -> Filled:
     """Dynamic sampling over one step's batch `indices` (task indices, each task's `group`
     entries consecutive, as TRL's sampler orders them).
 
@@ -154,8 +163,9 @@ def fill_groups(indices: list[int], group: int, draw: Callable[[list[int]], list
     round samples as many groups as are still missing. Groups still missing after `rounds`
     refill rounds are filled with dropped groups, marked untrained."""
     if group < 2 or len(indices) % group:
-        raise ValueError(f"dynamic sampling needs whole groups of >= 2 completions, got {len(indices)} rows "
-                         f"in groups of {group}")
+        raise ValueError(
+            f"dynamic sampling needs whole groups of >= 2 completions, got {len(indices)} rows in groups of {group}"
+        )
     needed = len(indices) // group
     kept: list[tuple[list[Episode], list[int], list[Score]]] = []
     dropped: list[tuple[list[Episode], list[int], list[Score]]] = []
@@ -167,7 +177,7 @@ def fill_groups(indices: list[int], group: int, draw: Callable[[list[int]], list
         episodes = draw(todo)
         scores = judge(episodes, todo)
         for start in range(0, len(todo), group):
-            rows = (episodes[start:start + group], todo[start:start + group], scores[start:start + group])
+            rows = (episodes[start : start + group], todo[start : start + group], scores[start : start + group])
             flat = flat_group(rows[2])
             (dropped if flat else kept).append(rows)
             tokens["dropped" if flat else "kept"] += sum(_tokens(e) for e in rows[0])
@@ -179,17 +189,24 @@ def fill_groups(indices: list[int], group: int, draw: Callable[[list[int]], list
         flat_tasks = {int(g[1][0]) for g in dropped}
         tasks = refill(missing, [batch_tasks - flat_tasks, flat_tasks], done_rounds)
         todo = [t for t in tasks for _ in range(group)]
-    unfilled = dropped[:max(0, needed - len(kept))]
+    unfilled = dropped[: max(0, needed - len(kept))]
     rows = [(g, True) for g in kept[:needed]] + [(g, False) for g in unfilled]
     total = tokens["kept"] + tokens["dropped"]
-    stats = {"dynamic_sampling/dropped_groups": float(len(dropped)),
-             "dynamic_sampling/sampled_groups": float(len(kept) + len(dropped)),
-             "dynamic_sampling/refill_rounds": float(done_rounds),
-             "dynamic_sampling/unfilled_groups": float(len(unfilled)),
-             "dynamic_sampling/dropped_token_share": tokens["dropped"] / total if total else 0.0}
-    return Filled(episodes=[e for (g, _) in rows for e in g[0]], indices=[i for (g, _) in rows for i in g[1]],
-                  scores=[s for (g, _) in rows for s in g[2]],
-                  trained=[ok for (g, ok) in rows for _ in g[0]], scored=scored, stats=stats)
+    stats = {
+        "dynamic_sampling/dropped_groups": float(len(dropped)),
+        "dynamic_sampling/sampled_groups": float(len(kept) + len(dropped)),
+        "dynamic_sampling/refill_rounds": float(done_rounds),
+        "dynamic_sampling/unfilled_groups": float(len(unfilled)),
+        "dynamic_sampling/dropped_token_share": tokens["dropped"] / total if total else 0.0,
+    }
+    return Filled(
+        episodes=[e for (g, _) in rows for e in g[0]],
+        indices=[i for (g, _) in rows for i in g[1]],
+        scores=[s for (g, _) in rows for s in g[2]],
+        trained=[ok for (g, ok) in rows for _ in g[0]],
+        scored=scored,
+        stats=stats,
+    )
 
 
 def _tokens(episode: Episode) -> int:
@@ -206,8 +223,10 @@ def refill_picker(num_tasks: int, seed: int, step: int) -> Callable[[int, list[s
         rng = random.Random(int.from_bytes(digest[:8], "little"))
         later = set().union(*last) if last else set()
         tiers = [[t for t in range(num_tasks) if t not in later]]
-        tiers += [[t for t in range(num_tasks) if t in group and all(t not in g for g in last[:k])]
-                  for k, group in enumerate(last)]
+        tiers += [
+            [t for t in range(num_tasks) if t in group and all(t not in g for g in last[:k])]
+            for k, group in enumerate(last)
+        ]
         pool: list[int] = []
         for tier in tiers:
             rng.shuffle(tier)
@@ -220,9 +239,14 @@ def refill_picker(num_tasks: int, seed: int, step: int) -> Callable[[int, list[s
 def shaped(score: Score, episode: Episode, options: DAPOOptions, max_tokens: int) -> Score:
     """`score` with the soft overlong punishment added to its reward (the same Score when the
     band is off or the episode stayed short of it); the penalty goes in details."""
-    penalty = overlong_penalty(longest_turn(episode), max_tokens, options.overlong_buffer_len,
-                               options.overlong_penalty_factor)
+    penalty = overlong_penalty(
+        longest_turn(episode), max_tokens, options.overlong_buffer_len, options.overlong_penalty_factor
+    )
     if not penalty:
         return score
-    return Score(reward=float(score.reward) + penalty, correct=score.correct, extracted=score.extracted,
-                 details={**score.details, "overlong_penalty": penalty})
+    return Score(
+        reward=float(score.reward) + penalty,
+        correct=score.correct,
+        extracted=score.extracted,
+        details={**score.details, "overlong_penalty": penalty},
+    )

@@ -29,41 +29,63 @@ from arlecli.train.trl_glue import import_trl
 from arlecli.train.sft import _peft_config, tokenize_conversation, tokenize_text
 
 
-def tokenize_pair(tokenizer: Any, row: dict[str, Any],
-                  template_kwargs: dict[str, Any] | None = None) -> dict[str, list[int]] | None:
+def tokenize_pair(
+    tokenizer: Any, row: dict[str, Any], template_kwargs: dict[str, Any] | None = None
+) -> dict[str, list[int]] | None:
     """A preference row's ids and loss masks, or None when a side has no trained token (the
     template rewrote history before its first assistant turn)."""
     if isinstance(row["prompt"], str):  # plain text, as TRL: prompt as the engine encodes it, each side + EOS
         chosen, chosen_mask = tokenize_text(tokenizer, row["prompt"], row["chosen"])
         rejected, rejected_mask = tokenize_text(tokenizer, row["prompt"], row["rejected"])
         n = chosen_mask.index(1)
-        return {"prompt_ids": chosen[:n], "chosen_ids": chosen[n:], "chosen_mask": chosen_mask[n:],
-                "rejected_ids": rejected[n:], "rejected_mask": rejected_mask[n:]}
+        return {
+            "prompt_ids": chosen[:n],
+            "chosen_ids": chosen[n:],
+            "chosen_mask": chosen_mask[n:],
+            "rejected_ids": rejected[n:],
+            "rejected_mask": rejected_mask[n:],
+        }
     tools = row.get("tools") or None
     chosen, chosen_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["chosen"]], tools, template_kwargs)
-    rejected, rejected_mask = tokenize_conversation(tokenizer, [*row["prompt"], *row["rejected"]], tools,
-                                                     template_kwargs)
+    rejected, rejected_mask = tokenize_conversation(
+        tokenizer, [*row["prompt"], *row["rejected"]], tools, template_kwargs
+    )
     if 1 not in chosen_mask or 1 not in rejected_mask:
         return None
     # The prompt is everything before the first trained token; both sides render it alike.
     n = min(chosen_mask.index(1), rejected_mask.index(1))
     while n and chosen[:n] != rejected[:n]:
         n -= 1
-    return {"prompt_ids": chosen[:n], "chosen_ids": chosen[n:], "chosen_mask": chosen_mask[n:],
-            "rejected_ids": rejected[n:], "rejected_mask": rejected_mask[n:]}
+    return {
+        "prompt_ids": chosen[:n],
+        "chosen_ids": chosen[n:],
+        "chosen_mask": chosen_mask[n:],
+        "rejected_ids": rejected[n:],
+        "rejected_mask": rejected_mask[n:],
+    }
 
 
-def dpo_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], max_length: int | None,
-                template_kwargs: dict[str, Any] | None = None) -> Any:
+def dpo_dataset(
+    tokenizer: Any,
+    rows: Iterable[dict[str, Any]],
+    max_length: int | None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> Any:
     """A pre-tokenised `datasets.Dataset` of preference rows. As TRL does, a pair whose prompt
     alone fills `max_length` is left out (truncation would leave it no completion)."""
     from datasets import Dataset
 
-    out = [pair for row in rows if (pair := tokenize_pair(tokenizer, row, template_kwargs)) is not None
-           and (max_length is None or len(pair["prompt_ids"]) < max_length)]
+    out = [
+        pair
+        for row in rows
+        if (pair := tokenize_pair(tokenizer, row, template_kwargs)) is not None
+        and (max_length is None or len(pair["prompt_ids"]) < max_length)
+    ]
     if not out:
-        raise UserError("no preference pair has an assistant turn on both sides within max_length; "
-                        "nothing to train on (raise --set max_length=...)")
+        raise UserError(
+            "no preference pair has an assistant turn on both sides within max_length; "
+            "nothing to train on (raise --set max_length=...)"
+        )
     return Dataset.from_list(out)
 
 
@@ -79,14 +101,19 @@ def _collator_class() -> type:
             import torch
 
             out = super().torch_call(examples)
-            masks = [[0] * len(e["prompt_ids"]) + list(e[f"{side}_mask"])
-                     for side in ("chosen", "rejected") for e in examples]  # chosen rows first, as TRL stacks
+            masks = [
+                [0] * len(e["prompt_ids"]) + list(e[f"{side}_mask"])
+                for side in ("chosen", "rejected")
+                for e in examples
+            ]  # chosen rows first, as TRL stacks
             if self.max_length is not None:  # the same cut TRL applies to the ids
-                masks = [m[:self.max_length] if self.truncation_mode == "keep_start" else m[-self.max_length:]
-                         for m in masks]
+                masks = [
+                    m[: self.max_length] if self.truncation_mode == "keep_start" else m[-self.max_length :]
+                    for m in masks
+                ]
             completion = torch.zeros_like(out["completion_mask"])
             for r, m in enumerate(masks):
-                completion[r, :len(m)] = torch.tensor(m, dtype=completion.dtype)
+                completion[r, : len(m)] = torch.tensor(m, dtype=completion.dtype)
             out["completion_mask"] = completion
             return out
 
@@ -106,8 +133,15 @@ def _trainer_class(base: type) -> type:
     return ArleDPO
 
 
-def build_dpo_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
-                      callbacks: Iterable[Any] = (), template_kwargs: dict[str, Any] | None = None) -> Any:
+def build_dpo_trainer(
+    cfg: TrainConfig,
+    args: Any,
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    callbacks: Iterable[Any] = (),
+    template_kwargs: dict[str, Any] | None = None,
+) -> Any:
     """A ready DPOTrainer over `rows` (preference rows) with `args` (a DPOConfig); the rows are
     rendered with the chat template's switches `template_kwargs`."""
     import datasets
@@ -123,11 +157,21 @@ def build_dpo_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, r
         # A full fine-tune of a model object (an adapter merged into its base): TRL would rebuild
         # the reference from the config's path, i.e. without the adapter.
         ref = copy.deepcopy(model).eval()
-    collator = _collator_class()(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length,
-                                 truncation_mode=args.truncation_mode, pad_to_multiple_of=args.pad_to_multiple_of)
+    collator = _collator_class()(
+        pad_token_id=tokenizer.pad_token_id,
+        max_length=args.max_length,
+        truncation_mode=args.truncation_mode,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+    )
     trainer = _trainer_class(trl.DPOTrainer)(
-        model=model, ref_model=ref, args=args, data_collator=collator,
-        train_dataset=dpo_dataset(tokenizer, rows, args.max_length, template_kwargs), processing_class=tokenizer,
-        peft_config=peft, callbacks=list(callbacks))
+        model=model,
+        ref_model=ref,
+        args=args,
+        data_collator=collator,
+        train_dataset=dpo_dataset(tokenizer, rows, args.max_length, template_kwargs),
+        processing_class=tokenizer,
+        peft_config=peft,
+        callbacks=list(callbacks),
+    )
     trainer.remove_callback(PrinterCallback)
     return trainer

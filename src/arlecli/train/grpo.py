@@ -56,8 +56,15 @@ def trainer_args(cfg: TrainConfig, run_dir: Path, default_max_tokens: int) -> An
         raise UserError(f"invalid {opts.algo} settings: {first}") from None
 
 
-def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], reward: CardReward,
-                  rollouts: Rollouts, callbacks: list[Any]) -> Any:
+def build_trainer(
+    cfg: TrainConfig,
+    args: Any,
+    model: Any,
+    prompts: list[Any],
+    reward: CardReward,
+    rollouts: Rollouts,
+    callbacks: list[Any],
+) -> Any:
     """A ready GRPOTrainer/RLOOTrainer with `args` (from trainer_args) over `prompts` (row i is
     task i's prompt, which TRL only logs), whose rollouts come from `rollouts`."""
     from datasets import Dataset
@@ -67,8 +74,9 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
     hf_logging.disable_progress_bar()  # per-tensor "Loading weights"/"Writing model shards" bars are noise here
 
     trl = import_trl(bool(cfg.options.vllm_server))
-    dataset = Dataset.from_list([{"prompt": p, "task_index": i, "task_id": reward.tasks[i].id}
-                                 for i, p in enumerate(prompts)])
+    dataset = Dataset.from_list(
+        [{"prompt": p, "task_index": i, "task_id": reward.tasks[i].id} for i, p in enumerate(prompts)]
+    )
     extra: dict[str, Any] = {}
     if cfg.options.algo == "grpo":
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.16
@@ -76,8 +84,15 @@ def build_trainer(cfg: TrainConfig, args: Any, model: Any, prompts: list[Any], r
         extra["rollout_func"] = lambda prompts, trainer: trainer.arle_rollout().for_trl()
     else:
         cls = _rloo_with_rollouts(trl.RLOOTrainer)
-    trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                  peft_config=lora_config(cfg), callbacks=callbacks, **extra)
+    trainer = cls(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        peft_config=lora_config(cfg),
+        callbacks=callbacks,
+        **extra,
+    )
     trainer.arle_rollouts = rollouts
     trainer.arle_by_seat = cfg.options.algo == "grpo"
     if cfg.options.vllm_server:
@@ -101,7 +116,7 @@ def _indexed(base: type) -> type:
         arle_by_seat = False  # GRPO: advantages per (task, seat) when a batch holds a game's seats
         _arle_seqs: Sequences | None = None  # the rows of the batch being generated and scored
         _arle_generating = False
-        _arle_segment: Any = None            # the segment numbers of the rows in the loss (a batch key)
+        _arle_segment: Any = None  # the segment numbers of the rows in the loss (a batch key)
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
             self.arle_inputs = inputs  # the dataset rows of the prompts `_generate` gets, in order
@@ -123,8 +138,14 @@ def _indexed(base: type) -> type:
             indices = [int(x["task_index"]) for x in self.arle_inputs]
             rollouts = self.arle_rollouts
             reward = self.reward_funcs[0] if rollouts.dapo.dynamic_sampling else None
-            seqs = rollouts.sequences(indices, self.state.global_step, self.model, self.processing_class,
-                                      reward=reward, group=self.num_generations)
+            seqs = rollouts.sequences(
+                indices,
+                self.state.global_step,
+                self.model,
+                self.processing_class,
+                reward=reward,
+                group=self.num_generations,
+            )
             mode = "train" if self.model.training else "eval"
             for key, value in rollouts.last_stats.items():  # dynamic sampling's and overlong filtering's counts
                 self._metrics[mode][key].append(value)
@@ -141,8 +162,9 @@ def _indexed(base: type) -> type:
             finally:
                 self._arle_segment = None
 
-        def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
-                                               logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
+        def _get_per_token_logps_and_entropies(
+            self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any
+        ) -> Any:
             score_rows = super()._get_per_token_logps_and_entropies
             logps, entropies, *rest = score_rows(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             segment = self._arle_segments_like(logps)
@@ -150,8 +172,9 @@ def _indexed(base: type) -> type:
                 return (logps, entropies, *rest)
 
             def score(ids: Any) -> list[Any]:  # one segment alone: its prompt, then its tokens
-                lp, ent, *_ = score_rows(model, ids, torch.ones_like(ids), ids.shape[1] - 1,
-                                         compute_entropy=entropies is not None)
+                lp, ent, *_ = score_rows(
+                    model, ids, torch.ones_like(ids), ids.shape[1] - 1, compute_entropy=entropies is not None
+                )
                 return [lp, ent]
 
             logps, entropies = rescore_segments([logps, entropies], input_ids[:, -logits_to_keep:], segment, score)
@@ -205,7 +228,7 @@ def _rloo_with_rollouts(base: type) -> type:
 
     class RLOO(_indexed(base)):  # type: ignore[misc, valid-type]
         arle_env_mask: list[list[int]] = []
-        _arle_mask: Any = None          # the loss mask of the rows being scored, when known
+        _arle_mask: Any = None  # the loss mask of the rows being scored, when known
 
         def _generate(self, prompts: list[Any]) -> tuple[list[list[int]], list[list[int]], list[Any]]:
             if self.use_vllm and self.state.global_step != self._last_loaded_step:  # --vllm-server
@@ -224,15 +247,16 @@ def _rloo_with_rollouts(base: type) -> type:
             lengths = [sum(m) for m in seqs.env_mask]
             self._metrics[mode]["completions/mean_length"].append(sum(lengths) / max(1, len(lengths)))
             texts = [episode.completion for episode in seqs.episodes]
-            completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) \
-                else texts
+            completions = (
+                [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) else texts
+            )
             return seqs.prompt_ids, seqs.completion_ids, completions
 
         def _mask_like(self, like: Any) -> Any:
             mask = torch.zeros(like.shape[:2], dtype=torch.float32, device=like.device)
             for r, row in enumerate(self.arle_env_mask):
-                row = row[:like.shape[1]]
-                mask[r, :len(row)] = torch.tensor(row, dtype=torch.float32)
+                row = row[: like.shape[1]]
+                mask[r, : len(row)] = torch.tensor(row, dtype=torch.float32)
             return mask
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
@@ -265,8 +289,9 @@ def run_trl(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     assert ctx.rollouts is not None and ctx.reward is not None
     rollouts, reward = ctx.rollouts, ctx.reward
     model = load_model(ctx.spec.path_or_id or "", ctx.spec.is_adapter)
-    return train_loop(ctx, lambda callbacks: build_trainer(ctx.cfg, ctx.prepared, model, ctx.prompts, reward,
-                                                           rollouts, callbacks))
+    return train_loop(
+        ctx, lambda callbacks: build_trainer(ctx.cfg, ctx.prepared, model, ctx.prompts, reward, rollouts, callbacks)
+    )
 
 
 def check_grpo(cfg: TrainConfig, card: Card, run_dir: Path) -> Any:
@@ -278,9 +303,11 @@ def check_rloo(cfg: TrainConfig, card: Card, run_dir: Path) -> Any:
     """The run's RLOOConfig; a self-play game is refused (one baseline would mix the seats)."""
     args = trainer_args(cfg, run_dir, card.prompt.max_tokens)
     if is_multiplayer(card) and (cfg.options.opponent or SELF) == SELF:
-        raise UserError("self-play trains with --algo grpo (each seat's advantage against its own seat's "
-                        "baseline); rloo's leave-one-out baseline would mix the seats: use grpo, or "
-                        "--opponent random")
+        raise UserError(
+            "self-play trains with --algo grpo (each seat's advantage against its own seat's "
+            "baseline); rloo's leave-one-out baseline would mix the seats: use grpo, or "
+            "--opponent random"
+        )
     return args
 
 
@@ -290,7 +317,9 @@ def _config(name: str) -> Sequence[type]:
 
 # Both train on rollouts in one process or many, in stages, with every DAPO control.
 _TRL_RL = dict(distributed=True, staged=True, overlong_filter=True, dynamic_sampling=True)
-ALGORITHMS.add("grpo", Algorithm("grpo", run_trl, lambda: _config("GRPOConfig"), check=check_grpo, **_TRL_RL),
-               source=run_trl)
-ALGORITHMS.add("rloo", Algorithm("rloo", run_trl, lambda: _config("RLOOConfig"), check=check_rloo, **_TRL_RL),
-               source=run_trl)
+ALGORITHMS.add(
+    "grpo", Algorithm("grpo", run_trl, lambda: _config("GRPOConfig"), check=check_grpo, **_TRL_RL), source=run_trl
+)
+ALGORITHMS.add(
+    "rloo", Algorithm("rloo", run_trl, lambda: _config("RLOOConfig"), check=check_rloo, **_TRL_RL), source=run_trl
+)

@@ -27,7 +27,7 @@ class HeldOut:
     run_dir: Path
     model_name: str
     engine: PolicyEngine
-    on_start: Callable[[str, int, int], None] | None = None   # (label, total, already done)
+    on_start: Callable[[str, int, int], None] | None = None  # (label, total, already done)
     on_sample: Callable[[dict[str, Any]], None] | None = None
     on_done: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -63,10 +63,16 @@ class HeldOut:
     def _run(self, engine: Any, label: str) -> dict[str, Any]:
         out = self.dir_for(label)
         results = run_eval(
-            self.card, engine, self.options, model=f"{self.model_name}@{label}", run_dir=out,
-            resume=(out / META).exists(), command=["arle", "train", "(held-out eval)", label],
+            self.card,
+            engine,
+            self.options,
+            model=f"{self.model_name}@{label}",
+            run_dir=out,
+            resume=(out / META).exists(),
+            command=["arle", "train", "(held-out eval)", label],
             on_start=(lambda total, done: self.on_start(label, total, done)) if self.on_start else None,
-            on_sample=self.on_sample)
+            on_sample=self.on_sample,
+        )
         if self.on_done:
             self.on_done(label, results)
         return results

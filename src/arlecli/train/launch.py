@@ -25,8 +25,8 @@ from typing import Any
 from arlecli.errors import UserError
 from arlecli.train.algorithm import algorithm
 
-LAUNCHED_ENV = "ARLE_LAUNCHED"      # set in every process accelerate starts
-COMMAND_ENV = "ARLE_COMMAND"        # the user's original command line (JSON), for meta.json
+LAUNCHED_ENV = "ARLE_LAUNCHED"  # set in every process accelerate starts
+COMMAND_ENV = "ARLE_COMMAND"  # the user's original command line (JSON), for meta.json
 DEEPSPEED_MODES = ("zero2", "zero3")
 
 
@@ -47,12 +47,16 @@ class LaunchOptions:
         """Whether this command line asks for a launch (always False inside a launched process)."""
         if in_launched_process():
             return False
-        return bool((self.num_processes or 1) > 1 or (self.num_machines or 1) > 1 or self.deepspeed or self.fsdp
-                    or self.accelerate_config)
+        return bool(
+            (self.num_processes or 1) > 1
+            or (self.num_machines or 1) > 1
+            or self.deepspeed
+            or self.fsdp
+            or self.accelerate_config
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()
-                if v not in (None, False)}
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items() if v not in (None, False)}
 
 
 def in_launched_process() -> bool:
@@ -74,22 +78,33 @@ def original_command() -> list[str] | None:
 
 def check(opts: LaunchOptions, algo: str) -> None:
     """User mistakes in the launch flags for --algo `algo`, before anything starts."""
-    modes = [m for m, on in (("--deepspeed", opts.deepspeed), ("--fsdp", opts.fsdp),
-                             ("--accelerate-config", opts.accelerate_config)) if on]
+    modes = [
+        m
+        for m, on in (
+            ("--deepspeed", opts.deepspeed),
+            ("--fsdp", opts.fsdp),
+            ("--accelerate-config", opts.accelerate_config),
+        )
+        if on
+    ]
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} cannot be combined: pick one")
     if opts.deepspeed is not None and opts.deepspeed not in DEEPSPEED_MODES:
         raise UserError(f"--deepspeed takes zero2 or zero3, not {opts.deepspeed!r}")
     if not algorithm(algo).distributed:
-        raise UserError(f"--algo {algo} runs in one process; multi-process training (--num-processes, --deepspeed, "
-                        "--fsdp, --accelerate-config) supports --algo grpo and rloo")
+        raise UserError(
+            f"--algo {algo} runs in one process; multi-process training (--num-processes, --deepspeed, "
+            "--fsdp, --accelerate-config) supports --algo grpo and rloo"
+        )
     if opts.accelerate_config is not None and not Path(opts.accelerate_config).is_file():
         raise UserError(f"--accelerate-config {opts.accelerate_config}: no such file")
     if opts.deepspeed and not _installed("deepspeed"):
         raise UserError("--deepspeed needs the deepspeed package: pip install deepspeed")
     if (opts.num_machines or 1) > 1 and not opts.main_process_ip and opts.accelerate_config is None:
-        raise UserError("--num-machines > 1 needs --main-process-ip (the rank-0 machine's address) "
-                        "and --machine-rank on each machine")
+        raise UserError(
+            "--num-machines > 1 needs --main-process-ip (the rank-0 machine's address) "
+            "and --machine-rank on each machine"
+        )
 
 
 def _installed(package: str) -> bool:
@@ -128,23 +143,30 @@ def accelerate_config(opts: LaunchOptions, num_processes: int, port: int | None)
         stage = int(opts.deepspeed[-1])
         config["distributed_type"] = "DEEPSPEED"
         config["deepspeed_config"] = {
-            "zero_stage": stage, "offload_optimizer_device": "none", "offload_param_device": "none",
+            "zero_stage": stage,
+            "offload_optimizer_device": "none",
+            "offload_param_device": "none",
             **({"zero3_init_flag": True, "zero3_save_16bit_model": True} if stage == 3 else {}),
         }
     else:
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = {
-            "fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD",
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_backward_prefetch": "BACKWARD_PRE",
+            "fsdp_version": 1,
+            "fsdp_sharding_strategy": "FULL_SHARD",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_backward_prefetch": "BACKWARD_PRE",
             "fsdp_state_dict_type": "FULL_STATE_DICT",  # final/ is one ordinary model folder
-            "fsdp_offload_params": False, "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_sync_module_states": True, "fsdp_use_orig_params": True,  # LoRA needs the original params
+            "fsdp_offload_params": False,
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_sync_module_states": True,
+            "fsdp_use_orig_params": True,  # LoRA needs the original params
         }
     return {k: v for k, v in config.items() if v is not None}
 
 
-def launch_command(opts: LaunchOptions, child_args: list[str], *, cuda: bool,
-                   config_file: Path | None = None) -> list[str]:
+def launch_command(
+    opts: LaunchOptions, child_args: list[str], *, cuda: bool, config_file: Path | None = None
+) -> list[str]:
     """`python -m arlecli.train.launch FLAGS -m arlecli CHILD_ARGS`: accelerate's launcher
     (FLAGS are `accelerate launch`'s) in a process that turns a failed rank into one line.
 
@@ -191,16 +213,17 @@ def launch(opts: LaunchOptions, child_args: list[str], command: list[str], messa
     env = {**os.environ, LAUNCHED_ENV: "1", COMMAND_ENV: json.dumps(command)}
     if not cuda:
         if opts.deepspeed or opts.fsdp:
-            raise UserError(f"--{'deepspeed' if opts.deepspeed else 'fsdp'} needs CUDA GPUs; on CPU use "
-                            f"--num-processes N (DDP over gloo)")
+            raise UserError(
+                f"--{'deepspeed' if opts.deepspeed else 'fsdp'} needs CUDA GPUs; on CPU use "
+                f"--num-processes N (DDP over gloo)"
+            )
         env["ACCELERATE_USE_CPU"] = "true"
         # Else every rank's device is "cpu:0", which the Trainer then passes to torch.load as
         # map_location when resuming, and torch cannot restore storages to "cpu:0".
         env.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
     with tempfile.TemporaryDirectory(prefix="arle-launch-") as tmp:
         config_file = opts.accelerate_config
-        config = accelerate_config(opts, (opts.num_processes or 1) * (opts.num_machines or 1),
-                                   opts.main_process_port)
+        config = accelerate_config(opts, (opts.num_processes or 1) * (opts.num_machines or 1), opts.main_process_port)
         if config is not None:
             import yaml
 
@@ -208,8 +231,10 @@ def launch(opts: LaunchOptions, child_args: list[str], command: list[str], messa
             config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         cmd = launch_command(opts, child_args, cuda=cuda, config_file=config_file)
         if message is not None:
-            message(f"launching {opts.num_processes or 'configured'} process(es) per machine through accelerate "
-                    f"({'gloo/CPU' if not cuda else 'NCCL/GPU'})")
+            message(
+                f"launching {opts.num_processes or 'configured'} process(es) per machine through accelerate "
+                f"({'gloo/CPU' if not cuda else 'NCCL/GPU'})"
+            )
         return subprocess.run(cmd, env=env).returncode
 
 
@@ -232,8 +257,11 @@ def _launcher(argv: list[str]) -> int:
         if 2 in codes:
             return 2  # a user mistake: the main rank printed it as one line
         rank, failure = min(failures.items())
-        print(f"error: training process rank {rank} failed (exit code {failure.exitcode}); its messages are above",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: training process rank {rank} failed (exit code {failure.exitcode}); its messages are above",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0
 

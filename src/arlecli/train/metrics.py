@@ -101,8 +101,11 @@ _PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio
 
 
 def _scalars(row: dict[str, Any]) -> dict[str, float]:
-    return {f"train/{k}": float(v) for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        f"train/{k}": float(v)
+        for k, v in row.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _open_one(name: str, run_dir: Path, config: dict[str, Any]) -> Reporter:
@@ -137,8 +140,10 @@ def open_reporter(report_to: str | list[str] | None, run_dir: Path, config: dict
         try:
             reporters.append(_open_one(name, Path(run_dir), config))
         except ModuleNotFoundError as exc:
-            raise UserError(f"--report-to {name} needs the {_PACKAGES[name]} package ({exc.name} is missing): "
-                            f"pip install {_PACKAGES[name]}") from None
+            raise UserError(
+                f"--report-to {name} needs the {_PACKAGES[name]} package ({exc.name} is missing): "
+                f"pip install {_PACKAGES[name]}"
+            ) from None
     if not reporters:
         return None
 

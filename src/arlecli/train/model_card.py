@@ -47,28 +47,58 @@ def model_card(spec: ModelSpec, summary: dict[str, Any], meta: dict[str, Any], f
     on_hub = not os.path.isdir(base)
     source = f"[{base}](https://huggingface.co/{base})" if on_hub else f"`{base}`"
     kind = f"A LoRA adapter (rank {lora}) for" if lora else "A fine-tune of"
-    lines = ["---", f"base_model: {_yaml_text(base)}", f"library_name: {'peft' if lora else 'transformers'}",
-             "tags:", "- arle", "- trl", f"- {algo}", f"- {_yaml_text(bench)}", "---", "",
-             f"# {final.parent.name}", "",
-             f"{kind} {source}, trained by [arle](https://pypi.org/project/arle/) with {algo.upper()} on the "
-             f"`{bench}` benchmark for {summary.get('global_step')} {unit}.", ""]
+    lines = [
+        "---",
+        f"base_model: {_yaml_text(base)}",
+        f"library_name: {'peft' if lora else 'transformers'}",
+        "tags:",
+        "- arle",
+        "- trl",
+        f"- {algo}",
+        f"- {_yaml_text(bench)}",
+        "---",
+        "",
+        f"# {final.parent.name}",
+        "",
+        f"{kind} {source}, trained by [arle](https://pypi.org/project/arle/) with {algo.upper()} on the "
+        f"`{bench}` benchmark for {summary.get('global_step')} {unit}.",
+        "",
+    ]
     before, after = summary.get("before"), summary.get("after")
     if before and after and before.get("accuracy") is not None and after.get("accuracy") is not None:
-        lines += [f"Held-out accuracy ({meta.get('eval_split')}): {before['accuracy']:.4f} at {before['label']} -> "
-                  f"{after['accuracy']:.4f} at {after['label']}.", ""]
+        lines += [
+            f"Held-out accuracy ({meta.get('eval_split')}): {before['accuracy']:.4f} at {before['label']} -> "
+            f"{after['accuracy']:.4f} at {after['label']}.",
+            "",
+        ]
     lines += ["## Use", "", "```bash", f"arle eval {bench} --model {final}", f"arle serve --model {final}", "```", ""]
     if lora:
-        lines += ["```python", "from peft import AutoPeftModelForCausalLM", "",
-                  f"model = AutoPeftModelForCausalLM.from_pretrained({str(final)!r})", "```", ""]
+        lines += [
+            "```python",
+            "from peft import AutoPeftModelForCausalLM",
+            "",
+            f"model = AutoPeftModelForCausalLM.from_pretrained({str(final)!r})",
+            "```",
+            "",
+        ]
     else:
-        lines += ["```python", "from transformers import pipeline", "",
-                  f"generator = pipeline(\"text-generation\", model={str(final)!r})", "```", ""]
+        lines += [
+            "```python",
+            "from transformers import pipeline",
+            "",
+            f'generator = pipeline("text-generation", model={str(final)!r})',
+            "```",
+            "",
+        ]
     command = meta.get("command")
     lines += ["## Training", ""]
     if isinstance(command, list):
         lines += ["```bash", " ".join(map(str, command)), "```", ""]
-    lines += [f"Every setting is in `{final.parent / 'meta.json'}`, each step's metrics in `metrics.jsonl`, the "
-              f"held-out evaluations under `eval/`.", ""]
+    lines += [
+        f"Every setting is in `{final.parent / 'meta.json'}`, each step's metrics in `metrics.jsonl`, the "
+        f"held-out evaluations under `eval/`.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -30,10 +30,13 @@ from arlecli.train.algorithm import ALGORITHMS, Algorithm, Prepared, TrainContex
 from arlecli.train.config import TrainConfig
 from arlecli.train.trl_glue import import_trl, load_model, train_loop
 
-SFT_SHAPE = ('{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]} or {"prompt": "text", '
-             '"completion": "text"}')
-DPO_SHAPE = ('{"prompt": [messages], "chosen": [assistant messages], "rejected": [assistant messages]} or '
-             '{"prompt": "text", "chosen": "text", "rejected": "text"}')
+SFT_SHAPE = (
+    '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]} or {"prompt": "text", "completion": "text"}'
+)
+DPO_SHAPE = (
+    '{"prompt": [messages], "chosen": [assistant messages], "rejected": [assistant messages]} or '
+    '{"prompt": "text", "chosen": "text", "rejected": "text"}'
+)
 
 
 def _messages_problem(value: Any, name: str) -> str | None:
@@ -41,7 +44,7 @@ def _messages_problem(value: Any, name: str) -> str | None:
         return f"`{name}` must be a non-empty list of chat messages"
     for m in value:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            return f"`{name}` holds {json.dumps(m)[:60]}, not a chat message ({{\"role\": ..., \"content\": ...}})"
+            return f'`{name}` holds {json.dumps(m)[:60]}, not a chat message ({{"role": ..., "content": ...}})'
         if "content" not in m and "tool_calls" not in m:
             return f"a {m['role']} message in `{name}` has no content"
     return None
@@ -67,8 +70,10 @@ def sft_row_problem(row: dict[str, Any]) -> str | None:
         return problem
     messages = row["messages"]
     if messages[-1]["role"] != "assistant":
-        return (f"the last message is a {messages[-1]['role']} message: an SFT row ends with the assistant's "
-                f"reply (drop the messages after it)")
+        return (
+            f"the last message is a {messages[-1]['role']} message: an SFT row ends with the assistant's "
+            f"reply (drop the messages after it)"
+        )
     if messages[0]["role"] == "assistant":
         return "the first message is the assistant's: the prompt (a user message) must come before it"
     return None
@@ -77,7 +82,9 @@ def sft_row_problem(row: dict[str, Any]) -> str | None:
 def dpo_row_problem(row: dict[str, Any]) -> str | None:
     """Why `row` is not a preference pair (None if it is one)."""
     if "messages" in row and "chosen" not in row:
-        return "an SFT row, not a DPO pair: train on it with --algo sft, or write pairs with `arle data from-eval --pairs`"
+        return (
+            "an SFT row, not a DPO pair: train on it with --algo sft, or write pairs with `arle data from-eval --pairs`"
+        )
     for key in ("prompt", "chosen", "rejected"):
         if key not in row:
             return f"no `{key}`: a DPO pair is {DPO_SHAPE} (what `arle data from-eval --pairs` writes)"
@@ -115,8 +122,10 @@ def read_rows(path: str | Path, algo: str) -> list[dict[str, Any]]:
                     row = safeio.loads(line, clean=True)  # rows go to a tokenizer: no lone surrogates
                 except ValueError as exc:  # broken, or nested deeper than safeio.MAX_DEPTH
                     why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-                    raise UserError(f"{path}:{n}: not valid JSON ({why}); a --data file holds one JSON "
-                                    f"object per line: fix or delete that line") from None
+                    raise UserError(
+                        f"{path}:{n}: not valid JSON ({why}); a --data file holds one JSON "
+                        f"object per line: fix or delete that line"
+                    ) from None
                 problem = "not a JSON object" if not isinstance(row, dict) else check(row)
                 if problem is None and row.get("tools") is not None and not isinstance(row["tools"], list):
                     problem = "`tools` must be a list of JSON schemas (or absent)"
@@ -137,13 +146,17 @@ def training_rows(cfg: TrainConfig) -> list[dict[str, Any]]:
     check reads them before anything starts, so a bad file is the only thing printed."""
     opts = cfg.options
     if opts.split:
-        raise UserError(f"--split picks the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
-                        f"(its held-out split is --eval-split): drop --split")
+        raise UserError(
+            f"--split picks the benchmark rows RL samples from; --algo {opts.algo} trains on --data "
+            f"(its held-out split is --eval-split): drop --split"
+        )
     if opts.opponent:
-        raise UserError(f"--opponent picks who plays a game's other seat in RL rollouts; --algo {opts.algo} "
-                        "trains on --data and plays no games (held-out games play the card's opponent): "
-                        "drop --opponent")
-    return read_rows(opts.data or "", opts.algo)[:opts.limit]
+        raise UserError(
+            f"--opponent picks who plays a game's other seat in RL rollouts; --algo {opts.algo} "
+            "trains on --data and plays no games (held-out games play the card's opponent): "
+            "drop --opponent"
+        )
+    return read_rows(opts.data or "", opts.algo)[: opts.limit]
 
 
 def other_benchmarks(rows: list[dict[str, Any]], bench: str) -> Counter:
@@ -155,8 +168,11 @@ def validate_offline(cfg: TrainConfig) -> None:
     """sft and dpo train on a --data file: refuse a run without one."""
     opts = cfg.options
     if not opts.data:
-        kind = "preference pairs (`arle data from-eval RUN --pairs -o pairs.jsonl`)" if opts.algo == "dpo" \
+        kind = (
+            "preference pairs (`arle data from-eval RUN --pairs -o pairs.jsonl`)"
+            if opts.algo == "dpo"
             else "trajectories (`arle data from-eval RUN -o rows.jsonl`)"
+        )
         raise UserError(f"--algo {opts.algo} trains on recorded {kind}: pass --data FILE.jsonl")
 
 
@@ -175,12 +191,18 @@ def run_offline(ctx: TrainContext, build: Callable[..., Any]) -> tuple[dict[str,
     others = other_benchmarks(prepared.rows, card.name)
     if others:
         names = ", ".join(f"{name} ({n} rows)" for name, n in others.most_common(3))
-        ctx.view.message(f"warning: {cfg.options.data} holds trajectories of {names}, not {card.name}; held-out "
-                         f"evaluations measure {card.name}")
+        ctx.view.message(
+            f"warning: {cfg.options.data} holds trajectories of {names}, not {card.name}; held-out "
+            f"evaluations measure {card.name}"
+        )
     tokenizer = sft.load_tokenizer(spec.path_or_id or "")
     model = load_model(spec.path_or_id or "", spec.is_adapter)
-    return train_loop(ctx, lambda callbacks: build(cfg, prepared.trainer_args, model, tokenizer, prepared.rows,
-                                                   callbacks, spec.chat_template_kwargs))
+    return train_loop(
+        ctx,
+        lambda callbacks: build(
+            cfg, prepared.trainer_args, model, tokenizer, prepared.rows, callbacks, spec.chat_template_kwargs
+        ),
+    )
 
 
 def run_sft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:

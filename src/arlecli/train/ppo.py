@@ -81,26 +81,26 @@ class PPOParams:
     Defaults follow TRL's former PPOTrainer (the values of "N implementation details of RLHF").
     """
 
-    gamma: float = 1.0                # per-token discount; 1.0 lets the end reward reach every token
-    lam: float = 0.95                 # GAE lambda: lower trusts the critic more (less variance, more bias)
-    cliprange: float = 0.2            # policy ratio clip: the update stays within 1 +/- cliprange
-    cliprange_value: float = 0.2      # value clip around the rollout-time value estimate
-    vf_coef: float = 0.1              # weight of the value loss against the policy loss
-    kl_coef: float = 0.05             # per-token KL penalty against the initial (reference) policy
-    ppo_epochs: int = 4               # passes over each rollout batch
-    prompts_per_step: int = 8         # prompts per step; the rollout batch is this x num_generations
-    mini_batch_size: int | None = None   # completions per optimizer step; None: the whole rollout batch
+    gamma: float = 1.0  # per-token discount; 1.0 lets the end reward reach every token
+    lam: float = 0.95  # GAE lambda: lower trusts the critic more (less variance, more bias)
+    cliprange: float = 0.2  # policy ratio clip: the update stays within 1 +/- cliprange
+    cliprange_value: float = 0.2  # value clip around the rollout-time value estimate
+    vf_coef: float = 0.1  # weight of the value loss against the policy loss
+    kl_coef: float = 0.05  # per-token KL penalty against the initial (reference) policy
+    ppo_epochs: int = 4  # passes over each rollout batch
+    prompts_per_step: int = 8  # prompts per step; the rollout batch is this x num_generations
+    mini_batch_size: int | None = None  # completions per optimizer step; None: the whole rollout batch
     micro_batch_size: int | None = None  # completions per forward pass (gradient accumulation); None: mini_batch_size
-    max_grad_norm: float = 1.0        # gradient clipping (global norm over policy + value head)
-    whiten_advantages: bool = True    # normalise advantages over the batch's completion tokens
-    whiten_rewards: bool = False      # scale per-token rewards to unit variance before GAE
-    weight_decay: float = 0.0         # AdamW weight decay
-    lr_scheduler: str = "constant"    # "constant" or "linear" (decays to 0 at max_steps)
-    warmup_steps: int = 0             # linear warm-up steps before the schedule
-    lora_alpha: int | None = None     # LoRA scaling numerator; None: 2 x lora_rank
+    max_grad_norm: float = 1.0  # gradient clipping (global norm over policy + value head)
+    whiten_advantages: bool = True  # normalise advantages over the batch's completion tokens
+    whiten_rewards: bool = False  # scale per-token rewards to unit variance before GAE
+    weight_decay: float = 0.0  # AdamW weight decay
+    lr_scheduler: str = "constant"  # "constant" or "linear" (decays to 0 at max_steps)
+    warmup_steps: int = 0  # linear warm-up steps before the schedule
+    lora_alpha: int | None = None  # LoRA scaling numerator; None: 2 x lora_rank
     lora_target_modules: Any = "all-linear"  # peft target_modules (a name list or "all-linear")
-    gradient_checkpointing: bool = False     # trade compute for activation memory in updates
-    bf16: bool | None = None          # bf16 autocast; None: on CUDA only
+    gradient_checkpointing: bool = False  # trade compute for activation memory in updates
+    bf16: bool | None = None  # bf16 autocast; None: on CUDA only
 
     def validate(self) -> None:
         """Raise ValueError for settings PPO cannot run with."""
@@ -168,8 +168,9 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     return (positions * mask).argmax(dim=1)
 
 
-def kl_rewards(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
-               scores: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_rewards(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token rewards: -kl_coef * (logp - ref_logp) everywhere, plus `scores` at each row's
     last completion token. Returns (rewards, per-token kl), both zero on masked positions."""
     kl = (logprobs - ref_logprobs) * mask
@@ -179,8 +180,7 @@ def kl_rewards(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
     return rewards, kl
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-        gamma: float, lam: float) -> torch.Tensor:
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """Generalised advantage estimates over completion tokens.
 
     delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, where
@@ -202,8 +202,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, cliprange: float) -> tuple[torch.Tensor, torch.Tensor]:
+def policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate, as a loss: mean over tokens of max(-A r, -A clip(r, 1-e, 1+e)).
 
     Returns (loss, clip fraction: the share of tokens where the clipped term was taken).
@@ -215,8 +216,9 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     return loss, masked_mean((clipped > unclipped).float(), mask)
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               mask: torch.Tensor, cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, cliprange_value: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss (PPO2 / TRL-PPO): 0.5 * mean of max((V - R)^2, (V_clipped - R)^2),
     with V_clipped = V_old + clip(V - V_old, -c, c). Returns (loss, value clip fraction)."""
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
@@ -239,10 +241,10 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 class Policy:
     """What a PPO run trains and samples from."""
 
-    model: Any                      # transformers causal LM, or a peft PeftModel around one
-    value_head: torch.nn.Linear     # hidden -> 1, fp32
+    model: Any  # transformers causal LM, or a peft PeftModel around one
+    value_head: torch.nn.Linear  # hidden -> 1, fp32
     tokenizer: Any
-    ref_model: Any | None           # frozen initial model (full fine-tune); None with LoRA
+    ref_model: Any | None  # frozen initial model (full fine-tune); None with LoRA
     device: torch.device
     bf16: bool
     eos_ids: list[int]
@@ -297,15 +299,21 @@ def load_policy(model_path: str, lora_rank: int, p: PPOParams, checkpoint: Path 
         if checkpoint is not None:
             model = PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
         else:
-            config = LoraConfig(r=lora_rank, lora_alpha=p.lora_alpha or 2 * lora_rank, lora_dropout=0.0,
-                                target_modules=p.lora_target_modules, task_type="CAUSAL_LM")
+            config = LoraConfig(
+                r=lora_rank,
+                lora_alpha=p.lora_alpha or 2 * lora_rank,
+                lora_dropout=0.0,
+                target_modules=p.lora_target_modules,
+                task_type="CAUSAL_LM",
+            )
             model = get_peft_model(base, config)
         ref_model = None
     else:
         # fp32 master weights: AdamW on bf16 weights loses small updates.
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint) if checkpoint else source, dtype=torch.float32)
-        ref_model = (AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32) if checkpoint
-                     else copy.deepcopy(model))
+        ref_model = (
+            AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32) if checkpoint else copy.deepcopy(model)
+        )
         ref_model.requires_grad_(False)
         ref_model.eval()
         if bf16:
@@ -336,10 +344,17 @@ def load_policy(model_path: str, lora_rank: int, p: PPOParams, checkpoint: Path 
     return Policy(model, value_head, tokenizer, ref_model, device, bf16, sorted(eos_ids), pad_id)
 
 
-def forward_pass(model: Any, value_head: torch.nn.Linear | None, sequences: torch.Tensor,
-                 attention_mask: torch.Tensor, prompt_len: int, temperature: float, bf16: bool = False,
-                 with_entropy: bool = False, segment: torch.Tensor | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def forward_pass(
+    model: Any,
+    value_head: torch.nn.Linear | None,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    temperature: float,
+    bf16: bool = False,
+    with_entropy: bool = False,
+    segment: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Logprobs (at `temperature`) of the completion tokens `sequences[:, prompt_len:]`, their
     values (if a head is given) and entropies (if asked), each [batch, completion_len].
 
@@ -359,23 +374,35 @@ def forward_pass(model: Any, value_head: torch.nn.Linear | None, sequences: torc
     return logprobs, values, entropy  # type: ignore[return-value]
 
 
-def _forward_rows(model: Any, value_head: torch.nn.Linear | None, sequences: torch.Tensor,
-                  attention_mask: torch.Tensor, prompt_len: int, temperature: float, bf16: bool,
-                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _forward_rows(
+    model: Any,
+    value_head: torch.nn.Linear | None,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    temperature: float,
+    bf16: bool,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`forward_pass` of whole rows, each token on everything before it in its row."""
     completion_len = sequences.shape[1] - prompt_len
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.autocast(sequences.device.type, dtype=torch.bfloat16, enabled=bf16):
         # logits_to_keep: the LM head only runs on the positions that predict completion tokens.
-        out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids,
-                    output_hidden_states=value_head is not None, logits_to_keep=completion_len + 1,
-                    use_cache=False)
+        out = model(
+            input_ids=sequences,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            output_hidden_states=value_head is not None,
+            logits_to_keep=completion_len + 1,
+            use_cache=False,
+        )
     logits = out.logits[:, :-1].float() / temperature
     targets = sequences[:, prompt_len:]
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     values = None
     if value_head is not None:
-        hidden = out.hidden_states[-1][:, prompt_len - 1:-1].float()
+        hidden = out.hidden_states[-1][:, prompt_len - 1 : -1].float()
         values = value_head(hidden).squeeze(-1)
     entropy = None
     if with_entropy:
@@ -392,15 +419,15 @@ def _forward_rows(model: Any, value_head: torch.nn.Linear | None, sequences: tor
 class Rollout:
     """One step's sampled episodes and everything PPO needs about them (on the device)."""
 
-    sequences: torch.Tensor        # [B, P+T] left-padded prompt ids then right-padded completion ids
-    attention_mask: torch.Tensor   # [B, P+T] 1 on every real token (the env's included)
-    prompt_len: int                # P
-    mask: torch.Tensor             # [B, T] 1.0 on the model's own tokens: the actions
-    logprobs: torch.Tensor         # [B, T] under the rollout policy
-    ref_logprobs: torch.Tensor     # [B, T] under the reference policy
-    values: torch.Tensor           # [B, T] critic estimates
-    prompt_indices: list[int]      # the task index of each row
-    episodes: list[Any]            # what the reward scores (arlecli.types.Episode)
+    sequences: torch.Tensor  # [B, P+T] left-padded prompt ids then right-padded completion ids
+    attention_mask: torch.Tensor  # [B, P+T] 1 on every real token (the env's included)
+    prompt_len: int  # P
+    mask: torch.Tensor  # [B, T] 1.0 on the model's own tokens: the actions
+    logprobs: torch.Tensor  # [B, T] under the rollout policy
+    ref_logprobs: torch.Tensor  # [B, T] under the reference policy
+    values: torch.Tensor  # [B, T] critic estimates
+    prompt_indices: list[int]  # the task index of each row
+    episodes: list[Any]  # what the reward scores (arlecli.types.Episode)
     segment: torch.Tensor | None = None  # [B, T] the context each token was generated in (train.rollout)
 
 
@@ -409,8 +436,8 @@ def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        attn[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        attn[i, width - len(r) :] = 1
     return ids.to(device), attn.to(device)
 
 
@@ -419,13 +446,19 @@ def _right_pad(rows: list[list[Any]], pad: Any, dtype: torch.dtype, device: torc
     out = torch.full((len(rows), width), pad, dtype=dtype)
     for i, r in enumerate(rows):
         if r:
-            out[i, :len(r)] = torch.tensor(r, dtype=dtype)
+            out[i, : len(r)] = torch.tensor(r, dtype=dtype)
     return out.to(device)
 
 
 @torch.no_grad()
-def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], temperature: float,
-                  micro_batch_size: int, no_loss: Callable[[Any], bool] | None = None) -> Rollout:
+def score_rollout(
+    policy: Policy,
+    episodes: list[Any],
+    indices: list[int],
+    temperature: float,
+    micro_batch_size: int,
+    no_loss: Callable[[Any], bool] | None = None,
+) -> Rollout:
     """Turn sampled episodes into PPO's batch: their token sequences (train.rollout.Sequences)
     and the policy's, reference's and critic's view of every completion token. An episode for
     which `no_loss` is True (overlong filtering) keeps its tokens with no action among them."""
@@ -444,28 +477,45 @@ def score_rollout(policy: Policy, episodes: list[Any], indices: list[int], tempe
     model.eval()
     ref_model, ref_context = policy.reference()
     for s in range(0, len(episodes), micro_batch_size):
-        seq, attn = sequences[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size]
-        seg = segment[s:s + micro_batch_size] if segment is not None else None
-        lp, v, _ = forward_pass(model, policy.value_head, seq, attn, prompt_len, temperature, policy.bf16,
-                                segment=seg)
+        seq, attn = sequences[s : s + micro_batch_size], attention_mask[s : s + micro_batch_size]
+        seg = segment[s : s + micro_batch_size] if segment is not None else None
+        lp, v, _ = forward_pass(model, policy.value_head, seq, attn, prompt_len, temperature, policy.bf16, segment=seg)
         logprobs.append(lp)
         values.append(v)
     with ref_context:
         for s in range(0, len(episodes), micro_batch_size):
-            seq, attn = sequences[s:s + micro_batch_size], attention_mask[s:s + micro_batch_size]
-            seg = segment[s:s + micro_batch_size] if segment is not None else None
-            ref_logprobs.append(forward_pass(ref_model, None, seq, attn, prompt_len, temperature, policy.bf16,
-                                             segment=seg)[0])
-    return Rollout(sequences, attention_mask, prompt_len, mask, torch.cat(logprobs) * mask,
-                   torch.cat(ref_logprobs) * mask, torch.cat(values) * mask, list(indices), list(episodes), segment)
+            seq, attn = sequences[s : s + micro_batch_size], attention_mask[s : s + micro_batch_size]
+            seg = segment[s : s + micro_batch_size] if segment is not None else None
+            ref_logprobs.append(
+                forward_pass(ref_model, None, seq, attn, prompt_len, temperature, policy.bf16, segment=seg)[0]
+            )
+    return Rollout(
+        sequences,
+        attention_mask,
+        prompt_len,
+        mask,
+        torch.cat(logprobs) * mask,
+        torch.cat(ref_logprobs) * mask,
+        torch.cat(values) * mask,
+        list(indices),
+        list(episodes),
+        segment,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # The update
 
 
-def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, advantages: torch.Tensor,
-               returns: torch.Tensor, p: PPOParams, temperature: float) -> dict[str, float]:
+def ppo_update(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    batch: Rollout,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    p: PPOParams,
+    temperature: float,
+) -> dict[str, float]:
     """`ppo_epochs` passes over the batch in shuffled minibatches; returns mean loss statistics."""
     size = batch.sequences.shape[0]
     mini = min(p.mini_batch_size or size, size)
@@ -477,17 +527,25 @@ def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout,
     for _ in range(p.ppo_epochs):
         order = torch.randperm(size).to(policy.device)
         for start in range(0, size, mini):
-            mini_idx = order[start:start + mini]
+            mini_idx = order[start : start + mini]
             mini_tokens = batch.mask[mini_idx].sum().clamp(min=1)
-            stats = dict.fromkeys(("policy_loss", "value_loss", "clip_fraction", "value_clip_fraction",
-                                   "approx_kl", "entropy"), 0.0)
+            stats = dict.fromkeys(
+                ("policy_loss", "value_loss", "clip_fraction", "value_clip_fraction", "approx_kl", "entropy"), 0.0
+            )
             for m_start in range(0, len(mini_idx), micro):
-                idx = mini_idx[m_start:m_start + micro]
+                idx = mini_idx[m_start : m_start + micro]
                 mask = batch.mask[idx]
                 logprobs, values, entropy = forward_pass(
-                    policy.model, policy.value_head, batch.sequences[idx], batch.attention_mask[idx],
-                    batch.prompt_len, temperature, policy.bf16, with_entropy=True,
-                    segment=batch.segment[idx] if batch.segment is not None else None)
+                    policy.model,
+                    policy.value_head,
+                    batch.sequences[idx],
+                    batch.attention_mask[idx],
+                    batch.prompt_len,
+                    temperature,
+                    policy.bf16,
+                    with_entropy=True,
+                    segment=batch.segment[idx] if batch.segment is not None else None,
+                )
                 pg, clip_frac = policy_loss(logprobs, batch.logprobs[idx], advantages[idx], mask, p.cliprange)
                 vf, vf_clip_frac = value_loss(values, batch.values[idx], returns[idx], mask, p.cliprange_value)
                 # Weight each micro batch by its token share: the sum is the minibatch's token mean.
@@ -495,9 +553,14 @@ def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout,
                 ((pg + p.vf_coef * vf) * weight).backward()
                 with torch.no_grad():
                     approx_kl = 0.5 * masked_mean((logprobs - batch.logprobs[idx]) ** 2, mask)
-                for key, value in (("policy_loss", pg), ("value_loss", vf), ("clip_fraction", clip_frac),
-                                   ("value_clip_fraction", vf_clip_frac), ("approx_kl", approx_kl),
-                                   ("entropy", masked_mean(entropy, mask))):
+                for key, value in (
+                    ("policy_loss", pg),
+                    ("value_loss", vf),
+                    ("clip_fraction", clip_frac),
+                    ("value_clip_fraction", vf_clip_frac),
+                    ("approx_kl", approx_kl),
+                    ("entropy", masked_mean(entropy, mask)),
+                ):
                     stats[key] += float(value.detach() * weight)
             stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm))
             optimizer.step()
@@ -528,8 +591,11 @@ def _rng_state() -> dict:
 
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     # Plain types and tensors only, so the state loads with torch.load(weights_only=True).
-    state = {"python": random.getstate(), "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -571,16 +637,31 @@ def _write_atomically(folder: Path, write: Callable[[Path], None]) -> None:
     tmp.rename(folder)
 
 
-def save_checkpoint(output_dir: Path, policy: Policy, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    step: int, data_position: int, p: PPOParams) -> Path:
+def save_checkpoint(
+    output_dir: Path,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    step: int,
+    data_position: int,
+    p: PPOParams,
+) -> Path:
     """Write `output_dir/checkpoint-{step}` with everything resume needs."""
     folder = output_dir / f"checkpoint-{step}"
 
     def write(tmp: Path) -> None:
         _save_model(tmp, policy)
-        torch.save({"step": step, "data_position": data_position, "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": _rng_state(),
-                    "params": dataclasses.asdict(p)}, tmp / "trainer_state.pt")
+        torch.save(
+            {
+                "step": step,
+                "data_position": data_position,
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": _rng_state(),
+                "params": dataclasses.asdict(p),
+            },
+            tmp / "trainer_state.pt",
+        )
 
     _write_atomically(folder, write)
     return folder
@@ -601,12 +682,27 @@ def _make_scheduler(optimizer: torch.optim.Optimizer, p: PPOParams, max_steps: i
 # Entry point
 
 
-def train_ppo(model_path: str, num_tasks: int, rollout_fn: Callable[[Policy, list[int], int], list[Any]],
-              reward_fn: Callable[[list[Any], list[int]], list[Any]], *, output_dir: Path, max_steps: int,
-              learning_rate: float, lora_rank: int, num_generations: int, temperature: float,
-              seed: int, save_steps: int, resume: bool, params: dict, on_log: Callable[[dict], None],
-              save_total_limit: int | None = None, on_step_end: Callable[[int, Policy], None] | None = None,
-              no_loss: Callable[[Any], bool] | None = None) -> Path:
+def train_ppo(
+    model_path: str,
+    num_tasks: int,
+    rollout_fn: Callable[[Policy, list[int], int], list[Any]],
+    reward_fn: Callable[[list[Any], list[int]], list[Any]],
+    *,
+    output_dir: Path,
+    max_steps: int,
+    learning_rate: float,
+    lora_rank: int,
+    num_generations: int,
+    temperature: float,
+    seed: int,
+    save_steps: int,
+    resume: bool,
+    params: dict,
+    on_log: Callable[[dict], None],
+    save_total_limit: int | None = None,
+    on_step_end: Callable[[int, Policy], None] | None = None,
+    no_loss: Callable[[Any], bool] | None = None,
+) -> Path:
     """Train `model_path` with PPO and return `output_dir/final`.
 
     Each step takes the next `prompts_per_step` task indices (in order, cycling over
@@ -674,13 +770,23 @@ def train_ppo(model_path: str, num_tasks: int, rollout_fn: Callable[[Policy, lis
         scheduler.step()
         step += 1
 
-        log = {"step": step, "reward": float(scores.mean()),
-               "reward_std": float(scores.std()) if len(scores) > 1 else 0.0}
+        log = {
+            "step": step,
+            "reward": float(scores.mean()),
+            "reward_std": float(scores.std()) if len(scores) > 1 else 0.0,
+        }
         if correct is not None:
             log["accuracy"] = sum(correct) / len(correct)
-        log.update({"kl": float(kl.sum(1).mean()), **stats, "value": float(masked_mean(batch.values, batch.mask)),
-                    "completion_length": float(batch.mask.sum(1).mean()), "learning_rate": learning_rate_now,
-                    "step_seconds": time.perf_counter() - started})
+        log.update(
+            {
+                "kl": float(kl.sum(1).mean()),
+                **stats,
+                "value": float(masked_mean(batch.values, batch.mask)),
+                "completion_length": float(batch.mask.sum(1).mean()),
+                "learning_rate": learning_rate_now,
+                "step_seconds": time.perf_counter() - started,
+            }
+        )
         if not all(math.isfinite(v) for v in log.values()):
             raise FloatingPointError(f"PPO step {step} produced non-finite metrics: {log}")
         if save_steps > 0 and step % save_steps == 0:

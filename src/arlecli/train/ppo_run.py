@@ -28,10 +28,10 @@ class PPOArgs:
     defaults are the run's (train.config.TRAINER_DEFAULTS) where arle sets one."""
 
     max_steps: int = TRAINER_DEFAULTS["max_steps"]  # optimizer steps
-    learning_rate: float | None = None         # None: 1e-6 for a full fine-tune, 1e-5 for LoRA
-    num_generations: int = 1                   # completions per prompt
-    max_completion_length: int | None = None   # tokens per model turn (None: the card's max_tokens)
-    temperature: float = 1.0                   # rollout sampling temperature
+    learning_rate: float | None = None  # None: 1e-6 for a full fine-tune, 1e-5 for LoRA
+    num_generations: int = 1  # completions per prompt
+    max_completion_length: int | None = None  # tokens per model turn (None: the card's max_tokens)
+    temperature: float = 1.0  # rollout sampling temperature
     seed: int = TRAINER_DEFAULTS["seed"]
     save_steps: int = TRAINER_DEFAULTS["save_steps"]  # checkpoint every N steps
     save_total_limit: int | None = TRAINER_DEFAULTS["save_total_limit"]  # checkpoints kept (the newest)
@@ -66,8 +66,10 @@ def ppo_params(cfg: TrainConfig) -> dict[str, Any]:
 def validate_ppo(cfg: TrainConfig) -> None:
     """PPO's rollouts run in this process: no TRL server."""
     if cfg.options.vllm_server:
-        raise UserError("--vllm-server is TRL's server mode, for --algo grpo and rloo; PPO's rollouts run "
-                        "in-process: use --backend vllm")
+        raise UserError(
+            "--vllm-server is TRL's server mode, for --algo grpo and rloo; PPO's rollouts run "
+            "in-process: use --backend vllm"
+        )
 
 
 def check_ppo(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
@@ -81,8 +83,15 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     returns (every evaluation's results by label, the last step)."""
     from arlecli.train.ppo import train_ppo  # torch: imported only once a run is being set up
 
-    card, cfg, spec, run_dir, metrics, heldout, view = (ctx.card, ctx.cfg, ctx.spec, ctx.run_dir, ctx.metrics,
-                                                        ctx.heldout, ctx.view)
+    card, cfg, spec, run_dir, metrics, heldout, view = (
+        ctx.card,
+        ctx.cfg,
+        ctx.spec,
+        ctx.run_dir,
+        ctx.metrics,
+        ctx.heldout,
+        ctx.view,
+    )
     assert ctx.rollouts is not None and ctx.reward is not None
     rollouts, reward = ctx.rollouts, ctx.reward
     if spec.is_adapter:
@@ -120,12 +129,25 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     params = ppo_params(cfg)
     try:
         final = train_ppo(
-            spec.path_or_id or "", len(rollouts.tasks), rollout, reward.score, output_dir=run_dir, max_steps=max_steps,
-            learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6), lora_rank=opts.lora_rank,
-            num_generations=t.get("num_generations", 1), temperature=rollouts.sampling.temperature, seed=t["seed"],
-            save_steps=t["save_steps"], resume=ctx.checkpoint is not None, params=params, on_log=on_log,
-            save_total_limit=t.get("save_total_limit"), on_step_end=on_step_end,
-            no_loss=rollouts.no_loss if rollouts.dapo.overlong_filter else None)
+            spec.path_or_id or "",
+            len(rollouts.tasks),
+            rollout,
+            reward.score,
+            output_dir=run_dir,
+            max_steps=max_steps,
+            learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6),
+            lora_rank=opts.lora_rank,
+            num_generations=t.get("num_generations", 1),
+            temperature=rollouts.sampling.temperature,
+            seed=t["seed"],
+            save_steps=t["save_steps"],
+            resume=ctx.checkpoint is not None,
+            params=params,
+            on_log=on_log,
+            save_total_limit=t.get("save_total_limit"),
+            on_step_end=on_step_end,
+            no_loss=rollouts.no_loss if rollouts.dapo.overlong_filter else None,
+        )
     except ValueError as exc:  # train_ppo's checks on params and arguments
         raise UserError(f"invalid ppo settings: {exc}") from None
     finally:
@@ -142,6 +164,15 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
 
 # Trainer keys `train_ppo` takes as arguments; everything else goes in `params`.
 # max_completion_length and temperature reach PPO through the rollouts' sampling.
-_PPO_ARGS = {"max_steps", "learning_rate", "num_generations", "max_completion_length", "temperature", "seed",
-             "save_steps", "report_to", "logging_steps", "save_total_limit"}
-
+_PPO_ARGS = {
+    "max_steps",
+    "learning_rate",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "seed",
+    "save_steps",
+    "report_to",
+    "logging_steps",
+    "save_total_limit",
+}

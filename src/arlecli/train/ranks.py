@@ -70,8 +70,9 @@ def sharded() -> bool:
     """Whether the weights are split over the ranks (ZeRO-3, FSDP): then no rank can generate alone."""
     env = os.environ
     on = lambda name: env.get(name, "").lower() in ("1", "true", "yes")  # noqa: E731
-    return on("ACCELERATE_USE_FSDP") or (on("ACCELERATE_USE_DEEPSPEED")
-                                         and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3")
+    return on("ACCELERATE_USE_FSDP") or (
+        on("ACCELERATE_USE_DEEPSPEED") and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
 
 
 def barrier_callback(ranks: Ranks, every: int) -> Any:

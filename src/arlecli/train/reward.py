@@ -37,9 +37,16 @@ class CardReward:
     the file keeps one line per completion. Every rank must then call the adapter equally often,
     as TRL's trainers do."""
 
-    def __init__(self, card: Card, tasks: list[Task], run_dir: Path | None = None,
-                 gather: Callable[[list[str]], list[str]] | None = None, *,
-                 shaping: DAPOOptions | None = None, max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        card: Card,
+        tasks: list[Task],
+        run_dir: Path | None = None,
+        gather: Callable[[list[str]], list[str]] | None = None,
+        *,
+        shaping: DAPOOptions | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
         self.card = card
         self.tasks = tasks
         self.score_fn = get_reward(card.reward, card.reward_params)
@@ -49,9 +56,9 @@ class CardReward:
         self.__name__ = card.reward  # TRL names the logged metric rewards/<__name__>/mean
         self._lock = threading.Lock()
         self._correct: list[bool] = []  # since the last pop_accuracy(), for loops without log_metric
-        self.step: int | None = None    # the step label for callers that pass none (ppo)
+        self.step: int | None = None  # the step label for callers that pass none (ppo)
         self.gather = gather
-        self.last: list[float] = []     # the rewards of the latest TRL call (the seat advantages read them)
+        self.last: list[float] = []  # the rewards of the latest TRL call (the seat advantages read them)
         # DAPO's soft overlong punishment (train.dapo), against the per-turn budget `max_tokens`.
         self.shaping = shaping if shaping is not None and shaping.overlong_buffer_len > 0 and max_tokens else None
         self.max_tokens = max_tokens or 0
@@ -74,16 +81,28 @@ class CardReward:
             return results
         return [shaped(r, e, self.shaping, self.max_tokens) for r, e in zip(results, episodes, strict=True)]
 
-    def record(self, episodes: list[Episode], indices: list[int], scores: list[Score], step: int | None = None,
-               dropped: list[bool] | None = None) -> None:
+    def record(
+        self,
+        episodes: list[Episode],
+        indices: list[int],
+        scores: list[Score],
+        step: int | None = None,
+        dropped: list[bool] | None = None,
+    ) -> None:
         """One rewards.jsonl line per verdict (`dropped`: dynamic sampling left that episode's
         group out of the batch); `reward` is the card's, an overlong penalty rides beside it."""
         step = self.step if step is None else step
         lines: list[str] = []
         for k, (episode, index, result) in enumerate(zip(episodes, indices, scores, strict=True)):
-            row = RewardRow.from_episode(step, self.tasks[int(index)], index, episode, result,
-                                         multi_turn=self.multi_turn,
-                                         dropped=bool(dropped[k]) if dropped is not None else None)
+            row = RewardRow.from_episode(
+                step,
+                self.tasks[int(index)],
+                index,
+                episode,
+                result,
+                multi_turn=self.multi_turn,
+                dropped=bool(dropped[k]) if dropped is not None else None,
+            )
             lines.append(safeio.dumps(row.to_json(), default=str) + "\n")  # valid UTF-8 whatever the model wrote
         if self.gather is not None:
             lines = self.gather(lines)
@@ -100,9 +119,17 @@ class CardReward:
         self.record(episodes, indices, scores, step)
         return scores
 
-    def __call__(self, prompts: list[Any], completions: list[Any], task_index: list[int], episode: list[Episode],
-                 trainer_state: Any = None, log_metric: Any = None, arle_score: list[Score] | None = None,
-                 **_: Any) -> list[float]:
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        task_index: list[int],
+        episode: list[Episode],
+        trainer_state: Any = None,
+        log_metric: Any = None,
+        arle_score: list[Score] | None = None,
+        **_: Any,
+    ) -> list[float]:
         """TRL's reward-function signature: every dataset column and each rollout's `episode`
         arrive as keywords (`completions` is TRL's decoding of the same ids, not scored);
         `arle_score`: the verdicts a rollout with dynamic sampling recorded already."""

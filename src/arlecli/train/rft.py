@@ -63,27 +63,35 @@ ROWS_FILE = "rows.jsonl"
 STATE_FILE = "trainer_state.json"  # the name rundir looks for: a checkpoint is complete once it is whole
 MODEL_DIR = "model"
 
+
 @dataclass
 class RFTConfig:
     """RFT's own settings: trainer keys beside the SFT trainer's (train.config)."""
 
-    rounds: int = 3                           # sample -> filter -> SFT cycles
-    num_generations: int = 4                  # episodes per task per round
-    tasks_per_round: int = 64                 # training tasks sampled per round (the next ones each round)
-    min_reward: float | None = None           # keep reward >= this; None: keep the reward's `correct` verdicts
-    temperature: float = 1.0                  # sampling, as `arle eval --temperature`
+    rounds: int = 3  # sample -> filter -> SFT cycles
+    num_generations: int = 4  # episodes per task per round
+    tasks_per_round: int = 64  # training tasks sampled per round (the next ones each round)
+    min_reward: float | None = None  # keep reward >= this; None: keep the reward's `correct` verdicts
+    temperature: float = 1.0  # sampling, as `arle eval --temperature`
     top_p: float = 1.0
     max_completion_length: int | None = None  # tokens per model turn (None: the card's max_tokens)
-    keep_cut: bool = False                    # keep episodes with a turn cut at the token limit (default: drop)
+    keep_cut: bool = False  # keep episodes with a turn cut at the token limit (default: drop)
 
 
 RFT_FIELDS: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(RFTConfig)}
 # What meta.json records unless set: RFTConfig's defaults (max_completion_length stays unset:
 # the card's). num_train_epochs is the SFT trainer's own: each round's SFT makes this many
 # passes over the round's kept rows (at most max_steps optimizer steps), one rather than TRL's 3.
-RFT_DEFAULTS: dict[str, Any] = {"rounds": 3, "num_generations": 4, "tasks_per_round": 64, "min_reward": None,
-                                "temperature": 1.0, "top_p": 1.0, "num_train_epochs": 1,
-                                "keep_cut": False}
+RFT_DEFAULTS: dict[str, Any] = {
+    "rounds": 3,
+    "num_generations": 4,
+    "tasks_per_round": 64,
+    "min_reward": None,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "num_train_epochs": 1,
+    "keep_cut": False,
+}
 
 
 @dataclass(frozen=True)
@@ -104,12 +112,18 @@ class RFTSettings:
             if not isinstance(t[key], int) or isinstance(t[key], bool) or t[key] < 1:
                 raise UserError(f"--algo rft: {key} must be a whole number >= 1, got {t[key]!r}")
         if t["min_reward"] is not None and not isinstance(t["min_reward"], (int, float)):
-            raise UserError(f"--algo rft: min_reward must be a number (or null: keep `correct`), "
-                            f"got {t['min_reward']!r}")
+            raise UserError(
+                f"--algo rft: min_reward must be a number (or null: keep `correct`), got {t['min_reward']!r}"
+            )
         if not isinstance(t["keep_cut"], bool):
             raise UserError(f"--algo rft: keep_cut must be true or false, got {t['keep_cut']!r}")
-        return cls(t["rounds"], t["num_generations"], t["tasks_per_round"],
-                   None if t["min_reward"] is None else float(t["min_reward"]), t["keep_cut"])
+        return cls(
+            t["rounds"],
+            t["num_generations"],
+            t["tasks_per_round"],
+            None if t["min_reward"] is None else float(t["min_reward"]),
+            t["keep_cut"],
+        )
 
     def accepts(self, score: Score, episode: Episode) -> bool:
         """Whether an episode with this verdict is kept for SFT. One with a turn cut at its
@@ -123,9 +137,11 @@ class RFTSettings:
 def validate_rft(cfg: TrainConfig) -> None:
     """RFT's settings, checked when they resolve; DAPO's overlong controls are not RFT's."""
     if cfg.dapo.overlong_filter or cfg.dapo.overlong_buffer_len:
-        raise UserError(f"settings: overlong_filter and overlong_buffer_len are for --algo "
-                        f"{', '.join(names(lambda a: a.overlong_filter))}, not rft; rft drops cut episodes already "
-                        f"(keep_cut: false)")
+        raise UserError(
+            f"settings: overlong_filter and overlong_buffer_len are for --algo "
+            f"{', '.join(names(lambda a: a.overlong_filter))}, not rft; rft drops cut episodes already "
+            f"(keep_cut: false)"
+        )
     RFTSettings.of(cfg.trainer)
 
 
@@ -135,14 +151,18 @@ def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
     if not env_kind(card.env).replayable:
         # An agent's own requests (its tools, a rewritten history) are not what the episode
         # records turn by turn, so its episodes are no conversation to fine-tune on.
-        raise UserError(f"--algo rft fine-tunes on the conversations arle's env driver records; {card.name}'s "
-                        f"episodes come from its own rollout function (env: {card.env}): train it with grpo, "
-                        f"rloo or ppo")
+        raise UserError(
+            f"--algo rft fine-tunes on the conversations arle's env driver records; {card.name}'s "
+            f"episodes come from its own rollout function (env: {card.env}): train it with grpo, "
+            f"rloo or ppo"
+        )
     shots = card.prompt.fewshot.n if cfg.options.num_fewshot is None else cfg.options.num_fewshot
     if shots > 0 and card.prompt.format == "chat":  # plain-text exemplars are prompt text: no loss
         # Exemplars are assistant turns in the prompt: SFT would train on them as the model's own.
-        raise UserError(f"--algo rft: {card.name} shows {shots} few-shot exemplars as assistant turns, which SFT "
-                        f"would train on as the model's own answers; pass --num-fewshot 0")
+        raise UserError(
+            f"--algo rft: {card.name} shows {shots} few-shot exemplars as assistant turns, which SFT "
+            f"would train on as the model's own answers; pass --num-fewshot 0"
+        )
     sft.trainer_args(replace(cfg, trainer=sft_settings(cfg)), run_dir / "sft")
 
 
@@ -160,21 +180,32 @@ def round_tasks(round_no: int, per_round: int, num_tasks: int) -> list[int]:
     return [(start + j) % num_tasks for j in range(per_round)]
 
 
-def trajectory(episode: Episode, task: Task, sample: int, score: Score, *, benchmark: str, run: str,
-               model: str) -> Trajectory:
+def trajectory(
+    episode: Episode, task: Task, sample: int, score: Score, *, benchmark: str, run: str, model: str
+) -> Trajectory:
     """An episode as the conversation the model had: its first prompt, then each of its turns
     (the answer as `content`, the thinking as `reasoning_content`, as the env driver's next
     prompt holds them) and the env's answer to it (what trajectories.py rebuilds from an eval
     run's sample: the same `trajectories.trajectory`, over the episode's Sample)."""
     text = isinstance(episode.turns[0].prompt, str)  # a completion-format card: prompt/completion text rows
-    record = Sample.from_episode(task, sample, episode, score, multi_turn=not text, group_by=None,
-                                 session_started_at=0.0)
+    record = Sample.from_episode(
+        task, sample, episode, score, multi_turn=not text, group_by=None, session_started_at=0.0
+    )
     # A text row carries the answer alone (where a thought would go between the think tags is the model's).
     return sample_trajectory(record, run=run, benchmark=benchmark, model=model, drop_thinking=text)
 
 
-def to_rows(episodes: list[Episode], draws: list[tuple[int, int]], scores: list[Score], keep: list[bool],
-            tasks: list[Task], *, benchmark: str, run: str, model: str) -> list[dict[str, Any]]:
+def to_rows(
+    episodes: list[Episode],
+    draws: list[tuple[int, int]],
+    scores: list[Score],
+    keep: list[bool],
+    tasks: list[Task],
+    *,
+    benchmark: str,
+    run: str,
+    model: str,
+) -> list[dict[str, Any]]:
     """The kept episodes as SFT rows, in draw order (the rows `arle data from-eval` writes),
     each with the token sequences SFT trains on (`sequences`, see `token_sequences`)."""
     rows = []
@@ -197,8 +228,7 @@ def token_sequences(episode: Episode) -> list[dict[str, list[int]]]:
     renders the messages: train.sft)."""
     if not all(t.prompt_token_ids and t.token_ids for t in episode.turns):
         return []
-    return [{"input_ids": ids, "completion_mask": mask} for ids, mask in flatten_episode(episode).pieces()
-            if any(mask)]
+    return [{"input_ids": ids, "completion_mask": mask} for ids, mask in flatten_episode(episode).pieces() if any(mask)]
 
 
 @dataclass
@@ -215,14 +245,28 @@ def _rft_settings() -> Sequence[type]:
     return (import_trl(False).SFTConfig, RFTConfig)
 
 
-@register_algorithm("rft", settings=_rft_settings, defaults=RFT_DEFAULTS, validate=validate_rft,
-                    check=check_settings, unit="rounds", length="rounds")
+@register_algorithm(
+    "rft",
+    settings=_rft_settings,
+    defaults=RFT_DEFAULTS,
+    validate=validate_rft,
+    check=check_settings,
+    unit="rounds",
+    length="rounds",
+)
 def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     """Rounds of sample -> keep -> SFT from the last finished round (ctx.checkpoint) on; held-out
     evals before the first round, every `eval_every` rounds and after the last. Returns (every
     evaluation's results by label, the last round)."""
-    card, cfg, spec, run_dir, checkpoint, metrics, heldout = (ctx.card, ctx.cfg, ctx.spec, ctx.run_dir,
-                                                              ctx.checkpoint, ctx.metrics, ctx.heldout)
+    card, cfg, spec, run_dir, checkpoint, metrics, heldout = (
+        ctx.card,
+        ctx.cfg,
+        ctx.spec,
+        ctx.run_dir,
+        ctx.checkpoint,
+        ctx.metrics,
+        ctx.heldout,
+    )
     settings = RFTSettings.of(cfg.trainer)
     opts = cfg.options
     done = _read_state(checkpoint) if checkpoint else {"round": 0, "model_dir": None, "sft_steps": 0}
@@ -243,8 +287,9 @@ def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
         evals.update(heldout.finished())
         if "step-0" not in evals:
             evaluate("step-0")
-    reporter = open_reporter(cfg.trainer.get("report_to"), run_dir, {"benchmark": card.name, "algo": "rft",
-                                                                      **cfg.trainer})
+    reporter = open_reporter(
+        cfg.trainer.get("report_to"), run_dir, {"benchmark": card.name, "algo": "rft", **cfg.trainer}
+    )
     metrics.restart_clock()
     try:
         for round_no in range(done["round"] + 1, settings.rounds + 1):
@@ -252,8 +297,12 @@ def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
             sft_steps = done["sft_steps"]  # names the weights for the evaluation's engine
             if reporter is not None:
                 reporter.log(round_no, done["metrics"])
-            if (heldout is not None and opts.eval_every and round_no % opts.eval_every == 0
-                    and round_no < settings.rounds):
+            if (
+                heldout is not None
+                and opts.eval_every
+                and round_no % opts.eval_every == 0
+                and round_no < settings.rounds
+            ):
                 evaluate(f"step-{round_no}")
             # Last: the round counts as finished from here on (an evaluation cut short above is
             # resumed when the round is redone).
@@ -271,8 +320,9 @@ def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     return evals, settings.rounds
 
 
-def one_round(ctx: TrainContext, settings: RFTSettings, round_no: int, learner: Learner,
-              previous: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def one_round(
+    ctx: TrainContext, settings: RFTSettings, round_no: int, learner: Learner, previous: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
     """Round `round_no`: sample, score, keep, SFT; writes checkpoint-R (rows, weights) and the
     round's metrics line. Returns the model and the round's state (what trainer_state.json
     records once the caller has finished the round)."""
@@ -286,8 +336,16 @@ def one_round(ctx: TrainContext, settings: RFTSettings, round_no: int, learner: 
     sampled_s = time.monotonic() - started
     scores = reward.score(episodes, [i for i, _ in draws], step=round_no)
     keep = [settings.accepts(s, e) for s, e in zip(scores, episodes, strict=True)]
-    rows = to_rows(episodes, draws, scores, keep, rollouts.tasks, benchmark=card.name, run=str(run_dir),
-                   model=f"{spec.name}@step-{round_no - 1}")
+    rows = to_rows(
+        episodes,
+        draws,
+        scores,
+        keep,
+        rollouts.tasks,
+        benchmark=card.name,
+        run=str(run_dir),
+        model=f"{spec.name}@step-{round_no - 1}",
+    )
     ckpt = run_dir / f"checkpoint-{round_no}"
     if ckpt.exists():
         shutil.rmtree(ckpt)  # left by a round cut short (it had no state file)
@@ -297,31 +355,51 @@ def one_round(ctx: TrainContext, settings: RFTSettings, round_no: int, learner: 
     stats: dict[str, Any] = {"loss": None, "steps": 0}
     sft_started = time.monotonic()
     if rows:
-        model, stats = fine_tune(cfg, model, learner.sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}",
-                                 round_no)
+        model, stats = fine_tune(
+            cfg, model, learner.sft_tokenizer, rows, run_dir / "sft" / f"round-{round_no}", round_no
+        )
         model.save_pretrained(str(ckpt / MODEL_DIR))
         model_dir: str | None = f"{ckpt.name}/{MODEL_DIR}"
     else:
-        ctx.view.message(f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
-                     f"the weights stay as they were")
+        ctx.view.message(
+            f"round {round_no}: the reward accepted none of {len(draws)} samples; no SFT step, "
+            f"the weights stay as they were"
+        )
         model_dir = previous["model_dir"]  # rounds that keep nothing point back to the last weights
     sft_s = time.monotonic() - sft_started
 
     n = len(draws)
-    row = ctx.metrics.record(round_no, {
-        "round": round_no, "tasks": len(indices), "samples": n, "kept": len(rows),
-        "keep_rate": len(rows) / n, "reward": sum(float(s.reward) for s in scores) / n,
-        "accuracy": sum(bool(s.correct) for s in scores) / n, "cut": sum(e.cut for e in episodes),
-        "loss": stats["loss"],
-        "sft_steps": stats["steps"], "sampling_s": round(sampled_s, 2), "sft_s": round(sft_s, 2),
-        "round_s": round(time.monotonic() - started, 2)})
+    row = ctx.metrics.record(
+        round_no,
+        {
+            "round": round_no,
+            "tasks": len(indices),
+            "samples": n,
+            "kept": len(rows),
+            "keep_rate": len(rows) / n,
+            "reward": sum(float(s.reward) for s in scores) / n,
+            "accuracy": sum(bool(s.correct) for s in scores) / n,
+            "cut": sum(e.cut for e in episodes),
+            "loss": stats["loss"],
+            "sft_steps": stats["steps"],
+            "sampling_s": round(sampled_s, 2),
+            "sft_s": round(sft_s, 2),
+            "round_s": round(time.monotonic() - started, 2),
+        },
+    )
     ctx.view.message(round_line(row, settings.rounds))
-    return model, {"round": round_no, "global_step": round_no, "model_dir": model_dir,
-                   "sft_steps": int(previous["sft_steps"]) + stats["steps"], "metrics": row}
+    return model, {
+        "round": round_no,
+        "global_step": round_no,
+        "model_dir": model_dir,
+        "sft_steps": int(previous["sft_steps"]) + stats["steps"],
+        "metrics": row,
+    }
 
 
-def sample(rollouts: Rollouts, draws: list[tuple[int, int]], round_no: int, model: Any, tokenizer: Any,
-           version: int) -> list[Episode]:
+def sample(
+    rollouts: Rollouts, draws: list[tuple[int, int]], round_no: int, model: Any, tokenizer: Any, version: int
+) -> list[Episode]:
     """One episode per draw (task index, sample number) with `model`'s weights, in draw order.
 
     `version` names the weights for a synced engine (vLLM): the SFT steps taken so far."""
@@ -333,8 +411,9 @@ def sample(rollouts: Rollouts, draws: list[tuple[int, int]], round_no: int, mode
     return out  # type: ignore[return-value]
 
 
-def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]], output_dir: Path,
-              round_no: int) -> tuple[Any, dict[str, Any]]:
+def fine_tune(
+    cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str, Any]], output_dir: Path, round_no: int
+) -> tuple[Any, dict[str, Any]]:
     """SFT `model` in place on `rows` with the run's SFT settings (train.sft: every assistant
     message carries loss, prompt and env tokens do not) for `num_train_epochs` passes over them,
     at most `max_steps` optimizer steps; returns the trained model and {"loss": mean training
@@ -346,8 +425,7 @@ def fine_tune(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[dict[str,
     steps = min(int(fields["max_steps"]), max(1, math.ceil(epochs * math.ceil(examples / batch))))
     # No checkpoints inside a round (a round cut short is redone whole), no reporting of each
     # round's SFT as a run of its own, and a seed of the round's own (its own shuffle).
-    fields.update(max_steps=steps, save_strategy="no", report_to="none",
-                  seed=cfg.seed + round_no)
+    fields.update(max_steps=steps, save_strategy="no", report_to="none", seed=cfg.seed + round_no)
     args = sft.trainer_args(replace(cfg, trainer=fields), output_dir)
     trainer = sft.train_sft(cfg, args, model, tokenizer, rows)
     losses = [h["train_loss"] for h in trainer.state.log_history if "train_loss" in h]
@@ -374,8 +452,11 @@ def load_policy(cfg: TrainConfig, spec: Any, saved: Path | None) -> tuple[Any, A
         from peft import PeftModel, get_peft_model
 
         base = start_model()
-        model = (PeftModel.from_pretrained(base, str(saved), is_trainable=True) if saved
-                 else get_peft_model(base, lora_config(cfg)))
+        model = (
+            PeftModel.from_pretrained(base, str(saved), is_trainable=True)
+            if saved
+            else get_peft_model(base, lora_config(cfg))
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=dtype) if saved else start_model()
     tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id or "", padding_side="left")
@@ -388,20 +469,26 @@ def round_line(row: dict[str, Any], rounds: int) -> str:
     """One finished round as a line (the full row is in metrics.jsonl)."""
     loss = "-" if row.get("loss") is None else f"{row['loss']:.4f}"
     cut = f" ({row['cut']} cut at the token limit)" if row.get("cut") else ""
-    return (f"round {row['round']}/{rounds}  kept {row['kept']}/{row['samples']} ({row['keep_rate']:.0%}){cut}  "
-            f"reward {row['reward']:.3f}  acc {row['accuracy']:.3f}  sft loss {loss} ({row['sft_steps']} steps)  "
-            f"{row['round_s']:.1f} s")
+    return (
+        f"round {row['round']}/{rounds}  kept {row['kept']}/{row['samples']} ({row['keep_rate']:.0%}){cut}  "
+        f"reward {row['reward']:.3f}  acc {row['accuracy']:.3f}  sft loss {loss} ({row['sft_steps']} steps)  "
+        f"{row['round_s']:.1f} s"
+    )
 
 
 def _read_state(checkpoint: Path) -> dict[str, Any]:
     try:
         state = safeio.loads(safeio.read_text(checkpoint / STATE_FILE, "rft state"))
     except ValueError as exc:  # broken, or nested deeper than safeio.MAX_DEPTH
-        raise UserError(f"cannot resume from {checkpoint}: its {STATE_FILE} is damaged ({exc}); delete that "
-                        f"checkpoint folder to resume from the one before, or choose a new --output") from None
+        raise UserError(
+            f"cannot resume from {checkpoint}: its {STATE_FILE} is damaged ({exc}); delete that "
+            f"checkpoint folder to resume from the one before, or choose a new --output"
+        ) from None
     if not isinstance(state, dict) or "round" not in state:
-        raise UserError(f"{checkpoint} is not an rft round (no 'round' in its {STATE_FILE}); it was written by "
-                        f"another --algo: resume with that algo, or choose a new --output")
+        raise UserError(
+            f"{checkpoint} is not an rft round (no 'round' in its {STATE_FILE}); it was written by "
+            f"another --algo: resume with that algo, or choose a new --output"
+        )
     return state
 
 

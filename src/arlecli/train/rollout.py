@@ -104,8 +104,8 @@ def flatten_episode(episode: Episode) -> Flat:
     so_far, seg = list(flat.prompt_ids), 0
     for turn in episode.turns:
         ids = list(turn.prompt_token_ids or [])
-        if ids[:len(so_far)] == so_far:
-            context = ids[len(so_far):]  # the env's reply (and the template's turn markers)
+        if ids[: len(so_far)] == so_far:
+            context = ids[len(so_far) :]  # the env's reply (and the template's turn markers)
         else:  # a seam: the whole prompt this turn was generated from opens a new segment
             context, seg = ids, seg + 1
         own = list(turn.token_ids or [])
@@ -129,8 +129,8 @@ class Sequences:
     logprobs: list[list[float]]
     episodes: list[Episode]
     segment: list[list[int]] = field(default_factory=list)
-    indices: list[int] | None = None   # each row's task, when dynamic sampling chose other tasks
-    scores: list[Any] | None = None     # each row's verdict, when the rollout scored them already
+    indices: list[int] | None = None  # each row's task, when dynamic sampling chose other tasks
+    scores: list[Any] | None = None  # each row's verdict, when the rollout scored them already
 
     @classmethod
     def of(cls, episodes: list[Episode], end_id: int) -> "Sequences":
@@ -166,9 +166,13 @@ class Sequences:
         """TRL's `rollout_func` output: the sequences, `env_mask`, and each `episode` (an extra
         field, which TRL hands to the reward functions), with each row's `task_index` and
         verdict (`arle_score`) when dynamic sampling replaced tasks and scored them already."""
-        out: dict[str, list[Any]] = {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
-                                     "env_mask": self.env_mask, "logprobs": self.logprobs,
-                                     "episode": self.episodes}
+        out: dict[str, list[Any]] = {
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+            "env_mask": self.env_mask,
+            "logprobs": self.logprobs,
+            "episode": self.episodes,
+        }
         if self.indices is not None:
             out["task_index"] = list(self.indices)
         if self.scores is not None:
@@ -189,8 +193,12 @@ def segment_spans(row: "torch.Tensor") -> list[tuple[int, int]]:
     return spans
 
 
-def rescore_segments(outputs: list["torch.Tensor | None"], completion_ids: "torch.Tensor", segment: "torch.Tensor",
-                     score: Callable[["torch.Tensor"], list["torch.Tensor | None"]]) -> list["torch.Tensor | None"]:
+def rescore_segments(
+    outputs: list["torch.Tensor | None"],
+    completion_ids: "torch.Tensor",
+    segment: "torch.Tensor",
+    score: Callable[["torch.Tensor"], list["torch.Tensor | None"]],
+) -> list["torch.Tensor | None"]:
     """Per-token outputs of a batch ([B, C] logprobs, entropies, values ...) with every token
     of a segment k > 0 scored on its own context: `score(ids)` runs the model over one
     segment's ids ([1, n]: its prompt, then what follows) and returns the same outputs for
@@ -203,10 +211,10 @@ def rescore_segments(outputs: list["torch.Tensor | None"], completion_ids: "torc
         for start, end in segment_spans(segment[row]):
             if end - start < 2:
                 continue
-            fresh = score(completion_ids[row:row + 1, start:end])
+            fresh = score(completion_ids[row : row + 1, start:end])
             for k, tensor in enumerate(fresh):
                 if out[k] is not None and tensor is not None:
-                    out[k][row, start + 1:end] = tensor[0].to(out[k].dtype)
+                    out[k][row, start + 1 : end] = tensor[0].to(out[k].dtype)
     return out
 
 
@@ -217,9 +225,9 @@ def pad_rows(rows: list[list[int]], like: "torch.Tensor", fill: int = 0) -> "tor
 
     out = torch.full(like.shape[:2], fill, dtype=torch.long, device=like.device)
     for r, row in enumerate(rows):
-        row = row[:like.shape[1]]
+        row = row[: like.shape[1]]
         if row:
-            out[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+            out[r, : len(row)] = torch.tensor(row, dtype=torch.long)
     return out
 
 
@@ -250,9 +258,16 @@ class PolicyEngine:
     `vllm-server`: TRL's vLLM server (`--vllm-server URL`) through `client` (the trainer's
     VLLMClient, set once the trainer exists), whose weights TRL's trainer syncs itself."""
 
-    def __init__(self, backend: str, model_path: str, *, batch_size: int = 16,
-                 vllm_options: dict[str, Any] | None = None, think_tags: str | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        model_path: str,
+        *,
+        batch_size: int = 16,
+        vllm_options: dict[str, Any] | None = None,
+        think_tags: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.backend = backend
         self.model_path = model_path
         self.batch_size = batch_size
@@ -276,14 +291,22 @@ class PolicyEngine:
             elif self.backend == "vllm-server":
                 from arlecli.engine.trl_server import TRLServerEngine
 
-                yield self._configured(TRLServerEngine(self.client, tokenizer,
-                                                       chat_template_kwargs=self.chat_template_kwargs))
+                yield self._configured(
+                    TRLServerEngine(self.client, tokenizer, chat_template_kwargs=self.chat_template_kwargs)
+                )
             else:
                 from arlecli.engine.hf import HFEngine
 
-                yield self._configured(HFEngine("", batch_size=self.batch_size, model_obj=model, tokenizer=tokenizer,
-                                                device=str(next(model.parameters()).device),
-                                                chat_template_kwargs=self.chat_template_kwargs))
+                yield self._configured(
+                    HFEngine(
+                        "",
+                        batch_size=self.batch_size,
+                        model_obj=model,
+                        tokenizer=tokenizer,
+                        device=str(next(model.parameters()).device),
+                        chat_template_kwargs=self.chat_template_kwargs,
+                    )
+                )
         finally:
             model.train(was_training)
 
@@ -298,8 +321,9 @@ class PolicyEngine:
     def _start_vllm(self) -> Any:
         from arlecli.engine.vllm import VLLMEngine
 
-        return self._configured(VLLMEngine(base_model(self.model_path), chat_template_kwargs=self.chat_template_kwargs,
-                                           **self.vllm_options))
+        return self._configured(
+            VLLMEngine(base_model(self.model_path), chat_template_kwargs=self.chat_template_kwargs, **self.vllm_options)
+        )
 
     def _configured(self, engine: Any) -> Any:
         """`engine` with the model's think tags (thinking.configure), as make_engine does."""
@@ -376,8 +400,9 @@ class Rollouts:
                 out[j] = episode
         return out  # type: ignore[return-value]
 
-    def sequences(self, indices: list[int], step: int, model: Any, tokenizer: Any, *, reward: Any = None,
-                  group: int = 1) -> Sequences:
+    def sequences(
+        self, indices: list[int], step: int, model: Any, tokenizer: Any, *, reward: Any = None, group: int = 1
+    ) -> Sequences:
         """`episodes`, flattened into training sequences; a cut episode carries no loss under
         overlong filtering. With dynamic sampling, `reward` (the run's CardReward, which then
         records the verdicts) and `group` (the trainer's num_generations) refill the batch
@@ -406,19 +431,28 @@ class Rollouts:
         """Whether overlong filtering keeps `episode` out of the loss."""
         return self.dapo.overlong_filter and is_cut(episode)
 
-    def filled(self, indices: list[int], step: int, model: Any, tokenizer: Any, reward: Any,
-               group: int) -> Sequences:
+    def filled(self, indices: list[int], step: int, model: Any, tokenizer: Any, reward: Any, group: int) -> Sequences:
         """Dynamic sampling (train.dapo.fill_groups): the batch with every all-equal group
         replaced by a group of another task where one was found; every episode sampled this
         step is scored once and recorded (rewards.jsonl marks the dropped ones), each row's
         task and verdict ride along (`Sequences.indices` / `.scores`), and the step's counts
         are in `last_stats`."""
         filled: Filled = fill_groups(
-            list(indices), group, lambda todo: self.episodes(todo, step, model, tokenizer), reward.judge,
-            refill_picker(len(self.tasks), self.sampling.seed, step), self.dapo.dynamic_sampling_rounds)
+            list(indices),
+            group,
+            lambda todo: self.episodes(todo, step, model, tokenizer),
+            reward.judge,
+            refill_picker(len(self.tasks), self.sampling.seed, step),
+            self.dapo.dynamic_sampling_rounds,
+        )
         scored = filled.scored
-        reward.record([e for e, _, _, _ in scored], [i for _, i, _, _ in scored], [s for _, _, s, _ in scored],
-                      step=step + 1, dropped=[d for _, _, _, d in scored])
+        reward.record(
+            [e for e, _, _, _ in scored],
+            [i for _, i, _, _ in scored],
+            [s for _, _, s, _ in scored],
+            step=step + 1,
+            dropped=[d for _, _, _, d in scored],
+        )
         no_loss = [not trained or self.no_loss(e) for e, trained in zip(filled.episodes, filled.trained, strict=True)]
         seqs = Sequences.of(filled.episodes, end_id(tokenizer))
         self.last_stats = {**filled.stats, **self.filter_stats(seqs, filled.trained)}

@@ -58,8 +58,20 @@ SUMMARY = "summary.json"
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
 # What a resume must keep (options and trainer field by field, all but RESUMABLE).
-COMPARED = ("benchmark", "card_hash", "model", "algo", "train_split", "eval_split", "options", "trainer", "dapo",
-            "stages", "rows_hash", "eval_rows_hash")
+COMPARED = (
+    "benchmark",
+    "card_hash",
+    "model",
+    "algo",
+    "train_split",
+    "eval_split",
+    "options",
+    "trainer",
+    "dapo",
+    "stages",
+    "rows_hash",
+    "eval_rows_hash",
+)
 
 
 def train_split(card: Card, requested: str | None) -> str:
@@ -69,9 +81,17 @@ def train_split(card: Card, requested: str | None) -> str:
     return "train" if "train" in split_names(card) else card.source.default_split
 
 
-def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, resume: bool = False,
-              command: list[str] | None = None, view: TrainView | None = None,
-              sandbox: str = "require") -> dict[str, Any]:
+def run_train(
+    card: Card,
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    command: list[str] | None = None,
+    view: TrainView | None = None,
+    sandbox: str = "require",
+) -> dict[str, Any]:
     """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content.
 
     Everything `arle train` refuses is refused here, before the run directory exists (`refuse`,
@@ -94,9 +114,11 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
     ranks = Ranks.current() if algo.distributed else Ranks()
     played = None if algo.data else rollout_card(card, cfg, ranks)  # before the run directory, like every refusal
     check_dynamic_sampling(cfg, card, ranks)
-    view.message(f"training {spec.name} on {card.name} with {opts.algo}"
-                 f"{' + LoRA r=' + str(opts.lora_rank) if opts.lora_rank else ''} for {_length(cfg.trainer)} -> "
-                 f"{run_dir}")
+    view.message(
+        f"training {spec.name} on {card.name} with {opts.algo}"
+        f"{' + LoRA r=' + str(opts.lora_rank) if opts.lora_rank else ''} for {_length(cfg.trainer)} -> "
+        f"{run_dir}"
+    )
     compare = (*COMPARED, "data_hash") if algo.data else COMPARED
     view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=compare)
     data = None if played is None else train_data(card, played, cfg, split, eval_split, view)
@@ -113,33 +135,56 @@ def run_train(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, *, r
         if cfg.stages and start_step >= stage.end and n < len(sessions) - 1:
             continue  # finished before this resume
         if cfg.stages:
-            view.message(f"stage {stage.name} ({n + 1}/{len(sessions)}): steps {stage.end - stage.steps + 1}-"
-                         f"{stage.end}{_stage_changes(stage)}")
+            view.message(
+                f"stage {stage.name} ({n + 1}/{len(sessions)}): steps {stage.end - stage.steps + 1}-"
+                f"{stage.end}{_stage_changes(stage)}"
+            )
             metrics.tags = {"stage": stage.name}
-        evals, global_step, heldout = train_session(algo, card, stage.config, spec, run_dir, ready, data, checkpoint,
-                                                    metrics, view, ranks)
+        evals, global_step, heldout = train_session(
+            algo, card, stage.config, spec, run_dir, ready, data, checkpoint, metrics, view, ranks
+        )
         checkpoint = rundir.latest_checkpoint(run_dir)
         start_step = global_step
 
-    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started,
-                         ranks)
+    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started, ranks)
 
 
-def run_meta(card: Card, cfg: TrainConfig, spec: ModelSpec, algo: Algorithm, command: list[str] | None,
-             split: str | None, eval_split: str | None, prepared: Any) -> dict[str, Any]:
+def run_meta(
+    card: Card,
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    algo: Algorithm,
+    command: list[str] | None,
+    split: str | None,
+    eval_split: str | None,
+    prepared: Any,
+) -> dict[str, Any]:
     """meta.json's content: the command, versions, card, model, algorithm and every setting,
     with the identity of the files trained on (a file whose content changed since is refused on
     resume) and the trainer's resolved config when the algorithm's check made one."""
     opts = cfg.options
     meta = {
-        "command": command or sys.argv, "kind": "train", "benchmark": card.name, "card_version": card.version,
-        "card_hash": card.hash, "card_path": str(card.path), "model": spec.name, "model_path": spec.path_or_id,
-        "algo": opts.algo, "train_split": None if algo.data else opts.rows or split,
-        "eval_split": heldout_rows(opts) or eval_split, "recipe": cfg.recipe,
-        "options": asdict(opts), "trainer": cfg.trainer, "dapo": asdict(cfg.dapo), "versions": rundir.versions(),
+        "command": command or sys.argv,
+        "kind": "train",
+        "benchmark": card.name,
+        "card_version": card.version,
+        "card_hash": card.hash,
+        "card_path": str(card.path),
+        "model": spec.name,
+        "model_path": spec.path_or_id,
+        "algo": opts.algo,
+        "train_split": None if algo.data else opts.rows or split,
+        "eval_split": heldout_rows(opts) or eval_split,
+        "recipe": cfg.recipe,
+        "options": asdict(opts),
+        "trainer": cfg.trainer,
+        "dapo": asdict(cfg.dapo),
+        "versions": rundir.versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         # What a step is called and the trainer field counting them (rundir reads them back).
-        "unit": algo.unit, "length": algo.length, "schema": SCHEMA,
+        "unit": algo.unit,
+        "length": algo.length,
+        "schema": SCHEMA,
     }
     if cfg.stages:
         meta["stages"] = cfg.stage_plan
@@ -154,8 +199,9 @@ def run_meta(card: Card, cfg: TrainConfig, spec: ModelSpec, algo: Algorithm, com
     return meta
 
 
-def refuse(card: Card, cfg: TrainConfig, spec: ModelSpec | None = None, *, sandbox: str = "require",
-           message: Any = None) -> None:
+def refuse(
+    card: Card, cfg: TrainConfig, spec: ModelSpec | None = None, *, sandbox: str = "require", message: Any = None
+) -> None:
     """What no algorithm can train, refused before any model loads (one line each): a card that
     scores by loglikelihood, model-written code where the sandbox cannot isolate it (under
     `sandbox` require) and, given the model's `spec`, an endpoint for a model or a thinking
@@ -163,20 +209,25 @@ def refuse(card: Card, cfg: TrainConfig, spec: ModelSpec | None = None, *, sandb
     of a reward whose verdict the model's own code could forge. Cheap to repeat: the CLI calls
     it before it resolves the model (which may unpack one), run_train again with it."""
     if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
-        raise UserError(f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
-                        f"only evaluates; train on generated answers: set `default: false` in a copy of the card")
+        raise UserError(
+            f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
+            f"only evaluates; train on generated answers: set `default: false` in a copy of the card"
+        )
     set_policy(sandbox)
     if card_runs_code(card):
         ensure_isolation()  # refuse before loading a model, not at the first reward
     if card_forgeable(card) and message is not None:
-        message(f"warning: {card.name}'s reward ({card.reward}) decides its verdict inside the model's own "
-                "interpreter: code written to cheat can forge a pass there, and RL rewards it for that. Read the "
-                "high-reward completions in rewards.jsonl.")
+        message(
+            f"warning: {card.name}'s reward ({card.reward}) decides its verdict inside the model's own "
+            "interpreter: code written to cheat can forge a pass there, and RL rewards it for that. Read the "
+            "high-reward completions in rewards.jsonl."
+        )
     if spec is None:
         return
     if spec.kind != "hf" or not spec.path_or_id:
-        raise UserError("training needs model weights (a profile with a path or hub id, a folder, or a hub id), "
-                        "not an endpoint")
+        raise UserError(
+            "training needs model weights (a profile with a path or hub id, a folder, or a hub id), not an endpoint"
+        )
     if cfg.options.max_thinking_tokens is not None:
         _check_thinking_budget(spec, cfg.options.max_thinking_tokens)
 
@@ -214,21 +265,28 @@ class TrainData:
     prompts: list[Any]
 
 
-def train_data(card: Card, played: Card, cfg: TrainConfig, split: str | None, eval_split: str | None,
-               view: TrainView) -> TrainData:
+def train_data(
+    card: Card, played: Card, cfg: TrainConfig, split: str | None, eval_split: str | None, view: TrainView
+) -> TrainData:
     """The rows `arle eval` scores, for the card's split or a --rows file (the same loader)."""
     opts = cfg.options
-    tasks, exemplars = load_tasks(card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot,
-                                                    data=opts.rows))
+    tasks, exemplars = load_tasks(
+        card, EvalOptions(split=split, limit=opts.limit, num_fewshot=opts.num_fewshot, data=opts.rows)
+    )
     if not tasks:
-        raise UserError(f"no tasks to train on in {opts.rows or f'{card.name}:{split}'} (check --split, --rows and "
-                        f"--limit)")
-    prompts = [render_prompt(card.prompt, t, exemplars_for(exemplars, t)) for t in tasks]  # what TRL logs; rollouts render their own
+        raise UserError(
+            f"no tasks to train on in {opts.rows or f'{card.name}:{split}'} (check --split, --rows and --limit)"
+        )
+    prompts = [
+        render_prompt(card.prompt, t, exemplars_for(exemplars, t)) for t in tasks
+    ]  # what TRL logs; rollouts render their own
     if opts.eval_limit and (split, opts.rows) == (eval_split, heldout_rows(opts)):
         where = f"the rows of {opts.rows}" if opts.rows else f"split '{split}' of {card.name}"
-        view.message(f"warning: training and held-out evaluation both use {where}; pass "
-                     f"{'--eval-rows FILE or --eval-split' if opts.rows else '--eval-split or --split'} to keep "
-                     f"them apart")
+        view.message(
+            f"warning: training and held-out evaluation both use {where}; pass "
+            f"{'--eval-rows FILE or --eval-split' if opts.rows else '--eval-split or --split'} to keep "
+            f"them apart"
+        )
     return TrainData(played, tasks, exemplars, prompts)
 
 
@@ -238,11 +296,15 @@ def check_dynamic_sampling(cfg: TrainConfig, card: Card, ranks: Ranks) -> None:
     if not any(stage.config.dapo.dynamic_sampling for stage in cfg.sessions()):
         return
     if ranks.world > 1:
-        raise UserError("dynamic_sampling refills each process's own groups: train in one process "
-                        "(drop --num-processes) or drop dynamic_sampling")
+        raise UserError(
+            "dynamic_sampling refills each process's own groups: train in one process "
+            "(drop --num-processes) or drop dynamic_sampling"
+        )
     if is_multiplayer(card):
-        raise UserError(f"dynamic_sampling is for groups of one task's completions; {card.name}'s self-play "
-                        "groups hold two seats with baselines of their own: drop dynamic_sampling")
+        raise UserError(
+            f"dynamic_sampling is for groups of one task's completions; {card.name}'s self-play "
+            "groups hold two seats with baselines of their own: drop dynamic_sampling"
+        )
 
 
 def _stage_changes(stage: Any) -> str:
@@ -250,26 +312,65 @@ def _stage_changes(stage: Any) -> str:
     return f" ({shown})" if shown else ""
 
 
-def train_session(algo: Algorithm, card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, prepared: Any,
-                  data: TrainData | None, checkpoint: Path | None, metrics: MetricsLog, view: TrainView,
-                  ranks: Ranks) -> tuple[dict[str, dict[str, Any]], int, HeldOut | None]:
+def train_session(
+    algo: Algorithm,
+    card: Card,
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    run_dir: Path,
+    prepared: Any,
+    data: TrainData | None,
+    checkpoint: Path | None,
+    metrics: MetricsLog,
+    view: TrainView,
+    ranks: Ranks,
+) -> tuple[dict[str, dict[str, Any]], int, HeldOut | None]:
     """Train with one stage's settings up to its max_steps, from `checkpoint` when given; returns
     (every evaluation's results by label, the last step, the held-out evaluations). `data`
     (None for a --data algorithm) is what the rollouts sample."""
     opts = cfg.options
-    engine = PolicyEngine(opts.backend, spec.path_or_id or "", batch_size=opts.eval_batch_size,
-                          vllm_options=vllm_options(opts, cfg.seed), think_tags=spec.think_tags,
-                          chat_template_kwargs=spec.chat_template_kwargs)
-    ctx = TrainContext(card, cfg, spec, run_dir, checkpoint, metrics, view, ranks, engine,
-                       held_out(card, cfg, spec, run_dir, engine, view), prepared)
+    engine = PolicyEngine(
+        opts.backend,
+        spec.path_or_id or "",
+        batch_size=opts.eval_batch_size,
+        vllm_options=vllm_options(opts, cfg.seed),
+        think_tags=spec.think_tags,
+        chat_template_kwargs=spec.chat_template_kwargs,
+    )
+    ctx = TrainContext(
+        card,
+        cfg,
+        spec,
+        run_dir,
+        checkpoint,
+        metrics,
+        view,
+        ranks,
+        engine,
+        held_out(card, cfg, spec, run_dir, engine, view),
+        prepared,
+    )
     if data is not None:
         sampling = rollout_sampling(cfg, card)
-        ctx.reward = CardReward(card, data.tasks, run_dir if ranks.main else None,
-                                gather=ranks.gather if ranks.world > 1 else None, shaping=cfg.dapo,
-                                max_tokens=sampling.max_tokens)
+        ctx.reward = CardReward(
+            card,
+            data.tasks,
+            run_dir if ranks.main else None,
+            gather=ranks.gather if ranks.world > 1 else None,
+            shaping=cfg.dapo,
+            max_tokens=sampling.max_tokens,
+        )
         # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
-        rollout_engine = PolicyEngine("vllm-server", spec.path_or_id or "", think_tags=spec.think_tags,
-                                      chat_template_kwargs=spec.chat_template_kwargs) if opts.vllm_server else engine
+        rollout_engine = (
+            PolicyEngine(
+                "vllm-server",
+                spec.path_or_id or "",
+                think_tags=spec.think_tags,
+                chat_template_kwargs=spec.chat_template_kwargs,
+            )
+            if opts.vllm_server
+            else engine
+        )
         ctx.rollouts = Rollouts(data.card, data.tasks, data.exemplars, sampling, rollout_engine, dapo=cfg.dapo)
         ctx.prompts = data.prompts
     try:
@@ -281,8 +382,15 @@ def train_session(algo: Algorithm, card: Card, cfg: TrainConfig, spec: ModelSpec
     return evals, global_step, ctx.heldout
 
 
-def open_run(run_dir: Path, meta: dict[str, Any], resume: bool, view: TrainView, ranks: Ranks, *,
-             compare: tuple[str, ...] = COMPARED) -> tuple[TrainView, Path | None, int]:
+def open_run(
+    run_dir: Path,
+    meta: dict[str, Any],
+    resume: bool,
+    view: TrainView,
+    ranks: Ranks,
+    *,
+    compare: tuple[str, ...] = COMPARED,
+) -> tuple[TrainView, Path | None, int]:
     """Start (or resume) a training run in `run_dir` for every algorithm: meta.json written by
     the main process (a resume whose settings differ, beyond RESUMABLE, is refused), the view
     quietened on the other ranks. Returns the view, the checkpoint to resume from and its step."""
@@ -294,23 +402,30 @@ def open_run(run_dir: Path, meta: dict[str, Any], resume: bool, view: TrainView,
     start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
     ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=compare, may_change=RESUMABLE))
     if resume:
-        view.message(f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, "
-                     "starting from step 0")
+        view.message(
+            f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, starting from step 0"
+        )
     return view, checkpoint, start_step
 
 
-def held_out(card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engine: PolicyEngine,
-             view: TrainView) -> HeldOut | None:
+def held_out(
+    card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engine: PolicyEngine, view: TrainView
+) -> HeldOut | None:
     """The run's held-out evaluations on `engine` (None with --eval-limit 0): greedy, on the
     eval split, as `arle eval` would score the weights."""
     opts = cfg.options
     if not opts.eval_limit:
         return None
-    eval_opts = EvalOptions(split=opts.eval_split or card.source.default_split, limit=opts.eval_limit,
-                            data=heldout_rows(opts),
-                            temperature=0.0, max_tokens=opts.eval_max_tokens, num_fewshot=opts.num_fewshot,
-                            max_thinking_tokens=opts.max_thinking_tokens,
-                            seed=cfg.seed)
+    eval_opts = EvalOptions(
+        split=opts.eval_split or card.source.default_split,
+        limit=opts.eval_limit,
+        data=heldout_rows(opts),
+        temperature=0.0,
+        max_tokens=opts.eval_max_tokens,
+        num_fewshot=opts.num_fewshot,
+        max_thinking_tokens=opts.max_thinking_tokens,
+        seed=cfg.seed,
+    )
     return HeldOut(card, eval_opts, run_dir, spec.name, engine, view.eval_start, view.eval_sample, view.eval_done)
 
 
@@ -321,19 +436,32 @@ def heldout_rows(opts: Any) -> str | None:
     return opts.eval_rows or (opts.rows if opts.rows and not opts.eval_split else None)
 
 
-def write_summary(card: Card, spec: ModelSpec, algo: str, global_step: int, run_dir: Path,
-                  evals: dict[str, dict[str, Any]], heldout: HeldOut | None, seconds: float,
-                  ranks: Ranks) -> dict[str, Any]:
+def write_summary(
+    card: Card,
+    spec: ModelSpec,
+    algo: str,
+    global_step: int,
+    run_dir: Path,
+    evals: dict[str, dict[str, Any]],
+    heldout: HeldOut | None,
+    seconds: float,
+    ranks: Ranks,
+) -> dict[str, Any]:
     """summary.json (written by the main process) and its content: before/after held-out
     accuracy, steps, where the final model is."""
     labels = sorted(evals, key=lambda s: int(s.split("-")[1]))
     summary = {
-        "benchmark": card.name, "model": spec.name, "algo": algo, "global_step": global_step,
-        "final_model": str(run_dir / FINAL), "train_seconds_this_session": round(seconds, 1),
+        "benchmark": card.name,
+        "model": spec.name,
+        "algo": algo,
+        "global_step": global_step,
+        "final_model": str(run_dir / FINAL),
+        "train_seconds_this_session": round(seconds, 1),
         "before": {"label": labels[0], "accuracy": accuracy(evals[labels[0]])} if labels else None,
         "after": {"label": labels[-1], "accuracy": accuracy(evals[labels[-1]])} if len(labels) > 1 else None,
-        "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))}
-                  for label in labels} if heldout else {},
+        "evals": {label: {"accuracy": accuracy(evals[label]), "dir": str(heldout.dir_for(label))} for label in labels}
+        if heldout
+        else {},
     }
     if ranks.main:
         write_json(run_dir / SUMMARY, summary)
@@ -349,11 +477,15 @@ def rollout_card(card: Card, cfg: TrainConfig, ranks: Ranks) -> Card:
         return card if opponent is None else with_opponent(card, opponent)  # refused: not a game for two
     opponent = opponent or SELF
     if opponent not in (*BUILTIN_OPPONENTS, SELF):
-        raise UserError(f"--opponent {opponent}: training plays {SELF}, {' or '.join(BUILTIN_OPPONENTS)} "
-                        "(a model opponent plays in `arle eval --opponent`)")
+        raise UserError(
+            f"--opponent {opponent}: training plays {SELF}, {' or '.join(BUILTIN_OPPONENTS)} "
+            "(a model opponent plays in `arle eval --opponent`)"
+        )
     if opponent == SELF and ranks.world > 1:
-        raise UserError("self-play training runs in one process (each seat's advantages are computed over "
-                        "the whole batch): drop --num-processes")
+        raise UserError(
+            "self-play training runs in one process (each seat's advantages are computed over "
+            "the whole batch): drop --num-processes"
+        )
     return with_opponent(card, opponent)
 
 
@@ -361,17 +493,24 @@ def rollout_sampling(cfg: TrainConfig, card: Card) -> Sampling:
     """How rollouts sample: the trainer's temperature, top_p, per-turn budget and seed (the
     fields `arle eval` takes as --temperature, --top-p, --max-tokens, --seed)."""
     t = cfg.trainer
-    return Sampling(temperature=float(t.get("temperature", 1.0)), top_p=float(t.get("top_p", 1.0)),
-                    max_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
-                    seed=cfg.seed, logprobs=True,
-                    max_thinking_tokens=cfg.options.max_thinking_tokens)
+    return Sampling(
+        temperature=float(t.get("temperature", 1.0)),
+        top_p=float(t.get("top_p", 1.0)),
+        max_tokens=t.get("max_completion_length") or card.prompt.max_tokens,
+        seed=cfg.seed,
+        logprobs=True,
+        max_thinking_tokens=cfg.options.max_thinking_tokens,
+    )
 
 
 def vllm_options(opts: Any, seed: int) -> dict[str, Any]:
     """The colocated vLLM engine's settings (a share of the GPU: the policy and its optimizer
     state live there too)."""
-    out: dict[str, Any] = {"gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
-                           "max_model_len": opts.vllm_max_model_len, "seed": seed}
+    out: dict[str, Any] = {
+        "gpu_memory_utilization": opts.vllm_gpu_memory_utilization,
+        "max_model_len": opts.vllm_max_model_len,
+        "seed": seed,
+    }
     for key in ("quantization", "kv_cache_dtype"):
         if getattr(opts, key, None):
             out[key] = getattr(opts, key)

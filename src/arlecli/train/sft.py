@@ -79,9 +79,12 @@ def _turn_end(turn: str, message: dict[str, Any], markers: tuple[list[str], list
     return len(turn)
 
 
-def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
-                          tools: list[dict[str, Any]] | None = None,
-                          template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:
+def tokenize_conversation(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[int], list[int]]:
     """(input_ids, completion_mask) of a conversation: mask 1 on every assistant message's own
     tokens (through its end-of-turn token), 0 on everything else (see the module docstring).
     An assistant message's thinking (`reasoning_content`) is trained too: rendered by a
@@ -107,13 +110,14 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]],
         if message.get("role") != "assistant" or i == 0:
             continue
         head = render_chat(tokenizer, messages[:i], tools, generation_prompt=True, template_kwargs=template_kwargs)
-        full = render_chat(tokenizer, messages[:i + 1], tools, generation_prompt=False,
-                           template_kwargs=template_kwargs)
+        full = render_chat(
+            tokenizer, messages[: i + 1], tools, generation_prompt=False, template_kwargs=template_kwargs
+        )
         if not head.startswith(text) or not full.startswith(head):
             break  # a seam: the template rewrote what came before
-        turn = full[len(head):]
+        turn = full[len(head) :]
         end = _turn_end(turn, message, markers)
-        add(head[len(text):], 0)
+        add(head[len(text) :], 0)
         add(turn[:end], 1)
         text = head + turn[:end]
     return ids, mask
@@ -131,8 +135,9 @@ def tokenize_text(tokenizer: Any, prompt: str, completion: str) -> tuple[list[in
     return prompt_ids + own, [0] * len(prompt_ids) + [1] * len(own)
 
 
-def row_tokens(tokenizer: Any, row: dict[str, Any],
-               template_kwargs: dict[str, Any] | None = None) -> list[tuple[list[int], list[int]]]:
+def row_tokens(
+    tokenizer: Any, row: dict[str, Any], template_kwargs: dict[str, Any] | None = None
+) -> list[tuple[list[int], list[int]]]:
     """The (input_ids, completion_mask) sequences an SFT row trains on: its `sequences` as
     generated, a text prompt/completion, or its conversation (`messages`, or conversational
     prompt + completion) through the chat template."""
@@ -157,8 +162,9 @@ def sft_dataset(tokenizer: Any, rows: Iterable[dict[str, Any]], template_kwargs:
             if any(mask):
                 out.append({"input_ids": ids, "labels": [t if m else IGNORE for t, m in zip(ids, mask)]})
     if not out:
-        raise UserError("no row has an assistant turn the chat template can render after its prompt; "
-                        "nothing to train on")
+        raise UserError(
+            "no row has an assistant turn the chat template can render after its prompt; nothing to train on"
+        )
     return Dataset.from_list(out)
 
 
@@ -194,8 +200,15 @@ def _peft_config(cfg: TrainConfig, model: Any) -> Any:
     return None if hasattr(model, "peft_config") else lora_config(cfg)
 
 
-def build_sft_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]],
-                      callbacks: Iterable[Any] = (), template_kwargs: dict[str, Any] | None = None) -> Any:
+def build_sft_trainer(
+    cfg: TrainConfig,
+    args: Any,
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    callbacks: Iterable[Any] = (),
+    template_kwargs: dict[str, Any] | None = None,
+) -> Any:
     """A ready SFTTrainer over `rows` (SFT rows) with `args` (from trainer_args); the rows are
     rendered with the chat template's switches `template_kwargs`."""
     import datasets
@@ -205,15 +218,28 @@ def build_sft_trainer(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, r
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()  # TRL's dataset preparation bars: noise in the live view
     trl = import_trl(False)
-    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=sft_dataset(tokenizer, rows, template_kwargs),
-                             processing_class=tokenizer, peft_config=_peft_config(cfg, model),
-                             callbacks=list(callbacks))
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=sft_dataset(tokenizer, rows, template_kwargs),
+        processing_class=tokenizer,
+        peft_config=_peft_config(cfg, model),
+        callbacks=list(callbacks),
+    )
     trainer.remove_callback(PrinterCallback)  # the live view shows the logs
     return trainer
 
 
-def train_sft(cfg: TrainConfig, args: Any, model: Any, tokenizer: Any, rows: list[dict[str, Any]], *,
-              callbacks: Iterable[Any] = (), checkpoint: Path | None = None) -> Any:
+def train_sft(
+    cfg: TrainConfig,
+    args: Any,
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    *,
+    callbacks: Iterable[Any] = (),
+    checkpoint: Path | None = None,
+) -> Any:
     """Train on `rows` (from `checkpoint` when given) and return the trainer."""
     trainer = build_sft_trainer(cfg, args, model, tokenizer, rows, callbacks)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)

@@ -49,6 +49,7 @@ def import_trl(use_vllm: bool) -> Any:
         return trl
     if "trl.generation.vllm_generation" in sys.modules:
         import trl
+
         return trl
     original = iu.is_vllm_available
     iu.is_vllm_available = _no_vllm
@@ -67,9 +68,13 @@ def lora_config(cfg: TrainConfig) -> Any:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=opts.lora_rank, lora_alpha=opts.lora_alpha or 2 * opts.lora_rank,
-                      lora_dropout=opts.lora_dropout, target_modules=opts.lora_target_modules,
-                      task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=opts.lora_rank,
+        lora_alpha=opts.lora_alpha or 2 * opts.lora_rank,
+        lora_dropout=opts.lora_dropout,
+        target_modules=opts.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def common_fields(cfg: TrainConfig, run_dir: Path, learning_rate: float) -> dict[str, Any]:
@@ -100,8 +105,9 @@ def check_report_to(report_to: Any) -> None:
             raise UserError(f"--report-to {name} needs the {packages[name]} package: pip install {packages[name]}")
 
 
-def make_callback(metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] | None,
-                  heldout: HeldOut | None, eval_every: int) -> Any:
+def make_callback(
+    metrics: MetricsLog, on_log: Callable[[dict[str, Any]], None] | None, heldout: HeldOut | None, eval_every: int
+) -> Any:
     """A TrainerCallback: metrics.jsonl and the live view on each log, held-out evals every N steps."""
     from transformers import TrainerCallback
 

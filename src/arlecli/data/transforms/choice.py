@@ -51,6 +51,7 @@ def shuffled(key: str, options: Sequence[Any], gold: int) -> tuple[list[Any], in
     The order sorts option positions by an md5 of (key, position): no RNG state, so it is
     the same under every Python version and on every machine.
     """
+
     def rank(i: int) -> str:
         return hashlib.md5(f"{key}\x00{i}".encode(), usedforsecurity=False).hexdigest()
 

@@ -15,12 +15,16 @@ from arlecli.rewards.code import called_function
 
 # LiveCodeBench's instructions (as lighteval's lcb prompt): starter code for functional
 # (LeetCode) problems, stdin/stdout otherwise.
-_STARTER = ("You will use the following starter code to write the solution to the problem and "
-            "enclose your code within delimiters.\n```python\n{starter}\n```")
-_STDIN = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not "
-          "directly test on the sample inputs). Enclose your code within delimiters as follows. "
-          "Ensure that when the python program runs, it reads the inputs, runs the algorithm and "
-          "writes output to STDOUT.\n```python\n# YOUR CODE HERE\n```")
+_STARTER = (
+    "You will use the following starter code to write the solution to the problem and "
+    "enclose your code within delimiters.\n```python\n{starter}\n```"
+)
+_STDIN = (
+    "Read the inputs from stdin solve the problem and write the answer to stdout (do not "
+    "directly test on the sample inputs). Enclose your code within delimiters as follows. "
+    "Ensure that when the python program runs, it reads the inputs, runs the algorithm and "
+    "writes output to STDOUT.\n```python\n# YOUR CODE HERE\n```"
+)
 
 
 def format_instructions(starter_code: str | None) -> str:

@@ -24,8 +24,13 @@ def _subject(row: Row) -> dict[str, str]:
 def lm_mmlu(row: Row) -> Row:
     """cais/mmlu as lm-eval's mmlu_<subject> tasks: `question.strip()`, gold `answer` (0-3);
     `subject_name` is the subject with spaces, as in each task's description."""
-    return {**row, "question": str(row["question"]).strip(), "choices": list(row["choices"]),
-            "gold": int(row["answer"]), **_subject(row)}
+    return {
+        **row,
+        "question": str(row["question"]).strip(),
+        "choices": list(row["choices"]),
+        "gold": int(row["answer"]),
+        **_subject(row),
+    }
 
 
 @transform("lm_keyed_choices")
@@ -40,8 +45,12 @@ def lm_keyed_choices(row: Row) -> Row:
 def lm_commonsense_qa(row: Row) -> Row:
     """tau/commonsense_qa: `question.strip()`, the five option texts as `options`; gold is
     `answerKey`, a letter looked up among the card's literal choices A-E."""
-    return {**row, "question": str(row["question"]).strip(), "options": list(row["choices"]["text"]),
-            "gold": str(row["answerKey"])}
+    return {
+        **row,
+        "question": str(row["question"]).strip(),
+        "options": list(row["choices"]["text"]),
+        "gold": str(row["answerKey"]),
+    }
 
 
 @transform("lm_hellaswag")
@@ -49,8 +58,12 @@ def lm_hellaswag(row: Row) -> Row:
     """lm-eval's hellaswag process_docs: `query` (activity label, ctx_a, capitalised ctx_b,
     cleaned), the cleaned endings as `choices`, `gold` = int(label)."""
     ctx = str(row["ctx_a"]) + " " + str(row["ctx_b"]).capitalize()
-    return {**row, "query": hellaswag_clean(str(row["activity_label"]) + ": " + ctx),
-            "choices": [hellaswag_clean(str(e)) for e in row["endings"]], "gold": int(row["label"])}
+    return {
+        **row,
+        "query": hellaswag_clean(str(row["activity_label"]) + ": " + ctx),
+        "choices": [hellaswag_clean(str(e)) for e in row["endings"]],
+        "gold": int(row["label"]),
+    }
 
 
 @transform("lm_winogrande")
@@ -59,8 +72,12 @@ def lm_winogrande(row: Row) -> Row:
     blank, the option filled in) and the shared rest of the sentence after the blank."""
     sentence = str(row["sentence"])
     blank = sentence.index("_")
-    return {**row, "contexts": [sentence[:blank] + str(row["option1"]), sentence[:blank] + str(row["option2"])],
-            "rest": sentence[blank + 1:].strip(), "gold": {"1": 0, "2": 1}[str(row["answer"])]}
+    return {
+        **row,
+        "contexts": [sentence[:blank] + str(row["option1"]), sentence[:blank] + str(row["option2"])],
+        "rest": sentence[blank + 1 :].strip(),
+        "gold": {"1": 0, "2": 1}[str(row["answer"])],
+    }
 
 
 @transform("lm_piqa")
@@ -79,9 +96,12 @@ def lm_boolq(row: Row) -> Row:
 @transform("lm_sciq")
 def lm_sciq(row: Row) -> Row:
     """allenai/sciq: `support.lstrip()`, options [distractor1..3, correct_answer] (gold last)."""
-    return {**row, "support": str(row.get("support") or "").lstrip(),
-            "choices": [row["distractor1"], row["distractor2"], row["distractor3"], row["correct_answer"]],
-            "gold": 3}
+    return {
+        **row,
+        "support": str(row.get("support") or "").lstrip(),
+        "choices": [row["distractor1"], row["distractor2"], row["distractor3"], row["correct_answer"]],
+        "gold": 3,
+    }
 
 
 @transform("lm_truthfulqa_mc1")

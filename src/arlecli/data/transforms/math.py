@@ -20,8 +20,12 @@ def asdiv(row: Row) -> Row:
 
 
 # OlympiadBench's own prompt (also lighteval's olympiad_bench), English open-ended subsets.
-_ANSWER_TYPES = {"Numerical": "a numerical value", "Expression": "an expression",
-                 "Equation": "an equation", "Interval": "an interval"}
+_ANSWER_TYPES = {
+    "Numerical": "a numerical value",
+    "Expression": "an expression",
+    "Equation": "an equation",
+    "Interval": "an interval",
+}
 
 
 def _answer_type_text(answer_type: str, multiple: bool) -> str:
@@ -29,8 +33,7 @@ def _answer_type_text(answer_type: str, multiple: bool) -> str:
     # type, so the official prompt says nothing about those.
     if not answer_type or "Need_human_evaluate" in answer_type or "Tuple" in answer_type:
         return ""
-    kinds = [next((text for key, text in _ANSWER_TYPES.items() if key in part), "")
-             for part in answer_type.split(",")]
+    kinds = [next((text for key, text in _ANSWER_TYPES.items() if key in part), "") for part in answer_type.split(",")]
     if not all(kinds):
         return ""
     if not multiple:

@@ -25,11 +25,12 @@ def arc_agi(row: Row) -> Row:
     -> `question` (the demonstration pairs and the test input as digit grids) and `answer`
     (the test output grid as text, what the `arc_grid` reward compares with)."""
     test: dict[str, Any] = row["test"][0]
-    parts = ["Each example maps an input grid to an output grid by the same rule. Cells are "
-             "digits 0-9 (colours)."]
+    parts = ["Each example maps an input grid to an output grid by the same rule. Cells are digits 0-9 (colours)."]
     for i, pair in enumerate(row["train"], 1):
-        parts.append(f"Example {i}\nInput ({_shape(pair['input'])}):\n{grid_text(pair['input'])}\n"
-                     f"Output ({_shape(pair['output'])}):\n{grid_text(pair['output'])}")
+        parts.append(
+            f"Example {i}\nInput ({_shape(pair['input'])}):\n{grid_text(pair['input'])}\n"
+            f"Output ({_shape(pair['output'])}):\n{grid_text(pair['output'])}"
+        )
     parts.append(f"Test input ({_shape(test['input'])}):\n{grid_text(test['input'])}")
     return {**row, "question": "\n\n".join(parts), "answer": grid_text(test["output"])}
 

@@ -103,8 +103,9 @@ def drop(row: Row) -> Row:
     if "answers_spans" in row:
         candidates = _ucinlp_golds(row["answers_spans"] or {})
     else:
-        candidates = [_drop_answer(a) for a in [row["answer"], *_validated(row.get("validated_answers"))]
-                      if isinstance(a, dict)]
+        candidates = [
+            _drop_answer(a) for a in [row["answer"], *_validated(row.get("validated_answers"))] if isinstance(a, dict)
+        ]
     golds: list[list[str]] = []
     for gold in candidates:
         if gold and str(gold[0]).strip() and gold not in golds:
@@ -122,8 +123,9 @@ def finqa(row: Row) -> Row:
     gold = row.get("final_result")
     if gold in (None, ""):
         gold = qa.get("exe_ans", row.get("answer", ""))
-    context = "\n".join([" ".join(row.get("pre_text") or []), _table_text(row.get("table")),
-                         " ".join(row.get("post_text") or [])])
+    context = "\n".join(
+        [" ".join(row.get("pre_text") or []), _table_text(row.get("table")), " ".join(row.get("post_text") or [])]
+    )
     return {**row, "question": question, "gold": str(gold), "context_text": context.strip()}
 
 
@@ -139,8 +141,12 @@ def tatqa(row: Row) -> Row | list[Row]:
     cells = table.get("table") if isinstance(table, dict) else table
     paragraphs = sorted(row.get("paragraphs") or [], key=lambda p: int(p.get("order") or 0))
     text = "\n\n".join(str(p.get("text", "")) for p in paragraphs)
-    return {**row, "context_text": f"{_table_text(cells)}\n\n{text}".strip(), "scale": row.get("scale") or "",
-            **({"answer": _json_answer(row["answer"])} if "answer" in row else {})}
+    return {
+        **row,
+        "context_text": f"{_table_text(cells)}\n\n{text}".strip(),
+        "scale": row.get("scale") or "",
+        **({"answer": _json_answer(row["answer"])} if "answer" in row else {}),
+    }
 
 
 def _json_answer(answer: Any) -> Any:

@@ -83,7 +83,7 @@ def from_plain(data, depth=0):
         return [from_plain(v, depth + 1) for v in data]
     if kind is not dict or len(data) != 1:
         raise ValueError("not tagged plain data")
-    (tag, inner), = data.items()
+    ((tag, inner),) = data.items()
     if tag == "x" and type(inner) is str and 0 < len(inner) <= 100_000:
         return int(inner, 16)
     if tag == "b" and type(inner) is str:
@@ -130,6 +130,7 @@ def as_json(value):
     """A plain value as JSON would carry it (tuples as lists, sets as lists sorted by repr,
     dict keys as strings, bytes as their repr): what a return value looked like when the
     harness passed it through json, which `same_value` compares against."""
+
     def default(v):
         if isinstance(v, (set, frozenset)):
             return sorted(v, key=repr)
@@ -252,6 +253,7 @@ def exec_program(source, namespace):
 
 # --- the process boundary ------------------------------------------------------------
 
+
 def make_undumpable():
     # PR_SET_DUMPABLE 0: the model's processes (same uid, no capabilities) can then neither
     # ptrace this one nor open its /proc/<pid>/mem, fd or environ.
@@ -270,8 +272,7 @@ def drop_privileges():
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
     LIBC.capset(ctypes.byref(Header(0x20080522, 0)), ctypes.byref((Data * 2)()))
 
@@ -355,6 +356,7 @@ class Channel:
 
 
 # --- the solution's process (M): runs the model's code, answers calls ----------------
+
 
 def solution_process(job, rfd, wfd):
     """The forked child that runs the model's program; never returns."""
@@ -458,8 +460,11 @@ def run_unittest(namespace, class_name):
     failure = None
     if bad or not result.testsRun:
         test, text = bad[0] if bad else (None, "no tests ran")
-        failure = {"kind": "test_failed", "test": test.id() if test else None,
-                   "message": clip(text.strip().splitlines()[-1] if text.strip() else text)}
+        failure = {
+            "kind": "test_failed",
+            "test": test.id() if test else None,
+            "message": clip(text.strip().splitlines()[-1] if text.strip() else text),
+        }
     return {"passed": result.testsRun - len(bad), "total": max(result.testsRun, 1), "failure": failure}
 
 
@@ -488,7 +493,7 @@ class Proxy:
         reply = self._chan.recv()
         if type(reply) is not dict or len(reply) != 1:
             raise Stop("protocol_error", f"the solution's process answered {name}() with something odd")
-        (tag, body), = reply.items()
+        ((tag, body),) = reply.items()
         if tag == "r":
             try:
                 return from_plain(body)
@@ -520,11 +525,37 @@ def rebuilt_exception(kind, message):
 # standard modules that run nothing when imported. Any other name would let the solution
 # choose code for this process to run: `unittest.__main__` runs test discovery in the cwd,
 # `antigravity` opens a browser, `this` prints; a solution must never pick those.
-BINDABLE_MODULES = frozenset({
-    "array", "bisect", "calendar", "cmath", "collections", "collections.abc", "copy", "dataclasses", "datetime",
-    "decimal", "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
-    "operator", "random", "re", "statistics", "string", "textwrap", "typing", "unicodedata",
-})
+BINDABLE_MODULES = frozenset(
+    {
+        "array",
+        "bisect",
+        "calendar",
+        "cmath",
+        "collections",
+        "collections.abc",
+        "copy",
+        "dataclasses",
+        "datetime",
+        "decimal",
+        "enum",
+        "fractions",
+        "functools",
+        "hashlib",
+        "heapq",
+        "itertools",
+        "json",
+        "math",
+        "numbers",
+        "operator",
+        "random",
+        "re",
+        "statistics",
+        "string",
+        "textwrap",
+        "typing",
+        "unicodedata",
+    }
+)
 
 
 def trusted_import(name):
@@ -626,11 +657,17 @@ def run_script(secret, chan):
     except Stop as stop:
         return {"passed": 0, "total": 1, "failure": {"kind": stop.kind, "message": stop.message}}
     except SystemExit as exc:
-        return {"passed": 0, "total": 1,
-                "failure": {"kind": "exit", "message": f"the test called exit({clip(repr(exc.code), 60)})"}}
+        return {
+            "passed": 0,
+            "total": 1,
+            "failure": {"kind": "exit", "message": f"the test called exit({clip(repr(exc.code), 60)})"},
+        }
     except BaseException as exc:
-        return {"passed": 0, "total": 1,
-                "failure": {"kind": "runtime_error", "message": print_error(exc, (TEST, PROMPT, "check.py"))}}
+        return {
+            "passed": 0,
+            "total": 1,
+            "failure": {"kind": "runtime_error", "message": print_error(exc, (TEST, PROMPT, "check.py"))},
+        }
     return {"passed": 1, "total": 1, "failure": None}
 
 
@@ -648,8 +685,11 @@ def check_unittest(chan):
             if type(failure) is not dict or failure.get("kind") not in ("test_failed", "no_tests"):
                 raise Stop("protocol_error", "the solution's process sent an odd failure")
             test = failure.get("test")
-            failure = {"kind": failure["kind"], "test": clip(test, 200) if type(test) is str else None,
-                       "message": clip(failure.get("message") if type(failure.get("message")) is str else "")}
+            failure = {
+                "kind": failure["kind"],
+                "test": clip(test, 200) if type(test) is str else None,
+                "message": clip(failure.get("message") if type(failure.get("message")) is str else ""),
+            }
         elif passed != total:
             raise Stop("protocol_error", "the solution's process sent odd test counts")
         return {"passed": passed, "total": total, "failure": failure}
@@ -690,6 +730,7 @@ def run_solution(job, secret_reader):
 
 
 # --- io mode: each test in a forked child; outputs go back as data -------------------
+
 
 def resolve_function(namespace, name):
     # LeetCode style (a method of `Solution`) first, then a top-level function.
@@ -840,8 +881,9 @@ def run_io(job):
         if left <= 0:
             out_of_time = True
             break
-        status, payload = run_case(compiled, prelude, test, files, job.get("fn_name"),
-                                   min(float(job["test_timeout_s"]), left))
+        status, payload = run_case(
+            compiled, prelude, test, files, job.get("fn_name"), min(float(job["test_timeout_s"]), left)
+        )
         digest = "-" * DIGEST_HEX
         if status == "o" and test["kind"] == "stdin":
             digest = output_digest(payload)
@@ -872,6 +914,7 @@ def run_io(job):
 
 
 # --- main ----------------------------------------------------------------------------
+
 
 def read_exact(n):
     parts, left = [], n

@@ -15,6 +15,7 @@ def enter_netns():
     # Degraded mode only: under bubblewrap the jail already has its own network namespace.
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.unshare(0x40000000) == 0:  # CLONE_NEWNET
             return "netns"
@@ -24,8 +25,7 @@ def enter_netns():
         if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
             return "none"
         # Map our own ids so files the program creates keep their owner.
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
         return "userns+netns"
@@ -54,6 +54,7 @@ def watch_memory(budget):
     # for, so the program cannot kill it; it is undumpable and holds nothing of the job.
     import ctypes
     import signal
+
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     child = os.fork()
     if child == 0:
@@ -86,8 +87,11 @@ def watch_memory(budget):
                 except (OSError, ValueError, IndexError):
                     pass
         if used > budget:
-            os.write(2, b"\narle sandbox: the program's processes together used more than %d MB of memory; "
-                        b"all were killed\n" % (budget >> 20))
+            os.write(
+                2,
+                b"\narle sandbox: the program's processes together used more than %d MB of memory; "
+                b"all were killed\n" % (budget >> 20),
+            )
             os.kill(-1, 9)
             os._exit(137)
         signal.sigtimedwait([signal.SIGCHLD], 0.02)
