@@ -131,9 +131,9 @@ def test_third_party_deprecation_warnings_are_not_shown(monkeypatch) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quiet_warnings()
-        warnings.warn("old API", FutureWarning)
-        warnings.warn("older API", DeprecationWarning)
-        warnings.warn("a real problem", UserWarning)
+        warnings.warn("old API", FutureWarning, stacklevel=1)
+        warnings.warn("older API", DeprecationWarning, stacklevel=1)
+        warnings.warn("a real problem", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["a real problem"]
 
 

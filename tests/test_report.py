@@ -131,7 +131,8 @@ def clean_page(browser: Chromium, path: Path):
 def charts(page) -> dict[str, int]:
     """Each chart div by name -> how many plotly traces were drawn into it (svg present)."""
     return page.evaluate("""Object.fromEntries([...document.querySelectorAll('div.chart')].map(d =>
-        [d.dataset.name, d.classList.contains('js-plotly-plot') && d.querySelector('svg.main-svg') ? d.data.length : -1]))""")
+        [d.dataset.name,
+         d.classList.contains('js-plotly-plot') && d.querySelector('svg.main-svg') ? d.data.length : -1]))""")
 
 
 def visible_rows(page, browser_index: int = 0) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from arlecli.report import build_report, question_of, sample_orders
+from arlecli.report import build_report, question_of
 from arlecli.results import aggregate
 
 # Latencies and token counts that would print unrounded (33.8932 s) from the raw blocks.

@@ -5,9 +5,10 @@ as `echo` + `logprobs: 1` + `max_tokens: 1`; its tokenizer from the tiny model's
 generate task (gsm8k) and a loglikelihood task (arc_easy) end to end through `simple_evaluate`
 against the server, on fixture rows (lm-eval's own task YAML with its dataset swapped through
 its `custom_dataset` hook, as tests/helpers/lmeval_local.py does, minus the code_eval stub whose
-`evaluate` import costs seconds; nothing touches the hub). Its answers equal the engine run in this process: the same greedy texts, the
-same loglikelihoods (1e-4) and is_greedy. And arle's `--scoring loglikelihood` through the
-server (the openai engine, text prompts) scores as the hf engine in process does.
+`evaluate` import costs seconds; nothing touches the hub). Its answers equal the engine run in
+this process: the same greedy texts, the same loglikelihoods (1e-4) and is_greedy. And arle's
+`--scoring loglikelihood` through the server (the openai engine, text prompts) scores as the hf
+engine in process does.
 """
 
 from __future__ import annotations

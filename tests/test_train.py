@@ -239,7 +239,7 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
             completions,
             task_index=list(range(len(tasks))),
             episode=episodes,
-            log_metric=lambda name, value: logged.append((name, value)),
+            log_metric=lambda name, value: logged.append((name, value)),  # noqa: B023 (called within this iteration)
         )
         assert rewards == [samples[t.id]["reward"] for t in tasks]
         assert 0 < sum(rewards) < len(rewards), "the cases must mix right and wrong answers"

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from arlecli.engine.base import Completion
 from arlecli.rewards import register
 from arlecli.types import Episode, Score, Task, Turn
 

@@ -77,7 +77,7 @@ def test_the_server_engine_produces_the_collectors_episodes(tiny_model):
     sampling = Sampling(temperature=0.7, max_tokens=40, seed=5, logprobs=True)
     episodes = dict(collect(card, engine, tasks, [], [(0, 0), (1, 0), (1, 1)], sampling))
     assert len(episodes) == 3 and len(client.calls) == 3
-    for j, (i, k) in enumerate([(0, 0), (1, 0), (1, 1)]):
+    for j, (_i, _k) in enumerate([(0, 0), (1, 0), (1, 1)]):
         turn = episodes[j].turns[0]
         assert turn.completion == " 42 #### 42\n\n" and turn.finish_reason == "stop"
         from arlecli.engine.base import GenerationRequest

@@ -30,8 +30,9 @@ stages, each resuming the last one's checkpoint, DeepScaleR's staged context len
 Each stage is `steps` optimizer steps (numbered on from the stage before) with its own
 settings over the recipe's; flags and `--set` win over every stage, and a `--max-steps` cuts
 the staged run short at that step. The learning rate's schedule spans the whole run, as one
-run's would (every stage's trainer has the run's max_steps and stops at its own end). What a stage may not change (`STAGE_FIXED`: the model, the
-data, LoRA, the optimizer's schedule ...) is a one-line error.
+run's would (every stage's trainer has the run's max_steps and stops at its own end). What a
+stage may not change (`STAGE_FIXED`: the model, the data, LoRA, the optimizer's schedule ...)
+is a one-line error.
 """
 
 from __future__ import annotations
