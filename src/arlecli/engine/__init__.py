@@ -1,4 +1,5 @@
-"""Rollout engines. `make_engine` picks the backend for a resolved model.
+"""Engines: what generates (hf, vllm, openai-compatible endpoints). `make_engine` picks the
+backend for a resolved model.
 
 Each backend is an engine factory `(spec, *, batch_size, concurrency, vllm_options) -> Engine`
 registered by name with `@register_engine("name")` in arlecli.backends' registry (hf, vllm,
