@@ -467,7 +467,7 @@ def _child_args(ctx: typer.Context) -> list[str]:
             args.append(str(value))
         elif param.param_type_name == "option":
             opt = max(param.opts, key=len)  # the long name
-            if param.is_flag:
+            if getattr(param, "is_flag", False):
                 if value:
                     args.append(opt)
             elif param.multiple:

@@ -352,7 +352,11 @@ def _merge(layers: list[tuple[dict[str, Any], str]], algo: str, recipe_name: str
 
 def _dapo(values: dict[str, Any]) -> DAPOOptions:
     """The DAPO controls among a run's settings, checked (one line naming the bad one)."""
-    wanted = {"bool": (bool, "true or false"), "int": (int, "a whole number"), "float": ((int, float), "a number")}
+    wanted: dict[str, tuple[type | tuple[type, ...], str]] = {
+        "bool": (bool, "true or false"),
+        "int": (int, "a whole number"),
+        "float": ((int, float), "a number"),
+    }
     for key, value in values.items():
         types, words = wanted[str(DAPO_FIELDS[key])]
         if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):

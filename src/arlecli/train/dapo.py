@@ -190,7 +190,7 @@ def fill_groups(
         tasks = refill(missing, [batch_tasks - flat_tasks, flat_tasks], done_rounds)
         todo = [t for t in tasks for _ in range(group)]
     unfilled = dropped[: max(0, needed - len(kept))]
-    rows = [(g, True) for g in kept[:needed]] + [(g, False) for g in unfilled]
+    chosen = [(g, True) for g in kept[:needed]] + [(g, False) for g in unfilled]
     total = tokens["kept"] + tokens["dropped"]
     stats = {
         "dynamic_sampling/dropped_groups": float(len(dropped)),
@@ -200,10 +200,10 @@ def fill_groups(
         "dynamic_sampling/dropped_token_share": tokens["dropped"] / total if total else 0.0,
     }
     return Filled(
-        episodes=[e for (g, _) in rows for e in g[0]],
-        indices=[i for (g, _) in rows for i in g[1]],
-        scores=[s for (g, _) in rows for s in g[2]],
-        trained=[ok for (g, ok) in rows for _ in g[0]],
+        episodes=[e for (g, _) in chosen for e in g[0]],
+        indices=[i for (g, _) in chosen for i in g[1]],
+        scores=[s for (g, _) in chosen for s in g[2]],
+        trained=[ok for (g, ok) in chosen for _ in g[0]],
         scored=scored,
         stats=stats,
     )

@@ -121,7 +121,9 @@ def _collator_class() -> type:
 
 
 def _trainer_class(base: type) -> type:
-    class ArleDPO(base):  # type: ignore[misc, valid-type]
+    class ArleDPO(base):
+        _signature_columns: list[str]  # Trainer's: the columns the model's forward takes
+
         def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
             return dataset  # tokenised by dpo_dataset (TRL's would put env tokens in the loss)
 

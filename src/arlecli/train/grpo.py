@@ -108,7 +108,7 @@ def _indexed(base: type) -> type:
     prompt it was generated from)."""
     import torch
 
-    class Indexed(base):  # type: ignore[misc, valid-type]
+    class Indexed(base):
         arle_rollouts: Rollouts
         arle_inputs: list[dict[str, Any]] = []
 
@@ -226,7 +226,8 @@ def _rloo_with_rollouts(base: type) -> type:
     TRL shuffles and splits with the other tensors."""
     import torch
 
-    class RLOO(_indexed(base)):  # type: ignore[misc, valid-type]
+    class RLOO(_indexed(base)):  # type: ignore[misc]  # a class made at run time: mypy cannot see its base
+        _last_loaded_step: int  # RLOOTrainer's: the step whose weights vLLM holds
         arle_env_mask: list[list[int]] = []
         _arle_mask: Any = None  # the loss mask of the rows being scored, when known
 
@@ -316,7 +317,7 @@ def _config(name: str) -> Sequence[type]:
 
 
 # Both train on rollouts in one process or many, in stages, with every DAPO control.
-_TRL_RL = dict(distributed=True, staged=True, overlong_filter=True, dynamic_sampling=True)
+_TRL_RL: dict[str, Any] = dict(distributed=True, staged=True, overlong_filter=True, dynamic_sampling=True)
 ALGORITHMS.add(
     "grpo", Algorithm("grpo", run_trl, lambda: _config("GRPOConfig"), check=check_grpo, **_TRL_RL), source=run_trl
 )

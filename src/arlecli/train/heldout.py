@@ -62,6 +62,7 @@ class HeldOut:
 
     def _run(self, engine: Any, label: str) -> dict[str, Any]:
         out = self.dir_for(label)
+        on_start = self.on_start
         results = run_eval(
             self.card,
             engine,
@@ -70,7 +71,7 @@ class HeldOut:
             run_dir=out,
             resume=(out / META).exists(),
             command=["arle", "train", "(held-out eval)", label],
-            on_start=(lambda total, done: self.on_start(label, total, done)) if self.on_start else None,
+            on_start=(lambda total, done: on_start(label, total, done)) if on_start else None,
             on_sample=self.on_sample,
         )
         if self.on_done:

@@ -39,7 +39,8 @@ def _yaml_text(value: str) -> str:
 def model_card(spec: ModelSpec, summary: dict[str, Any], meta: dict[str, Any], final: Path) -> str:
     """The card's text: front matter (base_model, library, tags) and what a user needs."""
     base = base_model(spec)
-    options = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    found = meta.get("options")
+    options: dict[str, Any] = found if isinstance(found, dict) else {}
     lora = options.get("lora_rank") or 0
     algo, bench = str(summary.get("algo")), str(summary.get("benchmark"))
     declared = recorded(summary.get("algo"))

@@ -60,7 +60,10 @@ def sft_row_problem(row: dict[str, Any]) -> str | None:
                 return "`prompt` and `completion` must both be text (or both lists of chat messages)"
             return None if completion else "`completion` is empty: nothing to train on"
         problem = _messages_problem(prompt, "prompt") or _messages_problem(completion, "completion")
-        return problem or sft_row_problem({"messages": [*prompt, *completion]})
+        if problem:
+            return problem
+        assert isinstance(prompt, list) and isinstance(completion, list)  # _messages_problem checked both
+        return sft_row_problem({"messages": [*prompt, *completion]})
     if "messages" not in row:
         if "chosen" in row:
             return "a DPO pair (prompt/chosen/rejected), not an SFT row: train on it with --algo dpo"
@@ -220,6 +223,6 @@ def _config(name: str) -> Sequence[type]:
 
 
 # On --data rows, in one process or many.
-_OFFLINE = dict(data=True, distributed=True, validate=validate_offline, check=check_offline)
+_OFFLINE: dict[str, Any] = dict(data=True, distributed=True, validate=validate_offline, check=check_offline)
 ALGORITHMS.add("sft", Algorithm("sft", run_sft, lambda: _config("SFTConfig"), **_OFFLINE), source=run_sft)
 ALGORITHMS.add("dpo", Algorithm("dpo", run_dpo, lambda: _config("DPOConfig"), **_OFFLINE), source=run_dpo)

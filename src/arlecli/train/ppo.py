@@ -62,7 +62,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -291,6 +291,8 @@ def load_policy(model_path: str, lora_rank: int, p: PPOParams, checkpoint: Path 
         held = "a LoRA adapter" if lora_rank == 0 else "a full model"
         raise ValueError(f"cannot resume from {checkpoint}: it holds {held}, not what lora_rank={lora_rank} trains")
 
+    model: Any  # a PeftModel or a transformers model: both are used through the same calls
+    ref_model: Any
     if lora_rank > 0:
         from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -480,6 +482,7 @@ def score_rollout(
         seq, attn = sequences[s : s + micro_batch_size], attention_mask[s : s + micro_batch_size]
         seg = segment[s : s + micro_batch_size] if segment is not None else None
         lp, v, _ = forward_pass(model, policy.value_head, seq, attn, prompt_len, temperature, policy.bf16, segment=seg)
+        assert v is not None  # the policy has a value head
         logprobs.append(lp)
         values.append(v)
     with ref_context:
@@ -546,6 +549,7 @@ def ppo_update(
                     with_entropy=True,
                     segment=batch.segment[idx] if batch.segment is not None else None,
                 )
+                assert values is not None and entropy is not None  # a value head and with_entropy
                 pg, clip_frac = policy_loss(logprobs, batch.logprobs[idx], advantages[idx], mask, p.cliprange)
                 vf, vf_clip_frac = value_loss(values, batch.values[idx], returns[idx], mask, p.cliprange_value)
                 # Weight each micro batch by its token share: the sum is the minibatch's token mean.
@@ -565,8 +569,8 @@ def ppo_update(
             stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + value
+            for key, total in stats.items():
+                totals[key] = totals.get(key, 0.0) + total
             updates += 1
     policy.model.eval()
     return {key: value / updates for key, value in totals.items()}
@@ -589,7 +593,7 @@ def _unpack_rewards(out: Any, expected: int) -> tuple[list[float], list[bool] | 
 def _rng_state() -> dict:
     import numpy as np
 
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = cast(tuple[str, Any, int, int, float], np.random.get_state())
     # Plain types and tensors only, so the state loads with torch.load(weights_only=True).
     state = {
         "python": random.getstate(),

@@ -269,7 +269,7 @@ def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     )
     settings = RFTSettings.of(cfg.trainer)
     opts = cfg.options
-    done = _read_state(checkpoint) if checkpoint else {"round": 0, "model_dir": None, "sft_steps": 0}
+    done: dict[str, Any] = _read_state(checkpoint) if checkpoint else {"round": 0, "model_dir": None, "sft_steps": 0}
     if done["round"] > settings.rounds:
         raise UserError(f"{run_dir} already ran {done['round']} rounds; pass --set rounds=N with N >= {done['round']}")
     shutil.rmtree(run_dir / "sft", ignore_errors=True)  # a round cut short: redone from its start
@@ -279,6 +279,7 @@ def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     evals: dict[str, dict[str, Any]] = {}
 
     def evaluate(label: str) -> None:
+        assert heldout is not None  # called only when the card holds out tasks
         started = time.monotonic()
         evals[label] = heldout.evaluate(learner.model, tokenizer, label, sft_steps)
         metrics.exclude(time.monotonic() - started)

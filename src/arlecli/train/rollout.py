@@ -213,8 +213,9 @@ def rescore_segments(
                 continue
             fresh = score(completion_ids[row : row + 1, start:end])
             for k, tensor in enumerate(fresh):
-                if out[k] is not None and tensor is not None:
-                    out[k][row, start + 1 : end] = tensor[0].to(out[k].dtype)
+                target = out[k]
+                if target is not None and tensor is not None:
+                    target[row, start + 1 : end] = tensor[0].to(target.dtype)
     return out
 
 

@@ -168,6 +168,7 @@ def train_loop(ctx: TrainContext, make_trainer: Callable[[list[Any]], Any]) -> t
     evals: dict[str, dict[str, Any]] = {}
 
     def evaluate(label: str, path: str) -> None:
+        assert heldout is not None  # called only under `if heldout is not None`
         if from_disk:
             evals[label] = heldout.evaluate_saved(label, path)
         else:
