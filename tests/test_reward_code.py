@@ -421,7 +421,7 @@ def test_code_io_expected_outputs_never_enter_the_sandbox():
             {"kind": "call", "args": [1], "expected": "SECRET-OUT-2", "unwrap": False},
         ],
     }
-    parts = harness._split(job, 5.0)
+    parts = harness.split_job(job, 5.0)
     text = json.dumps([[public, secret] for _, public, secret in parts])
     assert "in-1" in text and "SECRET" not in text and "expected" not in text
 

@@ -29,10 +29,9 @@ def no_download(monkeypatch):
     monkeypatch.setattr(nltk, "download", refuse)
 
 
-def test_loading_lm_evals_checks_downloads_nothing_and_leaves_no_trace(no_download, monkeypatch):
-    monkeypatch.setattr(ie, "_loaded", {})
+def test_loading_lm_evals_checks_downloads_nothing_and_leaves_no_trace(no_download):
     before = {m for m in sys.modules if m.startswith("lm_eval")}
-    modules = ie.lm_eval_ifeval()
+    modules = ie.lm_eval_ifeval(fresh=True)
     assert "punctuation:no_comma" in modules["instructions_registry"].INSTRUCTION_DICT
     # lm-eval's task manager (datasets, evaluate, sacrebleu...) was not imported, and our
     # private copies are not registered under lm-eval's names.

@@ -362,7 +362,7 @@ def test_the_training_adapter_grades_a_batch_in_one_go(tmp_path):
         episodes = [episode(tasks[i], tasks[i].target if i % 2 == 0 else "I have no comment.") for i in (0, 1, 2)]
         rewards = reward(prompts=[""] * 3, completions=[""] * 3, task_index=[0, 1, 2], episode=episodes)
         reward.close()  # what a training run does at its end: the judge's engine is released
-        assert reward.score_fn._engine is None
+        assert not reward.score_fn.engine_started
         # The three requests were in flight together, not one after another.
         assert srv.max_in_flight == 3
     assert rewards == [1.0, 0.0, 1.0]

@@ -22,9 +22,10 @@ from arlecli.sandbox.jail import Isolation, run_program
 
 @pytest.fixture(autouse=True)
 def _policy(monkeypatch):
-    monkeypatch.setattr(jail, "_policy", None)
-    monkeypatch.setattr(jail, "_warned", False)
+    jail.reset_policy()
     monkeypatch.delenv("ARLE_SANDBOX", raising=False)
+    yield
+    jail.reset_policy()
 
 
 def test_this_machine_gets_the_complete_jail():
@@ -172,7 +173,7 @@ def test_train_requires_the_jail_before_loading_anything(tmp_path):
     }
     code = (
         "import sys\nfrom arlecli.sandbox import jail\n"
-        "jail._bwrap_binary = lambda: None\n"
+        "jail.bwrap_binary = lambda: None\n"
         "from arlecli.cli.main import main\n"
         "sys.argv = ['arle', 'train', 'humaneval', '--max-steps', '1', '--output', sys.argv[1]]\n"
         "main()\n"

@@ -37,7 +37,7 @@ def user_runs_code():
 # The child makes bubblewrap unavailable, then runs arle's CLI with the given argv.
 CHILD = (
     "import sys\nfrom arlecli.sandbox import jail\n"
-    "jail._bwrap_binary = lambda: None\n"
+    "jail.bwrap_binary = lambda: None\n"
     "from arlecli.cli.main import main\n"
     "sys.argv = ['arle', *sys.argv[1:]]\n"
     "main()\n"

@@ -231,12 +231,12 @@ def test_a_request_joins_the_batch_that_is_running(served):
     worker.start()
     try:
         deadline = time.monotonic() + 30
-        while not batcher._running and time.monotonic() < deadline:
+        while not batcher.running and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert batcher._running and batcher.generate_calls == calls + 1
+        assert batcher.running and batcher.generate_calls == calls + 1
         short = served.client.completions.create(model="tiny", prompt="Hello", max_tokens=3, temperature=0)
         assert short.usage.completion_tokens == 3
-        assert batcher._running and batcher.generate_calls == calls + 1  # joined the long one's call
+        assert batcher.running and batcher.generate_calls == calls + 1  # joined the long one's call
     finally:
         stop.set()
         worker.join(60)

@@ -34,9 +34,7 @@ def _start(engine: HFEngine, limits: ServeLimits) -> tuple[BackgroundServer, Sim
     app = create_app(engine, model_name="tiny", max_concurrency=16, limits=limits)
     srv = BackgroundServer(app).__enter__()
     host, port = srv.sock.getsockname()[:2]
-    return srv, SimpleNamespace(
-        url=srv.base_url, app=app, host=host, port=port, connections=srv._server.server_state.connections
-    )
+    return srv, SimpleNamespace(url=srv.base_url, app=app, host=host, port=port, connections=srv.connections)
 
 
 @pytest.fixture(scope="module")

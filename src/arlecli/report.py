@@ -805,7 +805,7 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
     else:
         parts.append('<p class="note">No held-out evaluation in this run (eval/step-N/ is empty).</p>')
 
-    parts.append(_step_completions(run))
+    parts.append(step_completions(run))
     if run.evals:
         last_step = list(run.evals)[-1]
         parts.append(
@@ -894,7 +894,7 @@ def _folded_thinking(row: RewardRow) -> str:
     )
 
 
-def _step_completions(run: TrainRun) -> str:
+def step_completions(run: TrainRun) -> str:
     """A few completions per logged step (rewards.jsonl), as static escaped text."""
     if not run.rewards:
         return ""

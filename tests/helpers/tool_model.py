@@ -103,9 +103,10 @@ def tool_template_model(tiny_model: Path, folder: Path) -> Path:
     return folder
 
 
-def first_turn_calls_a_tool(monkeypatch, engine_class: Any = None) -> None:
+def first_turn_calls_a_tool(monkeypatch, engine_class: Any = None, latency_s: float | None = None) -> None:
     """Make the engine's (default: hf's) first turn of every episode the fixed tool call CALL
-    (with the ids the model would have produced for it); later turns are the model's own."""
+    (with the ids the model would have produced for it, and `latency_s` as its time where given);
+    later turns are the model's own."""
     from arlecli.engine import hf
     from arlecli.engine.base import Completion
 
@@ -116,7 +117,7 @@ def first_turn_calls_a_tool(monkeypatch, engine_class: Any = None) -> None:
         first = [i for i, r in enumerate(requests) if not any(m["role"] == "assistant" for m in r.messages)]
         for i in first:
             ids = self.tokenizer(CALL, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            yield i, Completion(CALL, ids, self.encode(requests[i]), [0.0] * len(ids))
+            yield i, Completion(CALL, ids, self.encode(requests[i]), [0.0] * len(ids), latency_s=latency_s)
         rest = [i for i in range(len(requests)) if i not in first]
         for j, comp in original(self, [requests[i] for i in rest]):
             yield rest[j], comp

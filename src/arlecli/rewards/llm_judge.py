@@ -221,6 +221,11 @@ class JudgeReward:
     def __call__(self, task: Task, episode: Episode) -> Score:
         return self.score_batch([task], [episode])[0]
 
+    @property
+    def engine_started(self) -> bool:
+        """True while the judge's engine runs: it starts at the first grading, stops at close()."""
+        return self._engine is not None
+
     def check_tasks(self, tasks: list[Task]) -> None:
         """Fill the rubric from the first task, so a placeholder that is no column stops the run
         before anything is generated (every row of a split has the same columns)."""

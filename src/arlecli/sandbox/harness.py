@@ -155,7 +155,7 @@ def run_tests(
     owners: list[tuple[int, int]] = []  # (job index, first test) of each jail run
     markers: list[str] = []
     for index, job in enumerate(jobs):
-        for first, public, secret in _split(job, budget):
+        for first, public, secret in split_job(job, budget):
             marker = f"ARLE-VERDICT-{secrets.token_hex(16)}:"
             # The public part is length-prefixed, so the harness can read exactly it and
             # not one byte of the secret part before the model's process forks off.
@@ -190,8 +190,9 @@ def run_tests(
     return verdicts
 
 
-def _split(job: dict[str, Any], budget: float) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
-    """(first test, public part, secret part) of each jail run a job needs."""
+def split_job(job: dict[str, Any], budget: float) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(first test, public part, secret part) of each jail run a job needs: the public part
+    enters the jail, the secret part (expected outputs, tests) stays with the harness."""
     mode = job.get("mode")
     if mode == "script":
         public = {"mode": "script", "program": job["solution"], "budget_s": budget}

@@ -147,6 +147,14 @@ def set_policy(policy: str) -> None:
     os.environ["ARLE_SANDBOX"] = policy  # training's worker processes inherit it
 
 
+def reset_policy() -> None:
+    """Forget `set_policy`'s choice and that the degraded warning was shown, as at import
+    (tests; the ARLE_SANDBOX variable is left as it is)."""
+    global _policy, _warned
+    with _lock:
+        _policy, _warned = None, False
+
+
 def policy() -> str:
     """The policy in force (see `set_policy`)."""
     chosen = _policy or os.environ.get("ARLE_SANDBOX") or "auto"
@@ -185,7 +193,7 @@ def ensure_isolation() -> Isolation:
 def isolation() -> Isolation:
     """Probe once what this machine allows (runs one tiny program in the jail, exactly as
     every program runs: same mounts, same filter)."""
-    bwrap = _bwrap_binary()
+    bwrap = bwrap_binary()
     memory_cap = "none"
     if bwrap is None:
         return Isolation(
@@ -331,7 +339,7 @@ def run_program(
             bound = mounts.packages(frozenset(packages))
             cfg["path"] = list(bound.sys_path)
             argv = _bwrap_argv(
-                _bwrap_binary(),
+                bwrap_binary(),
                 root / "main.py",
                 tmpfs_bytes,
                 share_net=not isolate_network,
@@ -510,7 +518,9 @@ def _bwrap_argv(
 
 
 @functools.cache
-def _bwrap_binary() -> str | None:
+def bwrap_binary() -> str | None:
+    """The bubblewrap binary programs run under, or None where there is none (a test replaces
+    this function to see arle on a machine without bubblewrap)."""
     if sys.platform != "linux":
         return None
     try:

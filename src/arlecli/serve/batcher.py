@@ -103,6 +103,11 @@ class Batcher:
         self._put(items)
         return [item.future for item in items]
 
+    @property
+    def running(self) -> int:
+        """How many requests the batch now generating holds (0 between batches)."""
+        return len(self._running)
+
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run `fn()` in the worker thread, alone, between batches (it may use the engine);
         the future holds its result or its exception."""

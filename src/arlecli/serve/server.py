@@ -250,6 +250,11 @@ class BackgroundServer:
             target=self._server.run, kwargs={"sockets": [self.sock]}, name="arle-serve", daemon=True
         )
 
+    @property
+    def connections(self) -> Any:
+        """The server's open connections (uvicorn's live set: its size is how many are open now)."""
+        return self._server.server_state.connections
+
     def __enter__(self) -> BackgroundServer:
         self._thread.start()
         while not self._server.started:
