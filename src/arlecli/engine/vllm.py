@@ -631,8 +631,8 @@ class _Replicas:
                     [sys.executable, "-c", _REPLICA_MAIN, str(theirs.fileno())],
                     pass_fds=(theirs.fileno(),),
                     env={**os.environ, **env},
-                    stdout=sys.__stderr__.fileno(),
-                )  # type: ignore[union-attr]
+                    stdout=sys.__stderr__.fileno(),  # type: ignore[union-attr]
+                )
                 theirs.close()
                 conn = Connection(ours.detach())
                 conn.send(engine_kwargs)
