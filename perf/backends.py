@@ -65,7 +65,7 @@ BACKENDS = ("hf", "vllm")
 
 def child(args: argparse.Namespace) -> None:
     """Run one eval on one backend and print its timings as a MARK line (t0 is passed in)."""
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model

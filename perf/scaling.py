@@ -67,7 +67,7 @@ def child(args: argparse.Namespace) -> None:
     batch first keeps first-call costs (lazy imports, allocator growth) out of them.
     """
     t_start = time.perf_counter()
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
@@ -241,7 +241,7 @@ def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
     # which would measure the fake server, not arle. Real servers (uvicorn) set TCP_NODELAY.
     fake_openai._Handler.disable_nagle_algorithm = True
 
-    from arlecli.cards import resolve_references
+    from arlecli.registry import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
