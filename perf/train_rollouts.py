@@ -182,11 +182,11 @@ def install_timers(algo: str) -> None:
     import arlecli.envs.episodes as episodes
     import arlecli.envs.tools as tools
     import arlecli.train.reward as reward
-    import arlecli.train.rollout as rollout
+    import arlecli.train.batches as batches
     from arlecli.train.metrics import MetricsLog
 
-    rollout.Rollouts.episodes = timed("rollout")(rollout.Rollouts.episodes)
-    start_vllm = timed("vllm_start")(rollout.PolicyEngine._start_vllm)
+    batches.Rollouts.episodes = timed("rollout")(batches.Rollouts.episodes)
+    start_vllm = timed("vllm_start")(batches.PolicyBackend._start_vllm)
 
     def start_and_note(self: Any) -> Any:
         engine = start_vllm(self)
@@ -194,7 +194,7 @@ def install_timers(algo: str) -> None:
         ENGINE_INFO.update(vllm_prefix_caching=bool(cache.enable_prefix_caching))
         return engine
 
-    rollout.PolicyEngine._start_vllm = start_and_note
+    batches.PolicyBackend._start_vllm = start_and_note
     hf.HFEngine.generate = timed_generate(hf.HFEngine.generate)
     episodes.continue_ids = timed("env")(episodes.continue_ids)
     tools.ToolEnv.step = timed("env")(tools.ToolEnv.step)

@@ -39,9 +39,13 @@ class LegalMoves:
 
 def test_self_play_grpo_trains_each_seat_on_its_own_moves_and_outcome(tmp_path, tiny_model, monkeypatch):
     import arlecli.train.grpo as grpo
-    import arlecli.train.rollout as rollout
+    import arlecli.train.batches as train_batches
 
-    over, sequences, advantage = rollout.PolicyEngine.over, rollout.Rollouts.sequences, grpo.seat_advantages
+    over, sequences, advantage = (
+        train_batches.PolicyBackend.over,
+        train_batches.Rollouts.sequences,
+        grpo.seat_advantages,
+    )
     batches, computed = [], []
 
     @contextlib.contextmanager
@@ -57,8 +61,8 @@ def test_self_play_grpo_trains_each_seat_on_its_own_moves_and_outcome(tmp_path, 
         computed.append((list(rewards), list(seats), advantage(rewards, seats, group, scale)))
         return computed[-1][2]
 
-    monkeypatch.setattr(rollout.PolicyEngine, "over", legal_over)
-    monkeypatch.setattr(rollout.Rollouts, "sequences", recording)
+    monkeypatch.setattr(train_batches.PolicyBackend, "over", legal_over)
+    monkeypatch.setattr(train_batches.Rollouts, "sequences", recording)
     monkeypatch.setattr(grpo, "seat_advantages", recording_advantages)
     run = tmp_path / "run"
     train_in_process(

@@ -145,7 +145,7 @@ def _nudge_env(card: Any, task: Task, exemplars: list[Task], native_tools: bool)
 
 def test_later_turns_extend_the_engine_ids_exactly(tiny_model):
     from arlecli.engine.hf import HFEngine
-    from arlecli.train.rollout import flatten_episode
+    from arlecli.train.batches import flatten_episode
 
     card = load_card("math_tool")
     card.env, card.env_params = "test_nudge", {}
@@ -193,18 +193,18 @@ def test_grpo_trains_on_whole_episodes_with_env_tokens_masked(tmp_path, tiny_mod
     """Two GRPO steps on math_tool: the first turn is a fixed tool call (a tiny random model
     never writes one), the second is the model's own; the env's reply is masked out."""
     from arlecli.cli.train import train_command
-    from arlecli.train import rollout
+    from arlecli.train import batches
 
     first_turn_calls_a_tool(monkeypatch)
     flattened: list[tuple[list[int], list[int]]] = []
-    flatten = rollout.flatten_episode
+    flatten = batches.flatten_episode
 
     def record(episode):
         out = flatten(episode)
         flattened.append((out[1], out[2]))
         return out
 
-    monkeypatch.setattr(rollout, "flatten_episode", record)
+    monkeypatch.setattr(batches, "flatten_episode", record)
     import typer
 
     import yaml
@@ -262,7 +262,7 @@ def test_rloo_keeps_env_tokens_out_of_its_loss(tmp_path, tiny_model, monkeypatch
 
     first_turn_calls_a_tool(monkeypatch)
     batches: list[tuple[list[list[int]], list[list[float]]]] = []
-    wrap = grpo._rloo_with_rollouts
+    wrap = grpo.rloo_with_rollouts
 
     def recording(base):
         cls = wrap(base)
@@ -275,7 +275,7 @@ def test_rloo_keeps_env_tokens_out_of_its_loss(tmp_path, tiny_model, monkeypatch
 
         return Recording
 
-    monkeypatch.setattr(grpo, "_rloo_with_rollouts", recording)
+    monkeypatch.setattr(grpo, "rloo_with_rollouts", recording)
     card = yaml.safe_load((ROOT / "benchmarks" / "math_tool.yaml").read_text())
     card["source"] = {"kind": "files", "path": GSM8K_ROWS}
     (tmp_path / "math_tool.yaml").write_text(yaml.safe_dump(card))

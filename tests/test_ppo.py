@@ -35,7 +35,7 @@ def _reward(episodes: list, prompt_indices: list[int]) -> list[float]:
 
 
 def _episodes(policy, indices: list[int], step: int, max_tokens: int = 8, temperature: float = 1.0) -> list:
-    """PROMPTS[i] for each index, sampled on arle's hf engine over the policy (as train.rollout does)."""
+    """PROMPTS[i] for each index, sampled on arle's hf engine over the policy (as train.batches does)."""
     from arlecli.engine.hf import HFEngine
 
     engine = HFEngine("", model_obj=policy.model, tokenizer=policy.tokenizer, device=str(policy.device))

@@ -71,7 +71,7 @@ def test_the_example_runs_in_eval_with_every_call_a_turn(tiny_model, tmp_path):
 
 def test_the_trajectory_ids_are_the_engines_and_later_calls_continue_them(tiny_model):
     from arlecli.engine.hf import HFEngine
-    from arlecli.train.rollout import flatten_episode
+    from arlecli.train.batches import flatten_episode
 
     engine = Spy(HFEngine(str(tiny_model), batch_size=4))
     jobs = example_jobs(3, SamplingParams(temperature=1.0, max_tokens=8, seed=7))
@@ -235,17 +235,17 @@ def train_two_steps(card: str, model: Path, run: Path) -> Path:
 def test_grpo_trains_the_example_for_two_steps(tmp_path, tiny_model, monkeypatch):
     """`arle train` on the example card: whole two-call episodes, the nudge between the calls
     masked out of the loss."""
-    from arlecli.train import rollout as train_rollout
+    from arlecli.train import batches as train_batches
 
     flattened: list[tuple[list[int], list[int], int]] = []
-    flatten = train_rollout.flatten_episode
+    flatten = train_batches.flatten_episode
 
     def record(episode):
         out = flatten(episode)
         flattened.append((out[1], out[2], sum(len(t.token_ids) for t in episode.turns)))
         return out
 
-    monkeypatch.setattr(train_rollout, "flatten_episode", record)
+    monkeypatch.setattr(train_batches, "flatten_episode", record)
     run = train_two_steps(CARD, tiny_model, tmp_path / "run")
     lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(x["turns"] == 2 and x["env_info"]["calls"] == 2 for x in lines)

@@ -120,20 +120,20 @@ def capture_batches(monkeypatch) -> list[tuple[dict[str, Any], list[Any]]]:
     import arlecli.train.grpo as grpo
 
     batches: list[tuple[dict[str, Any], list[Any]]] = []
-    wrap = grpo._indexed
+    wrap = grpo.with_rollouts
 
     def recording(base):
         cls = wrap(base)
 
         def generate_and_score(self, inputs):
             out = super(sub, self)._generate_and_score_completions(inputs)
-            batches.append((out, list(self._arle_seqs.episodes)))
+            batches.append((out, list(self.arle_seqs.episodes)))
             return out
 
         sub = type(cls.__name__, (cls,), {"_generate_and_score_completions": generate_and_score})
         return sub
 
-    monkeypatch.setattr(grpo, "_indexed", recording)
+    monkeypatch.setattr(grpo, "with_rollouts", recording)
     return batches
 
 

@@ -165,17 +165,17 @@ def test_template_kwargs_change_a_grpo_rollouts_prompt_ids(tiny_thinking_model, 
     from transformers import AutoTokenizer
 
     from arlecli.cli.train import train_command
-    from arlecli.train import rollout
+    from arlecli.train import batches
 
     seen: list = []
-    original = rollout.Sequences.of.__func__
+    original = batches.Sequences.of.__func__
 
     def record(cls, episodes, *args, **kwargs):
         seqs = original(cls, episodes, *args, **kwargs)
         seen.append(seqs)
         return seqs
 
-    monkeypatch.setattr(rollout.Sequences, "of", classmethod(record))
+    monkeypatch.setattr(batches.Sequences, "of", classmethod(record))
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_command)
     app(

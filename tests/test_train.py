@@ -366,7 +366,7 @@ def test_ppo_trains_on_a_multi_turn_game(tmp_path, tiny_model, monkeypatch):
     lines = [json.loads(line) for line in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(x["end_reason"] and x["turns"] >= 1 for x in lines)
     assert len(batches) == 2
-    from arlecli.train.rollout import flatten_episode
+    from arlecli.train.batches import flatten_episode
 
     for batch in batches:
         for r, episode in enumerate(batch.episodes):

@@ -194,10 +194,10 @@ def test_child_command_line_drops_launch_flags(tiny_model, tmp_path):
         seen["args"] = real(ctx)
         raise typer.Exit(0)
 
-    real = train_cli._child_args
+    real = train_cli.child_args
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(train_cli.train_command)
-    train_cli._child_args = spy
+    train_cli.child_args = spy
     try:
         app(
             args=[
@@ -222,7 +222,7 @@ def test_child_command_line_drops_launch_flags(tiny_model, tmp_path):
             standalone_mode=False,
         )
     finally:
-        train_cli._child_args = real
+        train_cli.child_args = real
     args = seen["args"]
     assert args[0] == "countdown" and "--num-processes" not in args and "--main-process-port" not in args
     assert "--output" not in args and "--resume" in args and "--json" in args

@@ -46,7 +46,7 @@ def toy(ctx):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from arlecli.train.rollout import flatten_episode
+    from arlecli.train.batches import flatten_episode
 
     assert ctx.prepared == {"checked": True} and ctx.rollouts is not None and ctx.reward is not None
     settings = ToyConfig(**{k: v for k, v in ctx.cfg.trainer.items() if k in ToyConfig.__dataclass_fields__})

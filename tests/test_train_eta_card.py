@@ -16,7 +16,7 @@ def test_the_time_left_is_known_after_the_first_step(monkeypatch):
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=160)
     monkeypatch.setattr(cli, "err_console", lambda: console)
-    view = cli._View()
+    view = cli.ProgressView()
     view.log({"step": 1, "max_steps": 4, "seconds_per_step": 40.0, "reward": 0.5})
     view.progress.refresh()
     assert "eta 0:02:00" in screen.getvalue()  # 3 steps to go at 40 s

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from arlecli.train.rollout import flatten_episode
+from arlecli.train.batches import flatten_episode
 
 from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool
 from helpers.train import train_in_process
@@ -79,11 +79,11 @@ class Recorder:
     """Records every rollout draw and the sequences handed to the trainer."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from arlecli.train import rollout
+        from arlecli.train import batches
 
         self.draws: list[tuple[int, int]] = []
         self.sequences: list[Any] = []
-        draws, of = rollout.Rollouts.draws, rollout.Sequences.of.__func__
+        draws, of = batches.Rollouts.draws, batches.Sequences.of.__func__
 
         def record_draws(obj, indices, step):
             out = draws(obj, indices, step)
@@ -96,8 +96,8 @@ class Recorder:
             self.sequences.append(out)
             return out
 
-        monkeypatch.setattr(rollout.Rollouts, "draws", record_draws)
-        monkeypatch.setattr(rollout.Sequences, "of", classmethod(record_sequences))
+        monkeypatch.setattr(batches.Rollouts, "draws", record_draws)
+        monkeypatch.setattr(batches.Sequences, "of", classmethod(record_sequences))
 
     def rows(self) -> list[tuple[tuple[int, int], list[int], list[int], Any]]:
         """((task index, sample), prompt ids, completion ids, episode) of step 0's rollouts."""
@@ -259,13 +259,13 @@ def _greedy_rollouts(card_path: Path, model: Path, backend: str, tasks: list) ->
     from arlecli.registry import resolve_references
     from arlecli.envs.episodes import Sampling
     from arlecli.registry import load_card
-    from arlecli.train.rollout import PolicyEngine, Rollouts
+    from arlecli.train.batches import PolicyBackend, Rollouts
 
     card = load_card(str(card_path))
     resolve_references(card)
     policy = AutoModelForCausalLM.from_pretrained(str(model), dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(str(model), padding_side="left")
-    engine = PolicyEngine(backend, str(model))
+    engine = PolicyBackend(backend, str(model))
     rollouts = Rollouts(card, tasks, [], Sampling(temperature=0.0, max_tokens=TOKENS, seed=SEED), engine)
     indices = [i for i in range(len(tasks)) for _ in range(GENERATIONS)]
     try:
@@ -344,14 +344,14 @@ def test_tasks_travel_by_index_even_when_their_prompts_are_identical(tiny_model)
     from arlecli.envs.episodes import Sampling
     from arlecli.registry import load_card
     from arlecli.train.reward import CardReward
-    from arlecli.train.rollout import PolicyEngine, Rollouts
+    from arlecli.train.batches import PolicyBackend, Rollouts
     from arlecli.types import Task
 
     card = load_card("gsm8k")
     tasks = [Task("a", "What is 2 plus 2?", "#### 4"), Task("b", "What is 2 plus 2?", "#### 5")]
     policy = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model), padding_side="left")
-    rollouts = Rollouts(card, tasks, [], Sampling(temperature=1.0, max_tokens=4, seed=SEED), PolicyEngine("hf", ""))
+    rollouts = Rollouts(card, tasks, [], Sampling(temperature=1.0, max_tokens=4, seed=SEED), PolicyBackend("hf", ""))
     episodes = rollouts.episodes([1, 0, 1], 0, policy, tokenizer)
     assert [e.task_id for e in episodes] == ["b", "a", "b"]
     assert rollouts.draws([1, 1], 0) == [(1, 2), (1, 3)]  # later draws of a task in one step: new samples

@@ -87,11 +87,11 @@ def scripted(monkeypatch, reply) -> None:
 
 
 def recording_trainer(monkeypatch, **overrides) -> None:
-    """Wrap the GRPO trainer class (train.grpo._indexed) with `overrides`: name -> function
+    """Wrap the GRPO trainer class (train.grpo.with_rollouts) with `overrides`: name -> function
     (self, original bound method, *args, **kwargs)."""
     import arlecli.train.grpo as grpo
 
-    wrap = grpo._indexed
+    wrap = grpo.with_rollouts
 
     def recording(base):
         cls = wrap(base)
@@ -105,7 +105,7 @@ def recording_trainer(monkeypatch, **overrides) -> None:
         sub = type(cls.__name__, (cls,), methods)
         return sub
 
-    monkeypatch.setattr(grpo, "_indexed", recording)
+    monkeypatch.setattr(grpo, "with_rollouts", recording)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def recording_trainer(monkeypatch, **overrides) -> None:
 
 
 def test_forced_tokens_carry_no_loss_and_thinking_is_trained():
-    from arlecli.train.rollout import Sequences, flatten_episode
+    from arlecli.train.batches import Sequences, flatten_episode
 
     # A thought closed by budget forcing: the engine wrote token 13 (`</think>`), the model the rest.
     turn = Turn(
@@ -135,7 +135,7 @@ def test_forced_tokens_carry_no_loss_and_thinking_is_trained():
 
 def test_overlong_filtering_masks_cut_episodes_only():
     from arlecli.train.dapo import DAPOOptions, is_cut
-    from arlecli.train.rollout import Rollouts, Sequences
+    from arlecli.train.batches import Rollouts, Sequences
 
     done = Turn("q", "42", prompt_token_ids=[1], token_ids=[5, 6], thinking="t")
     budget = Turn(
@@ -287,7 +287,7 @@ def test_grpo_trains_the_thinking_and_filters_cut_samples(tmp_path, tiny_thinkin
 
     def generate_and_score(self, original, inputs):
         out = original(inputs)
-        batches.append((out, list(self._arle_seqs.episodes)))
+        batches.append((out, list(self.arle_seqs.episodes)))
         return out
 
     recording_trainer(monkeypatch, _generate_and_score_completions=generate_and_score)
@@ -461,10 +461,10 @@ def test_a_three_turn_tool_episode_trains_every_turn_on_the_prompt_it_saw(
 
     def logps(self, original, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         out = original(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        if not self._arle_generating:  # the loss's forward: compare with each turn on its own prompt
+        if not self.arle_generating:  # the loss's forward: compare with each turn on its own prompt
             with torch.no_grad():
                 checked.append(
-                    check_turns(model, self.processing_class, input_ids, logits_to_keep, out[0], self._arle_seqs)
+                    check_turns(model, self.processing_class, input_ids, logits_to_keep, out[0], self.arle_seqs)
                 )
         return out
 
@@ -505,7 +505,7 @@ def check_turns(model: Any, tok: Any, input_ids: Any, logits_to_keep: int, logps
     mask covers the model's tokens and nothing else; return the number of turns checked."""
     import torch
 
-    from arlecli.train.rollout import flatten_episode
+    from arlecli.train.batches import flatten_episode
 
     completions = input_ids[:, -logits_to_keep:].tolist()
     seen = 0

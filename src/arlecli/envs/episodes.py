@@ -1,6 +1,6 @@
 """The one producer of Episodes: (card, tasks, engine, sampling) -> Episodes.
 
-`collect` is what `arle eval`, GRPO, RLOO and PPO all call (eval.py, train/rollout.py), for
+`collect` is what `arle eval`, GRPO, RLOO and PPO all call (eval.py, train/batches.py), for
 single-turn, multi-turn and @rollout cards alike: it builds each episode's env, gives each
 sample its settings (`Sampling.params`: the card's stop strings, the per-turn token budget, a
 per-sample seed that depends only on (seed, task id, sample number)), and runs the env

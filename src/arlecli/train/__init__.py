@@ -8,8 +8,9 @@ Where things happen:
     config.py    settings: arle fields + the algorithm's settings, from recipe < flags < --set, validated
     run.py       a run end to end: refusals, settings, data, rollouts, reward, evals, summary.json (the
                  run directory itself: arlecli.rundir)
-    rollout.py   every trainer's rollouts: the eval's episode producer on an engine over the policy
-                 (hf over the live weights, or in-process vLLM synced to them), as token sequences
+    batches.py   every trainer's batches: the eval's episode producer (Rollouts) on the policy's
+                 backend (PolicyBackend: hf over the live weights, or in-process vLLM synced to
+                 them), and its episodes as token sequences (Sequences, flatten_episode)
     reward.py    the one reward adapter: TRL reward function over the card's score(task, episode)
     trl_glue.py  what every TRL trainer shares: the TRL import, LoRA config, the training loop with
                  its held-out evaluations and final/

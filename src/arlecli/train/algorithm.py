@@ -28,6 +28,7 @@ from arlecli.cards import Card
 from arlecli.errors import UserError
 from arlecli.models import ModelSpec
 from arlecli.plugins import Registry
+from arlecli.records import RunDir
 
 if TYPE_CHECKING:  # the context's parts: train modules that import this one (config) or sit above it
     from arlecli.train.config import TrainConfig
@@ -35,9 +36,7 @@ if TYPE_CHECKING:  # the context's parts: train modules that import this one (co
     from arlecli.train.metrics import MetricsLog
     from arlecli.train.ranks import Ranks
     from arlecli.train.reward import CardReward
-    from arlecli.train.rollout import PolicyEngine, Rollouts
-
-FINAL = "final"  # <run>/final/: the trained model every algorithm leaves
+    from arlecli.train.batches import PolicyBackend, Rollouts
 
 
 @dataclass
@@ -69,7 +68,7 @@ class TrainContext:
     metrics: "MetricsLog"  # metrics.jsonl
     view: TrainView
     ranks: "Ranks"  # this process among the training processes
-    engine: "PolicyEngine"  # the engine over the policy (--backend): rollouts and held-out evals
+    engine: "PolicyBackend"  # the engine over the policy (--backend): rollouts and held-out evals
     heldout: "HeldOut | None"  # held-out evaluations (None: --eval-limit 0)
     prepared: Any = None  # what the algorithm's `check` returned for this stage
     rollouts: "Rollouts | None" = None  # RL: the card's tasks, sampled on the engine as `arle eval` does
@@ -79,7 +78,7 @@ class TrainContext:
     @property
     def final(self) -> Path:
         """Where the trained model goes (`<run>/final`)."""
-        return self.run_dir / FINAL
+        return RunDir(self.run_dir).final
 
 
 Evals = tuple[dict[str, dict[str, Any]], int]

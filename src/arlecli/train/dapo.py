@@ -20,7 +20,7 @@ rollouts and live here, one documented field each (`DAPOOptions`), set in a reci
   dropped groups.
 
 This module holds no trainer: the GRPO/RLOO glue (train.grpo), the reward adapter
-(train.reward) and the sequences (train.rollout) call into it.
+(train.reward) and the sequences (train.batches) call into it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ optimizer, scheduler, RNG states, data position), so resume is Trainer's resume.
 
 Rollouts are arle's, not TRL's: TRL never generates. GRPO gets them through its
 `rollout_func` hook, RLOO (no hook in TRL 1.16) through a two-method subclass, both from
-`train.rollout.Rollouts` (the producer `arle eval` uses), so training samples exactly what
+`train.batches.Rollouts` (the producer `arle eval` uses), so training samples exactly what
 the eval would: the card's stop strings and budgets, env turns and tool calls, on the hf
 engine over the live policy or on arle's in-process vLLM engine (`--backend vllm`), synced to
 the policy before each rollout. The trainers see the batch's task indices through
@@ -31,7 +31,7 @@ from arlecli.errors import UserError
 from arlecli.train.algorithm import ALGORITHMS, Algorithm, TrainContext
 from arlecli.train.config import TrainConfig
 from arlecli.train.reward import CardReward
-from arlecli.train.rollout import Rollouts, Sequences, pad_rows, rescore_segments
+from arlecli.train.batches import Rollouts, Sequences, pad_rows, rescore_segments
 from arlecli.train.trl_glue import check_report_to, common_fields, import_trl, load_model, lora_config, train_loop
 
 
@@ -80,10 +80,10 @@ def build_trainer(
     extra: dict[str, Any] = {}
     if cfg.options.algo == "grpo":
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.16
-        cls = _indexed(trl.GRPOTrainer)
+        cls = with_rollouts(trl.GRPOTrainer)
         extra["rollout_func"] = lambda prompts, trainer: trainer.arle_rollout().for_trl()
     else:
-        cls = _rloo_with_rollouts(trl.RLOOTrainer)
+        cls = rloo_with_rollouts(trl.RLOOTrainer)
     trainer = cls(
         model=model,
         reward_funcs=reward,
@@ -101,10 +101,10 @@ def build_trainer(
     return trainer
 
 
-def _indexed(base: type) -> type:
+def with_rollouts(base: type) -> type:
     """`base` (a TRL trainer) that remembers its batch's task indices, draws arle rollouts for
     them (dynamic sampling included, train.dapo) and scores every token of a segment after a
-    seam on its own context (train.rollout: one row per episode, each turn trained on the
+    seam on its own context (train.batches: one row per episode, each turn trained on the
     prompt it was generated from)."""
     import torch
 
@@ -114,24 +114,24 @@ def _indexed(base: type) -> type:
 
         arle_seats: list[Any] = []
         arle_by_seat = False  # GRPO: advantages per (task, seat) when a batch holds a game's seats
-        _arle_seqs: Sequences | None = None  # the rows of the batch being generated and scored
-        _arle_generating = False
+        arle_seqs: Sequences | None = None  # the rows of the batch being generated and scored
+        arle_generating = False  # True while TRL generates and scores a batch (not in the loss's forward)
         _arle_segment: Any = None  # the segment numbers of the rows in the loss (a batch key)
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
             self.arle_inputs = inputs  # the dataset rows of the prompts `_generate` gets, in order
-            self._arle_generating = True
+            self.arle_generating = True
             try:
                 out = super()._generate_and_score_completions(inputs)
             finally:
-                self._arle_generating = False
+                self.arle_generating = False
             if self.arle_by_seat and len(set(self.arle_seats)) > 1:  # a game's seats: each against its own
                 rewards = self.reward_funcs[0].last
                 advantages = seat_advantages(rewards, self.arle_seats, self.num_generations, self.scale_rewards)
                 out["advantages"] = advantages.to(out["advantages"].device, out["advantages"].dtype)
-            if self._arle_seqs is not None and self._arle_seqs.seamed:
+            if self.arle_seqs is not None and self.arle_seqs.seamed:
                 # Shuffled and split with the other tensors, so the loss knows each row's segments.
-                out["arle_segment"] = pad_rows(self._arle_seqs.segment, out["completion_ids"])
+                out["arle_segment"] = pad_rows(self.arle_seqs.segment, out["completion_ids"])
             return out
 
         def arle_rollout(self) -> Sequences:
@@ -149,7 +149,7 @@ def _indexed(base: type) -> type:
             mode = "train" if self.model.training else "eval"
             for key, value in rollouts.last_stats.items():  # dynamic sampling's and overlong filtering's counts
                 self._metrics[mode][key].append(value)
-            self._arle_seqs = seqs
+            self.arle_seqs = seqs
             # A seat that never moved (the other seat ended the game first) produced no token to
             # train: kept out of its seat's baseline, in a group of its own.
             self.arle_seats = [episode.info.get("seat") if episode.turns else None for episode in seqs.episodes]
@@ -182,8 +182,8 @@ def _indexed(base: type) -> type:
 
         def _arle_segments_like(self, like: Any) -> Any:
             # The rows being generated (old/reference logprobs), else those of the loss's batch.
-            if self._arle_generating:
-                seqs = self._arle_seqs
+            if self.arle_generating:
+                seqs = self.arle_seqs
                 if seqs is None or not seqs.seamed or len(seqs.segment) != like.shape[0]:
                     return None
                 return pad_rows(seqs.segment, like)
@@ -217,7 +217,7 @@ def seat_advantages(rewards: list[float], seats: list[Any], group: int, scale: s
     return out if scale == "none" else out / (std + 1e-4)
 
 
-def _rloo_with_rollouts(base: type) -> type:
+def rloo_with_rollouts(base: type) -> type:
     """RLOOTrainer drawing arle rollouts: `_generate` returns them (TRL 1.16's RLOO has no
     rollout hook) and each row's episode joins its input for the reward. RLOO has no env_mask
     either: environment tokens stay attended to, but their logprobs are zeroed wherever RLOO
@@ -226,7 +226,7 @@ def _rloo_with_rollouts(base: type) -> type:
     TRL shuffles and splits with the other tensors."""
     import torch
 
-    class RLOO(_indexed(base)):  # type: ignore[misc]  # a class made at run time: mypy cannot see its base
+    class RLOO(with_rollouts(base)):  # type: ignore[misc]  # a class made at run time: mypy cannot see its base
         _last_loaded_step: int  # RLOOTrainer's: the step whose weights vLLM holds
         arle_env_mask: list[list[int]] = []
         _arle_mask: Any = None  # the loss mask of the rows being scored, when known
@@ -274,7 +274,7 @@ def _rloo_with_rollouts(base: type) -> type:
 
         def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
             logps, *rest = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            mask = self._mask_like(logps) if self._arle_generating else self._arle_mask
+            mask = self._mask_like(logps) if self.arle_generating else self._arle_mask
             if mask is not None and mask.shape == logps.shape:
                 logps = logps * mask.to(logps.dtype)
             return (logps, *rest)

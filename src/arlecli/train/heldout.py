@@ -1,6 +1,6 @@
 """Held-out evaluation during training: the eval runner on the weights being trained.
 
-It runs on the engine the rollouts use (`train.rollout.PolicyEngine`: the hf engine over the
+It runs on the engine the rollouts use (`train.batches.PolicyBackend`: the hf engine over the
 trainer's own model object, or the run's vLLM engine synced to it), so no second copy of the
 model is loaded, and `<run>/eval/step-N/` is an ordinary eval run directory (meta.json,
 samples.jsonl, results.json) that `arle eval` would have written for those weights.
@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 from arlecli.cards import Card
 from arlecli.eval import EvalOptions, run_eval
+from arlecli.records import RunDir
 from arlecli.results import META, read_json
-from arlecli.train.rollout import PolicyEngine
+from arlecli.train.batches import PolicyBackend
 
 
 @dataclass
@@ -26,18 +27,18 @@ class HeldOut:
     options: EvalOptions
     run_dir: Path
     model_name: str
-    engine: PolicyEngine
+    engine: PolicyBackend
     on_start: Callable[[str, int, int], None] | None = None  # (label, total, already done)
     on_sample: Callable[[dict[str, Any]], None] | None = None
     on_done: Callable[[str, dict[str, Any]], None] | None = None
 
     def dir_for(self, label: str) -> Path:
         """The eval run directory for `label` (step-0, step-20 ...)."""
-        return self.run_dir / "eval" / label
+        return RunDir(self.run_dir).eval_dir(label)
 
     def finished(self) -> dict[str, dict[str, Any]]:
         """Results of the evaluations already finished in this run directory, by label."""
-        root = self.run_dir / "eval"
+        root = RunDir(self.run_dir).held_out
         done = sorted(root.glob("step-*/results.json")) if root.exists() else []
         return {path.parent.name: read_json(path) for path in done}
 

@@ -16,6 +16,7 @@ from typing import Any
 from arlecli import safeio
 from arlecli.errors import UserError
 from arlecli.models import EMBEDDED_NAME, ModelSpec
+from arlecli.records import RunDir
 from arlecli.results import read_json
 from arlecli.train.algorithm import recorded
 
@@ -96,7 +97,7 @@ def model_card(spec: ModelSpec, summary: dict[str, Any], meta: dict[str, Any], f
     if isinstance(command, list):
         lines += ["```bash", " ".join(map(str, command)), "```", ""]
     lines += [
-        f"Every setting is in `{final.parent / 'meta.json'}`, each step's metrics in `metrics.jsonl`, the "
+        f"Every setting is in `{final.parent / RunDir.META}`, each step's metrics in `metrics.jsonl`, the "
         f"held-out evaluations under `eval/`.",
         "",
     ]
@@ -105,11 +106,12 @@ def model_card(spec: ModelSpec, summary: dict[str, Any], meta: dict[str, Any], f
 
 def write_model_card(run_dir: Path, spec: ModelSpec, summary: dict[str, Any]) -> None:
     """README.md in the run directory and in final/ (over TRL's and peft's), when final/ exists."""
-    final = Path(run_dir) / "final"
+    files = RunDir(Path(run_dir))
+    final = files.final
     if not final.is_dir():
         return
     try:
-        meta = read_json(Path(run_dir) / "meta.json")
+        meta = read_json(files.meta)
     except UserError:  # a card is a courtesy: a run without a readable meta.json still ends
         meta = {}
     text = model_card(spec, summary, meta if isinstance(meta, dict) else {}, final)

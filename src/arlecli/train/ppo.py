@@ -5,7 +5,7 @@ Where this sits
     of a prompt's group of completions. It has no PPO (removed in TRL 1.13) and no value-head
     model class. This module is that missing piece: a learned critic, GAE and the PPO2 clipped
     objectives (the recipe of TRL's former PPOTrainer and of "N implementation details of RLHF
-    with PPO"), on rollouts from the caller (arle's one producer of Episodes, train/rollout.py:
+    with PPO"), on rollouts from the caller (arle's one producer of Episodes, train/batches.py:
     the eval's engines, stop strings and envs, multi-turn included) and the same reward the
     GRPO/RLOO glue uses. One entry point, `train_ppo`; the math lives in small pure functions.
 
@@ -66,8 +66,9 @@ from typing import Any, Callable, cast
 
 import torch
 
+from arlecli.records import RunDir
 from arlecli.rundir import latest_checkpoint, prune_checkpoints
-from arlecli.train.rollout import Sequences, rescore_segments
+from arlecli.train.batches import Sequences, rescore_segments
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,7 +362,7 @@ def forward_pass(
     values (if a head is given) and entropies (if asked), each [batch, completion_len].
 
     Position ids are rebuilt from the attention mask so left-padded prompts see the same
-    positions as in `generate`. `segment` ([batch, completion_len], train.rollout): tokens of a
+    positions as in `generate`. `segment` ([batch, completion_len], train.batches): tokens of a
     segment after a seam are scored on that segment's own context (its prompt and what follows),
     one more forward pass per segment.
     """
@@ -430,7 +431,7 @@ class Rollout:
     values: torch.Tensor  # [B, T] critic estimates
     prompt_indices: list[int]  # the task index of each row
     episodes: list[Any]  # what the reward scores (arlecli.types.Episode)
-    segment: torch.Tensor | None = None  # [B, T] the context each token was generated in (train.rollout)
+    segment: torch.Tensor | None = None  # [B, T] the context each token was generated in (train.batches)
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,7 +462,7 @@ def score_rollout(
     micro_batch_size: int,
     no_loss: Callable[[Any], bool] | None = None,
 ) -> Rollout:
-    """Turn sampled episodes into PPO's batch: their token sequences (train.rollout.Sequences)
+    """Turn sampled episodes into PPO's batch: their token sequences (train.batches.Sequences)
     and the policy's, reference's and critic's view of every completion token. An episode for
     which `no_loss` is True (overlong filtering) keeps its tokens with no action among them."""
     seqs = Sequences.of(episodes, policy.eos_ids[0]).without_loss([no_loss(e) for e in episodes] if no_loss else None)
@@ -651,7 +652,7 @@ def save_checkpoint(
     p: PPOParams,
 ) -> Path:
     """Write `output_dir/checkpoint-{step}` with everything resume needs."""
-    folder = output_dir / f"checkpoint-{step}"
+    folder = RunDir(output_dir).checkpoint(step)
 
     def write(tmp: Path) -> None:
         _save_model(tmp, policy)
@@ -801,6 +802,6 @@ def train_ppo(
         if on_step_end is not None:
             on_step_end(step, policy)
 
-    final = output_dir / "final"
+    final = RunDir(output_dir).final
     _write_atomically(final, lambda tmp: _save_model(tmp, policy))
     return final

@@ -1,7 +1,7 @@
 """PPO on a card: arle's rollouts, the card's reward and held-out evals around `ppo.train_ppo`.
 
 `train_ppo` is plain PyTorch over callables; this is where a run's pieces meet it: the
-rollouts (train.rollout.Rollouts, the eval's episode producer), the reward adapter (whose
+rollouts (train.batches.Rollouts, the eval's episode producer), the reward adapter (whose
 verdicts go to rewards.jsonl), metrics.jsonl and reporters, and held-out evaluations before the
 first step, every --eval-every steps and after the last, on the rollout engine. It registers
 the algorithm ppo: its settings are `ppo.PPOParams` and `PPOArgs`.

@@ -1,6 +1,6 @@
 """The one reward path: a TRL reward function over the card's `score(task, episode)`.
 
-Every trainer's completions come from `train.rollout` as whole Episodes (the ones the eval
+Every trainer's completions come from `train.batches` as whole Episodes (the ones the eval
 would produce), so the adapter scores exactly what `arle eval` scores: TRL hands each
 rollout's `episode` (an extra field of the rollout) and the dataset's `task_index` column to
 reward functions; PPO calls `score` directly. Each verdict is one line of rewards.jsonl.
@@ -28,7 +28,7 @@ class CardReward:
 
     Per-sample verdicts are appended to `<run>/rewards.jsonl`, with each episode's finish
     reason (and, for multi-turn cards, its turns, end reason and env info: `seams` there
-    names the turns whose prompt the chat template rewrote, see train.rollout). With DAPO's
+    names the turns whose prompt the chat template rewrote, see train.batches). With DAPO's
     soft overlong punishment (`shaping`) the reward trained on is the card's plus the penalty;
     a line keeps the card's `reward` and adds `overlong_penalty` and `trained_reward`.
 

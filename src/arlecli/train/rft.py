@@ -11,7 +11,7 @@ Each round R (1, 2, ... `rounds`):
     3. keep     the episodes the reward accepts: `correct`, or reward >= `min_reward` when set,
                 and none of whose turns was cut at its token limit (`keep_cut: true` keeps those)
     4. SFT      on the kept episodes' tokens as generated (thinking included; one sequence per
-                segment where a chat template rewrote the history, see train.rollout), through
+                segment where a chat template rewrote the history, see train.batches), through
                 `train.sft`, continuing from the current weights (LoRA: the same adapter); the
                 rows are also SFT rows as `arle data from-eval` writes them (`messages`)
 
@@ -51,10 +51,10 @@ from arlecli.train import sft
 from arlecli.train.algorithm import TrainContext, names, register_algorithm
 from arlecli.train.config import TrainConfig
 from arlecli.train.metrics import open_reporter
-from arlecli.train.rollout import Rollouts, flatten_episode
+from arlecli.train.batches import Rollouts, flatten_episode
 from arlecli.train.trl_glue import import_trl, load_model, lora_config
 from arlecli.results import write_json
-from arlecli.records import Sample
+from arlecli.records import RunDir, Sample
 from arlecli.trajectories import Trajectory, sft_row, write_jsonl
 from arlecli.trajectories import trajectory as sample_trajectory
 from arlecli.types import Episode, Score, Task
@@ -222,7 +222,7 @@ def to_rows(
 
 def token_sequences(episode: Episode) -> list[dict[str, list[int]]]:
     """The episode's tokens as generated, for SFT: one {"input_ids", "completion_mask"} per
-    segment (train.rollout: a chat template that dropped a turn's thinking from the history
+    segment (train.batches: a chat template that dropped a turn's thinking from the history
     starts a new one), 1 on the model's own tokens (its thinking included, a forced end of
     thought not), 0 on prompts and env replies. Empty when the engine gave no ids (then SFT
     renders the messages: train.sft)."""
@@ -307,7 +307,7 @@ def run_rft(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
                 evaluate(f"step-{round_no}")
             # Last: the round counts as finished from here on (an evaluation cut short above is
             # resumed when the round is redone).
-            write_json(run_dir / f"checkpoint-{round_no}" / STATE_FILE, done)
+            write_json(RunDir(run_dir).checkpoint(round_no) / STATE_FILE, done)
             shutil.rmtree(run_dir / "sft", ignore_errors=True)
             _prune(run_dir, done["model_dir"], cfg.trainer.get("save_total_limit"))
     finally:
@@ -347,7 +347,7 @@ def one_round(
         run=str(run_dir),
         model=f"{spec.name}@step-{round_no - 1}",
     )
-    ckpt = run_dir / f"checkpoint-{round_no}"
+    ckpt = RunDir(run_dir).checkpoint(round_no)
     if ckpt.exists():
         shutil.rmtree(ckpt)  # left by a round cut short (it had no state file)
     ckpt.mkdir(parents=True)

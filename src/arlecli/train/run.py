@@ -41,20 +41,19 @@ from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, load_tasks
 from arlecli.fewshot import exemplars_for
 from arlecli.models import ModelSpec
-from arlecli.records import SCHEMA
+from arlecli.records import SCHEMA, RunDir
 from arlecli.results import write_json
 from arlecli.registry import card_forgeable, card_runs_code
 from arlecli.sandbox import ensure_isolation, set_policy
-from arlecli.train.algorithm import FINAL, Algorithm, TrainContext, TrainView, algorithm
+from arlecli.train.algorithm import Algorithm, TrainContext, TrainView, algorithm
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
 from arlecli.train.ranks import Ranks
 from arlecli.train.metrics import MetricsLog
 from arlecli.train.model_card import write_model_card
 from arlecli.train.reward import CardReward, truncate_rewards
-from arlecli.train.rollout import PolicyEngine, Rollouts
+from arlecli.train.batches import PolicyBackend, Rollouts
 
-SUMMARY = "summary.json"
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
 # What a resume must keep (options and trainer field by field, all but RESUMABLE).
@@ -329,7 +328,7 @@ def train_session(
     (every evaluation's results by label, the last step, the held-out evaluations). `data`
     (None for a --data algorithm) is what the rollouts sample."""
     opts = cfg.options
-    engine = PolicyEngine(
+    engine = PolicyBackend(
         opts.backend,
         spec.path_or_id or "",
         batch_size=opts.eval_batch_size,
@@ -362,7 +361,7 @@ def train_session(
         )
         # With --vllm-server the rollouts run on TRL's server; held-out evals stay in this process.
         rollout_engine = (
-            PolicyEngine(
+            PolicyBackend(
                 "vllm-server",
                 spec.path_or_id or "",
                 think_tags=spec.think_tags,
@@ -409,7 +408,7 @@ def open_run(
 
 
 def held_out(
-    card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engine: PolicyEngine, view: TrainView
+    card: Card, cfg: TrainConfig, spec: ModelSpec, run_dir: Path, engine: PolicyBackend, view: TrainView
 ) -> HeldOut | None:
     """The run's held-out evaluations on `engine` (None with --eval-limit 0): greedy, on the
     eval split, as `arle eval` would score the weights."""
@@ -455,7 +454,7 @@ def write_summary(
         "model": spec.name,
         "algo": algo,
         "global_step": global_step,
-        "final_model": str(run_dir / FINAL),
+        "final_model": str(RunDir(run_dir).final),
         "train_seconds_this_session": round(seconds, 1),
         "before": {"label": labels[0], "accuracy": accuracy(evals[labels[0]])} if labels else None,
         "after": {"label": labels[-1], "accuracy": accuracy(evals[labels[-1]])} if len(labels) > 1 else None,
@@ -464,7 +463,7 @@ def write_summary(
         else {},
     }
     if ranks.main:
-        write_json(run_dir / SUMMARY, summary)
+        write_json(RunDir(run_dir).summary, summary)
         write_model_card(run_dir, spec, summary)  # over TRL's, which names a local base model None
     return summary
 

@@ -4,7 +4,7 @@ A row is a conversation (the SFT rows `arle data from-eval` writes): `messages` 
 assistant, tool ... ending with an assistant message) and, for episodes that used native
 tools, `tools` (their JSON schemas). Every assistant message carries loss; system, user and
 tool messages (the prompt and the environment) do not, exactly as GRPO's env_mask keeps the
-environment's tokens out of its loss (train.rollout.flatten_episode):
+environment's tokens out of its loss (train.batches.flatten_episode):
 
     render messages[:i] with the generation prompt   -> not trained (prompt, env replies,
                                                          the "<|im_start|>assistant\\n" header)
@@ -15,7 +15,7 @@ Each piece is tokenised on its own and the ids concatenated, the way a rollout's
 built (prompt ids, the model's ids, then the env's delta ids: engine.tokens.continue_ids).
 Where the chat template rewrites history (a later render does not extend the text so far), the
 conversation stops before it. A row that carries its tokens as generated (`sequences`, rft's
-rows: one sequence per segment between such seams, see train.rollout) trains on those instead.
+rows: one sequence per segment between such seams, see train.batches) trains on those instead.
 
 A prompt/completion row (TRL's format; what from-eval writes for a completion-format card:
 HumanEval, gsm8k) is plain text: the prompt is tokenised as the engine tokenised it for

@@ -1,8 +1,8 @@
-"""Training rollouts: the trainers' side of the one producer of Episodes.
+"""Training batches: the trainers' side of the one producer of Episodes, and the rows it makes.
 
 GRPO, RLOO and PPO never sample text themselves. Each step they hand the tasks of their
 batch, by index, to `Rollouts.episodes`, which runs `envs.episodes.collect` (the function
-`arle eval` runs) on an engine over the policy being trained (`PolicyEngine`: the hf engine
+`arle eval` runs) on an engine over the policy being trained (`PolicyBackend`: the hf engine
 over the live weights, or an in-process vLLM engine synced to them). So stop strings, token
 budgets, env turns, tool calls and @rollout agents behave exactly as in the eval, and:
 
@@ -248,8 +248,9 @@ def unwrap(model: Any) -> Any:
     return model
 
 
-class PolicyEngine:
-    """The engine that training rollouts and held-out evaluations run on, over the policy.
+class PolicyBackend:
+    """The run's --backend, which training rollouts and held-out evaluations run on: not an
+    engine itself, it hands out an engine over the policy's current weights (`over`).
 
     `hf`: arle's hf engine (continuous batching, the code `arle eval` runs) over the live
     policy module: no copy, always current. `vllm`: one in-process vLLM engine for the whole
@@ -374,7 +375,7 @@ class Rollouts:
     tasks: list[Task]
     exemplars: Exemplars
     sampling: Sampling
-    engine: PolicyEngine
+    engine: PolicyBackend
     dapo: DAPOOptions = field(default_factory=DAPOOptions)
     last_stats: dict[str, float] = field(default_factory=dict)  # the latest step's DAPO counts (metrics.jsonl)
     _step: int | None = None
