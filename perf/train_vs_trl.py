@@ -12,7 +12,7 @@ per step, seconds per generated token, start-up time and peak RSS, for
 
 Same model (the embedded SmolLM2-135M-Instruct; `--quick`: the tiny test model), same
 prompts (the card's chat messages, rendered once here with arle's own
-`arlecli.envs.single_turn.reset` and handed to the plain script as data), same dataset
+`arlecli.cards.render_prompt` and handed to the plain script as data), same dataset
 length and seed (so TRL's sampler draws the same tasks each step: checked from both runs'
 task indices; repeat r uses seed 1234 + r in both tools), same reward logic (the `number`
 reward re-implemented as a plain function), same GRPOConfig (checked field by field
@@ -393,14 +393,14 @@ def trainer_fields(recipe: dict[str, Any], steps: int, max_completion_length: in
 def render_prompts(path: Path) -> tuple[int, list[str]]:
     """The train split's chat prompts exactly as `arle train` builds them, with their targets;
     returns (rows, the card's stop strings)."""
-    from arlecli.envs import single_turn
+    from arlecli.cards import render_prompt
     from arlecli.eval import EvalOptions, load_tasks
     from arlecli.registry import load_card
     from arlecli.train.run import train_split
 
     card = load_card(str(CARD))
     tasks, exemplars = load_tasks(card, EvalOptions(split=train_split(card, None), limit=None, num_fewshot=None))
-    rows = [{"prompt": single_turn.reset(card.prompt, t, exemplars), "answer": t.target} for t in tasks]
+    rows = [{"prompt": render_prompt(card.prompt, t, exemplars), "answer": t.target} for t in tasks]
     path.write_text(json.dumps(rows))
     return len(rows), list(card.prompt.stop)
 
