@@ -432,6 +432,24 @@ def test_bad_data_is_one_line(tmp_path, tiny_model, monkeypatch, capsys, case):
     assert not run.exists(), "bad input is refused before the run directory exists"
 
 
+def test_bad_data_is_refused_before_the_default_model_is_prepared(tmp_path):
+    """No --model means the embedded default model, unpacked on first use (a fresh ARLE_HOME: not
+    yet): a bad --data file is refused before that, in one line."""
+    child = "import sys; from arlecli.cli.main import main; sys.argv = ['arle', *sys.argv[1:]]; main()"
+    env = {**os.environ, "ARLE_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-c", child, "train", "gsm8k", "--algo", "sft", "--data", "missing.jsonl"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "missing.jsonl" in lines[0] and "preparing the embedded default model" not in done.stderr
+
+
 def test_rows_of_another_benchmark_warn_and_limit_takes_the_first_rows(tmp_path, tiny_model, capsys):
     data = write_jsonl(tmp_path / "rows.jsonl", [{**SINGLE, "benchmark": "gsm8k"}, MULTI, {**MULTI, "benchmark": "x"}])
     capsys.readouterr()

@@ -105,7 +105,7 @@ class ProgressView:
         return self.progress
 
     def message(self, text: str) -> None:
-        err_console().print(text, highlight=False, soft_wrap=True)  # one line in a log, however long
+        _say(text)
 
     def log(self, row: dict[str, Any]) -> None:
         eta = self.clock.eta(row)
@@ -377,7 +377,10 @@ def train_command(
         raise UserError("which benchmark? `arle train BENCH ...`, or `benchmark:` in the recipe")
     card = load_card(cfg.options.benchmark)
     resolve_references(card)
-    refuse(card, cfg, sandbox=sandbox)  # before resolving the model (the embedded one unpacks): nothing loads
+    # Before resolving the model (the embedded one unpacks): nothing loads. A launcher leaves the
+    # warnings to its main rank, which says them here.
+    warn = None if launch_opts.wanted() or launch.rank() != 0 else _say
+    refuse(card, cfg, sandbox=sandbox, message=warn)
     spec = resolve_model(
         cfg.options.model, think_tags=cfg.options.think_tags, chat_template_kwargs=cfg.options.chat_template_kwargs
     )
@@ -421,6 +424,7 @@ def train_command(
             resume=resume,
             command=command,
             sandbox=sandbox,
+            refused=True,
             view=TrainView(
                 log=view.log,
                 eval_start=view.eval_start,
@@ -450,6 +454,10 @@ _LAUNCH_PARAMS = {
     "main_process_port",
     "output",
 }
+
+
+def _say(text: str) -> None:
+    err_console().print(text, highlight=False, soft_wrap=True)  # one line in a log, however long
 
 
 def _quiet(text: str) -> None:

@@ -115,6 +115,9 @@ class Algorithm:
     check(cfg, card, run_dir): refuses what it cannot train before the run directory exists;
         returns what `run` gets as ctx.prepared (the trainer's resolved config, recorded in
         meta.json as trainer_resolved when it has `to_dict`).
+    read_data(cfg): a data algorithm's --data rows, read and checked with no model and no run
+        directory: train.run.refuse runs it before the model resolves (its check reads them
+        for the run).
     unit, length: what its step is called and the trainer field that counts them (rft: rounds).
     """
 
@@ -129,6 +132,7 @@ class Algorithm:
     dynamic_sampling: bool = False
     validate: Callable[["TrainConfig"], None] = _no_validate
     check: Callable[["TrainConfig", Card, Path], Any] = _no_check
+    read_data: Callable[["TrainConfig"], Any] | None = None
     unit: str = "steps"
     length: str = "max_steps"
 

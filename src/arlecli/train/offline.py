@@ -223,6 +223,8 @@ def _config(name: str) -> Sequence[type]:
 
 
 # On --data rows, in one process or many.
-_OFFLINE: dict[str, Any] = dict(data=True, distributed=True, validate=validate_offline, check=check_offline)
+_OFFLINE: dict[str, Any] = dict(
+    data=True, distributed=True, validate=validate_offline, check=check_offline, read_data=training_rows
+)
 ALGORITHMS.add("sft", Algorithm("sft", run_sft, lambda: _config("SFTConfig"), **_OFFLINE), source=run_sft)
 ALGORITHMS.add("dpo", Algorithm("dpo", run_dpo, lambda: _config("DPOConfig"), **_OFFLINE), source=run_dpo)

@@ -90,6 +90,7 @@ def run_train(
     command: list[str] | None = None,
     view: TrainView | None = None,
     sandbox: str = "require",
+    refused: bool = False,
 ) -> dict[str, Any]:
     """Train `spec`'s model on `card` with cfg's algorithm; return (and write) summary.json's content.
 
@@ -98,11 +99,13 @@ def run_train(
     model-written code runs only where it can be isolated). A staged run (cfg.stages) trains its
     stages one after the other in the same run directory, each resuming the trainer's
     checkpoint at the end of the one before (so steps and weights continue), with the stage's
-    own settings; a resumed staged run starts in the stage its checkpoint falls in."""
+    own settings; a resumed staged run starts in the stage its checkpoint falls in. `refused`:
+    the caller ran `refuse(card, cfg)` before it resolved the model (the CLI does), so its
+    warnings are not repeated."""
     view = view or TrainView()
     opts = cfg.options
     algo = algorithm(opts.algo)
-    refuse(card, cfg, spec, sandbox=sandbox, message=view.message)
+    refuse(card, cfg, spec, sandbox=sandbox, message=None if refused else view.message)
     split = train_split(card, opts.split) if not (opts.rows or algo.data) else None
     eval_split = (opts.eval_split or card.source.default_split) if not heldout_rows(opts) else None
     # Settings errors surface before the run directory exists, so a fixed rerun needs no new --output.
@@ -206,7 +209,9 @@ def refuse(
     `sandbox` require) and, given the model's `spec`, an endpoint for a model or a thinking
     budget for a model that does not think. Sets the sandbox's policy, and warns (`message`)
     of a reward whose verdict the model's own code could forge. Cheap to repeat: the CLI calls
-    it before it resolves the model (which may unpack one), run_train again with it."""
+    it before it resolves the model (which may unpack one), run_train again with it. Without a
+    `spec` (that first pass) a data algorithm's --data rows are read and checked too
+    (Algorithm.read_data), so a bad file is refused before any model is prepared."""
     if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
         raise UserError(
             f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
@@ -222,6 +227,9 @@ def refuse(
             "high-reward completions in rewards.jsonl."
         )
     if spec is None:
+        read_data = algorithm(cfg.options.algo).read_data
+        if read_data is not None:
+            read_data(cfg)
         return
     if spec.kind != "hf" or not spec.path_or_id:
         raise UserError(
