@@ -202,3 +202,59 @@ def test_a_tool_calling_agent_trains_with_the_call_in_the_loss_and_the_result_ou
     rewards = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(rewards) == 4 and all(x["turns"] == 2 and x["env_info"]["calls"] == 2 for x in rewards)
     assert (run / "final").is_dir()
+
+
+def test_rft_trains_a_tool_calling_agent_on_its_token_record(tmp_path, tiny_model, monkeypatch):
+    """--algo rft on an env: rollout card: a round keeps the agent's episodes as rows of its token
+    record (no messages: the agent's requests are no conversation the env driver replays), with
+    loss on the model's own tokens (the call, the answer) only, and trains on them."""
+    from transformers import AutoTokenizer
+
+    model = build_tool_model(tiny_model, tmp_path / "model")
+    script_generate(monkeypatch, engine_class("hf"), first_call_is_a_tool_call)
+    run = tmp_path / "run"
+    train(
+        str(tool_card(tmp_path)),
+        "--algo",
+        "rft",
+        "--model",
+        str(model),
+        "--limit",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-tokens",
+        "56",
+        "--eval-limit",
+        "0",
+        "--set",
+        "rounds=1",
+        "--set",
+        "tasks_per_round=2",
+        "--set",
+        "min_reward=0",
+        "--set",
+        "keep_cut=true",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--output",
+        str(run),
+    )
+    tok = AutoTokenizer.from_pretrained(str(model))
+    call_ids = tok(CALL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rows = [json.loads(x) for x in (run / "checkpoint-1" / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all("messages" not in r and r["benchmark"] == "countdown_tool_agent" for r in rows)
+    for r in rows:
+        (seq,) = r["sequences"]  # the second call continued the first call's ids: one sequence
+        ids, mask = seq["input_ids"], seq["completion_mask"]
+        trained = [t for t, m in zip(ids, mask) if m]
+        assert trained[: len(call_ids)] == call_ids  # the call carries loss
+        context = tok.decode([t for t, m in zip(ids, mask) if not m])
+        assert RESULT in context and CALL not in context  # the prompt and the tool's result do not
+        runs = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+        assert len(runs) == 2 and ids[runs[0] : runs[0] + len(call_ids)] == call_ids  # two model turns
+        assert not any(mask[runs[0] + len(call_ids) : runs[1]])  # nothing between them: the env's reply
+    (metric,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (metric["samples"], metric["kept"]) == (4, 4) and metric["sft_steps"] >= 1 and metric["loss"] is not None
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algo"] == "rft" and summary["global_step"] == 1 and (run / "final").is_dir()

@@ -13,7 +13,10 @@ Each round R (1, 2, ... `rounds`):
     4. SFT      on the kept episodes' tokens as generated (thinking included; one sequence per
                 segment where a chat template rewrote the history, see train.batches), through
                 `train.sft`, continuing from the current weights (LoRA: the same adapter); the
-                rows are also SFT rows as `arle data from-eval` writes them (`messages`)
+                rows are also SFT rows as `arle data from-eval` writes them (`messages`), but
+                an env: rollout card's (an agent's own requests, no conversation to replay)
+                are their token record alone (`sequences`: the prompts' and tool results' ids
+                without loss, the model's own ids with it)
 
 A round's tasks are the next `tasks_per_round` rows of the training split (wrapping around), so
 successive rounds see new tasks and a resumed round sees the same ones. A round that keeps
@@ -148,14 +151,6 @@ def validate_rft(cfg: TrainConfig) -> None:
 def check_settings(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
     """Refuse bad settings (RFT's, the SFT trainer's, a card SFT cannot learn from) before the
     run directory exists."""
-    if not env_kind(card.env).replayable:
-        # An agent's own requests (its tools, a rewritten history) are not what the episode
-        # records turn by turn, so its episodes are no conversation to fine-tune on.
-        raise UserError(
-            f"--algo rft fine-tunes on the conversations arle's env driver records; {card.name}'s "
-            f"episodes come from its own rollout function (env: {card.env}): train it with grpo, "
-            f"rloo or ppo"
-        )
     shots = card.prompt.fewshot.n if cfg.options.num_fewshot is None else cfg.options.num_fewshot
     if shots > 0 and card.prompt.format == "chat":  # plain-text exemplars are prompt text: no loss
         # Exemplars are assistant turns in the prompt: SFT would train on them as the model's own.
@@ -205,15 +200,27 @@ def to_rows(
     benchmark: str,
     run: str,
     model: str,
+    replayable: bool = True,
 ) -> list[dict[str, Any]]:
     """The kept episodes as SFT rows, in draw order (the rows `arle data from-eval` writes),
-    each with the token sequences SFT trains on (`sequences`, see `token_sequences`)."""
+    each with the token sequences SFT trains on (`sequences`, see `token_sequences`).
+
+    Not `replayable` (an env: rollout card: an agent's own requests, whose tools and rewritten
+    histories are not a conversation the env driver records turn by turn), a row is its token
+    record alone (`sequences` and who made it, no messages), and an episode without token ids
+    has nothing to train on and is left out."""
     rows = []
     for episode, (index, k), score, kept in zip(episodes, draws, scores, keep, strict=True):
         if not kept or not episode.turns:
             continue
-        row = sft_row(trajectory(episode, tasks[index], k, score, benchmark=benchmark, run=run, model=model))
         sequences = token_sequences(episode)
+        if replayable:
+            row = sft_row(trajectory(episode, tasks[index], k, score, benchmark=benchmark, run=run, model=model))
+        elif sequences:
+            row = {"benchmark": benchmark, "run": run, "task_id": tasks[index].id, "sample": k}
+            row.update(reward=float(score.reward), correct=bool(score.correct), model=model)
+        else:
+            continue
         if sequences:
             row["sequences"] = sequences
         rows.append(row)
@@ -346,6 +353,7 @@ def one_round(
         benchmark=card.name,
         run=str(run_dir),
         model=f"{spec.name}@step-{round_no - 1}",
+        replayable=env_kind(card.env).replayable,
     )
     ckpt = RunDir(run_dir).checkpoint(round_no)
     if ckpt.exists():
