@@ -468,43 +468,34 @@ def describe(run_dir: Path) -> RunInfo:
     try:
         meta = read_meta(run_dir)
     except UserError as exc:
-        return RunInfo(
-            str(run_dir),
-            "?",
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            "samples",
-            "damaged",
-            False,
-            None,
-            str(exc),
-        )
+        return _damaged(run_dir, "?", str(exc))
     try:
         return _describe_train(run_dir, meta) if meta.is_training else _describe_eval(run_dir, meta)
     except OSError as exc:  # an unreadable samples.jsonl or metrics.jsonl (permissions, a folder in its place)
-        return RunInfo(
-            str(run_dir),
-            "train" if meta.is_training else "eval",
-            meta.benchmark,
-            meta.model,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            "samples",
-            "damaged",
-            False,
-            meta.created,
-            f"cannot read it: {exc.strerror or exc}",
+        return _damaged(
+            run_dir, "train" if meta.is_training else "eval", f"cannot read it: {exc.strerror or exc}", meta
         )
+
+
+def _damaged(run_dir: Path, kind: str, note: str, meta: Meta | None = None) -> RunInfo:
+    """A run listed as damaged: what its meta.json says of it (if it could be read), and why."""
+    return RunInfo(
+        str(run_dir),
+        kind,
+        meta.benchmark if meta else None,
+        meta.model if meta else None,
+        split=None,
+        metric=None,
+        value=None,
+        stderr=None,
+        done=None,
+        expected=None,
+        unit="samples",
+        status="damaged",
+        resumable=False,
+        started=meta.created if meta else None,
+        note=note,
+    )
 
 
 def _read_results(path: Path) -> Results | None:
