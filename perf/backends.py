@@ -65,11 +65,11 @@ BACKENDS = ("hf", "vllm")
 
 def child(args: argparse.Namespace) -> None:
     """Run one eval on one backend and print its timings as a MARK line (t0 is passed in)."""
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     stamps: dict[str, float] = {}
 

@@ -67,11 +67,11 @@ def child(args: argparse.Namespace) -> None:
     batch first keeps first-call costs (lazy imports, allocator growth) out of them.
     """
     t_start = time.perf_counter()
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = load_card(CARD)
     resolve_references(card)
@@ -241,11 +241,11 @@ def concurrency_curve(args: argparse.Namespace) -> dict[str, Any]:
     # which would measure the fake server, not arle. Real servers (uvicorn) set TCP_NODELAY.
     fake_openai._Handler.disable_nagle_algorithm = True
 
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = load_card(CARD)
     resolve_references(card)

@@ -76,7 +76,7 @@ def one_eval(
     """Run the eval one way; its wall and CPU time, what it generated and what it computed."""
     from arlecli import thinking
     from arlecli.eval import EvalOptions, run_eval
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.results import read_samples
 
     thinking.configure(engine, thinking.parse_option("none" if variant == "off" else None))

@@ -395,7 +395,7 @@ def render_prompts(path: Path) -> tuple[int, list[str]]:
     returns (rows, the card's stop strings)."""
     from arlecli.cards import render_prompt
     from arlecli.eval import EvalOptions, load_tasks
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.run import train_split
 
     card = load_card(str(CARD))

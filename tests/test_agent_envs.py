@@ -21,7 +21,7 @@ from arlecli.envs.row_tools import match_label, rank_paragraphs
 from arlecli.envs.tools import get_tool
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.rewards import get_reward
 from arlecli.types import Episode, Task, Turn
 

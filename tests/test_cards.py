@@ -7,7 +7,7 @@ import pytest
 from arlecli.cards import parse_card, render_prompt
 from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.errors import UserError
-from arlecli.registry import card_paths, load_card, load_card_file, resolve_references
+from arlecli.catalog import card_paths, load_card, load_card_file, resolve_references
 
 MINIMAL = {
     "name": "mini",
@@ -73,9 +73,9 @@ def test_entry_point_cards_are_found(tmp_path, monkeypatch):
     class EP:
         name, value = "thirdparty", "thirdparty_cards"
 
-    import arlecli.registry as registry
+    import arlecli.catalog as catalog
 
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [EP()] if group == "arle.benchmarks" else [])
+    monkeypatch.setattr(catalog.metadata, "entry_points", lambda group: [EP()] if group == "arle.benchmarks" else [])
     assert load_card("mybench").category == "qa"
 
 

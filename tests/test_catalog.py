@@ -21,7 +21,7 @@ import pytest
 from arlecli.cards import Card, render_prompt
 from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import list_cards, resolve_references
+from arlecli.catalog import list_cards, resolve_references
 from arlecli.rewards import get_reward
 from arlecli.types import Episode, Task, Turn
 

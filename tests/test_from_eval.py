@@ -11,7 +11,7 @@ import pytest
 
 from arlecli.envs.episodes import sample_seed
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 
 from helpers.runs import SEED, capture_prompt_ids, from_eval, read_rows, write_run
 from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool, tool_template_model

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from arlecli.errors import UserError
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 
 from helpers.runs import from_eval, read_rows, write_run
 from helpers.train import train_in_process

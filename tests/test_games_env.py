@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from arlecli.registry import resolve_references
+from arlecli.catalog import resolve_references
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.envs.textarena import Game
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 
 from helpers.cli import arle
 from helpers.scripted_engine import Replies

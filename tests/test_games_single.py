@@ -17,7 +17,7 @@ from arlecli.data.sources import read_rows_file
 from arlecli.engine.base import Completion
 from arlecli.envs.episodes import sample_seed
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 
 from helpers.game_solvers import GAMES, LOSERS, SOLVERS
 

@@ -18,7 +18,7 @@ from arlecli.engine.base import Completion
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, run_eval
 from arlecli.envs.textarena import Game, builtin_move, model_opponent, with_opponent
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 
 from helpers import game_players
 from helpers.scripted_engine import Replies

@@ -31,7 +31,7 @@ from arlecli.data.sources import pulled_path, read_rows_file, tasks_from_rows
 from arlecli.envs import make_env
 from arlecli.eval import EvalOptions, load_tasks
 from arlecli.fewshot import exemplars_for
-from arlecli.registry import list_cards, load_card
+from arlecli.catalog import list_cards, load_card
 from arlecli.types import Task
 
 from helpers.lmeval_local import lmeval_docs  # noqa: E402

@@ -47,7 +47,7 @@ def rows(name: str) -> list[dict[str, Any]]:
 
 def local_card(tmp_path: Path, name: str, splits: dict[str, list[dict[str, Any]]]):
     """The card with its source swapped for local files, one per split (default split kept)."""
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     data = yaml.safe_load((ROOT / "benchmarks" / f"{name}.yaml").read_text())
     folder = tmp_path / name
@@ -81,7 +81,7 @@ def lm_requests(docs: list[Any]) -> list[list[tuple[str, str]]]:
 
 def test_every_lmeval_mc_card_is_listed():
     """Each card whose loglikelihood block names an lm-eval task is covered here (or listed as deviating)."""
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     named = {
         p.stem

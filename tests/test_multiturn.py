@@ -14,7 +14,7 @@ from arlecli.envs import Step, make_env, register_env
 from arlecli.envs.episodes import Job, run_episodes
 from arlecli.envs.tools import call_tool, get_tool, parse_tool_calls
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.types import Task
 
 from helpers.tool_model import CALL, GSM8K_ROWS, first_turn_calls_a_tool

@@ -144,7 +144,7 @@ def test_the_packages_tool_answers_a_tool_call_in_its_env():
     script = textwrap.dedent("""
         from arlecli.envs import make_env
         from arlecli.eval import EvalOptions, load_tasks
-        from arlecli.registry import load_card
+        from arlecli.catalog import load_card
         from arlecli.envs.tools import TOOLS
 
         card = load_card("demo_shout")

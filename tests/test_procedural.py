@@ -294,7 +294,7 @@ def test_arc_agi_bad_params(params: dict[str, Any]) -> None:
 def test_arc_agi_card_splits_are_the_two_sets() -> None:
     # Needs the split spec's `subset` to reach the generator (sources._generator_rows).
     from arlecli.data.sources import load_rows
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = load_card("arc_agi")
     test = {r["task_id"] for r in load_rows(card, "test", limit=30)}

@@ -177,7 +177,7 @@ class Answers:
 
 def test_generator_task_ids_are_named_after_the_card_and_old_runs_resume_as_they_were(tmp_path):
     from arlecli.eval import EvalOptions, run_eval
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = load_card("one_digit_sums")  # reasoning_gym:chain_sum's rows
     run_eval(card, Answers(), EvalOptions(limit=3), model="m", run_dir=tmp_path / "new")

@@ -14,7 +14,7 @@ import pytest
 
 from arlecli.efficiency import Prices, agent_stats, cost_stats, percentile, time_stats
 from arlecli.eval import EvalOptions, run_eval
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.results import aggregate, pass_at_k, pass_hat_k, read_samples
 
 from helpers.cli import arle

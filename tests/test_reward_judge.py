@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arlecli.registry import load_card_file, resolve_references
+from arlecli.catalog import load_card_file, resolve_references
 from arlecli.data.sources import read_rows_file, tasks_from_rows
 from arlecli.errors import UserError
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.rewards import get_reward
 from arlecli.rewards.llm_judge import Scale
 from arlecli.types import Episode, Task, Turn

@@ -19,7 +19,7 @@ from arlecli.envs import make_env
 from arlecli.envs.episodes import Job
 from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, load_tasks, run_eval
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.agent import get_rollout, rollout_names, run_rollout_episodes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1633,7 +1633,7 @@ TRAIN_DRIVER = r"""
 import json, sys
 from pathlib import Path
 from arlecli.eval import EvalOptions, load_tasks
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.sandbox import set_policy
 from arlecli.train.reward import CardReward
 from arlecli.types import Episode, Turn

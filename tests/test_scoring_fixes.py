@@ -22,7 +22,7 @@ from arlecli.data import sources
 from arlecli.data.sources import load_rows, read_rows_file, tasks_from_rows
 from arlecli.data.transforms import get_transform
 from arlecli.errors import UserError
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.rewards import get_reward
 from arlecli.types import Episode, Task, Turn
 

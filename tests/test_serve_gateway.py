@@ -249,7 +249,7 @@ def test_an_episode_whose_replies_hold_line_separators_is_kept_whole(tokenizer):
     from arlecli.envs import make_env
     from arlecli.envs.episodes import Job
     from arlecli.eval import EvalOptions, load_tasks
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.agent import run_rollout_episodes
 
     card = load_card(str(Path(__file__).resolve().parents[1] / "examples" / "openai_agent" / "card.yaml"))

@@ -101,7 +101,7 @@ def test_arle_loglikelihood_scoring_through_serve_equals_hf_in_process(served, t
     from arlecli.engine.openai import OpenAIEngine
     from arlecli.eval import EvalOptions
     from arlecli.loglik import run_loglikelihood
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = load_card("arc_easy")
     opts = EvalOptions(limit=4, num_fewshot=0, data=str(FIXTURES / "arc_easy.jsonl"))

@@ -259,7 +259,7 @@ def test_eval_through_serve_records_the_thinking_an_in_process_eval_does(
     from arlecli.engine.hf import HFEngine
     from arlecli.engine.openai import OpenAIEngine
     from arlecli.eval import EvalOptions, run_eval
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     opts = EvalOptions(limit=3, max_tokens=8, temperature=1.0)
     card = load_card("one_digit_sums")

@@ -22,7 +22,7 @@ from arlecli.engine import make_engine
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.eval import EvalOptions, load_tasks, run_eval
 from arlecli.models import resolve_model
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 from arlecli.results import read_samples
 from arlecli.train.reward import CardReward
 

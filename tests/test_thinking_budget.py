@@ -35,7 +35,7 @@ from arlecli.engine.phases import phase_seed, phased
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.eval import EvalOptions, load_tasks
 from arlecli.models import resolve_model
-from arlecli.registry import load_card
+from arlecli.catalog import load_card
 
 from helpers.cli import ARLE, arle, assert_one_line_error
 from helpers.fake_openai import FakeOpenAIServer

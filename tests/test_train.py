@@ -188,7 +188,7 @@ def test_reward_adapter_gives_the_eval_reward(tmp_path):
     from arlecli.cards import render_prompt
     from arlecli.envs.episodes import Sampling, collect
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.reward import CardReward
 
     def countdown_reply(body: dict) -> str:
@@ -267,7 +267,7 @@ def test_the_training_reward_scores_a_raising_sample_wrong_and_writes_valid_utf8
     # scores 0 with the error, and rewards.jsonl stays valid UTF-8 whatever the model wrote.
     from dataclasses import replace
 
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.reward import CardReward
     from arlecli.types import Episode, Task, Turn
 

@@ -86,7 +86,7 @@ def test_an_algorithm_from_a_plugin_file_trains_a_step(tmp_path, tiny_model, mon
     import arlecli.sandbox.jail as jail
     from arlecli.errors import UserError
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.algorithm import algorithm
     from arlecli.train.config import resolve
     from arlecli.train.run import run_train
@@ -129,7 +129,7 @@ def test_a_misspelt_algorithm_is_one_line_naming_the_near_ones():
 def test_run_train_from_python_refuses_a_loglikelihood_card_as_arle_train_does(tmp_path, tiny_model):
     from arlecli.errors import UserError
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.config import resolve
     from arlecli.train.run import run_train
 

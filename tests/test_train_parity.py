@@ -46,11 +46,11 @@ def gsm8k_card(tmp_path: Path, tiny_model: Path) -> Path:
     never writes the card's own "Question:"), so stops really cut its completions. The string
     is read off the very samples step 0 draws (seed SEED, samples 0-3 of every task, card stops
     only): a stop cuts text it occurs in, and the text before it is unchanged."""
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.engine.hf import HFEngine
     from arlecli.envs.episodes import Sampling, collect
     from arlecli.eval import EvalOptions, load_tasks
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     data = yaml.safe_load((ROOT / "benchmarks" / "gsm8k.yaml").read_text())
     data["source"] = {"kind": "files", "path": GSM8K_ROWS}
@@ -111,11 +111,11 @@ def eval_episodes(
 ) -> tuple[dict[tuple[str, int], Any], dict[tuple[str, int], dict]]:
     """`arle eval` with the trainer's seed, samples, temperature and budget: its episodes and samples."""
     import arlecli.eval as eval_module
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.engine import make_engine
     from arlecli.eval import EvalOptions, run_eval
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     from arlecli.train.run import train_split
 
@@ -217,7 +217,7 @@ def test_every_trainer_consumes_exactly_the_eval_samples(
     tmp_path, tiny_model, monkeypatch, card_name, backend, vllm_environment
 ):
     from arlecli.eval import EvalOptions, load_tasks
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.run import train_split
 
     if card_name == "gsm8k_stops":
@@ -256,9 +256,9 @@ def test_every_trainer_consumes_exactly_the_eval_samples(
 def _greedy_rollouts(card_path: Path, model: Path, backend: str, tasks: list) -> list:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.envs.episodes import Sampling
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.batches import PolicyBackend, Rollouts
 
     card = load_card(str(card_path))
@@ -342,7 +342,7 @@ def test_tasks_travel_by_index_even_when_their_prompts_are_identical(tiny_model)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from arlecli.envs.episodes import Sampling
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.reward import CardReward
     from arlecli.train.batches import PolicyBackend, Rollouts
     from arlecli.types import Task
@@ -368,7 +368,7 @@ def test_training_samples_the_eval_thinking(tmp_path, tiny_thinking_model, monke
     thinking and all (the same split, the same cut thoughts scored the same), and the thinking
     tokens are in the sequence trained on."""
     from arlecli.eval import EvalOptions, load_tasks
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.run import train_split
 
     card = ROOT / "benchmarks" / "countdown.yaml"

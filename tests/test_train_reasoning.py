@@ -151,7 +151,7 @@ def test_overlong_filtering_masks_cut_episodes_only():
 
 
 def test_soft_overlong_punishment_and_its_rewards_lines(tmp_path):
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.dapo import DAPOOptions, overlong_penalty
     from arlecli.train.reward import CardReward
 
@@ -342,7 +342,7 @@ def test_dynamic_sampling_drops_an_all_equal_group_refills_it_and_counts_it(tmp_
     advantage: it is dropped, a second group of task 1 takes its place (new samples), and
     metrics.jsonl counts it (1 dropped group, a third of the step's tokens)."""
     from arlecli.eval import EvalOptions, load_tasks
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = card_with_reward(tmp_path, "countdown_flat", "test_one_flat_task")
     tasks, _ = load_tasks(load_card(str(card)), EvalOptions(split="train", limit=2))

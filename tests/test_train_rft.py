@@ -293,7 +293,7 @@ def test_cards_rft_cannot_learn_from_are_refused_before_the_run_starts(tmp_path)
     from dataclasses import replace
 
     from arlecli.errors import UserError
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.config import resolve
     from arlecli.train.rft import check_settings
 

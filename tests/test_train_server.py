@@ -61,11 +61,11 @@ def test_the_server_engine_produces_the_collectors_episodes(tiny_model):
     encodes, the card's stop strings and budget, each sample's seed, and the text cut at the stop."""
     from transformers import AutoTokenizer
 
-    from arlecli.registry import resolve_references
+    from arlecli.catalog import resolve_references
     from arlecli.engine.trl_server import TRLServerEngine
     from arlecli.engine.tokens import encode_request
     from arlecli.envs.episodes import Sampling, collect
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.types import Task
 
     card = load_card("gsm8k")

@@ -486,7 +486,7 @@ def test_rows_from_a_real_agent_run_train_on_what_the_model_saw(tmp_path, tiny_m
     from arlecli.engine.hf import HFEngine
     from arlecli.envs.episodes import sample_seed
     from arlecli.eval import EvalOptions, run_eval
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
     from arlecli.train.sft import load_tokenizer, tokenize_conversation
 
     model = tool_template_model(tiny_model, tmp_path / "model")

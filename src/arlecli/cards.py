@@ -4,7 +4,7 @@ A card is data, not code. It composes a source (where rows come from), a field m
 transform (how a row becomes a Task), a prompt, an env kind, a reward and its metrics.
 Every validation error names the file, the field and the fix, and exits 2 via UserError.
 This module checks a card's structure; what it names (reward params, metrics, env params)
-is held to the plugins' declarations by registry.py, which sits above the plugins. The prompt
+is held to the plugins' declarations by catalog.py, which sits above the plugins. The prompt
 a card renders for a task (`render_prompt`) is here, beside the card, for every env to use.
 
     name: gsm8k
@@ -442,7 +442,7 @@ def _check_generator_splits(source: Source, path: Path | str) -> None:
 
 
 def read_card_file(path: Path) -> Card:
-    """Read and parse one card file (its structure; registry.load_card_file also holds what it
+    """Read and parse one card file (its structure; catalog.load_card_file also holds what it
     names to the plugins' declarations); its hash covers the file's exact bytes.
 
     The YAML goes through `safeio.load_yaml`: an alias (a "billion laughs" description) or

@@ -31,7 +31,7 @@ from arlecli.results import SampleWriter, read_samples
 from arlecli.rewards import REWARD_ERROR, check_task_fields, check_tasks, get_reward, score_samples
 from arlecli.rundir import close_run, open_run
 from arlecli.safeio import terminal_text
-from arlecli.registry import card_runs_code
+from arlecli.catalog import card_runs_code
 from arlecli.sandbox import ensure_isolation
 from arlecli.types import Episode, Score, Task
 

@@ -219,7 +219,7 @@ def answers(card: Any, tasks: list[Task]) -> list[dict[str, list[str]]]:
 def card_answers(name: str) -> list[dict[str, list[str]]]:
     """The answers lines of card `name`'s fixture, computed now."""
     from arlecli.data.sources import read_rows_file, tasks_from_rows
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     card = load_card(name)
     return answers(card, tasks_from_rows(card, read_rows_file(card.fixture_path), "fixture"))

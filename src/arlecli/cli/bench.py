@@ -32,7 +32,7 @@ def list_command(
 ) -> None:
     """List the benchmarks: name, category, source and reward."""
     from arlecli.cards import CATEGORIES
-    from arlecli.registry import scan_cards
+    from arlecli.catalog import scan_cards
 
     if category and category not in CATEGORIES:
         raise UserError(f"unknown category '{category}'; choose one of: {', '.join(CATEGORIES)}")
@@ -78,7 +78,7 @@ def show_command(
     fixture or offline source."""
     from arlecli.data.sources import load_rows, read_rows_file, split_names, tasks_from_rows
     from arlecli.envs import make_env
-    from arlecli.registry import load_card, part_origins
+    from arlecli.catalog import load_card, part_origins
 
     card = load_card(name)
     example = None

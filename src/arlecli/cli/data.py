@@ -22,7 +22,7 @@ def pull_command(
     """Download the benchmarks' hub splits into arle's cache; later runs read them from there
     without the hub (copy $ARLE_HOME/cache/datasets to an offline machine, or share ARLE_HOME)."""
     from arlecli.data.sources import pull
-    from arlecli.registry import load_card
+    from arlecli.catalog import load_card
 
     cards = [load_card(b) for b in benches]  # every name checked before any download starts
     pulled = []

@@ -107,7 +107,7 @@ def eval_command(
     from arlecli.eval import EvalOptions
     from arlecli.models import resolve_model
     from arlecli.cards import SCORINGS
-    from arlecli.registry import load_card, resolve_references
+    from arlecli.catalog import load_card, resolve_references
     from arlecli.efficiency import check_price, make_prices
     from arlecli.config import parse_template_kwargs
 

@@ -321,7 +321,7 @@ def train_command(
     writes checkpoints, metrics, held-out evals and the final model."""
     from arlecli import rundir
     from arlecli.models import resolve_model
-    from arlecli.registry import load_card, resolve_references
+    from arlecli.catalog import load_card, resolve_references
     from arlecli.config import parse_template_kwargs
     from arlecli.train.config import load_recipe, parse_set, resolve
     from arlecli.train import launch

@@ -2,7 +2,7 @@
 verdicts the program cannot forge (`harness`).
 
 Which rewards and tools run programs here is theirs to declare at registration
-(`@register(runs_code=True, forgeable=...)`, `@register_tool(runs_code=True)`); registry.card_runs_code
+(`@register(runs_code=True, forgeable=...)`, `@register_tool(runs_code=True)`); catalog.card_runs_code
 reads those declarations, so a plugin's code-running reward is isolation-checked like arle's own."""
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from arlecli.fewshot import exemplars_for
 from arlecli.models import ModelSpec
 from arlecli.records import SCHEMA, RunDir
 from arlecli.results import write_json
-from arlecli.registry import card_forgeable, card_runs_code
+from arlecli.catalog import card_forgeable, card_runs_code
 from arlecli.sandbox import ensure_isolation, set_policy
 from arlecli.train.algorithm import Algorithm, TrainContext, TrainView, algorithm
 from arlecli.train.config import TrainConfig

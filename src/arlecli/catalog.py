@@ -1,4 +1,5 @@
-"""Finding benchmark cards: a path, the user's dir, entry points, then the packaged cards.
+"""The benchmark catalog: finding cards (a path, the user's dir, entry points, then the packaged
+cards).
 
 Search order for a name (first wins, so a user can shadow a packaged card):
 1. a path to a `.yaml` file given on the command line;
@@ -252,7 +253,7 @@ def _check_env_params(card: Card, where: Path | str) -> None:
 def resolve_references(card: Card) -> None:
     """Check that everything the card names exists (reward, transform, generator, metrics).
 
-    Done at load time for the card being run, and for every card in the registry test,
+    Done at load time for the card being run, and for every card in the catalog test,
     so a card that names something missing fails CI rather than a user's run.
     """
     from arlecli.data.transforms import get_transform
