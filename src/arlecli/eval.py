@@ -200,7 +200,7 @@ def run_eval(
         if not f.cancelled() and f.exception() is not None:
             failures.append(f.exception())  # type: ignore[arg-type]
 
-    multi_turn = env_kind(card.env).multi_turn
+    kind = env_kind(card.env)
     # Every sample of this process carries the same start, so results can add up the wall
     # time of each session of a resumed run from samples.jsonl alone (efficiency.time_stats).
     session_started_at = time.time()
@@ -222,7 +222,7 @@ def run_eval(
             k,
             episode,
             result,
-            multi_turn=multi_turn,
+            multi_turn=kind.multi_turn,
             group_by=card.group_by,
             session_started_at=session_started_at,
         )
@@ -260,7 +260,7 @@ def run_eval(
         run_dir=run_dir,
         metrics=card.metrics,
         prices=prices,
-        env_stats=env_kind(card.env).stats,
+        env_stats=kind.stats,
     )
     if results.get("reward_errors"):
         print(
