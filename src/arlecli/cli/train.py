@@ -229,6 +229,13 @@ def train_command(
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", min=1, help="Tokens per model turn, as in `arle eval` (default: the card's)."
     ),
+    max_staleness: Optional[int] = typer.Option(
+        None,
+        "--max-staleness",
+        help="grpo, rloo, ppo: sample the next N steps' rollouts while a step updates (asynchronous RL; "
+        "default 0: synchronous). The loss corrects for the lag (truncated importance sampling: is_cap, "
+        "is_correction).",
+    ),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", min=0.0, help="Rollout sampling temperature (default 1.0)."
     ),
@@ -363,6 +370,7 @@ def train_command(
         "seed": seed,
         "save_steps": save_steps,
         "max_completion_length": max_tokens,
+        "max_staleness": max_staleness,
         "temperature": temperature,
         "quantization": quantization,
         "kv_cache_dtype": kv_cache_dtype,

@@ -111,6 +111,7 @@ class Algorithm:
     distributed: runs in several processes under accelerate (--num-processes, DeepSpeed, FSDP).
     staged: trains a recipe's `stages:` (each stage resumes the trainer's own checkpoint).
     overlong_filter, dynamic_sampling: which DAPO controls it takes (train.dapo).
+    asynchronous: takes --max-staleness (its rollouts may be sampled ahead: train.overlap).
     validate(cfg): refuses its settings when they resolve (one line naming the bad one).
     check(cfg, card, run_dir): refuses what it cannot train before the run directory exists;
         returns what `run` gets as ctx.prepared (the trainer's resolved config, recorded in
@@ -130,6 +131,7 @@ class Algorithm:
     staged: bool = False
     overlong_filter: bool = False
     dynamic_sampling: bool = False
+    asynchronous: bool = False
     validate: Callable[["TrainConfig"], None] = _no_validate
     check: Callable[["TrainConfig", Card, Path], Any] = _no_check
     read_data: Callable[["TrainConfig"], Any] | None = None

@@ -42,6 +42,7 @@ names the turns that started a segment.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -279,6 +280,7 @@ class PolicyBackend:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._vllm: Any = None
         self._version: int | None = None
+        self._turn = threading.RLock()
         self.client: Any = None  # vllm-server: TRL's VLLMClient
 
     @contextlib.contextmanager
@@ -289,7 +291,10 @@ class PolicyBackend:
         was_training = bool(getattr(model, "training", False))
         try:
             if self.backend == "vllm":
-                yield self._synced(model, version)
+                # Rollouts sampled ahead (train.overlap) run on a worker thread: a held-out
+                # evaluation waits for them, so nobody loads weights into a generating engine.
+                with self._turn:
+                    yield self._synced(model, version)
             elif self.backend == "vllm-server":
                 from arlecli.engine.trl_server import TRLServerEngine
 
@@ -378,6 +383,7 @@ class Rollouts:
     engine: PolicyBackend
     dapo: DAPOOptions = field(default_factory=DAPOOptions)
     last_stats: dict[str, float] = field(default_factory=dict)  # the latest step's DAPO counts (metrics.jsonl)
+    ahead: Any = None  # train.overlap.Ahead: rollouts sampled ahead of their step (--max-staleness)
     _step: int | None = None
     _drawn: Counter = field(default_factory=Counter)
 
@@ -392,12 +398,21 @@ class Rollouts:
         return out
 
     def episodes(self, indices: list[int], step: int, model: Any, tokenizer: Any) -> list[Episode]:
-        """One episode per entry of `indices` (task indices), sampled with the weights of `model`
-        at optimizer step `step`, in the order given."""
-        draws = self.draws(indices, step)
+        """One episode per entry of `indices` (task indices) for optimizer step `step`, in the
+        order given: sampled now with the weights of `model`, or with `--max-staleness`
+        taken from the rollouts queued ahead (train.overlap)."""
+        if self.ahead is not None:
+            return self.ahead.episodes(indices, step, model, tokenizer)
+        return self.sample(self.draws(indices, step), step, model, tokenizer, step)
+
+    def sample(
+        self, draws: list[tuple[int, int]], step: int, model: Any, tokenizer: Any, version: int
+    ) -> list[Episode]:
+        """One episode per (task index, sample number) of `draws`, seeded for `step`, sampled
+        with `model`, whose weights are those of optimizer step `version`."""
         sampling = replace(self.sampling, seed=self.sampling.seed + step)
         out: list[Episode | None] = [None] * len(draws)
-        with self.engine.over(model, tokenizer, step) as engine:
+        with self.engine.over(model, tokenizer, version) as engine:
             for j, episode in collect(self.card, engine, self.tasks, self.exemplars, draws, sampling):
                 out[j] = episode
         return out  # type: ignore[return-value]

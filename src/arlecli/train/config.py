@@ -123,6 +123,12 @@ class TrainOptions:
     think_tags: str | None = None
     chat_template_kwargs: Any = None
     max_thinking_tokens: int | None = None
+    # Asynchronous RL (grpo, rloo, ppo; train.overlap): the rollouts of the next N steps are
+    # sampled while a step updates (0: synchronous). The loss then weighs each token by the
+    # truncated importance weight min(pi_old / pi_sampler, is_cap) unless is_correction is off.
+    max_staleness: int = 0
+    is_correction: bool = True
+    is_cap: float = 2.0
 
 
 ARLE_KEYS = tuple(f.name for f in dataclasses.fields(TrainOptions))

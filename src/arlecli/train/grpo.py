@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from arlecli.cards import Card
 from arlecli.envs.textarena import SELF, is_multiplayer
 from arlecli.errors import UserError
 from arlecli.train.algorithm import ALGORITHMS, Algorithm, TrainContext
 from arlecli.train.config import TrainConfig
+from arlecli.train.overlap import Ahead
 from arlecli.train.reward import CardReward
 from arlecli.train.batches import Rollouts, Sequences, pad_rows, rescore_segments
 from arlecli.train.trl_glue import check_report_to, common_fields, import_trl, load_model, lora_config, train_loop
@@ -64,9 +65,12 @@ def build_trainer(
     reward: CardReward,
     rollouts: Rollouts,
     callbacks: list[Any],
+    checkpoint: Path | None = None,
 ) -> Any:
     """A ready GRPOTrainer/RLOOTrainer with `args` (from trainer_args) over `prompts` (row i is
-    task i's prompt, which TRL only logs), whose rollouts come from `rollouts`."""
+    task i's prompt, which TRL only logs), whose rollouts come from `rollouts`; with
+    --max-staleness they are sampled ahead (train.overlap), the queue restored from
+    `checkpoint` (the one the run resumes from)."""
     from datasets import Dataset
     from transformers import PrinterCallback
     from transformers.utils import logging as hf_logging
@@ -95,6 +99,12 @@ def build_trainer(
     )
     trainer.arle_rollouts = rollouts
     trainer.arle_by_seat = cfg.options.algo == "grpo"
+    opts = cfg.options
+    if opts.max_staleness:
+        rollouts.ahead = Ahead(rollouts, opts.max_staleness, trl_plan(trainer), max_step=args.max_steps)
+        rollouts.ahead.check_memory(trainer.model)
+        rollouts.ahead.restore(checkpoint)
+        trainer.arle_is_cap = opts.is_cap if opts.is_correction else None
     if cfg.options.vllm_server:
         rollouts.engine.client = trainer.vllm_generation.vllm_client
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
@@ -116,6 +126,7 @@ def with_rollouts(base: type) -> type:
         arle_by_seat = False  # GRPO: advantages per (task, seat) when a batch holds a game's seats
         arle_seqs: Sequences | None = None  # the rows of the batch being generated and scored
         arle_generating = False  # True while TRL generates and scores a batch (not in the loss's forward)
+        arle_is_cap: float | None = None  # rollouts sampled ahead: their importance weights' cap (None: off)
         _arle_segment: Any = None  # the segment numbers of the rows in the loss (a batch key)
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
@@ -132,7 +143,68 @@ def with_rollouts(base: type) -> type:
             if self.arle_seqs is not None and self.arle_seqs.seamed:
                 # Shuffled and split with the other tensors, so the loss knows each row's segments.
                 out["arle_segment"] = pad_rows(self.arle_seqs.segment, out["completion_ids"])
+            if self.arle_is_cap is not None:
+                self._arle_importance_weights(out)
             return out
+
+        def _arle_importance_weights(self, out: dict[str, Any]) -> None:
+            """Rollouts sampled ahead (--max-staleness) came from an older policy: each row's
+            advantage is weighed by its truncated importance weight min(pi_old / pi_sampler,
+            is_cap), per token for GRPO (advantages become [B, T]), per sequence for RLOO,
+            whose loss is a sequence's (TRL's own correction only runs with its vLLM)."""
+            from arlecli.train.overlap import is_weights
+
+            mode = "train" if self.model.training else "eval"
+            cap = float(self.arle_is_cap or 0.0)
+            if "old_logps" in out:  # RLOO: sequence logprobs (environment tokens are zeroed in both)
+                seqs = self.arle_seqs
+                assert seqs is not None
+                old = out["old_logps"].detach().unsqueeze(1)
+                pairs = zip(seqs.logprobs, seqs.env_mask, strict=True)
+                rows = [sum(lp * m for lp, m in zip(lps, ms, strict=True)) for lps, ms in pairs]
+                sampled = torch.tensor([[r] for r in rows], dtype=old.dtype, device=old.device)
+                weights, stats = is_weights(old, sampled, torch.ones_like(old), cap)
+                out["advantages"] = out["advantages"] * weights[:, 0]
+            else:
+                behaviour = out.get("sampling_per_token_logps")
+                if behaviour is None:
+                    return
+                old = out.get("old_per_token_logps")
+                if old is None:  # TRL skips it when the steps are aligned: the policy the step starts from
+                    old = self._arle_old_logps(out)
+                mask = out["completion_mask"].to(old.dtype)
+                if out.get("tool_mask") is not None:
+                    mask = mask * out["tool_mask"].to(old.dtype)
+                weights, stats = is_weights(old, behaviour.to(old.dtype), mask, cap)
+                advantages = out["advantages"]
+                out["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
+            for key, value in stats.items():
+                self._metrics[mode][key].append(value)
+
+        def _arle_old_logps(self, out: dict[str, Any]) -> Any:
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+            self.arle_generating = True  # a seam's segments are rescored on their own context
+            try:
+                with torch.no_grad():
+                    old, *_ = self._get_per_token_logps_and_entropies(
+                        self.model, ids, mask, out["completion_ids"].size(1)
+                    )
+            finally:
+                self.arle_generating = False
+            return old
+
+        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            ahead = self.arle_rollouts.ahead
+            if ahead is not None and "loss" in logs:  # a training step's log: its staleness and idle shares
+                logs.update(ahead.metrics())
+            super().log(logs, *args, **kwargs)
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            ahead = self.arle_rollouts.ahead
+            if ahead is not None:  # the queued rollouts first: a checkpoint is complete once its state is
+                ahead.save(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}")
+            super()._save_checkpoint(model, trial)
 
         def arle_rollout(self) -> Sequences:
             indices = [int(x["task_index"]) for x in self.arle_inputs]
@@ -192,6 +264,35 @@ def with_rollouts(base: type) -> type:
 
     Indexed.__name__ = base.__name__
     return Indexed
+
+
+def trl_plan(trainer: Any) -> Callable[[int], list[int] | None]:
+    """The task indices TRL's trainer will hand this process's rollouts at each optimizer step
+    (None: a step that does not generate), read off a twin of its sampler: TRL's RepeatSampler
+    is seeded, so a second one walks the same prompts epoch after epoch, and this process's
+    dataloader batches are every world-th batch of it (accelerate's sharding). A step the twin
+    gets wrong only costs its overlap: Ahead samples it then (and says so in `unforeseen`)."""
+    args = trainer.args
+    per_batch = args.per_device_train_batch_size * args.steps_per_generation
+    world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+    generate_every = args.steps_per_generation * trainer.num_iterations
+    twin = trainer._get_train_sampler(trainer.train_dataset)
+    batches: list[list[int]] = []
+
+    def batch(j: int) -> list[int] | None:
+        while len(batches) <= j:
+            flat = [int(i) for i in iter(twin)]  # one epoch
+            if not flat:
+                return None
+            chunks = [flat[k : k + per_batch] for k in range(0, len(flat), per_batch)]
+            batches.extend(chunks[rank::world])
+        return batches[j]
+
+    def plan(step: int) -> list[int] | None:
+        micro = step * args.gradient_accumulation_steps
+        return batch(micro) if micro % generate_every == 0 else None
+
+    return plan
 
 
 def seat_advantages(rewards: list[float], seats: list[Any], group: int, scale: str = "group") -> Any:
@@ -291,7 +392,10 @@ def run_trl(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     rollouts, reward = ctx.rollouts, ctx.reward
     model = load_model(ctx.spec.path_or_id or "", ctx.spec.is_adapter)
     return train_loop(
-        ctx, lambda callbacks: build_trainer(ctx.cfg, ctx.prepared, model, ctx.prompts, reward, rollouts, callbacks)
+        ctx,
+        lambda callbacks: build_trainer(
+            ctx.cfg, ctx.prepared, model, ctx.prompts, reward, rollouts, callbacks, checkpoint=ctx.checkpoint
+        ),
     )
 
 
@@ -317,7 +421,9 @@ def _config(name: str) -> Sequence[type]:
 
 
 # Both train on rollouts in one process or many, in stages, with every DAPO control.
-_TRL_RL: dict[str, Any] = dict(distributed=True, staged=True, overlong_filter=True, dynamic_sampling=True)
+_TRL_RL: dict[str, Any] = dict(
+    distributed=True, staged=True, overlong_filter=True, dynamic_sampling=True, asynchronous=True
+)
 ALGORITHMS.add(
     "grpo", Algorithm("grpo", run_trl, lambda: _config("GRPOConfig"), check=check_grpo, **_TRL_RL), source=run_trl
 )

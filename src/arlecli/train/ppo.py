@@ -69,6 +69,7 @@ import torch
 from arlecli.records import RunDir
 from arlecli.rundir import latest_checkpoint, prune_checkpoints
 from arlecli.train.batches import Sequences, rescore_segments
+from arlecli.train.overlap import is_weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -650,11 +651,15 @@ def save_checkpoint(
     step: int,
     data_position: int,
     p: PPOParams,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `output_dir/checkpoint-{step}` with everything resume needs."""
+    """Write `output_dir/checkpoint-{step}` with everything resume needs (and what `extra`
+    writes into the folder: the rollouts queued ahead)."""
     folder = RunDir(output_dir).checkpoint(step)
 
     def write(tmp: Path) -> None:
+        if extra is not None:
+            extra(tmp)
         _save_model(tmp, policy)
         torch.save(
             {
@@ -670,6 +675,21 @@ def save_checkpoint(
 
     _write_atomically(folder, write)
     return folder
+
+
+def step_indices(step: int, num_tasks: int, prompts_per_step: int, num_generations: int) -> list[int]:
+    """The task indices PPO's step `step` samples: the next `prompts_per_step` tasks in order
+    (cycling over `num_tasks`), each `num_generations` times."""
+    first = step * prompts_per_step
+    return [(first + k) % num_tasks for k in range(prompts_per_step) for _ in range(num_generations)]
+
+
+def sampled_logprobs(batch: Rollout, policy: Policy) -> torch.Tensor:
+    """[B, T] the logprob each completion token had under the policy that sampled it (the
+    engine's, recorded in the episodes; 0 on the environment's tokens), laid out like batch.mask."""
+    seqs = Sequences.of(batch.episodes, policy.eos_ids[0])
+    out = _right_pad(seqs.logprobs, 0.0, torch.float32, policy.device)
+    return out[:, : batch.mask.shape[1]] * batch.mask
 
 
 def _make_scheduler(optimizer: torch.optim.Optimizer, p: PPOParams, max_steps: int) -> Any:
@@ -707,6 +727,8 @@ def train_ppo(
     save_total_limit: int | None = None,
     on_step_end: Callable[[int, Policy], None] | None = None,
     no_loss: Callable[[Any], bool] | None = None,
+    is_cap: float | None = None,
+    on_save: Callable[[Path], None] | None = None,
 ) -> Path:
     """Train `model_path` with PPO and return `output_dir/final`.
 
@@ -724,6 +746,10 @@ def train_ppo(
     `save_total_limit` (None: all); `resume` continues from the latest one (a fresh start when
     there is none). `on_step_end(step, policy)` runs before the first step (with the starting
     step) and after each step's checkpoint and log (held-out evaluation hooks in here).
+    Rollouts sampled ahead by an older policy (--max-staleness, train.overlap): `is_cap` weighs
+    each action's advantage by min(pi_old / pi_sampler, is_cap) from the episodes' own
+    sampling logprobs (None: no correction), logged as is_weight/mean and /clip_fraction;
+    `on_save(folder)` writes the queued rollouts into each checkpoint before it is complete.
     """
     p = parse_params(params)
     if num_tasks < 1:
@@ -754,9 +780,8 @@ def train_ppo(
         on_step_end(step, policy)
     while step < max_steps:
         started = time.perf_counter()
-        tasks = [(position + k) % num_tasks for k in range(p.prompts_per_step)]
+        indices = step_indices(step, num_tasks, p.prompts_per_step, num_generations)
         position = (position + p.prompts_per_step) % num_tasks
-        indices = [i for i in tasks for _ in range(num_generations)]
         episodes = rollout_fn(policy, indices, step)
         batch = score_rollout(policy, episodes, indices, temperature, micro, no_loss=no_loss)
 
@@ -769,6 +794,10 @@ def train_ppo(
         returns = (advantages + batch.values) * batch.mask
         if p.whiten_advantages:
             advantages = whiten(advantages, batch.mask)
+        is_stats: dict[str, float] = {}
+        if is_cap is not None:  # after the returns: the critic learns the sampled returns as they are
+            weights, is_stats = is_weights(batch.logprobs, sampled_logprobs(batch, policy), batch.mask, is_cap)
+            advantages = advantages * weights
 
         learning_rate_now = scheduler.get_last_lr()[0]
         stats = ppo_update(policy, optimizer, batch, advantages, returns, p, temperature)
@@ -786,6 +815,7 @@ def train_ppo(
             {
                 "kl": float(kl.sum(1).mean()),
                 **stats,
+                **is_stats,
                 "value": float(masked_mean(batch.values, batch.mask)),
                 "completion_length": float(batch.mask.sum(1).mean()),
                 "learning_rate": learning_rate_now,
@@ -795,7 +825,7 @@ def train_ppo(
         if not all(math.isfinite(v) for v in log.values()):
             raise FloatingPointError(f"PPO step {step} produced non-finite metrics: {log}")
         if save_steps > 0 and step % save_steps == 0:
-            save_checkpoint(output_dir, policy, optimizer, scheduler, step, position, p)
+            save_checkpoint(output_dir, policy, optimizer, scheduler, step, position, p, extra=on_save)
             prune_checkpoints(output_dir, save_total_limit)
         if on_log is not None:
             on_log(log)

@@ -77,11 +77,15 @@ def check_ppo(cfg: TrainConfig, card: Card, run_dir: Path) -> None:
     ppo_params(cfg)
 
 
-@register_algorithm("ppo", settings=ppo_settings, validate=validate_ppo, check=check_ppo, overlong_filter=True)
+@register_algorithm(
+    "ppo", settings=ppo_settings, validate=validate_ppo, check=check_ppo, overlong_filter=True, asynchronous=True
+)
 def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     """Train with PPO on the card's rollouts and reward, held-out evals on the rollout engine;
     returns (every evaluation's results by label, the last step)."""
-    from arlecli.train.ppo import train_ppo  # torch: imported only once a run is being set up
+    # torch: imported only once a run is being set up
+    from arlecli.train.overlap import Ahead
+    from arlecli.train.ppo import parse_params, step_indices, train_ppo
 
     card, cfg, spec, run_dir, metrics, heldout, view = (
         ctx.card,
@@ -105,7 +109,10 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
         step = int(logs.get("step", 0))
         reward.step = step + 1  # completions scored from now on belong to the next step
         acc = reward.pop_accuracy()
-        row = metrics.record(step, {"accuracy": acc, **{k: v for k, v in logs.items() if k != "step"}})
+        logged = {k: v for k, v in logs.items() if k != "step"}
+        if rollouts.ahead is not None:  # staleness and idle shares of the step
+            logged.update(rollouts.ahead.metrics())
+        row = metrics.record(step, {"accuracy": acc, **logged})
         if reporter is not None:
             reporter.log(step, row)
         if view.log:
@@ -127,6 +134,12 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     reward.step = 1
     metrics.restart_clock()
     params = ppo_params(cfg)
+    ahead = None
+    if opts.max_staleness:  # rollouts sampled ahead (train.overlap), PPO's task order foreseen
+        per_step, group, tasks = parse_params(params).prompts_per_step, t.get("num_generations", 1), len(rollouts.tasks)
+        ahead = Ahead(rollouts, opts.max_staleness, lambda k: step_indices(k, tasks, per_step, group), max_steps)
+        rollouts.ahead = ahead
+        ahead.restore(ctx.checkpoint)
     try:
         final = train_ppo(
             spec.path_or_id or "",
@@ -147,6 +160,8 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
             save_total_limit=t.get("save_total_limit"),
             on_step_end=on_step_end,
             no_loss=rollouts.no_loss if rollouts.dapo.overlong_filter else None,
+            is_cap=opts.is_cap if ahead is not None and opts.is_correction else None,
+            on_save=ahead.save if ahead is not None else None,
         )
     except ValueError as exc:  # train_ppo's checks on params and arguments
         raise UserError(f"invalid ppo settings: {exc}") from None

@@ -45,7 +45,7 @@ from arlecli.records import SCHEMA, RunDir
 from arlecli.results import write_json
 from arlecli.catalog import card_forgeable, card_runs_code
 from arlecli.sandbox import ensure_isolation, set_policy
-from arlecli.train.algorithm import Algorithm, TrainContext, TrainView, algorithm
+from arlecli.train.algorithm import Algorithm, TrainContext, TrainView, algorithm, names
 from arlecli.train.config import TrainConfig
 from arlecli.train.heldout import HeldOut, accuracy
 from arlecli.train.ranks import Ranks
@@ -53,6 +53,7 @@ from arlecli.train.metrics import MetricsLog
 from arlecli.train.model_card import write_model_card
 from arlecli.train.reward import CardReward, truncate_rewards
 from arlecli.train.batches import PolicyBackend, Rollouts
+from arlecli.train.overlap import MAX_STALENESS
 
 # Settings a resumed run may change: they do not alter what the steps already taken mean.
 RESUMABLE = {"max_steps", "save_steps", "save_total_limit", "eval_every", "report_to", "logging_steps", "rounds"}
@@ -212,6 +213,7 @@ def refuse(
     it before it resolves the model (which may unpack one), run_train again with it. Without a
     `spec` (that first pass) a data algorithm's --data rows are read and checked too
     (Algorithm.read_data), so a bad file is refused before any model is prepared."""
+    check_staleness(cfg)
     if card.default_scoring == "loglikelihood":  # no sampled answer to reward: nothing to train on
         raise UserError(
             f"{card.name} scores by loglikelihood (its loglikelihood: block says default: true), which "
@@ -237,6 +239,40 @@ def refuse(
         )
     if cfg.options.max_thinking_tokens is not None:
         _check_thinking_budget(spec, cfg.options.max_thinking_tokens)
+
+
+def check_staleness(cfg: TrainConfig) -> None:
+    """--max-staleness (train.overlap) where it can run: an asynchronous algorithm, 0 to
+    MAX_STALENESS steps, rollouts in this process, one stage, no dynamic sampling (its refills
+    sample within the step they fill), and a positive importance-weight cap."""
+    opts = cfg.options
+    n = opts.max_staleness
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise UserError(f"--max-staleness must be a whole number of steps >= 0 (got {n!r}); 0 trains synchronously")
+    if n == 0:
+        return
+    algo = algorithm(opts.algo)
+    if not algo.asynchronous:
+        able = ", ".join(names(lambda a: a.asynchronous))
+        raise UserError(
+            f"--max-staleness is for the RL algorithms that sample while they update ({able}); "
+            f"--algo {opts.algo} does not sample rollouts step by step: drop --max-staleness"
+        )
+    if n > MAX_STALENESS:
+        raise UserError(
+            f"--max-staleness {n}: the rollout queue holds at most {MAX_STALENESS} steps (each one a copy of "
+            f"the policy's weights): use {MAX_STALENESS} or less"
+        )
+    if opts.vllm_server:
+        raise UserError("--max-staleness samples on arle's own engines: use --backend hf or vllm, not --vllm-server")
+    if cfg.stages:
+        raise UserError("--max-staleness trains one stage: drop the recipe's stages: or --max-staleness")
+    if cfg.dapo.dynamic_sampling:
+        raise UserError("dynamic_sampling refills a step's groups as it trains them: drop it or --max-staleness")
+    if not (isinstance(opts.is_cap, (int, float)) and opts.is_cap > 0):
+        raise UserError(
+            f"is_cap must be > 0 (got {opts.is_cap!r}); to train without the correction set is_correction=false"
+        )
 
 
 def _check_thinking_budget(spec: ModelSpec, max_thinking_tokens: int) -> None:
@@ -383,6 +419,9 @@ def train_session(
     try:
         evals, global_step = algo.run(ctx)
     finally:
+        if ctx.rollouts is not None and ctx.rollouts.ahead is not None:
+            ctx.rollouts.ahead.close()
+            ctx.rollouts.ahead = None
         engine.close()
         if ctx.reward is not None:
             ctx.reward.close()
