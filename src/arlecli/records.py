@@ -414,6 +414,7 @@ class RewardRow:
     num_turns: int | None = None  # multi-turn cards (with end_reason and env_info)
     end_reason: str | None = None
     env_info: Any = None
+    policy_version: int | None = None  # --max-staleness: the optimizer steps of the weights that sampled it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -453,6 +454,7 @@ class RewardRow:
         if penalty is not None:
             row.overlong_penalty, row.trained_reward = penalty, float(score.reward)
         row.dropped = dropped
+        row.policy_version = episode.policy_version
         if multi_turn:
             row.num_turns, row.end_reason, row.env_info = len(episode.turns), episode.end_reason, episode.info
         return row
@@ -477,6 +479,8 @@ class RewardRow:
             out.update(overlong_penalty=self.overlong_penalty, trained_reward=self.trained_reward)
         if self.dropped is not None:
             out["dropped"] = self.dropped
+        if self.policy_version is not None:
+            out["policy_version"] = self.policy_version
         if self.num_turns is not None:
             out.update(turns=self.num_turns, end_reason=self.end_reason, env_info=self.env_info)
         return {**out, **self.extra}

@@ -85,6 +85,9 @@ class Episode:
     # The tool schemas the chat template rendered into every prompt (native tools), or None:
     # part of what the model saw, so a trajectory can be replayed exactly (trajectories.py).
     tools: list[dict[str, Any]] | None = None
+    # Asynchronous training (train.overlap): the optimizer steps the weights that sampled it had
+    # taken; None: sampled by the weights of the step that trains on it (or not in training).
+    policy_version: int | None = None
 
     @property
     def completion(self) -> str:

@@ -112,7 +112,8 @@ def kill_after_first_checkpoint(args: list[str], run: Path, steps: int) -> None:
     proc = subprocess.Popen([*ARLE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
-        if (run / "checkpoint-1" / "trainer_state.json").exists():
+        # TRL's trainers write trainer_state.json last; PPO's checkpoint appears whole (renamed).
+        if any((run / "checkpoint-1" / name).exists() for name in ("trainer_state.json", "trainer_state.pt")):
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)

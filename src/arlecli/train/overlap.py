@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 STATE_FILE = "arle_rollouts_ahead.json"  # in a checkpoint folder: the queued rollouts
 MAX_STALENESS = 8  # steps ahead the queue may hold (each one is a copy of the policy's weights)
-VERSION_KEY = "policy_version"  # in an episode's info: the optimizer steps its weights had taken
 
 
 @dataclass
@@ -121,7 +120,7 @@ class Ahead:
     def episodes(self, indices: list[int], step: int, model: Any, tokenizer: Any) -> list[Episode]:
         """The rollouts of `step` for `indices`: the queued ones when they are the tasks asked
         for, else sampled now from `model`; then the next steps are queued from `model`'s
-        weights. Each episode's info carries its policy version (VERSION_KEY)."""
+        weights. Each episode carries its policy version (`Episode.policy_version`)."""
         job = self.jobs.pop(step, None)
         started = time.monotonic()
         if job is not None and job.indices == list(indices) and step - job.version <= self.max_staleness:
@@ -177,8 +176,7 @@ class Ahead:
             if copy_of is None:
                 if not self._snapshots:
                     self.check_memory(live)
-                copy_of = copy.deepcopy(live)
-                copy_of.requires_grad_(False)
+                copy_of = detached_copy(live)
                 self._snapshots[slot] = copy_of
             else:
                 for mine, theirs in zip(copy_of.state_dict().values(), live.state_dict().values(), strict=True):
@@ -194,7 +192,7 @@ class Ahead:
             finally:
                 self.clock.busy.append((started, time.monotonic()))
         for episode in episodes:
-            episode.info[VERSION_KEY] = version
+            episode.policy_version = version
         return episodes
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -236,6 +234,18 @@ class Ahead:
             job.future.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._snapshots.clear()
+
+
+def detached_copy(model: Any) -> Any:
+    """A deep copy of `model` that shares nothing with it: a trainer may patch a module's
+    `forward` on the instance (TRL's fused LM head wraps the original bound method), and a copy
+    of that attribute would still call the original module, with its live weights. The copy's
+    modules get their class's forward back, and no gradients."""
+    out = copy.deepcopy(model)
+    for module in out.modules():
+        module.__dict__.pop("forward", None)
+    out.requires_grad_(False)
+    return out
 
 
 def available_memory() -> int | None:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from arlecli.cards import Card
 from arlecli.errors import UserError
+from arlecli.rundir import checkpoint_step
 from arlecli.train.algorithm import TrainContext, register_algorithm
 from arlecli.train.config import TRAINER_DEFAULTS, TrainConfig
 from arlecli.train.metrics import open_reporter
@@ -131,7 +132,8 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
     def rollout(policy: Any, indices: list[int], step: int) -> list[Any]:
         return rollouts.episodes(indices, step, policy.model, policy.tokenizer)
 
-    reward.step = 1
+    # Completions are scored for the step after the last one done (a resumed run's too).
+    reward.step = (checkpoint_step(ctx.checkpoint) if ctx.checkpoint is not None else 0) + 1
     metrics.restart_clock()
     params = ppo_params(cfg)
     ahead = None
