@@ -113,6 +113,12 @@ def test_three_steps_at_staleness_one(tmp_path, tiny_model, monkeypatch, algo, c
     run = tmp_path / "run"
     train_in_process(*common(card, tiny_model, algo, "hf"), "--output", str(run))
     assert_async_metrics(run, sampled_by_the_model=card_name == "countdown")
+    if card_name == "countdown":  # the report charts the run's staleness, idle shares and weights
+        from arlecli.report import build_report
+
+        html = build_report([run])
+        assert "Asynchronous rollouts" in html
+        assert all(key in html for key in ("staleness/max", "idle/engine_share", "is_weight/clip_fraction"))
     if card_name == "math_tool":  # multi-turn episodes (a tool call, its result, an answer) went through the queue
         lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
         assert lines and all(line["turns"] >= 2 for line in lines)

@@ -54,6 +54,13 @@ TEXT_CAP = 20_000  # characters kept of one text field (a runaway completion)
 STEP_SAMPLES = 4  # completions shown per logged training step
 STEP_ROWS_CAP = 400  # training steps whose completions are shown
 THINK_BUCKETS = 6  # bars of the accuracy-vs-thinking-length chart (at most)
+# --max-staleness runs (train.overlap): how stale each step's rollouts were, how long the rollout
+# engine and the trainer each sat idle, and the importance weights that corrected the lag.
+ASYNC_CHARTS = [
+    ("Rollout staleness (steps)", ["staleness/mean", "staleness/max"]),
+    ("Idle share of the step", ["idle/engine_share", "idle/trainer_share"]),
+    ("Importance weights", ["is_weight/mean", "is_weight/clip_fraction"]),
+]
 TRAIN_CURVES = [  # (metrics.jsonl key, title); the ones a trainer did not log are named as missing
     ("reward", "Reward"),
     ("accuracy", "Accuracy"),
@@ -780,6 +787,7 @@ def _train_section(run: TrainRun, label: str, figs: _Figures, browsers: list[dic
     parts.append(f'<div class="charts">{"".join(curves)}</div>')
     if missing:
         parts.append(f'<p class="note">Not logged by this run\'s trainer: {_esc(", ".join(missing))}.</p>')
+    parts.append(_async_curves(run.metrics, steps, figs))
 
     # Held-out evals: accuracy at each, and the first against the last.
     if run.evals:
@@ -1135,6 +1143,23 @@ _ASSETS = files("arlecli") / "report_assets"
 # Each after a newline, as the page has always had them.
 _CSS = "\n" + (_ASSETS / "report.css").read_text(encoding="utf-8")
 _JS = "\n" + (_ASSETS / "report.js").read_text(encoding="utf-8")
+
+
+def _async_curves(metrics: list[dict[str, Any]], steps: list[Any], figs: "_Figures") -> str:
+    """The asynchronous-rollout charts (ASYNC_CHARTS) of a --max-staleness run; "" for others."""
+    if not any(isinstance(r.get("staleness/max"), (int, float)) for r in metrics):
+        return ""
+    import plotly.graph_objects as go
+
+    charts = []
+    for title, keys in ASYNC_CHARTS:
+        fig = go.Figure()
+        for key in keys:
+            fig.add_trace(go.Scatter(x=steps, y=[r.get(key) for r in metrics], mode="lines+markers", name=key))
+        fig.update_layout(title=f"{title} per step", xaxis_title="step")
+        _step_axis(fig, steps)
+        charts.append(figs.add(fig, "train-async-" + keys[0].split("/")[0]))
+    return f'<h3>Asynchronous rollouts</h3><div class="charts">{"".join(charts)}</div>'
 
 
 def build_report(paths: list[Path | str], *, sample_cap: int = SAMPLE_CAP, all_tasks: bool = False) -> str:
