@@ -22,6 +22,12 @@ Chaining (`generate(..., then=...)`, what engine.phases uses for a thinking mode
 a finished row whose follow-up request continues its own ids stays in the batch with its KV
 cache, the ids the follow-up adds (a forced end of thought) fed one decode step each, so a
 phase costs neither a second prefill of the whole sequence nor a wait for the batch to drain.
+
+Across calls (an agent episode's turns, each its own `generate` call): a finished row's KV is
+kept in `prefix_cache` (engine.prefix_cache, keyed by the ids themselves, LRU over a token
+budget), and a later prompt that shares a prefix with a kept sequence prefills only the rest,
+so turn k+1 runs just the completion's last token and what the env appended. It is dropped
+whenever the weights change (`_weights_version`: a live policy trained between calls).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from arlecli.engine.base import (
     cut_at_stop,
     encode_pair,
 )
+from arlecli.engine.prefix_cache import DEFAULT_MAX_TOKENS, Entry, PrefixCache
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
 
@@ -59,11 +66,15 @@ class _Row:
     logprobs: list[float]
     started: float = 0.0  # perf_counter when its prefill began: its latency runs from there
     feed: list[int] = field(default_factory=list)  # ids to feed (not sample) before it samples again
+    cached: int = 0  # leading prompt ids whose KV comes from `past` (the prefix cache), not prefill
+    past: Entry | None = None
 
 
 class HFEngine:
     """Generation with a transformers causal LM on CPU or GPU. `chat_template_kwargs` go to
-    every chat-template render of its prompts (engine.tokens)."""
+    every chat-template render of its prompts (engine.tokens). `prefix_cache_tokens` bounds
+    the KV kept across calls for prompts that extend earlier sequences (engine.prefix_cache;
+    0 turns it off)."""
 
     name = "hf"
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
@@ -80,6 +91,7 @@ class HFEngine:
         model_obj: Any | None = None,
         tokenizer: Any | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
         import torch
 
@@ -114,6 +126,8 @@ class HFEngine:
             if self.tokenizer.pad_token_id is not None
             else (next(iter(eos_ids)) if eos_ids else 0)
         )
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._weights_seen: tuple[Any, ...] | None = None
 
     @property
     def packed_linears(self) -> int:
@@ -152,6 +166,10 @@ class HFEngine:
         batch as the others do, so a server's new request does not wait for this call to end."""
         self._on_tokens = on_tokens
         self._more = more
+        seen = self._weights_version()
+        if seen != self._weights_seen:  # kept KV was computed by other weights: none of it is valid
+            self.prefix_cache.clear()
+            self._weights_seen = seen
         encoded = [self.encode(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
@@ -165,6 +183,47 @@ class HFEngine:
             yield from self._run(waiting, then)
         finally:
             unpack_linears(packed)
+
+    def _weights_version(self) -> tuple[Any, ...]:
+        """What identifies the weights the model computes with now: each parameter's identity
+        and in-place version counter (an optimizer step, load_state_dict or a LoRA merge bumps
+        it) and each peft layer's active/disabled adapters (switching them changes the
+        function without touching a tensor). Cheap: one tuple over the parameters."""
+        params = tuple((id(p), p._version) for p in self.model.parameters())
+        adapters = tuple(
+            (m._disable_adapters, str(getattr(m, "_active_adapter", None)))
+            for m in self.model.modules()
+            if hasattr(m, "_disable_adapters")
+        )
+        return params, adapters
+
+    def _reuse(self, rows: list[_Row]) -> list[_Row]:
+        """Give each row the longest kept prefix of its prompt; returns `rows` ordered for
+        prefill (longest part left to run first, as `length_groups` wants) when any row got one."""
+        if not self.prefix_cache.max_tokens:
+            return rows
+        for r in rows:
+            r.cached, r.past = self.prefix_cache.match(r.prompt_ids)
+        if not any(r.cached for r in rows):
+            return rows
+        return sorted(rows, key=lambda r: -(len(r.prompt_ids) - r.cached))
+
+    def _keep(self, cache: Any, leaving: list[tuple[int, list[int]]]) -> None:
+        """Copy the KV of each leaving (batch row, ids in the cache) into the prefix cache. A
+        row's tokens are the last len(ids) columns of the batch cache: rows are only ever
+        left-padded (prefill, `_merge`) and grow at the right."""
+        if not leaving or not self.prefix_cache.max_tokens:
+            return
+        layers = list(cache.layers)
+        if any(getattr(layer, "is_sliding", False) for layer in layers):
+            self.prefix_cache.max_tokens = 0  # a sliding window drops old columns: no row's ids map to them
+            return
+        width = layers[0].keys.shape[2]
+        for b, ids in leaving:
+            start = width - len(ids)
+            if start >= 0 and len(ids) <= self.prefix_cache.max_tokens:  # else too long to keep: no copy
+                kv = [(x.keys[b : b + 1, :, start:].clone(), x.values[b : b + 1, :, start:].clone()) for x in layers]
+                self.prefix_cache.put(ids, kv)
 
     def _row(self, index: int, prompt_ids: list[int], params: SamplingParams) -> _Row:
         return _Row(index, prompt_ids, params, self._generator(params), [], [])
@@ -182,7 +241,7 @@ class HFEngine:
         Rows of very different lengths are prefilled in separate groups (`length_groups`)
         whose caches are then merged: one left-padded batch of prompts of 99-181 tokens was
         46% padding, each position costing a full forward pass."""
-        groups = length_groups([len(r.prompt_ids) for r in rows])
+        groups = length_groups([len(r.prompt_ids) - r.cached for r in rows])
         parts = [self._prefill_group(rows[start:end]) for start, end in groups]
         logits, cache, mask, positions = parts[0]
         for more_logits, more_cache, more_mask, more_positions in parts[1:]:
@@ -192,19 +251,32 @@ class HFEngine:
         return logits, cache, mask, positions
 
     def _prefill_group(self, rows: list[_Row]):
-        """Run the prompts of `rows` (left-padded) as one batch; returns what `_prefill` does."""
+        """Run the prompts of `rows` (left-padded) as one batch; returns what `_prefill` does.
+
+        Rows with a kept prefix (`r.past`) run only their last `width` ids, `width` the
+        longest part left to run in the group, on top of their kept KV (left-padded to the
+        longest). A row with a shorter rest runs a few kept ids again instead of leaving a
+        masked gap between its past and its rest, so every row stays padding-then-tokens, the
+        shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots."""
         torch = self.torch
         from transformers import DynamicCache
 
-        width = max(len(r.prompt_ids) for r in rows)
+        width = max(len(r.prompt_ids) - r.cached for r in rows)
+        fed = [r.prompt_ids[-width:] for r in rows]
+        pasts = [len(r.prompt_ids) - len(f) for r, f in zip(rows, fed)]  # <= r.cached: kept ids not run again
+        past = max(pasts)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):  # left padding: every row's next token lands in the last column
-            ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[b, width - len(r.prompt_ids) :] = 1
+        mask = torch.zeros((len(rows), past + width), dtype=torch.long)
+        for b, f in enumerate(fed):  # left padding: every row's next token lands in the last column
+            ids[b, width - len(f) :] = torch.tensor(f)
+            mask[b, past + width - len(f) - pasts[b] :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         cache = DynamicCache(config=self.model.config)
+        if past:
+            self._fill_past(cache, rows, pasts, past)
+        for r in rows:
+            r.past = None  # the batch cache holds what it needs; the entry may be evicted now
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -215,21 +287,39 @@ class HFEngine:
         )
         return out.logits[:, -1, :].float(), cache, mask, positions[:, -1:] + 1
 
+    def _fill_past(self, cache: Any, rows: list[_Row], pasts: list[int], past: int) -> None:
+        """Load each row's first `pasts[b]` kept KV columns into the empty `cache`, right-aligned
+        in `past` columns (zeros, masked out, before them)."""
+        kept = next(r.past for r in rows if r.past is not None)
+        for layer_idx in range(len(kept.layers)):
+            first = kept.layers[layer_idx][0]
+            shape = (len(rows), first.shape[1], past, first.shape[3])
+            keys = first.new_zeros(shape)
+            values = first.new_zeros(shape)
+            for b, r in enumerate(rows):
+                if pasts[b] and r.past is not None:
+                    k, v = r.past.layers[layer_idx]
+                    keys[b, :, past - pasts[b] :] = k[0, :, : pasts[b]]
+                    values[b, :, past - pasts[b] :] = v[0, :, : pasts[b]]
+            cache.update(keys.to(self.device), values.to(self.device), layer_idx)
+
     def _step(
         self,
         rows: list[_Row],
         logits,
         then: Then | None = None,
         waiting: deque[_Row] | None = None,
-    ) -> tuple[list[int], list[int], list[tuple[int, Completion]]]:
-        """Pick each row's next token; returns (tokens, surviving row positions, finished). A
-        row that is fed ids (a chained follow-up's) takes the next of them instead."""
+    ) -> tuple[list[int], list[int], list[tuple[int, Completion]], list[tuple[int, list[int]]]]:
+        """Pick each row's next token; returns (tokens, surviving row positions, finished,
+        leaving). A row that is fed ids (a chained follow-up's) takes the next of them instead.
+        `leaving`: (row position, the ids its KV holds) of each row that leaves the batch done."""
         chosen, lps = self._pick(logits, rows)
         # One device-to-host copy per step, not one per row (a sync each on a GPU).
         tokens = chosen.tolist()
         token_lps = lps.tolist() if lps is not None else None
         keep: list[int] = []
         finished: list[tuple[int, Completion]] = []
+        leaving: list[tuple[int, list[int]]] = []
         for b, r in enumerate(rows):
             if r.feed:
                 tokens[b] = r.feed.pop(0)
@@ -245,6 +335,7 @@ class HFEngine:
                 keep.append(b)
                 continue
             completion = self._completion(r, done)
+            leaving.append((b, [*r.prompt_ids, *r.out[:-1]]))  # the token just sampled was never fed
             follow = then(r.index, completion) if then is not None else None
             if follow is None:
                 finished.append((r.index, completion))
@@ -258,9 +349,10 @@ class HFEngine:
                 rows[b].feed = prompt_ids[len(so_far) :]
                 rows[b].started = time.perf_counter()
                 keep.append(b)
+                leaving.pop()
             elif waiting is not None:
                 waiting.appendleft(self._row(r.index, prompt_ids, follow.params))
-        return tokens, keep, finished
+        return tokens, keep, finished, leaving
 
     def _run(self, waiting: deque[_Row], then: Then | None = None) -> Iterator[tuple[int, Completion]]:
         torch = self.torch
@@ -282,8 +374,10 @@ class HFEngine:
                     now = time.perf_counter()
                     for r in rows:
                         r.started = now
+                    rows = self._reuse(rows)
                     logits, new_cache, new_mask, new_pos = self._prefill(rows)
-                    tokens, keep, finished = self._step(rows, logits, then, waiting)
+                    tokens, keep, finished, leaving = self._step(rows, logits, then, waiting)
+                    self._keep(new_cache, leaving)
                     yield from finished
                     if keep:
                         sel = torch.tensor(keep, device=self.device)
@@ -308,7 +402,8 @@ class HFEngine:
                     **{self._cache_kw: cache},
                 )
                 next_pos = next_pos + 1
-                tokens, keep, finished = self._step(active, out.logits[:, -1, :].float(), then, waiting)
+                tokens, keep, finished, leaving = self._step(active, out.logits[:, -1, :].float(), then, waiting)
+                self._keep(cache, leaving)
                 yield from finished
                 last = torch.tensor(tokens, device=self.device)
                 if len(keep) < len(active):
@@ -482,8 +577,9 @@ class HFEngine:
             return [self._loglik(logits[b], len(x), cont) for b, (x, (_, cont)) in enumerate(zip(inputs, pairs))]
 
     def close(self) -> None:
-        """Drop the model so its memory can be freed."""
+        """Drop the model (and the kept KV) so its memory can be freed."""
         self.model = None
+        self.prefix_cache.clear()
 
 
 MAX_PREFILL_PADDING = 0.25  # of a prefill group's width; a new group starts beyond it
