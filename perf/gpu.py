@@ -5,6 +5,11 @@ the eval part; the GRPO part needs trl, and is skipped with a message without it
 
     PYTHONPATH=src python perf/gpu.py --out $OUT/gpu.json
 
+Asynchronous RL (`--max-staleness 1` vs 0 vs plain TRL, Qwen2.5-1.5B shape, colocated vLLM;
+see `async_rl` at the end of this file; not run yet):
+
+    PYTHONPATH=src python perf/gpu.py async-rl --out $OUT/gpu_async.json
+
 CPU smoke test of the same code paths (smaller shape, seconds):
 
     PYTHONPATH=src python perf/gpu.py --device cpu --quick
@@ -472,5 +477,88 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\ngrpo: {json.dumps(result['grpo'])}")
 
 
+# --------------------------------------------------------------------------------------
+# Asynchronous RL on a GPU (`python perf/gpu.py async-rl`): not run yet (no GPU lent so far).
+# --------------------------------------------------------------------------------------
+
+# Qwen2.5-1.5B-Instruct's config.json values; the weights are random (the device machine has no
+# model hub), which does not change what a step costs: random weights almost never emit EOS, so
+# every completion runs to max_completion_length and every step generates the same tokens.
+QWEN25_15B = {
+    **QWEN25_05B,
+    "hidden_size": 1536,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "intermediate_size": 8960,
+}
+
+
+def async_rl(argv: list[str] | None = None) -> int:
+    """GRPO step time of `arle train --backend vllm --max-staleness 1` vs `--max-staleness 0` vs
+    plain TRL's GRPOTrainer (its colocated vLLM), on a Qwen2.5-1.5B-shaped model, one GPU.
+
+    Runs perf/train_async.py (the CPU comparison, same card, recipe, timers and table) with the
+    model built here (bf16, random weights, saved to a folder) and GPU-sized settings: 8 prompts
+    x 8 generations (batch 64), 256 tokens, LoRA r16 as the demo recipe sets, arle's vLLM colocated
+    (its default share of the GPU), TRL with `use_vllm=True, vllm_mode="colocate"`.
+
+    What it predicts: perf/README.md measured the update at 65-80% of a synchronous step (CPU);
+    on a GPU, generation with vLLM is cheaper relative to the update still, so with one step of
+    staleness the step should approach max(generation, update) ~= the update alone: async / sync
+    ~ 0.65-0.8 (the idle trainer share near 0, the idle engine share = 1 - generation / update),
+    and async / TRL below that, as TRL's colocated vLLM generates synchronously.
+    Returns the child's exit status."""
+    p = argparse.ArgumentParser(prog="perf/gpu.py async-rl", description=async_rl.__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=8, help="steps per side (the first 2 and the last are not timed)")
+    p.add_argument("--max-tokens", type=int, default=256, help="max_completion_length")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (x 8 generations)")
+    p.add_argument("--out", type=Path, help="result JSON (default perf/results/gpu_async.json)")
+    p.add_argument("--dry-run", action="store_true", help="print the command, build nothing")
+    args = p.parse_args(argv)
+    import subprocess
+
+    out = args.out or ROOT / "perf" / "results" / "gpu_async.json"
+    with tempfile.TemporaryDirectory(prefix="arle-perf-gpu-async-") as work:
+        folder = Path(work) / "qwen2.5-1.5b-shape"
+        cmd = [
+            sys.executable,
+            str(ROOT / "perf" / "train_async.py"),
+            "--model",
+            str(folder),
+            "--steps",
+            str(args.steps),
+            "--trl-vllm",
+            "--set",
+            f"max_completion_length={args.max_tokens}",
+            "--set",
+            f"per_device_train_batch_size={8 * args.prompts}",
+            "--set",
+            "num_generations=8",
+            "--set",
+            "gradient_accumulation_steps=1",
+            "--out",
+            str(out),
+        ]
+        print(" ".join(cmd), file=sys.stderr)
+        if args.dry_run:
+            return 0
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("async-rl needs a CUDA GPU (and vllm: pip install arle[vllm])")
+        tok = build_tokenizer(QWEN25_15B["vocab_size"])
+        model = build_model(QWEN25_15B, tok, "cuda", torch.bfloat16)
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        del model
+        torch.cuda.empty_cache()
+        path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["async-rl"]:
+        raise SystemExit(async_rl(sys.argv[2:]))
     main()
