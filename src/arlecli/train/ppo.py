@@ -69,6 +69,7 @@ import torch
 from arlecli.records import RunDir
 from arlecli.rundir import latest_checkpoint, prune_checkpoints
 from arlecli.train.batches import Sequences, rescore_segments
+from arlecli.train.logprobs import ForwardOptions, completion_outputs, supports_chunking
 from arlecli.train.overlap import is_weights
 
 
@@ -348,6 +349,11 @@ def load_policy(model_path: str, lora_rank: int, p: PPOParams, checkpoint: Path 
     return Policy(model, value_head, tokenizer, ref_model, device, bf16, sorted(eos_ids), pad_id)
 
 
+# How forward_pass computes its outputs: the padding-free, chunked path by default;
+# `ForwardOptions.plain()` is the reference path (perf/ppo_update.py compares them).
+FORWARD = ForwardOptions()
+
+
 def forward_pass(
     model: Any,
     value_head: torch.nn.Linear | None,
@@ -358,6 +364,7 @@ def forward_pass(
     bf16: bool = False,
     with_entropy: bool = False,
     segment: torch.Tensor | None = None,
+    options: ForwardOptions | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Logprobs (at `temperature`) of the completion tokens `sequences[:, prompt_len:]`, their
     values (if a head is given) and entropies (if asked), each [batch, completion_len].
@@ -365,14 +372,20 @@ def forward_pass(
     Position ids are rebuilt from the attention mask so left-padded prompts see the same
     positions as in `generate`. `segment` ([batch, completion_len], train.batches): tokens of a
     segment after a seam are scored on that segment's own context (its prompt and what follows),
-    one more forward pass per segment.
+    one more forward pass per segment. `options` (default: the module's FORWARD) chooses the
+    padding-free, chunked-logits path (train.logprobs) or the plain one; both give the same
+    numbers on real tokens, the fast one 0 on padding.
     """
-    out = _forward_rows(model, value_head, sequences, attention_mask, prompt_len, temperature, bf16, with_entropy)
+    options = FORWARD if options is None else options
+    out = _forward_rows(
+        model, value_head, sequences, attention_mask, prompt_len, temperature, bf16, with_entropy, options
+    )
     if segment is None:
         return out
 
     def score(ids: torch.Tensor) -> list[torch.Tensor | None]:
-        return list(_forward_rows(model, value_head, ids, torch.ones_like(ids), 1, temperature, bf16, with_entropy))
+        ones = torch.ones_like(ids)
+        return list(_forward_rows(model, value_head, ids, ones, 1, temperature, bf16, with_entropy, options))
 
     logprobs, values, entropy = rescore_segments(list(out), sequences[:, prompt_len:], segment, score)
     return logprobs, values, entropy  # type: ignore[return-value]
@@ -387,8 +400,13 @@ def _forward_rows(
     temperature: float,
     bf16: bool,
     with_entropy: bool,
+    options: ForwardOptions | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """`forward_pass` of whole rows, each token on everything before it in its row."""
+    if options is not None and (options.unpad or options.chunk or options.share_prompts) and supports_chunking(model):
+        return completion_outputs(
+            model, value_head, sequences, attention_mask, prompt_len, temperature, bf16, with_entropy, options
+        )
     completion_len = sequences.shape[1] - prompt_len
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.autocast(sequences.device.type, dtype=torch.bfloat16, enabled=bf16):
