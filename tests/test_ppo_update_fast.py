@@ -35,9 +35,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _policy(tiny_model, lora_rank: int = 0) -> ppo.Policy:
+def _policy(tiny_model, lora_rank: int = 0, gradient_checkpointing: bool = False) -> ppo.Policy:
     torch.manual_seed(0)
-    policy = ppo.load_policy(str(tiny_model), lora_rank, PPOParams())
+    policy = ppo.load_policy(str(tiny_model), lora_rank, PPOParams(gradient_checkpointing=gradient_checkpointing))
     # A critic that reads the hidden states (the zero init would make every value 0).
     torch.nn.init.normal_(policy.value_head.weight, std=0.5)
     with torch.no_grad():  # an adapter that already moved (peft starts lora_B at 0: no gradient for lora_A)
@@ -140,9 +140,12 @@ def _outputs_and_grads(policy, batch, options, seams):
     return [t[real] for t in (logprobs, values, entropy)], grads
 
 
-@pytest.mark.parametrize(("lora_rank", "seams"), [(0, False), (0, True), (4, False)])
-def test_training_forward_and_gradients_fast_equal_plain(tiny_model, monkeypatch, lora_rank, seams):
-    policy = _policy(tiny_model, lora_rank)
+@pytest.mark.parametrize(
+    ("lora_rank", "seams", "checkpointing"), [(0, False, False), (0, True, False), (4, False, True)]
+)
+def test_training_forward_and_gradients_fast_equal_plain(tiny_model, monkeypatch, lora_rank, seams, checkpointing):
+    """Also under gradient checkpointing (no KV cache there: shared prompts fall back to per row)."""
+    policy = _policy(tiny_model, lora_rank, gradient_checkpointing=checkpointing)
     batch = _score(policy, _episodes(seed=1, seams=seams), PLAIN, monkeypatch)
     want, want_grads = _outputs_and_grads(policy, batch, PLAIN, seams)
     assert all(g.abs().sum() > 0 for g in want_grads.values())
