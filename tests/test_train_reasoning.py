@@ -408,7 +408,7 @@ def test_a_two_stage_recipe_resumes_the_first_stage(tmp_path, tiny_model, monkey
             starts.append((state.global_step, args.max_completion_length, weights))
             schedules.append(args.max_steps)  # the learning rate's schedule spans both stages
 
-    monkeypatch.setattr(grpo, "build_trainer", lambda *a: build(*a[:-1], [*a[-1], Snapshot()]))
+    monkeypatch.setattr(grpo, "build_trainer", lambda *a, **kw: build(*a[:-1], [*a[-1], Snapshot()], **kw))
     recipe = {
         "benchmark": str(varied_card(tmp_path)),
         "model": str(tiny_model),
