@@ -181,6 +181,17 @@ class Sequences:
         return out
 
 
+def numbered(indices: list[int], drawn: Counter | None = None) -> list[tuple[int, int]]:
+    """(task index, sample number) per entry: a task's k-th entry is its sample k, counted on
+    from `drawn` (the samples already drawn per task, updated; None: none)."""
+    drawn = Counter() if drawn is None else drawn
+    out = []
+    for i in indices:
+        out.append((int(i), drawn[int(i)]))
+        drawn[int(i)] += 1
+    return out
+
+
 def segment_spans(row: "torch.Tensor") -> list[tuple[int, int]]:
     """(start, end) completion positions of each segment after the first in one row's
     segment numbers (padding carries 0 and follows the last segment)."""
@@ -391,11 +402,7 @@ class Rollouts:
         """(task index, sample number) per entry: a task's k-th entry this step is sample k."""
         if step != self._step:  # a resumed step starts afresh, as it was first drawn
             self._step, self._drawn = step, Counter()
-        out = []
-        for i in indices:
-            out.append((int(i), self._drawn[int(i)]))
-            self._drawn[int(i)] += 1
-        return out
+        return numbered(indices, self._drawn)
 
     def episodes(self, indices: list[int], step: int, model: Any, tokenizer: Any) -> list[Episode]:
         """One episode per entry of `indices` (task indices) for optimizer step `step`, in the

@@ -102,7 +102,6 @@ def build_trainer(
     opts = cfg.options
     if opts.max_staleness:
         rollouts.ahead = Ahead(rollouts, opts.max_staleness, trl_plan(trainer), max_step=args.max_steps)
-        rollouts.ahead.check_memory(trainer.model)
         rollouts.ahead.restore(checkpoint)
         trainer.arle_is_cap = opts.is_cap if opts.is_correction else None
     if cfg.options.vllm_server:

@@ -44,10 +44,10 @@ from arlecli.errors import UserError
 from arlecli.results import write_json
 from arlecli.types import Episode, Turn
 
+from arlecli.train.batches import Rollouts, numbered, unwrap
+
 if TYPE_CHECKING:
     import torch
-
-    from arlecli.train.batches import Rollouts
 
 STATE_FILE = "arle_rollouts_ahead.json"  # in a checkpoint folder: the queued rollouts
 MAX_STALENESS = 8  # steps ahead the queue may hold (each one is a copy of the policy's weights)
@@ -98,7 +98,7 @@ class Ahead:
 
     def __init__(
         self,
-        rollouts: "Rollouts",
+        rollouts: Rollouts,
         max_staleness: int,
         plan: Callable[[int], list[int] | None],
         max_step: int,
@@ -152,8 +152,6 @@ class Ahead:
 
     def check_memory(self, model: Any) -> None:
         """Refuse (one line) a queue whose weight copies would not fit beside the policy."""
-        from arlecli.train.batches import unwrap
-
         need = self.max_staleness * sum(t.numel() * t.element_size() for t in unwrap(model).state_dict().values())
         free = available_memory()
         if free is not None and need > 0.8 * free:
@@ -165,13 +163,11 @@ class Ahead:
     def _snapshot(self, step: int, model: Any) -> Any:
         """A copy of `model`'s weights that no optimizer writes: slot step % N, free because
         the job that used it (step - N) was taken before this one is queued."""
-        from arlecli.train.batches import unwrap
+        import torch  # a run with --max-staleness has it loaded already
 
         slot = step % self.max_staleness
         live = unwrap(model)
         copy_of = self._snapshots.get(slot)
-        import torch
-
         with torch.no_grad():
             if copy_of is None:
                 if not self._snapshots:
@@ -257,17 +253,6 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def numbered(indices: list[int]) -> list[tuple[int, int]]:
-    """(task index, sample number) per entry: a task's k-th entry is its sample k (as a step's
-    first draw in train.batches.Rollouts.draws)."""
-    seen: dict[int, int] = {}
-    out = []
-    for i in indices:
-        out.append((int(i), seen.get(int(i), 0)))
-        seen[int(i)] = seen.get(int(i), 0) + 1
-    return out
 
 
 def to_json(episode: Episode) -> dict[str, Any]:
