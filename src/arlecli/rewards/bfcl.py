@@ -82,7 +82,7 @@ _LOCK = threading.Lock()
 _LOADED: "Bfcl | None" = None
 
 
-class _AnyModel(dict):  # type: ignore[type-arg]
+class _AnyModel(dict[str, Any]):
     """Stands in for bfcl-eval's MODEL_CONFIG_MAPPING: every model sends names with dots."""
 
     def __missing__(self, key: str) -> Any:
@@ -233,7 +233,8 @@ def _value(node: Any) -> Any:
     if isinstance(node, ast.UnaryOp):
         if not isinstance(node.operand, ast.Constant):  # it reads operand.value, which only a literal has
             raise AttributeError(f"'{type(node.operand).__name__}' object has no attribute 'value'")
-        return -node.operand.value  # any unary operator, as bfcl-eval does: +5 is -5 there too
+        value: Any = node.operand.value
+        return -value  # any unary operator, as bfcl-eval does: +5 is -5 there too
     if isinstance(node, ast.List):
         return [_value(v) for v in node.elts]
     if isinstance(node, ast.Dict):
@@ -253,7 +254,7 @@ def _value(node: Any) -> Any:
     raise ValueError(f"Unsupported AST type: {type(node)}")
 
 
-_BINARY = {
+_BINARY: dict[type, Any] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -262,7 +263,7 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+_UNARY: dict[type, Any] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
 def _arithmetic(node: ast.expr) -> Any:
@@ -325,14 +326,14 @@ def judge(entry: dict[str, Any], output: str, native: bool) -> Verdict:
         return Verdict(False, None, False, "ast_decoder:decoder_failed", f"Invalid syntax. Failed to decode AST. {exc}")
     called = not b.utils.is_empty_output(decoded)
     if relevance:
-        decoded = decoded if b.utils.is_function_calling_format_output(decoded) else None
+        calls = decoded if b.utils.is_function_calling_format_output(decoded) else None
         if "irrelevance" in category:
             return (
-                Verdict(True, decoded, called)
+                Verdict(True, calls, called)
                 if not called
-                else Verdict(False, decoded, called, "irrelevance_error:decoder_success", "Valid syntax.")
+                else Verdict(False, calls, called, "irrelevance_error:decoder_success", "Valid syntax.")
             )
-        return Verdict(called, decoded, called, None if called else "relevance_error:decoder_failed")
+        return Verdict(called, calls, called, None if called else "relevance_error:decoder_failed")
     if not b.utils.is_function_calling_format_output(decoded):
         return Verdict(False, None, called, "ast_decoder:decoder_wrong_output_format", f"Decoded as {decoded!r}"[:500])
     languages = {"java": b.enums.Language.JAVA, "javascript": b.enums.Language.JAVASCRIPT}
