@@ -201,7 +201,7 @@ def test_without_bfcl_eval_a_card_says_what_to_install(monkeypatch):
 
 def test_arle_eval_finishes_with_a_score_on_the_tiny_model(tiny_model, tmp_path):
     proc = arle(
-        "eval", "bfcl_simple", "--model", str(tiny_model), "--limit", "2", "--max-tokens", "8",
+        "eval", "bfcl_javascript", "--model", str(tiny_model), "--limit", "2", "--max-tokens", "4",
         "--output", "run", "--json", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
