@@ -251,6 +251,24 @@ def test_concurrent_episodes_are_worlds_in_one_jvm():
     assert sw.POOL.current is not None and sw.POOL.current.live == 0
 
 
+def test_episodes_run_in_waves_of_max_live_worlds(tmp_path, monkeypatch):
+    acquire, peak = sw.POOL.acquire, []
+
+    def counting():
+        jvm = acquire()
+        peak.append(jvm.live)
+        return jvm
+
+    monkeypatch.setattr(sw.POOL, "acquire", counting)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row_for(p)) + "\n" for p in PATHS if p["kind"] == "gold"))
+    card = card_with(max_turns=2, max_live=2)
+    run_eval(card, Replies(["look around"]), EvalOptions(data=str(data)), model="s", run_dir=tmp_path / "r")
+    samples = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 and all(s["end_reason"] == "turn_limit" for s in samples)
+    assert peak and max(peak) == 2 and sw.POOL.current.live == 0  # 3 episodes, never more than 2 worlds
+
+
 def test_the_tiny_model_plays_two_episodes_to_an_end(tmp_path, tiny_model):
     from arlecli.engine.hf import HFEngine
 

@@ -31,6 +31,17 @@ task as failed: focusing on the wrong thing scores -100), `invalid_actions` and 
     env: {name: scienceworld, params: {simplification: easy, action_hints: templates,
                                        max_turns: 100, max_invalid: 10}}
 
+Four task types' gold paths are longer than the default 100 turns in the easy setting
+(inclined-plane-friction-named-surfaces 111, mendelian-genetics-* 130-134,
+inclined-plane-friction-unnamed-surfaces 192 actions): raise `max_turns` to give a model
+their room.
+
+What the simulator does not hold fixed (scienceworld 1.2.3): a variation's world is the
+same on every load, but a room lists its objects in an order that can change from one load
+to the next, many task types draw their gold path at random (which cup, which animal, which
+flower pot), and an electrical task may complete one `wait` earlier or later. So a rerun
+with the same seed sends the model the same facts, not always the same bytes.
+
 `simplification` is the simulator's simplification string: "easy" (teleport actions,
 open doors and containers, self-watering pots, no electrical actions where the task does
 not need them), "" (the full game) or a comma-separated list of teleportAction,
