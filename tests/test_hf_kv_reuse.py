@@ -228,3 +228,27 @@ def test_the_perf_script_runs_both_sides_to_the_same_ids(tmp_path):
     assert result["identical_ids"] and result["turns_per_episode"] == [4, 4, 4, 4]
     assert 0 < result["reused_tokens"] < result["prompt_tokens"]
     assert result["cache_peak_tokens"] <= result["cache_cap_tokens"]
+
+
+def test_the_environment_variable_sets_every_engines_budget_and_zero_turns_reuse_off(tiny_model, monkeypatch):
+    """$ARLE_KV_REUSE_TOKENS is the switch for eval, serve and rollouts alike: 0 keeps nothing
+    across calls (a second identical prompt is prefilled again), a number is the budget."""
+    monkeypatch.setenv("ARLE_KV_REUSE_TOKENS", "0")
+    off = HFEngine(str(tiny_model), batch_size=2)
+    req = GenerationRequest(messages=[{"role": "user", "content": "count count count"}], params=SamplingParams(max_tokens=3))
+    list(off.generate([req]))
+    list(off.generate([req]))
+    assert off.prefix_cache.max_tokens == 0 and len(off.prefix_cache) == 0 and off.prefix_cache.hits == 0
+    monkeypatch.setenv("ARLE_KV_REUSE_TOKENS", "128")
+    assert HFEngine(str(tiny_model), batch_size=2).prefix_cache.max_tokens == 128
+    monkeypatch.delenv("ARLE_KV_REUSE_TOKENS")
+    assert HFEngine(str(tiny_model), batch_size=2).prefix_cache.max_tokens == 16384
+
+
+@pytest.mark.parametrize("value", ["lots", "-5"])
+def test_a_bad_budget_in_the_environment_is_one_line_exit_2(tiny_model, monkeypatch, value):
+    from helpers.cli import arle, assert_one_line_error
+
+    monkeypatch.setenv("ARLE_KV_REUSE_TOKENS", value)
+    proc = arle("eval", "one_digit_sums", "--model", str(tiny_model), "--limit", "1")
+    assert_one_line_error(proc, "ARLE_KV_REUSE_TOKENS", "0 (off)")

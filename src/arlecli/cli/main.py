@@ -87,6 +87,9 @@ def _root(
     ),
 ) -> None:
     """Evaluate and RL-train LLMs and agents on benchmarks."""
+    from arlecli.engine.prefix_cache import configured_max_tokens
+
+    configured_max_tokens()  # a bad $ARLE_KV_REUSE_TOKENS is refused before any model loads
 
 
 def register_commands() -> None:

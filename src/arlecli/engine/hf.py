@@ -47,7 +47,7 @@ from arlecli.engine.base import (
     cut_at_stop,
     encode_pair,
 )
-from arlecli.engine.prefix_cache import DEFAULT_MAX_TOKENS, Entry, PrefixCache
+from arlecli.engine.prefix_cache import Entry, PrefixCache, configured_max_tokens
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
 
@@ -74,7 +74,7 @@ class HFEngine:
     """Generation with a transformers causal LM on CPU or GPU. `chat_template_kwargs` go to
     every chat-template render of its prompts (engine.tokens). `prefix_cache_tokens` bounds
     the KV kept across calls for prompts that extend earlier sequences (engine.prefix_cache;
-    0 turns it off)."""
+    0 turns it off; None: $ARLE_KV_REUSE_TOKENS or 16384)."""
 
     name = "hf"
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
@@ -91,7 +91,7 @@ class HFEngine:
         model_obj: Any | None = None,
         tokenizer: Any | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
+        prefix_cache_tokens: int | None = None,
     ) -> None:
         import torch
 
@@ -126,7 +126,7 @@ class HFEngine:
             if self.tokenizer.pad_token_id is not None
             else (next(iter(eos_ids)) if eos_ids else 0)
         )
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(configured_max_tokens() if prefix_cache_tokens is None else prefix_cache_tokens)
         self._weights_seen: tuple[Any, ...] | None = None
 
     @property
