@@ -309,15 +309,18 @@ def test_without_textworld_a_card_names_the_extra(monkeypatch):
 # The tiny model -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("card_name", CARDS)
-def test_eval_limit_2_on_the_tiny_model_ends_each_episode_with_a_reason(card_name, tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model):
     from arlecli.engine.hf import HFEngine
 
+    return HFEngine(str(tiny_model), batch_size=8)
+
+
+@pytest.mark.parametrize("card_name", CARDS)
+def test_eval_limit_2_on_the_tiny_model_ends_each_episode_with_a_reason(card_name, tiny_engine, tmp_path):
     card = load_card(card_name)
     card.env_params = {**card.env_params, "max_turns": 4}  # the card's 50-80 turns only cost time here
-    result = run_eval(
-        card, HFEngine(str(tiny_model)), EvalOptions(limit=2, max_tokens=8), model="tiny", run_dir=tmp_path
-    )
+    result = run_eval(card, tiny_engine, EvalOptions(limit=2, max_tokens=8), model="tiny", run_dir=tmp_path)
     samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert result["n_tasks"] == 2 and len(samples) == 2
     assert all(s["end_reason"] in ("won", "lost", "turn_limit", "invalid_actions") for s in samples)

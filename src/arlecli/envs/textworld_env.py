@@ -256,7 +256,8 @@ def compile_into(spec: GameSpec, folder: Path) -> None:
     options.path = str(folder / "game.z8")
     options.file_ext = ".z8"
     options.force_recompile = True
-    with inform_home(folder):
+    with inform_home(folder), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jericho's "not fully supported", when a challenge replays its walkthrough
         try:
             tw.generator.compile_game(make_game(spec), options)
         except tw.generator.CouldNotCompileGameError as exc:
