@@ -48,5 +48,5 @@ def world_reward(episode: Episode) -> Score:
     """The world's own verdict as a Score: reward = its normalised score, correct = won."""
     info = episode.info if isinstance(episode.info, dict) else {}
     score = max(0.0, min(1.0, float(info.get("score") or 0.0)))
-    details = {k: info[k] for k in ("won", "score", "steps", "invalid_actions") if k in info}
+    details: dict[str, Any] = {k: info[k] for k in ("won", "score", "steps", "invalid_actions") if k in info}
     return Score(reward=score, correct=bool(info.get("won")), details=details)
