@@ -35,7 +35,15 @@ RG_PREFIX = "reasoning_gym:"
 Generator = Callable[..., list[dict[str, Any]]]
 # Built-ins: the row generators here, and the generators of game envs beside their env.
 GENERATORS: Registry[Generator] = Registry(
-    "generators", "generator", builtin=["arlecli.data.generators", "arlecli.envs.frozenlake", "arlecli.envs.textarena"]
+    "generators",
+    "generator",
+    builtin=[
+        "arlecli.data.generators",
+        "arlecli.envs.frozenlake",
+        "arlecli.envs.textarena",
+        "arlecli.envs.scienceworld",
+        "arlecli.envs.textworld_env",
+    ],
 )
 
 

@@ -45,7 +45,9 @@ Metrics = Sequence[str] | Callable[[dict[str, Any]], Iterable[str]]
 # Every module of this package registers its rewards on import (on the first lookup),
 # and the rewards that live beside the env they score (FrozenLake's replays its rules).
 REWARDS: Registry[RewardFactory] = Registry(
-    "rewards", "reward", builtin=["arlecli.rewards.*", "arlecli.envs.frozenlake"]
+    "rewards",
+    "reward",
+    builtin=["arlecli.rewards.*", "arlecli.envs.frozenlake", "arlecli.envs.scienceworld", "arlecli.envs.textworld_env"],
 )
 # Always reported, whatever the reward: `accuracy` is the Score's `correct`, pass@k comes from it.
 ALWAYS_METRICS = ("accuracy",)
