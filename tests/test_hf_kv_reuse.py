@@ -235,7 +235,8 @@ def test_the_environment_variable_sets_every_engines_budget_and_zero_turns_reuse
     across calls (a second identical prompt is prefilled again), a number is the budget."""
     monkeypatch.setenv("ARLE_KV_REUSE_TOKENS", "0")
     off = HFEngine(str(tiny_model), batch_size=2)
-    req = GenerationRequest(messages=[{"role": "user", "content": "count count count"}], params=SamplingParams(max_tokens=3))
+    messages = [{"role": "user", "content": "count count count"}]
+    req = GenerationRequest(messages=messages, params=SamplingParams(max_tokens=3))
     list(off.generate([req]))
     list(off.generate([req]))
     assert off.prefix_cache.max_tokens == 0 and len(off.prefix_cache) == 0 and off.prefix_cache.hits == 0

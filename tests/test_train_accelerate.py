@@ -228,3 +228,56 @@ def test_child_command_line_drops_launch_flags(tiny_model, tmp_path):
     assert "--output" not in args and "--resume" in args and "--json" in args
     assert args[args.index("--learning-rate") + 1] == "0.001"
     assert [args[i + 1] for i, a in enumerate(args) if a == "--set"] == ["beta=0.1", "seed=3"]
+
+
+def test_two_processes_at_staleness_one_killed_and_resumed_equal_an_uninterrupted_run(tmp_path, tiny_model):
+    """`--max-staleness 1` under a 2-process launch: each rank queues its own rollouts and
+    writes its own file of them into a checkpoint, so a launch killed whole (every process at
+    once, as a lost machine) after checkpoint-1 resumes with the rollouts and losses of an
+    uninterrupted 2-process run."""
+    from helpers.train import kill_after_first_checkpoint
+
+    from arlecli.train.overlap import STATE_FILE
+
+    common = [
+        "train",
+        "countdown",
+        "--model",
+        str(tiny_model),
+        *TINY,
+        "--learning-rate",
+        "1e-3",
+        "--eval-limit",
+        "0",
+        "--max-steps",
+        "3",
+        "--save-steps",
+        "1",
+        "--max-staleness",
+        "1",
+        "--num-processes",
+        "2",
+    ]
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "ARLE_LAUNCHED"}
+    kill_after_first_checkpoint([*common, "--output", str(run)], run, steps=3, env=env)
+    ahead = run / "checkpoint-1"
+    assert (ahead / STATE_FILE).is_file() and (ahead / "arle_rollouts_ahead_rank1.json").is_file()
+    rank0, rank1 = (json.loads((ahead / name).read_text()) for name in (STATE_FILE, "arle_rollouts_ahead_rank1.json"))
+    assert rank0["jobs"] and rank0 != rank1  # each rank queued its own prompts
+
+    out = arle(*common, "--output", str(run), "--resume")
+    assert out.returncode == 0, out.stderr[-4000:]
+    straight = tmp_path / "straight"
+    out = arle(*common, "--output", str(straight))
+    assert out.returncode == 0, out.stderr[-4000:]
+
+    def sampled(r: Path) -> list[tuple]:
+        return [(x["step"], x["task_id"], x["completion"], x["policy_version"]) for x in lines(r / "rewards.jsonl")]
+
+    assert len(sampled(straight)) == 3 * 4  # 2 ranks x 1 prompt x 2 completions a step
+    assert sampled(run) == sampled(straight)
+    resumed, plain = lines(run / "metrics.jsonl"), lines(straight / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    assert [r["staleness/max"] for r in plain] == [0.0, 1.0, 1.0]
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in plain], rel=1e-5, abs=1e-7)

@@ -106,18 +106,32 @@ def assert_trained(final: Path, base_model: Path, lora: int) -> None:
         assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
 
 
-def kill_after_first_checkpoint(args: list[str], run: Path, steps: int) -> None:
+def kill_after_first_checkpoint(args: list[str], run: Path, steps: int, env: dict[str, str] | None = None) -> None:
     """Start `arle *args` (a training run into `run`), SIGKILL it once checkpoint-1 is whole,
-    and check the kill landed mid-run: no final/, fewer than `steps` steps logged."""
-    proc = subprocess.Popen([*ARLE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
+    and check the kill landed mid-run: no final/, fewer than `steps` steps logged. The whole
+    process tree is killed at once (the run and any process it started: accelerate's ranks,
+    which torch's launcher puts in sessions of their own), as when a machine goes down: a rank
+    left running would go on writing into the run."""
+    import psutil  # accelerate's dependency
+
+    proc = subprocess.Popen([*ARLE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         # TRL's trainers write trainer_state.json last; PPO's checkpoint appears whole (renamed).
         if any((run / "checkpoint-1" / name).exists() for name in ("trainer_state.json", "trainer_state.pt")):
             break
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
+    try:
+        root = psutil.Process(proc.pid)
+        root.send_signal(signal.SIGSTOP)  # stopped, it starts no process while its tree is listed
+        tree = [root, *root.children(recursive=True)]
+        for process in tree:
+            process.send_signal(signal.SIGSTOP)
+        for process in tree:
+            process.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass  # it ended on its own: the asserts below say so
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err}"
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before the kill: {err[-3000:]}"
     assert not (run / "final").exists(), "the kill must land mid-run"
     assert 1 <= max(steps_in(run / "metrics.jsonl")) < steps

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,7 +50,17 @@ from arlecli.train.batches import Rollouts, numbered, unwrap
 if TYPE_CHECKING:
     import torch
 
-STATE_FILE = "arle_rollouts_ahead.json"  # in a checkpoint folder: the queued rollouts
+STATE_FILE = "arle_rollouts_ahead.json"  # in a checkpoint folder: the queued rollouts (rank 0's)
+
+
+def state_file() -> str:
+    """This process's file of queued rollouts in a checkpoint folder: every rank of an
+    accelerate/torchrun launch queues its own rollouts, so each writes its own (as TRL's
+    rng_state_{rank}.pth); rank 0, and a single process, write STATE_FILE."""
+    rank = int(os.environ.get("RANK", "0") or 0)
+    return STATE_FILE if rank == 0 else f"arle_rollouts_ahead_rank{rank}.json"
+
+
 MAX_STALENESS = 8  # steps ahead the queue may hold (each one is a copy of the policy's weights)
 
 
@@ -205,11 +216,11 @@ class Ahead:
             for j in sorted(self.jobs.values(), key=lambda j: j.step)
         ]
         folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / STATE_FILE, {"max_staleness": self.max_staleness, "jobs": jobs})
+        write_json(folder / state_file(), {"max_staleness": self.max_staleness, "jobs": jobs})
 
     def restore(self, folder: Path | None) -> int:
         """Queue the rollouts a checkpoint holds (as done jobs); returns how many steps."""
-        path = None if folder is None else Path(folder) / STATE_FILE
+        path = None if folder is None else Path(folder) / state_file()
         if path is None or not path.is_file():
             return 0
         state = safeio.loads(path.read_bytes())
