@@ -6,6 +6,7 @@ at 16 concurrent episodes.
 
     python perf/world_steps.py scienceworld            # SmolLM2-135M-Instruct (embedded), 16 episodes
     python perf/world_steps.py scienceworld --quick    # the tests' tiny model, fewer turns
+    python perf/world_steps.py textworld               # the same for TextWorld (textworld_cooking)
 
 Writes perf/results/world_steps_<world>.json (quick runs: ..._quick.json).
 
@@ -20,6 +21,19 @@ Writes perf/results/world_steps_<world>.json (quick runs: ..._quick.json).
    loading, acting, reading score and observations) apart from the whole wall time (the rest
    is the engine and the driver). Every episode runs `--turns` turns: a replies-free model
    rarely ends one early, and max_invalid is set past the turn limit.
+
+## textworld
+
+1. Steps alone: the fixture games of the textworld cards (benchmarks/fixtures/textworld_*.jsonl),
+   two of them generated and compiled afresh (timed: generation + Inform 7 compile), then their
+   walkthroughs played on fresh worlds `--repeats` times: start seconds per world (the
+   z-machine loading the compiled game, reading the cache) and world steps per second (only
+   `World.act`: the interpreter and TextWorld's state tracking).
+2. Eval share: `envs.episodes.collect` (what `arle eval` and every trainer run) of the
+   `textworld_cooking` card on `--episodes` rows of its test split, all concurrent, on one hf
+   engine, the games compiled beforehand (a cache that is warm, as on any rerun); the env's
+   reset and step are timed apart from the whole wall time (the rest is the engine and the
+   driver). Every episode runs `--turns` turns (a random model rarely ends one early).
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from machine_info import cpu_model, package_versions, write_result
 
@@ -44,14 +58,16 @@ TARGET_SHARE = 0.20
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The script's options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("world", choices=["scienceworld"], help="which world to measure")
+    p.add_argument("world", choices=["scienceworld", "textworld"], help="which world to measure")
     p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct; quick: the tiny model)")
     p.add_argument("--quick", action="store_true", help="tiny model, 4 turns, 1 repeat")
     p.add_argument("--episodes", type=int, default=16, help="concurrent episodes of the eval")
     p.add_argument("--turns", type=int, default=None, help="model turns per episode (default 8; quick 4)")
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn token budget (default 32; quick 8)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=None, help="passes over the gold paths (default 3; quick 1)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="passes over the gold paths / walkthroughs (default 3; quick 1)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -115,27 +131,35 @@ def scienceworld_steps_alone(repeats: int) -> dict[str, Any]:
     }
 
 
-def scienceworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """Wall time of one collect over `episodes` concurrent episodes, and the world's part of it."""
+def eval_share(
+    args: argparse.Namespace,
+    model: str,
+    card_name: str,
+    env_class: Any,
+    params: dict[str, Any],
+    prepare: Callable[[list[Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Wall time of one collect over `episodes` concurrent episodes of `card_name` (its env
+    params updated with `params`), and the part of it spent in `env_class`'s reset and step.
+    `prepare(tasks)` runs first, untimed (a JVM start, games compiled), and returns extra figures."""
     from dataclasses import replace
 
     from arlecli.catalog import load_card
     from arlecli.engine.base import GenerationRequest, SamplingParams
     from arlecli.engine.hf import HFEngine
-    from arlecli.envs import scienceworld as sw
     from arlecli.envs.episodes import Sampling, collect
     from arlecli.eval import EvalOptions, load_tasks
 
-    card = load_card("scienceworld")
-    card = replace(card, env_params={**card.env_params, "max_turns": args.turns, "max_invalid": args.turns + 1})
+    card = load_card(card_name)
+    card = replace(card, env_params={**card.env_params, **params})
     tasks, exemplars = load_tasks(card, EvalOptions(limit=args.episodes, num_fewshot=0))
+    extra = prepare(tasks)
     engine = HFEngine(model, batch_size=args.batch_size)
     list(engine.generate([GenerationRequest(prompt="Warm up.", params=SamplingParams(max_tokens=4))]))
-    sw.variation_count(sw.task_type(tasks[0].fields["task_type"]))  # the JVM is up: its start is not the eval's
 
     world_s = {"reset": 0.0, "step": 0.0}
     calls = {"reset": 0, "step": 0}
-    originals = {name: getattr(sw.ScienceWorldTextEnv, name) for name in world_s}
+    originals = {name: getattr(env_class, name) for name in world_s}
 
     def timed(name: str) -> Any:
         inner = originals[name]
@@ -151,20 +175,21 @@ def scienceworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, A
         return run
 
     for name in world_s:
-        setattr(sw.ScienceWorldTextEnv, name, timed(name))
+        setattr(env_class, name, timed(name))
     try:
         t0 = time.perf_counter()
-        episodes = [e for _, e in collect(card, engine, tasks, exemplars, [(i, 0) for i in range(len(tasks))],
-                                          Sampling(temperature=1.0, max_tokens=args.max_tokens, seed=0))]  # fmt: skip
+        draws = [(i, 0) for i in range(len(tasks))]
+        sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, seed=0)
+        episodes = [e for _, e in collect(card, engine, tasks, exemplars, draws, sampling)]
         wall = time.perf_counter() - t0
     finally:
         for name, fn in originals.items():
-            setattr(sw.ScienceWorldTextEnv, name, fn)
+            setattr(env_class, name, fn)
     world = sum(world_s.values())
-    turns = sum(len(e.turns) for e in episodes)
     return {
+        "card": card_name,
         "episodes": len(episodes),
-        "turns": turns,
+        "turns": sum(len(e.turns) for e in episodes),
         "end_reasons": sorted(e.end_reason for e in episodes),
         "wall_s": wall,
         "world_s": world,
@@ -174,8 +199,86 @@ def scienceworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, A
         "engine_and_driver_share": 1 - world / wall,
         "world_steps_per_s_in_eval": calls["step"] / world_s["step"] if world_s["step"] else None,
         "target_share": TARGET_SHARE,
-        "jvms_started": sw.POOL.started,
+        **extra,
     }
+
+
+def scienceworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """The eval share on the `scienceworld` card (one row per task type), the JVM started first."""
+    from arlecli.envs import scienceworld as sw
+
+    def start_jvm(tasks: list[Any]) -> dict[str, Any]:
+        sw.variation_count(sw.task_type(tasks[0].fields["task_type"]))  # its start is not the eval's
+        return {}
+
+    # max_invalid past the turn limit: every episode runs its turns.
+    share = eval_share(
+        args, model, "scienceworld", sw.ScienceWorldTextEnv,
+        {"max_turns": args.turns, "max_invalid": args.turns + 1}, start_jvm,
+    )  # fmt: skip
+    return {**share, "jvms_started": sw.POOL.started}
+
+
+# textworld -----------------------------------------------------------------------------------
+
+TEXTWORLD_CARDS = ("textworld_coin", "textworld_treasure", "textworld_cooking")
+
+
+def textworld_steps_alone(repeats: int) -> dict[str, Any]:
+    """Build, start and step costs on the fixture games' walkthroughs."""
+    from arlecli.envs.textworld_env import GameSpec, World, game_file
+
+    specs = []
+    for card in TEXTWORLD_CARDS:
+        for line in (ROOT / "benchmarks" / "fixtures" / f"{card}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            specs.append(GameSpec.of(row["game"], row["settings"], row["seed"]))
+    builds = {}
+    fresh = Path(tempfile.mkdtemp(prefix="arle-textworld-build-"))
+    for spec in (specs[0], specs[-1]):  # a coin collector and a cooking game, generated and compiled
+        t = time.perf_counter()
+        game_file(spec, fresh, use_prebuilt=False)
+        builds[spec.key()] = time.perf_counter() - t
+    for spec in specs:  # the rest unpacked from the shipped fixture games
+        game_file(spec)
+    starts, steps, step_s = [], 0, 0.0
+    per_game: dict[str, int] = {}
+    for _ in range(repeats):
+        for spec in specs:
+            t = time.perf_counter()
+            world = World(spec)
+            starts.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for command in world.walkthrough:
+                world.act(command)
+            step_s += time.perf_counter() - t
+            assert world.won, spec
+            steps += len(world.walkthrough)
+            per_game[f"{spec.game}-{spec.seed}"] = len(world.walkthrough)
+            world.close()
+    return {
+        "build_s": builds,
+        "build_s_median": statistics.median(builds.values()),
+        "start_s_median": statistics.median(starts),
+        "steps": steps,
+        "step_s_total": step_s,
+        "steps_per_s": steps / step_s,
+        "walkthroughs": per_game,
+    }
+
+
+def textworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """The eval share on `textworld_cooking`, its games compiled beforehand (a warm cache, as on
+    any rerun)."""
+    import arlecli.envs.textworld_env as tw
+
+    def prebuild(tasks: list[Any]) -> dict[str, Any]:
+        t = time.perf_counter()
+        for task in tasks:
+            tw.game_file(tw.GameSpec.from_task(task))
+        return {"prebuild_s": time.perf_counter() - t}
+
+    return eval_share(args, model, "textworld_cooking", tw.TextWorldEnv, {"max_turns": args.turns}, prebuild)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -186,31 +289,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # perf/README.md: busy-waiting threads swing timings
     if args.threads:
         os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    work = Path(tempfile.mkdtemp(prefix="arle-world-steps-"))
+    if args.world == "textworld":
+        os.environ.setdefault("ARLE_HOME", str(work / "arle_home"))  # a cold game cache of its own
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="arle-world-steps-"))
     path, name = model_path(args, work)
-    from arlecli.envs import scienceworld as sw
+    if args.world == "scienceworld":
+        from arlecli.envs import scienceworld as sw
 
-    try:
-        alone = scienceworld_steps_alone(args.repeats)
+        try:
+            alone = scienceworld_steps_alone(args.repeats)
+            print(
+                f"scienceworld alone: JVM start + first load {alone['first_world_with_jvm_start_s']:.2f} s, "
+                f"load {alone['load_s_median'] * 1000:.0f} ms a world, {alone['steps_per_s']:.0f} steps/s "
+                f"({alone['steps']} steps of {len(alone['paths'])} gold paths x {args.repeats})",
+                flush=True,
+            )
+            share = scienceworld_eval_share(args, path)
+        finally:
+            sw.shutdown()
+        note = f"JVMs started: {share['jvms_started']}"
+        versions = ("torch", "transformers", "scienceworld", "py4j")
+    else:
+        alone = textworld_steps_alone(args.repeats)
         print(
-            f"scienceworld alone: JVM start + first load {alone['first_world_with_jvm_start_s']:.2f} s, "
-            f"load {alone['load_s_median'] * 1000:.0f} ms a world, {alone['steps_per_s']:.0f} steps/s "
-            f"({alone['steps']} steps of {len(alone['paths'])} gold paths x {args.repeats})",
+            f"textworld alone: build (generate + compile) {alone['build_s_median']:.2f} s a game (median of 2), "
+            f"start {alone['start_s_median'] * 1000:.0f} ms a world, {alone['steps_per_s']:.0f} steps/s "
+            f"({alone['steps']} walkthrough steps of {len(alone['walkthroughs'])} games x {args.repeats})",
             flush=True,
         )
-        share = scienceworld_eval_share(args, path)
-    finally:
-        sw.shutdown()
+        share = textworld_eval_share(args, path)
+        note = f"games compiled beforehand in {share['prebuild_s']:.1f} s"
+        versions = ("torch", "transformers", "textworld", "jericho")
     print(
-        f"scienceworld eval: {share['episodes']} concurrent episodes x {args.turns} turns on {name} (hf, "
+        f"{share['card']} eval: {share['episodes']} concurrent episodes x {args.turns} turns on {name} (hf, "
         f"{args.max_tokens} tokens a turn): wall {share['wall_s']:.1f} s, world {share['world_s']:.2f} s "
         f"= {share['world_share']:.1%} (reset {share['world_reset_s']:.2f} s, steps {share['world_step_s']:.2f} s), "
-        f"engine and driver {share['engine_and_driver_share']:.1%}; target: world <= {TARGET_SHARE:.0%}; "
-        f"JVMs started: {share['jvms_started']}"
+        f"engine and driver {share['engine_and_driver_share']:.1%}; target: world <= {TARGET_SHARE:.0%}; {note}"
     )
     result = {
         "world": args.world,
@@ -225,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(),
             "load_average": os.getloadavg(),
         },
-        "versions": package_versions(("torch", "transformers", "scienceworld", "py4j")),
+        "versions": package_versions(versions),
     }
     out = args.out or RESULTS / f"world_steps_{args.world}{'_quick' if args.quick else ''}.json"
     write_result(result, out, work, keep=False)
