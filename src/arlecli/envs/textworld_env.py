@@ -45,6 +45,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -256,7 +257,9 @@ def compile_into(spec: GameSpec, folder: Path) -> None:
     options.path = str(folder / "game.z8")
     options.file_ext = ".z8"
     options.force_recompile = True
-    with inform_home(folder), warnings.catch_warnings():
+    # One compile at a time: inform_home sets the process's HOME, which concurrent builders
+    # (the async trainer's worker, a threaded driver) would otherwise swap under each other.
+    with _COMPILE_LOCK, inform_home(folder), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # jericho's "not fully supported", when a challenge replays its walkthrough
         try:
             tw.generator.compile_game(make_game(spec), options)
@@ -264,6 +267,9 @@ def compile_into(spec: GameSpec, folder: Path) -> None:
             why = " ".join(str(exc).split())[:200]
             raise UserError(f"textworld {spec.game}: the game did not compile: {why}") from None
     (folder / "game.ni").unlink(missing_ok=True)  # the Inform 7 source, only needed to compile
+
+
+_COMPILE_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
