@@ -288,8 +288,15 @@ def test_the_tiny_model_plays_two_episodes_to_an_end(tmp_path, tiny_model):
     assert world["episodes"] == 2
 
 
-def test_one_grpo_step_on_the_tiny_model(tmp_path, tiny_model):
+@pytest.mark.parametrize("algo, backend", [("grpo", "hf"), ("rloo", "hf"), ("ppo", "hf"), ("grpo", "vllm")])
+def test_one_training_step_on_the_tiny_model(tmp_path, tiny_model, request, algo, backend):
+    """Every RL algorithm trains on the world card (multi-turn, env tokens masked) on both
+    rollout backends."""
     from helpers.train import train_in_process
+
+    if backend == "vllm":
+        request.getfixturevalue("vllm_environment")
+    per_step = ["--set", "prompts_per_step=1"] if algo == "ppo" else ["--set", "per_device_train_batch_size=2"]
 
     data = yaml.safe_load((ROOT / "benchmarks" / "scienceworld.yaml").read_text())
     data["source"] = {"kind": "files", "path": str(FIXTURES / "scienceworld.jsonl")}
@@ -298,9 +305,9 @@ def test_one_grpo_step_on_the_tiny_model(tmp_path, tiny_model):
     (tmp_path / "sw.yaml").write_text(yaml.safe_dump(data))
     run = tmp_path / "run"
     train_in_process(
-        str(tmp_path / "sw.yaml"), "--algo", "grpo", "--model", str(tiny_model), "--num-generations", "2",
-        "--max-steps", "1", "--eval-limit", "0", "--set", "max_completion_length=8",
-        "--set", "per_device_train_batch_size=2", "--output", str(run),
+        str(tmp_path / "sw.yaml"), "--algo", algo, "--backend", backend, "--model", str(tiny_model),
+        "--num-generations", "2", "--max-steps", "1", "--eval-limit", "0", "--max-tokens", "8",
+        *per_step, "--output", str(run),
     )  # fmt: skip
     lines = [json.loads(x) for x in (run / "rewards.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(x["turns"] == 2 and x["end_reason"] == "turn_limit" for x in lines)

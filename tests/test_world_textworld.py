@@ -328,8 +328,17 @@ def test_eval_limit_2_on_the_tiny_model_ends_each_episode_with_a_reason(card_nam
     assert json.loads((tmp_path / "results.json").read_text())["world"]["episodes"] == 2
 
 
-def test_one_grpo_step_on_textworld_coin(tmp_path, tiny_model):
+@pytest.mark.parametrize(
+    "algo, backend", [("grpo", "hf"), ("rloo", "hf"), ("ppo", "hf"), ("grpo", "vllm")], ids=lambda x: str(x)
+)
+def test_one_training_step_on_textworld_coin(tmp_path, tiny_model, request, algo, backend):
+    """Every RL algorithm trains on a world card, multi-turn, env tokens masked (the trainers'
+    shared path; the world is only the env), on both rollout backends."""
     from helpers.train import train_in_process
+
+    if backend == "vllm":
+        request.getfixturevalue("vllm_environment")
+    per_step = ["--set", "prompts_per_step=1"] if algo == "ppo" else ["--set", "per_device_train_batch_size=2"]
 
     card = yaml.safe_load((ROOT / "benchmarks" / "textworld_coin.yaml").read_text())
     card["env"] = {"name": "textworld", "params": {"max_turns": 2}}  # two turns: multi-turn, and quick
@@ -340,9 +349,9 @@ def test_one_grpo_step_on_textworld_coin(tmp_path, tiny_model):
     train_in_process(
         str(tmp_path / "textworld_coin.yaml"),
         "--algo",
-        "grpo",
+        algo,
         "--backend",
-        "hf",
+        backend,
         "--model",
         str(tiny_model),
         "--limit",
@@ -351,8 +360,7 @@ def test_one_grpo_step_on_textworld_coin(tmp_path, tiny_model):
         "2",
         "--max-tokens",
         "6",
-        "--set",
-        "per_device_train_batch_size=2",
+        *per_step,
         "--max-steps",
         "1",
         "--eval-limit",
