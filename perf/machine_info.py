@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import platform
+import sys
 from importlib import metadata
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
@@ -27,6 +30,21 @@ def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
+
+
+def perf_model(quick: bool, work: Path, model: str | None = None) -> tuple[str, str]:
+    """(path, display name) of the model a script runs: `model` when given, else the tests'
+    tiny model (built under `work`) for --quick, else the embedded SmolLM2-135M-Instruct."""
+    if model:
+        return model, model
+    if quick:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from helpers.tiny_model import build_tiny_model
+
+        return str(build_tiny_model(work / "tiny-model")), "tiny Qwen2 test model (random weights)"
+    from arlecli.models import EMBEDDED_NAME, embedded_default_model
+
+    return str(embedded_default_model()), EMBEDDED_NAME
 
 
 def write_result(result: dict, out: Path, work: Path, keep: bool) -> None:

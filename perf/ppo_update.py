@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model, package_versions, write_result
+from machine_info import cpu_model, package_versions, perf_model, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "perf" / "results"
@@ -152,17 +152,6 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
-def model_path(name: str, work: Path) -> str:
-    if name == "tiny":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from helpers.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(work / "tiny-model"))
-    from arlecli.models import embedded_default_model
-
-    return str(embedded_default_model())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="tiny,smollm2")
@@ -196,7 +185,7 @@ def main() -> None:
     }
     variants = args.variants.split(",")
     for name in args.models.split(","):
-        path = model_path(name, work)
+        path, _ = perf_model(name == "tiny", work)
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for repeat in range(args.repeats):
             for variant in variants:

@@ -49,13 +49,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from machine_info import write_result
+from machine_info import perf_model, write_result
 from train_vs_trl import (
     CARD,
     RECIPE,
     RESULTS,
     machine,
-    model_path,
     render_prompts,
     run_measured,
     run_trl,
@@ -372,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    model, model_name = (args.model, args.model) if args.model else model_path(args.quick, work)
+    model, model_name = perf_model(args.quick, work, args.model)
     prompts = work / "prompts.json"
     render_prompts(prompts)
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")

@@ -39,8 +39,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model, package_versions, write_result
-from train_vs_trl import model_path, run_measured, snapshot_source
+from machine_info import cpu_model, package_versions, perf_model, write_result
+from train_vs_trl import run_measured, snapshot_source
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "MKL_NUM_THREADS": str(args.threads),
         "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
-    model, model_name = model_path(args.quick, work)
+    model, model_name = perf_model(args.quick, work)
     # The tiny model: LoRA off (its random weights have nothing to adapt), an 8-token budget and
     # no length penalty (which would tell its all-wrong samples apart by their lengths).
     extra = ["--lora-rank", "0", "--max-tokens", "8", "--set", "overlong_buffer_len=0"] if args.quick else []

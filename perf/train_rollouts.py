@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from machine_info import cpu_model, package_versions, write_result
+from machine_info import cpu_model, package_versions, perf_model, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
@@ -709,20 +709,6 @@ def child_env(threads: int, src: Path) -> dict[str, str]:
     return env
 
 
-def model_path(args: argparse.Namespace, work: Path) -> tuple[str, str]:
-    """(path, display name) of the model both backends train."""
-    if args.model:
-        return args.model, args.model
-    if args.quick:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from helpers.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(work / "tiny-model")), "tiny Qwen2 test model (random weights)"
-    from arlecli.models import EMBEDDED_NAME, embedded_default_model
-
-    return str(embedded_default_model()), EMBEDDED_NAME
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -742,7 +728,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="arle-perf-rollouts-"))
     src, source = snapshot_source(work)  # every child imports this copy: the checkout is shared
     env = child_env(args.threads, src)
-    model, model_name = model_path(args, work)
+    model, model_name = perf_model(args.quick, work, args.model)
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     machine = {
         "cpu": cpu_model(),

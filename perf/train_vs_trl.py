@@ -68,7 +68,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
-from machine_info import cpu_model, write_result
+from machine_info import cpu_model, perf_model, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "examples" / "cpu_grpo_demo" / "sums.yaml"
@@ -741,18 +741,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def model_path(quick: bool, work: Path) -> tuple[str, str]:
-    """(path, display name): the tiny test model for --quick, else the embedded SmolLM2-135M-Instruct."""
-    if quick:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from helpers.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(work / "tiny-model")), "tiny Qwen2 test model (random weights)"
-    from arlecli.models import EMBEDDED_NAME, embedded_default_model
-
-    return str(embedded_default_model()), EMBEDDED_NAME
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--arle-child"]:  # before argparse: the rest is arle's own command line
@@ -780,7 +768,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
 
-    model, model_name = model_path(args.quick, work)
+    model, model_name = perf_model(args.quick, work)
     prompts = work / "prompts.json"
     n_rows, card_stop = render_prompts(prompts)
     started = time.strftime("%Y-%m-%d %H:%M:%S %z")

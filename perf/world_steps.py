@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from machine_info import cpu_model, package_versions, write_result
+from machine_info import cpu_model, package_versions, perf_model, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
@@ -75,20 +75,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.max_tokens = args.max_tokens or (8 if args.quick else 32)
     args.repeats = args.repeats or (1 if args.quick else 3)
     return args
-
-
-def model_path(args: argparse.Namespace, work: Path) -> tuple[str, str]:
-    """(path, display name) of the model the eval runs."""
-    if args.model:
-        return args.model, args.model
-    if args.quick:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from helpers.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(work / "tiny-model")), "tiny Qwen2 test model (random weights)"
-    from arlecli.models import EMBEDDED_NAME, embedded_default_model
-
-    return str(embedded_default_model()), EMBEDDED_NAME
 
 
 # scienceworld --------------------------------------------------------------------------------
@@ -296,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    path, name = model_path(args, work)
+    path, name = perf_model(args.quick, work, args.model)
     if args.world == "scienceworld":
         from arlecli.envs import scienceworld as sw
 
