@@ -64,18 +64,7 @@ def one_jvm():
 
 
 def row_for(path: dict) -> dict:
-    kind = sw.task_type(path["task_type"])
-    v = path["variation"]
-    return {
-        "id": f"scienceworld-{kind.name}-{v}",
-        "task_type": kind.name,
-        "task_id": kind.id,
-        "topic": kind.topic,
-        "variation": v,
-        "split": "test",
-        "question": sw.question(kind, v, "test"),
-        "answer": "",
-    }
+    return sw.task_row(sw.task_type(path["task_type"]), path["variation"], "test")
 
 
 def card_with(**env: object):

@@ -655,6 +655,20 @@ def question(kind: TaskType, variation: int, split: str) -> str:
     )
 
 
+def task_row(kind: TaskType, variation: int, split: str) -> dict[str, Any]:
+    """The row the generator makes for (task type, variation) of `split`."""
+    return {
+        "id": f"scienceworld-{kind.name}-{variation}",
+        "task_type": kind.name,
+        "task_id": kind.id,
+        "topic": kind.topic,
+        "variation": variation,
+        "split": split,
+        "question": question(kind, variation, split),
+        "answer": "",
+    }
+
+
 @generator("scienceworld")
 def scienceworld_rows(*, seed: int, size: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """`size` ScienceWorld tasks (see the module doc): row i is {id, task_type, task_id,
@@ -690,19 +704,7 @@ def scienceworld_rows(*, seed: int, size: int, params: dict[str, Any] | None = N
             if rank >= len(vs):
                 continue
             still.append(kind)
-            v = vs[rank]
-            rows.append(
-                {
-                    "id": f"scienceworld-{kind.name}-{v}",
-                    "task_type": kind.name,
-                    "task_id": kind.id,
-                    "topic": kind.topic,
-                    "variation": v,
-                    "split": split,
-                    "question": question(kind, v, split),
-                    "answer": "",
-                }
-            )
+            rows.append(task_row(kind, vs[rank], split))
             if len(rows) >= size:
                 break
         live, rank = still, rank + 1
