@@ -238,7 +238,8 @@ def test_a_game_is_rebuilt_the_same_for_its_seed_and_cached_atomically(games_dir
     the cache by one rename, leaving no build folder, and is read from there next time."""
     import lzma
 
-    textworld = pytest.importorskip("textworld")
+    import textworld
+
     row = rows_of("textworld_coin")[1]  # level 105: the smallest fixture game
     spec = GameSpec.of(row["game"], row["settings"], row["seed"])
     fresh_root = tmp_path / "fresh"
