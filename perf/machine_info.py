@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import platform
 import sys
+import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +60,194 @@ def write_result(result: dict, out: Path, work: Path, keep: bool) -> None:
     print(f"\nwrote {out}" + (f"; run directories in {work}" if keep else ""))
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the roofline (issue 29)
+#
+# A decode step of a dense transformer is its linears at `rows` rows (one per sequence in the
+# batch): 2 * rows * sum(d_in * d_out) FLOPs, reading every weight once. Its time is bounded by
+# max(FLOPs / the GEMM rate at those shapes, weight bytes / memory bandwidth); the bound in
+# tokens/s is rows over that. Attention over a short context and sampling are left out of the
+# bound (they are what separates a real step from it).
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+KERNELS = ("mkl", "onednn")  # F.linear (MKL's sgemm) and oneDNN on a prepacked weight (engine.hf)
+
+
+def isa_flags(cpuinfo: str | None = None) -> dict[str, bool]:
+    """Which of ISA_FLAGS the CPU has, from /proc/cpuinfo's flags (or `cpuinfo`'s text); all
+    False where there is no such file (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return {f: f in flags for f in ISA_FLAGS}
+
+
+def isa_line() -> str:
+    """One line for a perf table: the CPU model, which ISA flags it has and the kernel level
+    torch dispatches to here."""
+    have = [f for f, on in isa_flags().items() if on]
+    try:
+        import torch
+
+        dispatch = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        dispatch = "?"
+    isa = " ".join(have) or "none of " + " ".join(ISA_FLAGS)
+    return f"{cpu_model() or 'unknown CPU'} · ISA: {isa} · torch dispatch {dispatch}"
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer shape of a decode step, and how many of it the step runs."""
+
+    name: str
+    d_in: int
+    d_out: int
+    count: int
+
+
+def decode_linears(config: dict[str, Any]) -> list[Linear]:
+    """The linears of one decode step of a Llama/Qwen2/Mistral-shaped model, from its
+    config.json (SmolLM2-135M: 30 layers of 576-wide attention with 3 KV heads, 1536-wide MLP,
+    and a 49152-row lm_head)."""
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or h // heads
+    kv = config.get("num_key_value_heads") or heads
+    ff = config["intermediate_size"]
+    return [
+        Linear("q", h, heads * head_dim, layers),
+        Linear("k", h, kv * head_dim, layers),
+        Linear("v", h, kv * head_dim, layers),
+        Linear("o", heads * head_dim, h, layers),
+        Linear("gate", h, ff, layers),
+        Linear("up", h, ff, layers),
+        Linear("down", ff, h, layers),
+        Linear("lm_head", h, config["vocab_size"], 1),
+    ]
+
+
+def step_flops_per_row(linears: list[Linear]) -> int:
+    """FLOPs of one decode step's linears per row (a multiply and an add per weight)."""
+    return 2 * sum(lin.d_in * lin.d_out * lin.count for lin in linears)
+
+
+def weight_bytes(linears: list[Linear], bytes_per_weight: int = 4) -> int:
+    """Bytes of weight one decode step reads (fp32 unless said)."""
+    return bytes_per_weight * sum(lin.d_in * lin.d_out * lin.count for lin in linears)
+
+
+def _best_seconds(fn: Callable[[], Any], min_seconds: float) -> float:
+    """The fastest of a few timed calls of `fn` (after one warm-up), each call repeated until
+    it has run `min_seconds`; per call."""
+    fn()
+    best = float("inf")
+    for _ in range(3):
+        n, start = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            took = time.perf_counter() - start
+            if took >= min_seconds:
+                break
+        best = min(best, took / n)
+    return best
+
+
+def gemm_gflops(linears: list[Linear], rows: int, kernel: str, min_seconds: float = 0.05) -> float:
+    """GFLOP/s of one decode step's linears at `rows` rows with `kernel` ("mkl": F.linear;
+    "onednn": oneDNN's linear on a prepacked weight, as engine.hf runs them), each shape timed
+    hot on its own (its weight in cache as far as it fits): the compute side of the roofline."""
+    import torch
+
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
+    total_flops, total_s = 0.0, 0.0
+    with torch.inference_mode():
+        for lin in linears:
+            w = torch.randn(lin.d_out, lin.d_in)
+            x = torch.randn(rows, lin.d_in)
+            total_s += _best_seconds(_linear_call(kernel, x, w), min_seconds) * lin.count
+            total_flops += 2.0 * rows * lin.d_in * lin.d_out * lin.count
+    return total_flops / total_s / 1e9
+
+
+def _linear_call(kernel: str, x: Any, w: Any) -> Callable[[], Any]:
+    """x @ w.T with `kernel`, as a call to time (oneDNN's weight packed now, outside the call)."""
+    import torch
+
+    if kernel == "mkl":
+        return lambda: torch.nn.functional.linear(x, w)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w)
+    return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def memory_bandwidth_gbs(mib: int = 512, min_seconds: float = 0.3) -> float:
+    """Read bandwidth in GB/s: summing an fp32 tensor of `mib` MiB (far past any cache), the
+    way decode streams its weights."""
+    import torch
+
+    x = torch.ones(mib * 2**20 // 4)
+    with torch.inference_mode():
+        seconds = _best_seconds(lambda: x.sum(), min_seconds)
+    return x.numel() * 4 / seconds / 1e9
+
+
+def decode_bound(flops_per_row: int, weight_bytes_: int, rows: int, gflops: float, bandwidth_gbs: float) -> float:
+    """Tokens/s a decode step at `rows` rows cannot beat: rows / max(compute time, weight-read time)."""
+    seconds = max(rows * flops_per_row / (gflops * 1e9), weight_bytes_ / (bandwidth_gbs * 1e9))
+    return rows / seconds
+
+
+def roofline(model_dir: str | Path, rows: tuple[int, ...] = (1, 16, 64)) -> dict[str, Any]:
+    """The machine's decode roofline for the model at `model_dir` (its config.json) on the torch
+    threads set now: ISA, bandwidth, GEMM GFLOP/s per row count and kernel, and the bound in
+    tokens/s per row count (with the best kernel). Takes a few seconds."""
+    import json
+
+    import torch
+
+    linears = decode_linears(json.loads((Path(model_dir) / "config.json").read_text()))
+    flops, nbytes = step_flops_per_row(linears), weight_bytes(linears)
+    bandwidth = memory_bandwidth_gbs()
+    kernels = [k for k in KERNELS if k == "mkl" or torch.backends.mkldnn.is_available()]
+    gemm = {r: {k: round(gemm_gflops(linears, r, k), 1) for k in kernels} for r in rows}
+    return {
+        "isa": isa_line(),
+        "isa_flags": isa_flags(),
+        "threads": torch.get_num_threads(),
+        "bandwidth_gbs": round(bandwidth, 1),
+        "step_gflop_per_row": round(flops / 1e9, 3),
+        "weight_mb": round(nbytes / 1e6, 1),
+        "gemm_gflops": gemm,
+        "bound_tok_s": {r: round(decode_bound(flops, nbytes, r, max(gemm[r].values()), bandwidth), 1) for r in rows},
+    }
+
+
+def roofline_lines(r: dict[str, Any]) -> list[str]:
+    """A roofline (from `roofline`) as the lines every perf table prints."""
+    lines = [
+        r["isa"],
+        f"roofline ({r['threads']} thread{'s' if r['threads'] != 1 else ''}): memory read {r['bandwidth_gbs']} GB/s; "
+        f"a decode step reads {r['weight_mb']} MB of fp32 weights and does {r['step_gflop_per_row']} GFLOP a row",
+    ]
+    for rows, by_kernel in r["gemm_gflops"].items():
+        kernels = ", ".join(f"{k} {v} GFLOP/s" for k, v in by_kernel.items())
+        lines.append(f"  batch {rows:>3}: GEMM {kernels}; bound {r['bound_tok_s'][rows]} tok/s")
+    return lines
+
+
+def bound_fraction(r: dict[str, Any], rows: int, tok_s: float) -> float:
+    """`tok_s` as a fraction of the roofline's bound at `rows` rows (the nearest measured row
+    count at or above it, else the largest)."""
+    bounds = {int(k): v for k, v in r["bound_tok_s"].items()}
+    at = min((k for k in bounds if k >= rows), default=max(bounds))
+    return tok_s / bounds[at]
