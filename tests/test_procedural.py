@@ -49,6 +49,42 @@ def test_reasoning_gym_row_schema() -> None:
     assert row["metadata"]["source_dataset"] == "gsm_symbolic"
 
 
+def test_reasoning_gym_rows_come_back_from_the_cache_without_the_package(tmp_path) -> None:
+    # The second run of a card skips `import reasoning_gym` (1-2 s) and gets the same rows.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from arlecli.data.generators import generate_rows\n"
+        "rows = generate_rows('reasoning_gym:chain_sum', seed=3, size=7, params={'max_terms': 2})\n"
+        "print(json.dumps({'imported': 'reasoning_gym' in sys.modules, 'rows': rows}))\n"
+    )
+    env = {**os.environ, "ARLE_HOME": str(tmp_path)}
+    runs = [
+        json.loads(
+            subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True).stdout
+        )
+        for _ in range(2)
+    ]
+    assert [r["imported"] for r in runs] == [True, False]
+    assert runs[0]["rows"] == runs[1]["rows"]
+    assert len(list((tmp_path / "cache" / "rows" / "reasoning_gym").glob("chain_sum-*.json"))) == 1
+
+
+def test_a_damaged_row_cache_is_made_again() -> None:
+    fresh = g.generate_rows("reasoning_gym:chain_sum", seed=5, size=4)
+    path = g._rg_cache_path("chain_sum", seed=5, size=4, params={})
+    assert path is not None and path.exists()
+    assert path != g._rg_cache_path("chain_sum", seed=5, size=4, params={"max_terms": 3})  # params are in the key
+    assert path != g._rg_cache_path("chain_sum", seed=6, size=4, params={})
+    for damage in ["{not json", "[]", json.dumps(fresh[:3]), json.dumps([{"id": "x"}] * 4)]:
+        path.write_text(damage)
+        assert g.generate_rows("reasoning_gym:chain_sum", seed=5, size=4) == fresh
+        assert json.loads(path.read_text()) == fresh  # rewritten whole
+
+
 def test_countdown_rows() -> None:
     params = {"min_numbers": 4, "max_numbers": 4}
     rows = g.generate_rows("countdown", seed=0, size=50, params=params)

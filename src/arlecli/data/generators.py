@@ -23,8 +23,11 @@ import dataclasses
 import difflib
 import fractions
 import hashlib
+import json
 import operator
+import os
 import random
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -137,7 +140,12 @@ def rg_seed(seed: int) -> int:
 def reasoning_gym_rows(
     task: str, *, seed: int, size: int, params: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """`size` rows of reasoning-gym dataset `task` (see generate_rows)."""
+    """`size` rows of reasoning-gym dataset `task` (see generate_rows), from the row cache
+    when these rows were made before (`_rg_cached`)."""
+    cache = _rg_cache_path(task, seed=seed, size=size, params=params or {})
+    cached = _rg_cached(cache, size)
+    if cached is not None:
+        return cached
     dataset = _rg_dataset(task, seed=rg_seed(seed), size=size, params=params or {})
     rows = []
     for i in range(size):
@@ -150,7 +158,73 @@ def reasoning_gym_rows(
                 "metadata": json_safe(entry.get("metadata", {})),
             }
         )
+    if cache is not None:
+        _write_cache(cache, rows)
     return rows
+
+
+# Bump when the rows reasoning_gym_rows makes from the same dataset change (ids, json_safe).
+RG_CACHE_FORMAT = 1
+
+
+def _rg_cache_path(task: str, *, seed: int, size: int, params: dict[str, Any]) -> Path | None:
+    """Where the rows of (task, seed, size, params) under the installed reasoning-gym are
+    kept, or None when reasoning-gym is not installed (nothing to key them on).
+
+    Why a cache: `import reasoning_gym` costs 1-2 s (sympy, scipy, ...) before a row is made:
+    a tenth of a small eval's wall time, paid again by every run of the same card. Rows are
+    keyed by the whole of what makes them, the package's version included, so a cached row is
+    the row the generator would make; acre's rows depend on `size`, so size is in the key."""
+    from importlib import metadata
+
+    from arlecli.config import cache_dir
+
+    try:
+        version = metadata.version("reasoning_gym")
+    except metadata.PackageNotFoundError:
+        return None
+    key = json.dumps(
+        {
+            "format": RG_CACHE_FORMAT,
+            "reasoning_gym": version,
+            "task": task,
+            "seed": seed,
+            "size": size,
+            "params": params,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    name = f"{task}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    return cache_dir() / "rows" / "reasoning_gym" / name
+
+
+def _rg_cached(path: Path | None, size: int) -> list[dict[str, Any]] | None:
+    """The rows kept at `path`, or None when there are none or they are not `size` rows of
+    the generator's schema (a damaged file is made again, not trusted)."""
+    if path is None:
+        return None
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    keys = {"id", "question", "answer", "metadata"}
+    if not isinstance(rows, list) or len(rows) != size or not all(isinstance(r, dict) and set(r) == keys for r in rows):
+        return None
+    return rows
+
+
+def _write_cache(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Keep `rows` at `path` atomically (a unique temp file, then a rename: concurrent runs of
+    the same card each write whole files). A cache that cannot be written is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rows-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(rows, f)
+        os.replace(tmp, path)
+    except OSError:
+        return
 
 
 def _rg_dataset(task: str, *, seed: int, size: int, params: dict[str, Any]) -> Any:
