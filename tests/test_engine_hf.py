@@ -234,3 +234,24 @@ def test_mixed_length_prompts_are_prefilled_in_groups(engines, monkeypatch):
     alone = dict(single.generate(reqs))
     for i in range(len(reqs)):
         assert grouped[i].token_ids == alone[i].token_ids, i
+
+
+def test_loading_a_model_does_not_import_scikit_learn(tiny_model):
+    # transformers imports sklearn.metrics (1.5-2.5 s of start-up) wherever it is installed,
+    # as it is beside lm-eval; the engine loads without it and still generates.
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("sklearn") is not None, "the dev extras install scikit-learn (lm-eval's)"
+    script = (
+        "import json, sys\n"
+        "from arlecli.engine.base import GenerationRequest, SamplingParams\n"
+        "from arlecli.engine.hf import HFEngine\n"
+        f"e = HFEngine({str(tiny_model)!r})\n"
+        "out = dict(e.generate([GenerationRequest(prompt='a b c', params=SamplingParams(max_tokens=3))]))\n"
+        "print(json.dumps({'sklearn': 'sklearn' in sys.modules, 'tokens': len(out[0].token_ids)}))\n"
+    )
+    got = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
+    assert json.loads(got.splitlines()[-1]) == {"sklearn": False, "tokens": 3}

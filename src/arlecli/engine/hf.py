@@ -33,6 +33,7 @@ whenever the weights change (`_weights_version`: a live policy trained between c
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -749,8 +750,26 @@ def _grouped_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _skip_sklearn() -> None:
+    """Keep transformers from importing scikit-learn for a model load.
+
+    Why: where scikit-learn is installed (lm-eval pulls it in), transformers' generation
+    package imports `sklearn.metrics` up front, 1.5-2.5 s of an eval's start-up here, for one
+    use: tuning the confidence threshold of assisted (draft-model) generation, which arle never
+    runs. transformers asks `transformers.utils.is_sklearn_available()` when that module is
+    first imported; answering no before then skips the import and changes nothing else arle
+    uses. In a process that imported transformers' generation already it is a no-op."""
+    if "transformers.generation.candidate_generator" in sys.modules:
+        return
+    import transformers.utils
+
+    transformers.utils.is_sklearn_available = lambda: False
+
+
 def _load(model: str, device: str, dtype: str | None):
     import torch
+
+    _skip_sklearn()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
