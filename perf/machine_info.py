@@ -190,6 +190,20 @@ def _linear_call(kernel: str, x: Any, w: Any) -> Callable[[], Any]:
     return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def step_linears_seconds(linears: list[Linear], rows: int, kernel: str) -> float:
+    """Seconds of one decode step's linears alone at `rows` rows with `kernel`, every layer's
+    own weight in turn (cold, from memory, as in a real step): what the kernel makes of the
+    bound, before attention, norms, sampling and Python add theirs. Allocates the weights."""
+    import torch
+
+    calls = []
+    for lin in linears:
+        x = torch.randn(rows, lin.d_in)
+        calls += [_linear_call(kernel, x, torch.randn(lin.d_out, lin.d_in)) for _ in range(lin.count)]
+    with torch.inference_mode():
+        return _best_seconds(lambda: [call() for call in calls], 0.0)
+
+
 def memory_bandwidth_gbs(mib: int = 512, min_seconds: float = 0.3) -> float:
     """Read bandwidth in GB/s: summing an fp32 tensor of `mib` MiB (far past any cache), the
     way decode streams its weights."""
@@ -229,6 +243,8 @@ def roofline(model_dir: str | Path, rows: tuple[int, ...] = (1, 16, 64)) -> dict
         "weight_mb": round(nbytes / 1e6, 1),
         "gemm_gflops": gemm,
         "bound_tok_s": {r: round(decode_bound(flops, nbytes, r, max(gemm[r].values()), bandwidth), 1) for r in rows},
+        # tokens/s of the linears alone (weights cold) per kernel: the best any step could do with it
+        "linears_tok_s": {r: {k: round(r / step_linears_seconds(linears, r, k), 1) for k in kernels} for r in rows},
     }
 
 
@@ -240,8 +256,12 @@ def roofline_lines(r: dict[str, Any]) -> list[str]:
         f"a decode step reads {r['weight_mb']} MB of fp32 weights and does {r['step_gflop_per_row']} GFLOP a row",
     ]
     for rows, by_kernel in r["gemm_gflops"].items():
-        kernels = ", ".join(f"{k} {v} GFLOP/s" for k, v in by_kernel.items())
-        lines.append(f"  batch {rows:>3}: GEMM {kernels}; bound {r['bound_tok_s'][rows]} tok/s")
+        kernels = ", ".join(f"{k} {v}" for k, v in by_kernel.items())
+        alone = ", ".join(f"{k} {v}" for k, v in r["linears_tok_s"][rows].items())
+        lines.append(
+            f"  batch {rows:>3}: GEMM GFLOP/s {kernels}; bound {r['bound_tok_s'][rows]} tok/s; "
+            f"the linears alone (cold) tok/s {alone}"
+        )
     return lines
 
 

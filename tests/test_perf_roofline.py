@@ -75,3 +75,4 @@ def test_roofline_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
         assert 0 < r["arle_fraction"] < 5  # a fraction of a bound, not a unit slip
     assert set(result["roofline"]["bound_tok_s"]) == {1, 2}
     assert result["roofline"]["weight_mb"] > 0 and result["roofline"]["bandwidth_gbs"] > 0
+    assert all(v > 0 for by_kernel in result["roofline"]["linears_tok_s"].values() for v in by_kernel.values())
