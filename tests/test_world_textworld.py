@@ -276,7 +276,8 @@ def test_bad_games_are_one_line_errors(game, settings, seed, message):
 
 
 def test_a_seed_out_of_range_on_the_command_line_is_one_line_and_exit_2(tmp_path, tiny_model):
-    """Refused when the tasks load (the cards' transform), before any game is built."""
+    """Refused when the tasks load (the cards' transform), before any game is built or any
+    model loads: the error is all of stderr, with no loading or progress line before it."""
     row = {**rows_of("textworld_coin")[0], "seed": 2**32}
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(row) + "\n")
@@ -284,9 +285,9 @@ def test_a_seed_out_of_range_on_the_command_line_is_one_line_and_exit_2(tmp_path
         "eval", "textworld_coin", "--model", str(tiny_model), "--data", str(data), "--output", str(tmp_path / "run")
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.strip().splitlines()[-1] == (
+    assert out.stderr.strip().splitlines() == [
         "error: textworld: game seed 4294967296 is out of range (a whole number 0-4294967295)"
-    )
+    ]
 
 
 def test_a_split_past_the_seed_range_is_refused():

@@ -22,7 +22,7 @@ from arlecli.cards import Card
 from arlecli.efficiency import Prices
 from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.engine.base import Engine
-from arlecli.envs import env_kind
+from arlecli.envs import check_env_tasks, env_kind
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.errors import UserError
 from arlecli.fewshot import Exemplars
@@ -72,6 +72,7 @@ def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) ->
     # Every task is checked for what the reward reads now, not when its sample is scored
     # mid-run; exemplars are only shown, never scored.
     check_task_fields(card.reward, card.reward_params, tasks, origin)
+    check_env_tasks(card, tasks)  # and for what the env plays (a game seed out of range)
     n_shots = card.prompt.fewshot.n if opts.num_fewshot is None else opts.num_fewshot
     exemplars: Exemplars = []
     if n_shots > 0:
@@ -133,6 +134,7 @@ def run_eval(
     on_sample: Callable[[dict[str, Any]], None] | None = None,
     prices: Prices | None = None,
     scoring: str | None = None,
+    prepared: tuple[list[Task], Exemplars] | None = None,
 ) -> dict[str, Any]:
     """Evaluate, appending to `run_dir/samples.jsonl`; return (and write) results.json's content.
 
@@ -141,6 +143,9 @@ def run_eval(
     resume may change them: results are recomputed from the samples either way).
     `scoring` "loglikelihood" scores multiple choice as lm-eval does (arlecli/loglik.py);
     None: the card's default (generate, unless its `loglikelihood:` block says otherwise).
+    `prepared`: what `load_tasks(card, opts, generator_ids=legacy_ids(...))` returned, when the
+    caller loaded the tasks before its engine (the CLI does: a bad row is one line before any
+    model loads); None loads them here.
     """
     if opts.num_samples < 1:
         raise UserError("--num-samples must be at least 1")
@@ -159,7 +164,7 @@ def run_eval(
             on_sample=on_sample,
             prices=prices,
         )
-    tasks, exemplars = load_tasks(card, opts, generator_ids=legacy_ids(card, run_dir, resume))
+    tasks, exemplars = prepared or load_tasks(card, opts, generator_ids=legacy_ids(card, run_dir, resume))
     if not tasks:
         raise UserError(f"no tasks to evaluate in {card.name} (check --split, --limit and --rows)")
     score = get_reward(card.reward, card.reward_params)

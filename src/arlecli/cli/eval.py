@@ -234,13 +234,17 @@ def _run(
     from arlecli.engine.base import EngineRequestError
     from arlecli.engine.vllm import VLLMOptions
     from arlecli.envs.textarena import model_opponent
-    from arlecli.eval import run_eval
+    from arlecli.eval import legacy_ids, load_tasks, run_eval
     from arlecli.progress import metered
     from arlecli.thinking import check_budget, thinks
 
     run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
     vllm_options = VLLMOptions(**vllm)
     rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
+    prepared = None
+    if (scoring or card.default_scoring) != "loglikelihood":  # its own tasks (loglik.tasks_for)
+        # Loaded before the engine: a bad row (in --data too) is one line before any model loads.
+        prepared = load_tasks(card, opts, generator_ids=legacy_ids(card, run_dir, resume))
     if spec.kind == "hf":
         _check_template_kwargs_first(spec)  # before any progress line: a misspelt key stays one error line
         view.start()  # loading weights takes a while; an endpoint's progress starts with its first request
@@ -284,6 +288,7 @@ def _run(
                 on_sample=lambda sample: meter.sample(sample["correct"]),
                 prices=prices,
                 scoring=scoring,
+                prepared=prepared,
             )
     except EngineRequestError as exc:
         # samples.jsonl is appended as samples finish: nothing done so far is lost.

@@ -59,6 +59,9 @@ Driver = Callable[..., Iterator[tuple[int, Any]]]
 # (the card's env params, the card's folder or None) -> None; raises errors.ParamError naming
 # the bad param (or UserError) when the card loads, before any episode runs.
 ParamsCheck = Callable[[dict[str, Any], Path | None], None]
+# (card, task) -> None; raises UserError (naming the task) for a task the kind cannot play (a
+# game seed out of range), when tasks load: before any model loads, not mid-run.
+TaskCheck = Callable[[Any, Any], object]  # what it returns is not used
 # A kind's own results.json blocks from a run's samples (records.Sample): {block name: stats}.
 Stats = Callable[[list[Any]], dict[str, Any]]
 
@@ -73,7 +76,8 @@ class EnvKind:
     its rewritten history), so they are no SFT data (rft refuses the card). `check`, when
     set, holds a card's env params to what the kind takes when the card loads. `stats`, when
     set, is the kind's own results.json blocks from a run's samples ({block: stats}, e.g. a
-    game env's `games`), next to the blocks every run gets."""
+    game env's `games`), next to the blocks every run gets. `check_task`, when set, holds each
+    task to what the kind can play when tasks load (`check_env_tasks`)."""
 
     name: str
     factory: EnvFactory
@@ -82,6 +86,7 @@ class EnvKind:
     replayable: bool = True
     check: ParamsCheck | None = None
     stats: Stats | None = None
+    check_task: TaskCheck | None = None
 
     def run(self, engine: Any, jobs: list[Any]) -> Iterator[tuple[int, Any]]:
         """Run `jobs` (envs.episodes.Job) on `engine` with this kind's driver."""
@@ -111,13 +116,15 @@ def register_env(
     replayable: bool = True,
     check: ParamsCheck | None = None,
     stats: Stats | None = None,
+    check_task: TaskCheck | None = None,
 ) -> Callable[[EnvFactory], EnvFactory]:
     """Register an env factory `(card, task, exemplars, native_tools, **params) -> Env` under
     `name` (default: its own name), with the driver that runs its episodes (default: the
-    turn-by-turn env driver); see EnvKind for `multi_turn`, `replayable`, `check` and `stats`."""
+    turn-by-turn env driver); see EnvKind for `multi_turn`, `replayable`, `check`, `stats`
+    and `check_task`."""
 
     def deco(factory: EnvFactory) -> EnvFactory:
-        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable, check, stats)
+        kind = EnvKind(name or factory.__name__, factory, driver, multi_turn, replayable, check, stats, check_task)
         factory.__arle_env__ = kind  # type: ignore[attr-defined]
         ENVS.add(kind.name, kind, source=factory)
         return factory
@@ -134,6 +141,15 @@ def env_kind(name: str) -> EnvKind:
     """The env kind `name` (a registered name, "module:attr" or "file.py:attr"); an unknown
     name suggests near ones."""
     return ENVS.get(name)
+
+
+def check_env_tasks(card: Any, tasks: list[Any]) -> None:
+    """Hold every task to what the card's env kind can play (its `check_task`), so that a bad
+    row stops the run with one line when tasks load, before a model loads or a sample runs."""
+    check = env_kind(card.env).check_task
+    if check is not None:
+        for task in tasks:
+            check(card, task)
 
 
 def make_env(card: Any, task: Any, exemplars: list[Any] | None = None, native_tools: bool = False) -> Env:

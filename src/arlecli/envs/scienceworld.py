@@ -452,17 +452,7 @@ class ScienceWorldTextEnv:
     tools: list[dict[str, Any]] | None = None
 
     def __init__(self, card: Any, task: Task, exemplars: list[Task], settings: Settings) -> None:
-        self.kind = task_type(task.fields.get("task_type"))
-        variation = task.fields.get("variation")
-        if not isinstance(variation, int) or isinstance(variation, bool) or variation < 0:
-            raise UserError(f"{card.name}: task {task.id}: 'variation' must be a whole number >= 0, got {variation!r}")
-        count = variation_count(self.kind)
-        if variation >= count:
-            raise UserError(
-                f"{card.name}: task {task.id}: ScienceWorld task type '{self.kind.name}' has variations "
-                f"0-{count - 1}, got {variation}"
-            )
-        self.variation = variation
+        self.kind, self.variation = check_task(card, task)
         self.card, self.task, self.exemplars, self.settings = card, task, exemplars, settings
         self.max_turns = settings.max_turns
         self.world: World | None = None
@@ -570,7 +560,22 @@ def run_world_episodes(engine: Any, jobs: list[Any]) -> Iterator[tuple[int, Epis
                     close()
 
 
-@register_env("scienceworld", driver=run_world_episodes, check=check_params, stats=world_stats)
+def check_task(card: Any, task: Task) -> tuple[TaskType, int]:
+    """A task's task type and variation as the simulator has them, else one line."""
+    kind = task_type(task.fields.get("task_type"))
+    variation = task.fields.get("variation")
+    if not isinstance(variation, int) or isinstance(variation, bool) or variation < 0:
+        raise UserError(f"{card.name}: task {task.id}: 'variation' must be a whole number >= 0, got {variation!r}")
+    count = variation_count(kind)
+    if variation >= count:
+        raise UserError(
+            f"{card.name}: task {task.id}: ScienceWorld task type '{kind.name}' has variations "
+            f"0-{count - 1}, got {variation}"
+        )
+    return kind, variation
+
+
+@register_env("scienceworld", driver=run_world_episodes, check=check_params, stats=world_stats, check_task=check_task)
 def scienceworld_env(
     card: Any,
     task: Task,

@@ -500,7 +500,12 @@ def check_params(params: dict[str, Any], base: Path | None = None) -> None:
     textworld_module()
 
 
-@register_env("textworld", check=check_params, stats=world_stats)
+def check_task(card: Any, task: Task) -> None:
+    """A task's game, settings and seed as TextWorld can play them, else one line."""
+    GameSpec.from_task(task)
+
+
+@register_env("textworld", check=check_params, stats=world_stats, check_task=check_task)
 def textworld_env(
     card: Any,
     task: Task,
