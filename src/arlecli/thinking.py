@@ -233,6 +233,23 @@ def check_budget(max_thinking_tokens: int | None, model_thinks: bool, model: str
         )
 
 
+def check_budget_before_load(spec: Any, max_thinking_tokens: int | None) -> None:
+    """`check_budget` for a model spec (models.ModelSpec) before any weights load: a local or
+    hub model's tokenizer says whether it thinks (an endpoint has none here, as its engine has
+    none), so a misplaced --max-thinking-tokens is one line before the run loads anything."""
+    if max_thinking_tokens is None:
+        return
+    tokenizer = None
+    if spec.kind == "hf" and spec.path_or_id:
+        from transformers import AutoTokenizer  # seconds: only when a thinking budget is asked for
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id)
+        except (OSError, ValueError):
+            return  # no tokenizer to ask: loading the model will say what is wrong with it
+    check_budget(max_thinking_tokens, declared(parse_option(spec.think_tags, "--think-tags"), tokenizer), spec.name)
+
+
 def tags_for(engine: Any) -> ThinkTags | None:
     """The tags `engine`'s model thinks in (see `configure`); an engine built without
     `make_engine` gets its tokenizer's own, else DEFAULT."""

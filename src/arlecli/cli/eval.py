@@ -236,11 +236,12 @@ def _run(
     from arlecli.envs.textarena import model_opponent
     from arlecli.eval import legacy_ids, load_tasks, run_eval
     from arlecli.progress import metered
-    from arlecli.thinking import check_budget, thinks
+    from arlecli.thinking import check_budget, check_budget_before_load, thinks
 
     run_dir = rundir.choose_dir(output, card.name, spec.name, resume)
     vllm_options = VLLMOptions(**vllm)
     rundir.check_fresh(run_dir, resume)  # a resume of a folder that never ran is refused before any model loads
+    check_budget_before_load(spec, max_thinking_tokens)  # before the tasks too: argument errors first
     prepared = None
     if (scoring or card.default_scoring) != "loglikelihood":  # its own tasks (loglik.tasks_for)
         # Loaded before the engine: a bad row (in --data too) is one line before any model loads.

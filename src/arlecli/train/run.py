@@ -238,7 +238,7 @@ def refuse(
             "training needs model weights (a profile with a path or hub id, a folder, or a hub id), not an endpoint"
         )
     if cfg.options.max_thinking_tokens is not None:
-        _check_thinking_budget(spec, cfg.options.max_thinking_tokens)
+        thinking.check_budget_before_load(spec, cfg.options.max_thinking_tokens)
 
 
 def check_staleness(cfg: TrainConfig) -> None:
@@ -273,21 +273,6 @@ def check_staleness(cfg: TrainConfig) -> None:
         raise UserError(
             f"is_cap must be > 0 (got {opts.is_cap!r}); to train without the correction set is_correction=false"
         )
-
-
-def _check_thinking_budget(spec: ModelSpec, max_thinking_tokens: int) -> None:
-    """Refuse --max-thinking-tokens for a model not known to think, before any weights load
-    (its tokenizer says; thinking.check_budget)."""
-    from transformers import AutoTokenizer  # seconds: only when a thinking budget is asked for
-
-    tokenizer = None
-    if spec.kind == "hf" and spec.path_or_id:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(spec.path_or_id)
-        except (OSError, ValueError):
-            return  # no tokenizer to ask: loading the model will say what is wrong with it
-    option = thinking.parse_option(spec.think_tags, "--think-tags")
-    thinking.check_budget(max_thinking_tokens, thinking.declared(option, tokenizer), spec.name)
 
 
 def _length(trainer: dict[str, Any]) -> str:
