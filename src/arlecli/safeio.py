@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -126,6 +128,20 @@ def _too_deep(value: Any) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a unique temp file beside it, then a rename,
+    so a reader or a concurrent writer of the same path sees the old file or a whole new one.
+    On failure the temp file is removed and the OSError raised."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def read_bytes(path: Path | str, what: str = "file") -> bytes:

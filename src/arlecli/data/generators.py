@@ -25,14 +25,13 @@ import fractions
 import hashlib
 import json
 import operator
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from arlecli.errors import UserError
 from arlecli.plugins import Registry
+from arlecli.safeio import write_atomic
 
 RG_PREFIX = "reasoning_gym:"
 Generator = Callable[..., list[dict[str, Any]]]
@@ -215,14 +214,11 @@ def _rg_cached(path: Path | None, size: int) -> list[dict[str, Any]] | None:
 
 
 def _write_cache(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Keep `rows` at `path` atomically (a unique temp file, then a rename: concurrent runs of
-    the same card each write whole files). A cache that cannot be written is skipped."""
+    """Keep `rows` at `path` atomically (concurrent runs of the same card each write whole
+    files). A cache that cannot be written is skipped: it only costs the next run the import."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rows-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(rows, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(rows))
     except OSError:
         return
 

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,16 +163,10 @@ class JudgeCache:
     def put(self, key: str, reply: str, judge: str) -> None:
         """Store `reply`; a cache that cannot be written (read-only, full) only costs reruns."""
         path = self._path(key)
-        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}-", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(safeio.dumps({"judge": judge, "reply": reply}))
-            os.replace(tmp, path)
+            safeio.write_atomic(path, safeio.dumps({"judge": judge, "reply": reply}))
         except OSError as exc:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
             if not self._warned:
                 self._warned = True
                 print(
