@@ -1,4 +1,5 @@
-"""The textworld env kind and its cards (textworld_coin, textworld_treasure, textworld_cooking):
+"""The textworld env kind and its cards (textworld_coin, textworld_treasure, textworld_cooking,
+and alfworld_style, arle's own household games):
 each fixture game's own walkthrough, played through `arle eval` by a stand-in model, wins with
 full score and a wrong path does not (both recorded in the fixtures and re-checked against
 TextWorld's engine here); commands are read and counted invalid as documented; games are
@@ -28,13 +29,14 @@ from arlecli.rewards import get_reward
 from arlecli.types import Episode, Turn
 
 import arlecli.envs.textworld_env as tw_env
-from arlecli.envs.textworld_env import GameSpec, World, game_file, parse_command
+from arlecli.envs import household
+from arlecli.envs.textworld_env import GameSpec, World, game_file, parse_command, textworld_rows
 
 from helpers.cli import arle
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "benchmarks" / "fixtures"
-CARDS = ["textworld_coin", "textworld_treasure", "textworld_cooking"]
+CARDS = ["textworld_coin", "textworld_treasure", "textworld_cooking", "alfworld_style"]
 GENERATOR = "arlecli.envs.textworld_env:textworld_rows"
 
 
@@ -109,7 +111,7 @@ def test_recorded_walkthroughs_are_the_engines_own(card):
 @pytest.mark.parametrize("card", CARDS)
 def test_the_walkthrough_wins_with_full_score_through_arle_eval(card, tmp_path):
     samples = evaluate(card, ScriptedAgent(by_game(card, "correct")), tmp_path)
-    assert len(samples) == 3
+    assert len(samples) == len(rows_of(card)) >= 3
     for s in samples:
         assert s["correct"] and s["reward"] == 1.0 and s["end_reason"] == "won"
         info = s["env_info"]
@@ -151,6 +153,79 @@ def test_a_wrong_cooking_step_loses_the_game():
 
 
 # Commands -------------------------------------------------------------------------------
+
+
+# The household games (alfworld_style) -----------------------------------------------------
+
+
+def test_household_fixtures_hold_every_task_type_and_the_generator_still_makes_them():
+    """One fixture game per ALFWorld task type (pick_and_place_simple: the next test's), and `plan`
+    (pure Python, no TextWorld) still draws each fixture's walkthrough from its seed: a generator
+    change that moves the games without a new household.VERSION (part of every cache key) fails here."""
+    rows = rows_of("alfworld_style")
+    assert [r["settings"]["task"] for r in rows] == list(household.TASKS[1:])
+    for row in rows:
+        layout = household.plan(row["settings"]["task"], row["settings"]["distractors"], row["seed"])
+        assert " > ".join(layout.walkthrough) == row["answer"]
+    heat = rows[2]
+    with World(GameSpec.of(heat["game"], heat["settings"], heat["seed"])) as world:
+        goal = household.plan("pick_heat_then_place_in_recep", 4, heat["seed"]).goal
+        assert world.intro().startswith(f"Your task is to: {goal}") and goal.startswith("put a hot ")
+
+
+def household_row(task: str, seed: int) -> dict:
+    [row] = textworld_rows(seed=seed, size=1, params={"game": "household", "settings": {"task": task}})
+    return row
+
+
+def answers(commands: list[str]) -> list[str]:
+    return [f"<answer>{c}</answer>" for c in commands]
+
+
+def test_any_object_and_receptacle_of_the_goals_kinds_wins():
+    """As in ALFWorld, "put a mug in cabinet" is won by any mug in any cabinet: here the second
+    object of the kind, put in/on the last receptacle of the kind, not the walkthrough's. The
+    walkthrough wins too and a wrong path does not (pick_and_place_simple's gold path: the card's
+    fixture holds the other five task types)."""
+
+    def two_of_each(p: household.Plan) -> bool:
+        places = [r for r in p.receptacles if r.kind == p.destination]
+        return sum(o.kind == p.target for o in p.objects) == 2 and len(places) >= 2
+
+    task = "pick_and_place_simple"
+    seed = next(s for s in range(1000) if two_of_each(household.plan(task, 4, s)))
+    layout = household.plan(task, 4, seed)
+    obj = [o for o in layout.objects if o.kind == layout.target][1]
+    place = [r.name for r in layout.receptacles if r.kind == layout.destination][-1]
+    assert obj.where is not None
+
+    def opening(name: str) -> list[str]:
+        return [f"open {name}"] if household.closed_at_start(layout.kind_of(name)) else []
+
+    put = "insert {} into {}" if household.inside(layout.kind_of(place)) else "put {} on {}"
+    commands = [*opening(obj.where), f"take {obj.name} from {obj.where}", *opening(place), put.format(obj.name, place)]
+    assert obj.name not in " ".join(layout.walkthrough) and place not in " ".join(layout.walkthrough)
+    row = household_row(task, seed)
+    episode = one_episode("alfworld_style", row, answers(commands))
+    assert episode.end_reason == "won" and len(episode.turns) == len(commands) and episode.info["score"] == 1.0
+    gold = one_episode("alfworld_style", row, answers(list(layout.walkthrough)))  # the game's own path
+    assert gold.end_reason == "won" and gold.info["walkthrough"] == list(layout.walkthrough)
+    wrong = one_episode("alfworld_style", row, answers([*layout.walkthrough[:-1], "look"]), max_turns=5)
+    assert wrong.end_reason == "turn_limit" and not wrong.info["won"]
+
+
+def test_a_household_verb_needs_its_appliance():
+    """Heating with the fridge does nothing (the game says so), so the heat task's object put in
+    place is not hot and the game is not won; the walkthrough's own path wins."""
+    row = rows_of("alfworld_style")[2]
+    assert row["settings"]["task"] == "pick_heat_then_place_in_recep"
+    walkthrough = row["answer"].split(" > ")
+    [heat] = [i for i, c in enumerate(walkthrough) if c.startswith("heat ")]
+    wrong = [*walkthrough[:heat], walkthrough[heat].replace("microwave 1", "fridge 1"), *walkthrough[heat + 1 :]]
+    episode = one_episode("alfworld_style", row, answers(wrong), max_turns=len(wrong))
+    assert "You cannot heat anything with the fridge 1." in episode.turns[heat].observation[0]["content"]
+    assert episode.end_reason == "turn_limit" and not episode.info["won"] and episode.info["score"] == 0.0
+    assert one_episode("alfworld_style", row, answers(walkthrough)).end_reason == "won"
 
 
 @pytest.mark.parametrize(
@@ -232,7 +307,11 @@ def test_rows_are_seeded_specs_and_splits_share_no_seed():
     assert row["settings"]["split"] == "train"
 
 
-def test_a_game_is_rebuilt_the_same_for_its_seed_and_cached_atomically(games_dir, tmp_path):
+@pytest.mark.parametrize(
+    "card, index, other",
+    [("textworld_coin", 1, {"level": 106}), ("alfworld_style", 0, {"task": "pick_and_place_simple", "distractors": 3})],
+)
+def test_a_game_is_rebuilt_the_same_for_its_seed_and_cached_atomically(games_dir, tmp_path, card, index, other):
     """A fixture game generated and compiled afresh (no shipped copy; HOME missing, as Inform 7
     must cope with) is the game shipped for its (game, settings, seed); the build lands in
     the cache by one rename, leaving no build folder, and is read from there next time."""
@@ -240,7 +319,7 @@ def test_a_game_is_rebuilt_the_same_for_its_seed_and_cached_atomically(games_dir
 
     import textworld
 
-    row = rows_of("textworld_coin")[1]  # level 105: the smallest fixture game
+    row = rows_of(card)[index]  # coin: level 105, the smallest fixture game
     spec = GameSpec.of(row["game"], row["settings"], row["seed"])
     fresh_root = tmp_path / "fresh"
     path = game_file(spec, fresh_root, use_prebuilt=False)
@@ -254,7 +333,7 @@ def test_a_game_is_rebuilt_the_same_for_its_seed_and_cached_atomically(games_dir
     with World(spec, root=fresh_root) as fresh, World(spec) as unpacked:
         assert fresh.intro() == unpacked.intro() and fresh.walkthrough == unpacked.walkthrough
     assert GameSpec.of(row["game"], row["settings"], row["seed"] + 1).key() != spec.key()
-    assert GameSpec.of(row["game"], {"level": 106}, row["seed"]).key() != spec.key()
+    assert GameSpec.of(row["game"], other, row["seed"]).key() != spec.key()
     assert Path(tw_env.__file__).parent not in path.parents and games_dir not in path.parents
 
 
@@ -265,6 +344,8 @@ def test_a_game_is_rebuilt_the_same_for_its_seed_and_cached_atomically(games_dir
         ("coin_collector", {"levels": 3}, 1, "unknown setting 'levels'"),
         ("cooking", {"recipe": 1, "take": 2}, 1, "'take' (2) must be <= 'recipe' (1)"),
         ("mansion", {}, 1, "unknown TextWorld game 'mansion'"),
+        ("household", {"task": "boil_water"}, 1, "setting 'task' must be one of pick_and_place_simple"),
+        ("household", {"distractors": 11}, 1, "setting 'distractors' must be a whole number 0-10"),
         ("coin_collector", {"level": 3}, -1, "game seed -1 is out of range"),
         ("coin_collector", {"level": 3}, 2**32, "is out of range (a whole number 0-4294967295)"),
     ],
@@ -331,9 +412,17 @@ def test_eval_limit_2_on_the_tiny_model_ends_each_episode_with_a_reason(card_nam
 
 
 @pytest.mark.parametrize(
-    "algo, backend", [("grpo", "hf"), ("rloo", "hf"), ("ppo", "hf"), ("grpo", "vllm")], ids=lambda x: str(x)
+    "name, algo, backend",
+    [
+        ("textworld_coin", "grpo", "hf"),
+        ("textworld_coin", "rloo", "hf"),
+        ("textworld_coin", "ppo", "hf"),
+        ("textworld_coin", "grpo", "vllm"),
+        ("alfworld_style", "grpo", "hf"),
+    ],
+    ids=lambda x: str(x),
 )
-def test_one_training_step_on_textworld_coin(tmp_path, tiny_model, request, algo, backend):
+def test_one_training_step_on_a_textworld_card(tmp_path, tiny_model, request, name, algo, backend):
     """Every RL algorithm trains on a world card, multi-turn, env tokens masked (the trainers'
     shared path; the world is only the env), on both rollout backends."""
     from helpers.train import train_in_process
@@ -342,14 +431,10 @@ def test_one_training_step_on_textworld_coin(tmp_path, tiny_model, request, algo
         request.getfixturevalue("vllm_environment")
     per_step = ["--set", "prompts_per_step=1"] if algo == "ppo" else ["--set", "per_device_train_batch_size=2"]
 
-    card = yaml.safe_load((ROOT / "benchmarks" / "textworld_coin.yaml").read_text())
-    card["env"] = {"name": "textworld", "params": {"max_turns": 2}}  # two turns: multi-turn, and quick
-    card["fixture"] = str(FIXTURES / "textworld_coin.jsonl")
-    card["source"] = {"kind": "files", "path": str(FIXTURES / "textworld_coin.jsonl")}
-    (tmp_path / "textworld_coin.yaml").write_text(yaml.safe_dump(card))
+    card_file = file_card(name, tmp_path, max_turns=2)  # two turns: multi-turn, and quick
     run = tmp_path / "run"
     train_in_process(
-        str(tmp_path / "textworld_coin.yaml"),
+        str(card_file),
         "--algo",
         algo,
         "--backend",
@@ -376,3 +461,67 @@ def test_one_training_step_on_textworld_coin(tmp_path, tiny_model, request, algo
     assert len(lines) == 2 and all(x["end_reason"] and x["turns"] >= 1 for x in lines)
     assert any(x["turns"] == 2 for x in lines), "the test needs multi-turn episodes"
     assert (run / "final" / "model.safetensors").exists()
+
+
+def file_card(name: str, folder: Path, **env_params) -> Path:
+    """The card `name` over its fixture rows (a files source), its env params overridden."""
+    card = yaml.safe_load((ROOT / "benchmarks" / f"{name}.yaml").read_text())
+    card["env"]["params"] = {**card["env"]["params"], **env_params}
+    card["fixture"] = str(FIXTURES / f"{name}.jsonl")
+    card["source"] = {"kind": "files", "path": str(FIXTURES / f"{name}.jsonl")}
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(card))
+    return folder / f"{name}.yaml"
+
+
+def test_rft_keeps_the_won_household_episodes_and_trains_on_them(tmp_path, tiny_model, monkeypatch):
+    """--algo rft on a world card: a model that plays each game's walkthrough wins every episode,
+    the round keeps them all (the card's own `correct`, no min_reward) as multi-turn rows whose
+    assistant turns are the commands played and whose user turns are the world's text, and an
+    SFT step trains on them."""
+    from arlecli.engine.hf import HFEngine
+
+    from helpers.tool_model import script_generate
+    from helpers.train import train_in_process
+
+    script = by_game("alfworld_style", "correct")
+
+    def reply(request: GenerationRequest) -> str:
+        messages = request.messages or []
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        return script(first)[sum(m["role"] == "assistant" for m in messages)]
+
+    script_generate(monkeypatch, HFEngine, reply)
+    run = tmp_path / "run"
+    train_in_process(
+        str(file_card("alfworld_style", tmp_path)),
+        "--algo",
+        "rft",
+        "--model",
+        str(tiny_model),
+        "--limit",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-tokens",
+        "48",
+        "--eval-limit",
+        "0",
+        "--set",
+        "rounds=1",
+        "--set",
+        "tasks_per_round=2",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--output",
+        str(run),
+    )
+    (metric,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (metric["samples"], metric["kept"]) == (4, 4) and metric["sft_steps"] >= 1 and metric["loss"] is not None
+    rows = [json.loads(x) for x in (run / "checkpoint-1" / "rows.jsonl").read_text().splitlines()]
+    walkthroughs = {r["answer"] for r in rows_of("alfworld_style")[:2]}
+    assert len(rows) == 4
+    for row in rows:
+        said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert " > ".join(parse_command(t) or "" for t in said) in walkthroughs
+        assert "Your task is to: " in next(m["content"] for m in row["messages"] if m["role"] == "user")
+    assert json.loads((run / "summary.json").read_text())["algo"] == "rft" and (run / "final").is_dir()

@@ -37,6 +37,7 @@ replayed on the game.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
@@ -53,7 +54,7 @@ from typing import Any, Callable, Iterator
 
 from arlecli.cards import render_prompt
 from arlecli.data.generators import generator
-from arlecli.envs import Step, register_env
+from arlecli.envs import Step, household, register_env
 from arlecli.envs.worlds import world_reward, world_stats
 from arlecli.errors import ParamError, UserError
 from arlecli.rewards import RewardFn, register
@@ -93,6 +94,12 @@ def _one_of(*allowed: Any) -> Callable[[Any], str | None]:
     return check
 
 
+def _task_type(value: Any) -> str | None:
+    if value is None or value in household.TASKS:
+        return None
+    return f"must be one of {', '.join(household.TASKS)} (or left out: drawn from the game seed)"
+
+
 GAMES: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     # Coin collector: a chain of rooms (levels 101-300 add dead-end rooms); take the coin at its end.
     "coin_collector": {"level": (1, _int_in(1, 300))},
@@ -112,6 +119,9 @@ GAMES: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
         # The food and preparations of TextWorld's own train/valid/test splits (None: all).
         "split": (None, _one_of(None, "train", "valid", "test")),
     },
+    # arle's ALFWorld-style household tasks (envs/household.py): one of ALFWorld's six task
+    # types (None: drawn from the game seed) in one room, with `distractors` other objects.
+    "household": {"task": (None, _task_type), "distractors": (4, _int_in(0, 10))},
 }
 
 
@@ -177,6 +187,8 @@ class GameSpec:
     def key(self) -> str:
         """The cache key: the game, its seed and a digest of settings and TextWorld's version."""
         version = getattr(textworld_module(), "__version__", "?")
+        if self.game == "household":  # arle's own generator: its games move with its version
+            version += f"+household{household.VERSION}"
         blob = json.dumps([self.game, self.settings, self.seed, version], sort_keys=True)
         return f"{self.game}-{self.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
@@ -189,6 +201,7 @@ def make_game(spec: GameSpec) -> Any:
         "coin_collector": challenges.coin_collector.make,
         "treasure_hunter": challenges.treasure_hunter.make,
         "cooking": challenges.cooking.make,
+        "household": functools.partial(household.make, seed=spec.seed),
     }[spec.game]
     options = tw.GameOptions()
     options.seeds = spec.seed
