@@ -7,6 +7,7 @@ at 16 concurrent episodes.
     python perf/world_steps.py scienceworld            # SmolLM2-135M-Instruct (embedded), 16 episodes
     python perf/world_steps.py scienceworld --quick    # the tests' tiny model, fewer turns
     python perf/world_steps.py textworld               # the same for TextWorld (textworld_cooking)
+    python perf/world_steps.py textworld --card alfworld_style   # ... on arle's household games
 
 Writes perf/results/world_steps_<world>.json (quick runs: ..._quick.json).
 
@@ -24,13 +25,13 @@ Writes perf/results/world_steps_<world>.json (quick runs: ..._quick.json).
 
 ## textworld
 
-1. Steps alone: the fixture games of the textworld cards (benchmarks/fixtures/textworld_*.jsonl),
-   two of them generated and compiled afresh (timed: generation + Inform 7 compile), then their
-   walkthroughs played on fresh worlds `--repeats` times: start seconds per world (the
+1. Steps alone: the fixture games of the textworld cards (benchmarks/fixtures/textworld_*.jsonl
+   and alfworld_style.jsonl), each card's first generated and compiled afresh (timed: generation
+   + Inform 7 compile), then their walkthroughs played on fresh worlds `--repeats` times: start seconds per world (the
    z-machine loading the compiled game, reading the cache) and world steps per second (only
    `World.act`: the interpreter and TextWorld's state tracking).
 2. Eval share: `envs.episodes.collect` (what `arle eval` and every trainer run) of the
-   `textworld_cooking` card on `--episodes` rows of its test split, all concurrent, on one hf
+   `--card` (default `textworld_cooking`) on `--episodes` rows of its test split, all concurrent, on one hf
    engine, the games compiled beforehand (a cache that is warm, as on any rerun); the env's
    reset and step are timed apart from the whole wall time (the rest is the engine and the
    driver). Every episode runs `--turns` turns (a random model rarely ends one early).
@@ -53,6 +54,7 @@ from machine_info import cpu_model, package_versions, perf_model, write_result
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
 TARGET_SHARE = 0.20
+TEXTWORLD_CARDS = ("textworld_coin", "textworld_treasure", "textworld_cooking", "alfworld_style")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,6 +63,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("world", choices=["scienceworld", "textworld"], help="which world to measure")
     p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct; quick: the tiny model)")
     p.add_argument("--quick", action="store_true", help="tiny model, 4 turns, 1 repeat")
+    p.add_argument(
+        "--card", default="textworld_cooking", choices=TEXTWORLD_CARDS, help="textworld: the card of the eval share"
+    )
     p.add_argument("--episodes", type=int, default=16, help="concurrent episodes of the eval")
     p.add_argument("--turns", type=int, default=None, help="model turns per episode (default 8; quick 4)")
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn token budget (default 32; quick 8)")
@@ -207,21 +212,21 @@ def scienceworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, A
 
 # textworld -----------------------------------------------------------------------------------
 
-TEXTWORLD_CARDS = ("textworld_coin", "textworld_treasure", "textworld_cooking")
-
 
 def textworld_steps_alone(repeats: int) -> dict[str, Any]:
     """Build, start and step costs on the fixture games' walkthroughs."""
     from arlecli.envs.textworld_env import GameSpec, World, game_file
 
-    specs = []
+    specs, firsts = [], []
     for card in TEXTWORLD_CARDS:
-        for line in (ROOT / "benchmarks" / "fixtures" / f"{card}.jsonl").read_text().splitlines():
+        for i, line in enumerate((ROOT / "benchmarks" / "fixtures" / f"{card}.jsonl").read_text().splitlines()):
             row = json.loads(line)
             specs.append(GameSpec.of(row["game"], row["settings"], row["seed"]))
+            if i == 0:
+                firsts.append(specs[-1])
     builds = {}
     fresh = Path(tempfile.mkdtemp(prefix="arle-textworld-build-"))
-    for spec in (specs[0], specs[-1]):  # a coin collector and a cooking game, generated and compiled
+    for spec in firsts:  # each card's first game, generated and compiled
         t = time.perf_counter()
         game_file(spec, fresh, use_prebuilt=False)
         builds[spec.key()] = time.perf_counter() - t
@@ -254,8 +259,8 @@ def textworld_steps_alone(repeats: int) -> dict[str, Any]:
 
 
 def textworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """The eval share on `textworld_cooking`, its games compiled beforehand (a warm cache, as on
-    any rerun)."""
+    """The eval share on `args.card` (default textworld_cooking), its games compiled beforehand
+    (a warm cache, as on any rerun)."""
     import arlecli.envs.textworld_env as tw
 
     def prebuild(tasks: list[Any]) -> dict[str, Any]:
@@ -264,7 +269,7 @@ def textworld_eval_share(args: argparse.Namespace, model: str) -> dict[str, Any]
             tw.game_file(tw.GameSpec.from_task(task))
         return {"prebuild_s": time.perf_counter() - t}
 
-    return eval_share(args, model, "textworld_cooking", tw.TextWorldEnv, {"max_turns": args.turns}, prebuild)
+    return eval_share(args, model, args.card, tw.TextWorldEnv, {"max_turns": args.turns}, prebuild)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -302,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         alone = textworld_steps_alone(args.repeats)
         print(
-            f"textworld alone: build (generate + compile) {alone['build_s_median']:.2f} s a game (median of 2), "
+            f"textworld alone: build (generate + compile) {alone['build_s_median']:.2f} s a game "
+            f"(median of {len(alone['build_s'])}), "
             f"start {alone['start_s_median'] * 1000:.0f} ms a world, {alone['steps_per_s']:.0f} steps/s "
             f"({alone['steps']} walkthrough steps of {len(alone['walkthroughs'])} games x {args.repeats})",
             flush=True,
@@ -331,7 +337,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "versions": package_versions(versions),
     }
-    out = args.out or RESULTS / f"world_steps_{args.world}{'_quick' if args.quick else ''}.json"
+    which = args.world if args.world == "scienceworld" or args.card == "textworld_cooking" else args.card
+    out = args.out or RESULTS / f"world_steps_{which}{'_quick' if args.quick else ''}.json"
     write_result(result, out, work, keep=False)
     return result
 

@@ -371,6 +371,21 @@ def test_a_seed_out_of_range_on_the_command_line_is_one_line_and_exit_2(tmp_path
     ]
 
 
+def test_a_bad_row_refuses_a_training_run_before_its_run_directory_exists(tmp_path, tiny_model):
+    """`arle train --rows` loads and checks its tasks before the run directory is made (and any
+    model loads): one line, exit 2, and the rerun with the row fixed needs no new --output."""
+    row = {**rows_of("textworld_coin")[0], "seed": 2**32}
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    run = tmp_path / "run"
+    out = arle("train", "textworld_coin", "--model", str(tiny_model), "--rows", str(data), "--output", str(run))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: textworld: game seed 4294967296 is out of range (a whole number 0-4294967295)"
+    ]
+    assert not run.exists()
+
+
 def test_a_split_past_the_seed_range_is_refused():
     with pytest.raises(UserError, match="out of range"):
         generate_rows(GENERATOR, seed=2**32 - 2, size=3, params={"game": "coin_collector"})
@@ -418,6 +433,8 @@ def test_eval_limit_2_on_the_tiny_model_ends_each_episode_with_a_reason(card_nam
         ("textworld_coin", "rloo", "hf"),
         ("textworld_coin", "ppo", "hf"),
         ("textworld_coin", "grpo", "vllm"),
+        ("textworld_treasure", "grpo", "hf"),
+        ("textworld_cooking", "grpo", "hf"),
         ("alfworld_style", "grpo", "hf"),
     ],
     ids=lambda x: str(x),

@@ -115,16 +115,20 @@ def run_train(
     meta = run_meta(card, cfg, spec, algo, command, split, eval_split, prepared[0])
     # After the checks: a trainer's config sets up the processes' shared state.
     ranks = Ranks.current() if algo.distributed else Ranks()
+    if not ranks.main:
+        view = TrainView(message=lambda text: None)  # the main process reports for the run
     played = None if algo.data else rollout_card(card, cfg, ranks)  # before the run directory, like every refusal
     check_dynamic_sampling(cfg, card, ranks)
+    # The tasks too: a bad row (a --rows file's, a generator's) is refused before the run
+    # directory exists, so the fixed rerun needs no new --output.
+    data = None if played is None else train_data(card, played, cfg, split, eval_split, view)
     view.message(
         f"training {spec.name} on {card.name} with {opts.algo}"
         f"{' + LoRA r=' + str(opts.lora_rank) if opts.lora_rank else ''} for {_length(cfg.trainer)} -> "
         f"{run_dir}"
     )
     compare = (*COMPARED, "data_hash") if algo.data else COMPARED
-    view, checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=compare)
-    data = None if played is None else train_data(card, played, cfg, split, eval_split, view)
+    checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=compare)
     if ranks.main and data is not None:
         truncate_rewards(run_dir, start_step)
     metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
@@ -421,14 +425,12 @@ def open_run(
     ranks: Ranks,
     *,
     compare: tuple[str, ...] = COMPARED,
-) -> tuple[TrainView, Path | None, int]:
+) -> tuple[Path | None, int]:
     """Start (or resume) a training run in `run_dir` for every algorithm: meta.json written by
-    the main process (a resume whose settings differ, beyond RESUMABLE, is refused), the view
-    quietened on the other ranks. Returns the view, the checkpoint to resume from and its step."""
+    the main process (a resume whose settings differ, beyond RESUMABLE, is refused). Returns the
+    checkpoint to resume from and its step."""
     if ranks.world > 1:
         meta["num_processes"] = ranks.world
-    if not ranks.main:
-        view = TrainView(message=lambda text: None)  # the main process reports for the run
     checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
     start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
     ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=compare, may_change=RESUMABLE))
@@ -436,7 +438,7 @@ def open_run(
         view.message(
             f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, starting from step 0"
         )
-    return view, checkpoint, start_step
+    return checkpoint, start_step
 
 
 def held_out(
