@@ -22,7 +22,7 @@ and one goal in ALFWorld's words ("Your task is to: put a hot apple in fridge.")
 As in ALFWorld, any object of the kind and any receptacle of the kind counts (one winning event
 per choice). The layout is drawn from the game seed alone (`plan`), so a seed is the same game
 on every machine; the walkthrough is the shortest plan arle knows (open, take, the verb, open,
-put) and is checked against TextWorld's engine when the game is made.
+put), checked against TextWorld's logic when the game is made (and played on its engine by the tests).
 """
 
 from __future__ import annotations
