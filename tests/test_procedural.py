@@ -85,6 +85,29 @@ def test_a_damaged_row_cache_is_made_again() -> None:
         assert json.loads(path.read_text()) == fresh  # rewritten whole
 
 
+def test_the_row_cache_keeps_to_its_cap_dropping_the_least_recently_used(tmp_path, monkeypatch) -> None:
+    """Past ROW_CACHE_MAX_BYTES the oldest-used cache files go; a read counts as a use, and
+    the rows just made always stay."""
+    import os
+    import time
+
+    monkeypatch.setenv("ARLE_HOME", str(tmp_path))
+    folder = tmp_path / "cache" / "rows" / "reasoning_gym"
+    first = g.generate_rows("reasoning_gym:chain_sum", seed=1, size=3)
+    [one] = folder.glob("*.json")
+    monkeypatch.setattr(g, "ROW_CACHE_MAX_BYTES", 2 * one.stat().st_size + 8)  # room for two such files
+    past = time.time() - 100
+    os.utime(one, (past, past))
+    g.generate_rows("reasoning_gym:chain_sum", seed=2, size=3)
+    assert len(list(folder.glob("*.json"))) == 2
+    for file in folder.glob("*.json"):  # seed 1's file the older, both well before the hit below
+        os.utime(file, (past, past) if file == one else (past + 50, past + 50))
+    assert g.generate_rows("reasoning_gym:chain_sum", seed=1, size=3) == first  # a hit: seed 1 used last now
+    g.generate_rows("reasoning_gym:chain_sum", seed=3, size=3)  # over the cap: seed 2's file goes
+    names = sorted(json.loads(file.read_text())[0]["id"] for file in folder.glob("*.json"))
+    assert names == ["chain_sum-1-0", "chain_sum-3-0"]
+
+
 def test_countdown_rows() -> None:
     params = {"min_numbers": 4, "max_numbers": 4}
     rows = g.generate_rows("countdown", seed=0, size=50, params=params)

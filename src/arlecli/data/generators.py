@@ -19,12 +19,14 @@ textarena) sits in the env's own module and registers here the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import fractions
 import hashlib
 import json
 import operator
+import os
 import random
 from pathlib import Path
 from typing import Any, Callable
@@ -164,6 +166,10 @@ def reasoning_gym_rows(
 
 # Bump when the rows reasoning_gym_rows makes from the same dataset change (ids, json_safe).
 RG_CACHE_FORMAT = 1
+# What the row cache may hold on disk: past it, the least recently used files go (a read
+# counts as a use). A 20000-row train split is a few MB; without a cap every seed, size and
+# params a user ever tried would stay forever.
+ROW_CACHE_MAX_BYTES = 256 * 2**20
 
 
 def _rg_cache_path(task: str, *, seed: int, size: int, params: dict[str, Any]) -> Path | None:
@@ -210,6 +216,8 @@ def _rg_cached(path: Path | None, size: int) -> list[dict[str, Any]] | None:
     keys = {"id", "question", "answer", "metadata"}
     if not isinstance(rows, list) or len(rows) != size or not all(isinstance(r, dict) and set(r) == keys for r in rows):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # a use: the cap evicts the least recently used files first
     return rows
 
 
@@ -221,6 +229,24 @@ def _write_cache(path: Path, rows: list[dict[str, Any]]) -> None:
         write_atomic(path, json.dumps(rows))
     except OSError:
         return
+    _evict(path.parent, keep=path)
+
+
+def _evict(folder: Path, keep: Path) -> None:
+    """Remove the least recently used cache files of `folder` until it holds at most
+    ROW_CACHE_MAX_BYTES (never `keep`, the file just written). Files another process removes
+    meanwhile are skipped."""
+    files = []
+    for p in folder.glob("*.json"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            files.append((st.st_mtime, st.st_size, p))
+    total = 0
+    for _, size, p in sorted(files, key=lambda f: f[0], reverse=True):
+        total += size
+        if total > ROW_CACHE_MAX_BYTES and p != keep:
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def _rg_dataset(task: str, *, seed: int, size: int, params: dict[str, Any]) -> Any:
