@@ -266,8 +266,8 @@ def make(settings: dict[str, Any], options: Any, *, seed: int) -> Any:
         typ = RECEPTACLES[rec.kind]
         made[rec.name] = maker.new(type="c" if typ == "open" else typ, name=rec.name)
         room.add(made[rec.name])
-        if typ != "s" and typ != "basin":
-            made[rec.name].add_property("open" if typ == "open" else "closed")
+        if inside(rec.kind):
+            made[rec.name].add_property("closed" if closed_at_start(rec.kind) else "open")
     if layout.task == "look_at_obj_in_light":
         lamp = maker.new(type="lamp", name="desklamp 1")
         room.add(lamp)
@@ -295,7 +295,7 @@ def _win_conditions(maker: Any, layout: Plan, made: dict[str, Any]) -> list[list
     any receptacle of the destination kind, with the verb's property; or held under the lamp."""
     targets = [made[o.name] for o in layout.objects if o.kind == layout.target]
     if layout.task == "look_at_obj_in_light":
-        lamp = next(e for e in maker.findall("lamp"))
+        [lamp] = maker.findall("lamp")
         return [[maker.new_fact("in", t, maker.inventory), maker.new_fact("lit", lamp)] for t in targets]
     places = [made[r.name] for r in layout.receptacles if r.kind == layout.destination]
     assert layout.destination is not None
