@@ -184,7 +184,8 @@ def engine_eval(model: Any, tok: Any, device: str, batch: int, rows: int, max_to
     from arlecli.engine.base import GenerationRequest, SamplingParams
     from arlecli.engine.hf import HFEngine
 
-    engine = HFEngine("", batch_size=batch, device=device, model_obj=model, tokenizer=tok)
+    # Prompt lookup off: the bandwidth ceiling is a bound on plain decode steps.
+    engine = HFEngine("", batch_size=batch, device=device, model_obj=model, tokenizer=tok, draft_tokens=0)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     requests = [GenerationRequest(messages=m, params=params) for m in prompts(rows)]
     sync(device)

@@ -54,11 +54,12 @@ def decode_rate(generate: Callable[[int], int], tokens: int, extra: int) -> floa
 
 
 def arle_generate(model: str, batch: int) -> Callable[[int], int]:
-    """arle's hf engine on `batch` prompts, greedy, end of text off, prefix cache off."""
+    """arle's hf engine on `batch` prompts, greedy, end of text off, prefix cache and prompt lookup off."""
     from arlecli.engine.base import GenerationRequest, SamplingParams
     from arlecli.engine.hf import HFEngine
 
-    engine = HFEngine(model, batch_size=batch, prefix_cache_tokens=0)
+    # Prompt lookup off: this measures the decode step itself (perf/prompt_lookup.py the lever).
+    engine = HFEngine(model, batch_size=batch, prefix_cache_tokens=0, draft_tokens=0)
     engine.eos_ids = set()  # every row runs its budget: the batch stays full
 
     def run(max_tokens: int) -> int:

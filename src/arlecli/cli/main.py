@@ -87,9 +87,12 @@ def _root(
     ),
 ) -> None:
     """Evaluate and RL-train LLMs and agents on benchmarks."""
+    from arlecli.engine.lookup import configured_draft_tokens
     from arlecli.engine.prefix_cache import configured_max_tokens
 
-    configured_max_tokens()  # a bad $ARLE_KV_REUSE_TOKENS is refused before any model loads
+    # A bad $ARLE_KV_REUSE_TOKENS or $ARLE_PROMPT_LOOKUP is refused before any model loads.
+    configured_max_tokens()
+    configured_draft_tokens()
 
 
 def register_commands() -> None:

@@ -23,6 +23,10 @@ a finished row whose follow-up request continues its own ids stays in the batch 
 cache, the ids the follow-up adds (a forced end of thought) fed one decode step each, so a
 phase costs neither a second prefill of the whole sequence nor a wait for the batch to drain.
 
+Prompt lookup (engine.lookup): a greedy row decoding alone (batch 1, or the last row of a
+batch) feeds a guess copied from its own context with its last token in one forward and keeps
+what greedy would have chosen of it, several tokens for the cost of about one step.
+
 Across calls (an agent episode's turns, each its own `generate` call): a finished row's KV is
 kept in `prefix_cache` (engine.prefix_cache, keyed by the ids themselves, LRU over a token
 budget), and a later prompt that shares a prefix with a kept sequence prefills only the rest,
@@ -32,6 +36,7 @@ whenever the weights change (`_weights_version`: a live policy trained between c
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 import time
@@ -48,6 +53,7 @@ from arlecli.engine.base import (
     cut_at_stop,
     encode_pair,
 )
+from arlecli.engine import lookup
 from arlecli.engine.prefix_cache import Entry, PrefixCache, configured_max_tokens
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
@@ -69,13 +75,16 @@ class _Row:
     feed: list[int] = field(default_factory=list)  # ids to feed (not sample) before it samples again
     cached: int = 0  # leading prompt ids whose KV comes from `past` (the prefix cache), not prefill
     past: Entry | None = None
+    guess_len: int = lookup.FIRST_GUESS  # the next prompt-lookup guess's length (`HFEngine._verify` adapts it)
 
 
 class HFEngine:
     """Generation with a transformers causal LM on CPU or GPU. `chat_template_kwargs` go to
     every chat-template render of its prompts (engine.tokens). `prefix_cache_tokens` bounds
     the KV kept across calls for prompts that extend earlier sequences (engine.prefix_cache;
-    0 turns it off; None: $ARLE_KV_REUSE_TOKENS or 16384)."""
+    0 turns it off; None: $ARLE_KV_REUSE_TOKENS or 16384). `draft_tokens` bounds a
+    prompt-lookup guess for a lone greedy row (engine.lookup; 0 turns it off; None:
+    $ARLE_PROMPT_LOOKUP or 8): the tokens are greedy's either way."""
 
     name = "hf"
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
@@ -93,6 +102,7 @@ class HFEngine:
         tokenizer: Any | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         prefix_cache_tokens: int | None = None,
+        draft_tokens: int | None = None,
     ) -> None:
         import torch
 
@@ -107,6 +117,11 @@ class HFEngine:
             self.model, self.tokenizer = _load(model, self.device, dtype)
             self._packed = pack_linears(self.model)
             use_grouped_attention(self.model)
+        # Prompt lookup's guesses are greedy's bit for bit only where every linear gives a row the
+        # same bits at any row count and attention runs rowwise when asked (`_rowwise_sdpa`).
+        self._lookup_exact = rows_are_batch_invariant(self._packed or []) and (
+            getattr(self.model.config, "_attn_implementation", None) == GROUPED_SDPA
+        )
         self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         self.model.eval()
         import inspect
@@ -128,6 +143,8 @@ class HFEngine:
             else (next(iter(eos_ids)) if eos_ids else 0)
         )
         self.prefix_cache = PrefixCache(configured_max_tokens() if prefix_cache_tokens is None else prefix_cache_tokens)
+        self.draft_tokens = lookup.configured_draft_tokens() if draft_tokens is None else draft_tokens
+        self.lookup = lookup.Tally()
         self._weights_seen: tuple[Any, ...] | None = None
 
     @property
@@ -316,8 +333,17 @@ class HFEngine:
         `leaving`: (row position, the ids its KV holds) of each row that leaves the batch done."""
         chosen, lps = self._pick(logits, rows)
         # One device-to-host copy per step, not one per row (a sync each on a GPU).
-        tokens = chosen.tolist()
-        token_lps = lps.tolist() if lps is not None else None
+        return self._emit(rows, chosen.tolist(), lps.tolist() if lps is not None else None, then, waiting)
+
+    def _emit(
+        self,
+        rows: list[_Row],
+        tokens: list[int],
+        token_lps: list[float] | None,
+        then: Then | None = None,
+        waiting: deque[_Row] | None = None,
+    ) -> tuple[list[int], list[int], list[tuple[int, Completion]], list[tuple[int, list[int]]]]:
+        """`_step` once the tokens are chosen: append them, finish rows, chain follow-ups."""
         keep: list[int] = []
         finished: list[tuple[int, Completion]] = []
         leaving: list[tuple[int, list[int]]] = []
@@ -394,16 +420,23 @@ class HFEngine:
                         active += rows
                 if not active:
                     continue
-                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-                out = self.model(
-                    input_ids=last.view(-1, 1),
-                    attention_mask=mask,
-                    position_ids=next_pos,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                )
-                next_pos = next_pos + 1
-                tokens, keep, finished, leaving = self._step(active, out.logits[:, -1, :].float(), then, waiting)
+                guess = self._guess(active, cache)
+                if guess:
+                    tokens, keep, finished, leaving, fed = self._verify(
+                        active, guess, last, cache, mask, next_pos, then, waiting
+                    )
+                else:
+                    fed = 1
+                    out = self.model(
+                        input_ids=last.view(-1, 1),
+                        attention_mask=torch.cat([mask, mask.new_ones((len(active), 1))], dim=1),
+                        position_ids=next_pos,
+                        use_cache=True,
+                        **{self._cache_kw: cache},
+                    )
+                    tokens, keep, finished, leaving = self._step(active, out.logits[:, -1, :].float(), then, waiting)
+                mask = torch.cat([mask, mask.new_ones((len(active), fed))], dim=1)
+                next_pos = next_pos + fed
                 self._keep(cache, leaving)
                 yield from finished
                 last = torch.tensor(tokens, device=self.device)
@@ -415,6 +448,69 @@ class HFEngine:
                     sel = torch.tensor(keep, device=self.device)
                     cache.batch_select_indices(sel)
                     mask, next_pos, last = mask[sel], next_pos[sel], last[sel]
+
+    def _guess(self, rows: list[_Row], cache: Any) -> list[int]:
+        """A prompt-lookup draft (engine.lookup) for a batch of one greedy row, else [].
+
+        One row only: at batch 1 a step reads every weight for one position, so a few more
+        positions ride along almost free; a full batch is closer to compute-bound and would pay
+        for every row's guess. Not for rows that want logprobs (a verify forward's logits may
+        differ from a step's in the last bits; its argmax is what the tests hold equal) or that
+        are fed ids, nor where a sliding window's cache cannot be cut back, nor where the
+        kernels cannot give the steps' bits (`_lookup_exact`: a live policy, a GPU, bf16)."""
+        if len(rows) != 1 or not self.draft_tokens or not self._lookup_exact:
+            return []
+        r = rows[0]
+        if r.feed or r.params.temperature > 0 or r.params.logprobs:
+            return []
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            return []
+        room = r.params.max_tokens - len(r.out) - 1  # a guess of g ids ends with g + 1 tokens at most
+        return lookup.draft([*r.prompt_ids, *r.out], min(self.draft_tokens, r.guess_len, room))
+
+    def _verify(
+        self,
+        rows: list[_Row],
+        guess: list[int],
+        last: Any,
+        cache: Any,
+        mask: Any,
+        next_pos: Any,
+        then: Then | None,
+        waiting: deque[_Row],
+    ) -> tuple[list[int], list[int], list[tuple[int, Completion]], list[tuple[int, list[int]]], int]:
+        """Run the row's last token and `guess` in one forward and emit the model's greedy
+        token after each position for as long as the guess agrees with it: the tokens single
+        steps would have chosen, and one more. Returns `_step`'s tuple and how many of the
+        positions fed stay in the cache (the rest are cut off it)."""
+        torch = self.torch
+        ids = torch.tensor([[int(last[0]), *guess]], device=self.device)
+        n = ids.shape[1]
+        rowwise = ROWWISE_ATTENTION.set(True)
+        try:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=torch.cat([mask, mask.new_ones((1, n))], dim=1),
+                position_ids=next_pos + torch.arange(n, device=self.device),
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+        finally:
+            ROWWISE_ATTENTION.reset(rowwise)
+        chosen = out.logits[0].argmax(dim=-1).tolist()
+        row = rows[0]
+        for fed, token in enumerate(chosen, 1):
+            tokens, keep, finished, leaving = self._emit(rows, [token], None, then, waiting)
+            # Done, chained into a follow-up, the guess used up, or the model disagreed with it.
+            if not keep or rows[0] is not row or fed == n or token != guess[fed - 1]:
+                break
+        if fed < n:  # the positions after the last one kept (a negative crop: the form every transformers 5 takes)
+            cache.crop(fed - n)
+        row.guess_len = lookup.next_guess_len(fed - 1, len(guess))
+        self.lookup.forwards += 1
+        self.lookup.guessed += len(guess)
+        self.lookup.tokens += fed
+        return tokens, keep, finished, leaving, fed
 
     def _pick(self, logits, active: list[_Row]):
         """The next token of each row, and its logprob (None when no row asked for them).
@@ -662,13 +758,61 @@ def _packed_forward(linear: Any, packed: Any):
     import torch
 
     bias = linear.bias.detach() if linear.bias is not None else None
+    rule = _row_rule(packed, bias, linear.in_features, linear.out_features)
 
     def forward(x: Any) -> Any:
         if x.dtype != torch.float32:  # e.g. under autocast: the packed weight is fp32 only
             return torch.nn.functional.linear(x, linear.weight, linear.bias)
+        if rule.pad_single and x.numel() == x.shape[-1]:
+            # One row runs as two (the same cost: the weights are read once), on the kernel
+            # every other row count uses, so a lone row gets the bits it would get in a batch.
+            two = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).expand(2, -1), packed, bias, "none", [], "")
+            return two[:1].reshape(*x.shape[:-1], -1)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
+    forward.row_rule = rule  # type: ignore[attr-defined]
     return forward
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """How oneDNN treats rows of one linear's shape on this CPU (measured by `_row_rule`)."""
+
+    pad_single: bool  # one row takes another kernel than two or more (SmolLM2's 1536 -> 576 on AVX-512)
+    stable: bool  # from two rows on, a row's bits do not depend on how many rows share the matmul
+
+
+_ROW_RULES: dict[tuple[int, int, bool], RowRule] = {}
+
+
+def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int) -> RowRule:
+    """Probe, once per shape, whether a row's result depends on the matmul's row count: the
+    kernel oneDNN picks depends on the shapes, not the values, so random rows through one
+    weight of the shape tell for all. Costs a few small matmuls per distinct shape."""
+    import torch
+
+    key = (d_in, d_out, bias is not None)
+    if key not in _ROW_RULES:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(16, d_in, generator=gen)
+        with torch.inference_mode():
+
+            def run(rows: int) -> Any:
+                return torch.ops.mkldnn._linear_pointwise(x[:rows], packed, bias, "none", [], "")
+
+            full = run(16)
+            _ROW_RULES[key] = RowRule(
+                pad_single=not torch.equal(run(1)[0], full[0]),
+                stable=all(torch.equal(run(n), full[:n]) for n in (2, 3, 9)),
+            )
+    return _ROW_RULES[key]
+
+
+def rows_are_batch_invariant(modules: list[Any]) -> bool:
+    """Whether every packed linear of `modules` (from `pack_linears`) gives a row the same bits at
+    any row count (one row padded to two where that differs): what prompt lookup's exactness and
+    "batching never changes a sample" rest on."""
+    return bool(modules) and all(vars(m)["forward"].row_rule.stable for m in modules if "forward" in vars(m))
 
 
 @functools.cache
@@ -734,6 +878,8 @@ def _grouped_sdpa(
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if query.shape[2] > 1 and ROWWISE_ATTENTION.get():
+        return _rowwise_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     if (
         attention_mask is None
         or getattr(module, "num_key_value_groups", 1) == 1
@@ -748,6 +894,54 @@ def _grouped_sdpa(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+# Set while a prompt-lookup guess is verified (HFEngine._verify): its query positions are attended
+# one at a time, as the decode steps they stand for would attend them.
+ROWWISE_ATTENTION: contextvars.ContextVar[bool] = contextvars.ContextVar("arle_rowwise_attention", default=False)
+
+
+def _rowwise_sdpa(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float,
+    scaling: float | None,
+    is_causal: bool | None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """Attention of the last `n` positions of the cache, each query on its own over exactly the
+    keys a decode step at its position saw, with the mask that step had (none where nothing is
+    masked: transformers skips an all-ones mask for one query).
+
+    Why: SDPA over several queries blocks its sums differently from one query at a time (~3e-7
+    apart, ~5e-5 in SmolLM2's logits), enough to flip greedy's choice at a near tie; the linears
+    already give each row the same bits at any row count (`pack_linears`). So a verified guess
+    is bit for bit what single steps compute."""
+    import torch
+
+    n, width = query.shape[2], key.shape[2]
+    outs = []
+    for j in range(n):
+        seen = width - n + j + 1
+        mask = attention_mask[:, :, j : j + 1, :seen] if attention_mask is not None else None
+        if mask is not None and mask.dtype == torch.bool and bool(mask.all()):
+            mask = None
+        out, _ = _grouped_sdpa(
+            module,
+            query[:, :, j : j + 1],
+            key[:, :, :seen],
+            value[:, :, :seen],
+            mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+        outs.append(out)
+    return torch.cat(outs, dim=1), None
 
 
 def _skip_sklearn() -> None:
