@@ -63,6 +63,7 @@ class ModelSpec:
     think_tags: str | None = None  # how the model's thinking is delimited (thinking.parse_option); None: detect
     # The chat template's switches (`enable_thinking: false`), passed to every render of its prompts.
     chat_template_kwargs: dict[str, Any] | None = None
+    dtype: str | None = None  # local weights' dtype (--dtype); None: the engine's default (fp32 on CPU)
 
     @property
     def is_local(self) -> bool:
@@ -79,6 +80,7 @@ def resolve_model(
     max_retries: int | str | None = None,
     think_tags: str | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    dtype: str | None = None,
 ) -> ModelSpec:
     """Resolve --model/--base-url/--backend/--api-key-env into a ModelSpec.
 
@@ -88,7 +90,7 @@ def resolve_model(
     Anything else is a UserError that names the accepted forms and suggests near profiles.
     `request_timeout` and `max_retries` (endpoints only) override what an endpoint profile stores;
     `think_tags` (--think-tags) and `chat_template_kwargs` (--chat-template-kwargs, key by key)
-    override a profile's.
+    override a profile's; `dtype` (--dtype) is local weights' (an endpoint is refused it).
     """
     from arlecli.thinking import parse_option
 
@@ -100,8 +102,22 @@ def resolve_model(
     request_timeout = config.check_request_timeout(request_timeout)
     max_retries = config.check_max_retries(max_retries)
     parse_option(think_tags)
+    check_dtype(dtype)
+    if dtype is not None and base_url:
+        raise UserError("--dtype applies to local weights (the hf and vllm backends), not to an endpoint: drop it")
     spec = _resolve(model, base_url, backend, api_key_env, request_timeout, max_retries)
-    return with_model_options(spec, think_tags, chat_template_kwargs)
+    if dtype is not None and spec.kind != "hf":
+        raise UserError(f"--dtype applies to local weights, and {spec.name} is an endpoint: drop it")
+    return replace(with_model_options(spec, think_tags, chat_template_kwargs), dtype=dtype)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(dtype: str | None) -> None:
+    """A --dtype arle can load weights in, or a UserError naming them."""
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype!r}: give one of {', '.join(DTYPES)}")
 
 
 def with_model_options(

@@ -260,14 +260,19 @@ def open_run(
 
 
 def model_options(engine: "Engine") -> dict[str, Any]:
-    """The engine's think tags (`none`: not split) and chat-template switches, for meta.json."""
+    """The engine's think tags (`none`: not split), chat-template switches and, when one was
+    asked for, its weights' dtype (absent by default, so runs made before --dtype still resume)."""
     from arlecli.thinking import tags_for
 
     tags = tags_for(engine)
-    return {
+    options = {
         "think_tags": tags.option() if tags is not None else "none",
         "chat_template_kwargs": getattr(engine, "chat_template_kwargs", None) or {},
     }
+    dtype = getattr(engine, "dtype", None)
+    if isinstance(dtype, str):
+        options["dtype"] = dtype
+    return options
 
 
 def close_run(

@@ -68,6 +68,7 @@ def eval_command(
     max_model_len: Optional[int] = options.MAX_MODEL_LEN,
     quantization: Optional[str] = options.QUANTIZATION,
     kv_cache_dtype: Optional[str] = options.KV_CACHE_DTYPE,
+    dtype: Optional[str] = options.DTYPE,
     seed: int = typer.Option(1234, "--seed"),
     opponent: Optional[str] = typer.Option(
         None,
@@ -163,6 +164,7 @@ def eval_command(
         max_retries=max_retries,
         think_tags=think_tags,
         chat_template_kwargs=parse_template_kwargs(chat_template_kwargs),
+        dtype=dtype,
     )
     # Each price given on the command line overrides the profile's.
     prices = make_prices(

@@ -26,6 +26,13 @@ QUANTIZATION = typer.Option(
     help="vllm backend: vLLM's quantization method (fp8, awq, "
     "gptq, ...); a method this machine cannot run is refused in one line.",
 )
+DTYPE = typer.Option(
+    None,
+    "--dtype",
+    help="Local weights on the hf or vllm backend: float32 (the CPU default: exact, batch-invariant), "
+    "bfloat16 (the GPU default; opt-in on a CPU: faster where it has bf16 units, AMX or AVX512-BF16, "
+    "and it changes the numbers, perf/README.md measures by how much) or float16.",
+)
 KV_CACHE_DTYPE = typer.Option(None, "--kv-cache-dtype", help="vllm backend: KV cache dtype (auto, fp8, ...).")
 # Taken as text, without typer's min=: a bad value is arle's one-line error (config.check_*),
 # not typer's usage screen.

@@ -51,6 +51,7 @@ def serve_command(
     ),
     think_tags: Optional[str] = options.THINK_TAGS,
     chat_template_kwargs: Optional[list[str]] = options.CHAT_TEMPLATE_KWARGS,
+    dtype: Optional[str] = options.DTYPE,
     tool_call_parser: Optional[str] = typer.Option(
         None,
         "--tool-call-parser",
@@ -137,7 +138,11 @@ def serve_command(
 
     # --api-key-env here is our key, not an endpoint's.
     spec = resolve_model(
-        model, backend=backend, think_tags=think_tags, chat_template_kwargs=parse_template_kwargs(chat_template_kwargs)
+        model,
+        backend=backend,
+        think_tags=think_tags,
+        chat_template_kwargs=parse_template_kwargs(chat_template_kwargs),
+        dtype=dtype,
     )
     sock = server.bind(host, port)  # before loading the model: a busy port fails at once
     vllm_options = VLLMOptions(

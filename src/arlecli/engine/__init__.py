@@ -102,7 +102,10 @@ def _vllm(spec: ModelSpec, *, vllm_options: VLLMOptions | None = None, **_: Any)
     from arlecli.engine.vllm import VLLMEngine, VLLMOptions
 
     return VLLMEngine(
-        spec.path_or_id or "", chat_template_kwargs=spec.chat_template_kwargs, **asdict(vllm_options or VLLMOptions())
+        spec.path_or_id or "",
+        chat_template_kwargs=spec.chat_template_kwargs,
+        dtype=spec.dtype,
+        **asdict(vllm_options or VLLMOptions()),
     )
 
 
@@ -110,4 +113,6 @@ def _vllm(spec: ModelSpec, *, vllm_options: VLLMOptions | None = None, **_: Any)
 def _hf(spec: ModelSpec, *, batch_size: int = 16, **_: Any) -> Engine:
     from arlecli.engine.hf import HFEngine
 
-    return HFEngine(spec.path_or_id or "", batch_size=batch_size, chat_template_kwargs=spec.chat_template_kwargs)
+    return HFEngine(
+        spec.path_or_id or "", batch_size=batch_size, chat_template_kwargs=spec.chat_template_kwargs, dtype=spec.dtype
+    )

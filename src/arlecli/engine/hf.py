@@ -107,6 +107,7 @@ class HFEngine:
         import torch
 
         self.torch = torch
+        self.dtype = dtype  # as asked (--dtype); None: fp32 on CPU, bf16 on CUDA (`_load`)
         self.batch_size = max(1, batch_size)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if model_obj is not None and tokenizer is not None:
@@ -719,14 +720,15 @@ def _merge(cache: Any, new: Any, mask: Any, new_mask: Any) -> Any:
 
 
 def pack_linears(model: Any) -> list[Any]:
-    """Run each fp32 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked now;
-    returns the modules changed (`unpack_linears` undoes it). Nothing where oneDNN is
-    missing or disagrees with `F.linear` here.
+    """Run each fp32 or bf16 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked
+    now; returns the modules changed (`unpack_linears` undoes it). Nothing where oneDNN is
+    missing or disagrees with `F.linear` here (per dtype: bf16 needs its kernels too).
 
     Why: decode is matmuls of 1-16 rows, where MKL's `F.linear` reaches 35-90 GFLOP/s on
     one core and oneDNN on a prepacked weight 130-220 (2-3x on a 49k-row lm_head). And
     oneDNN's result for a row does not depend on how many rows share the matmul (MKL's
-    moves by ~1e-5), so batching changes samples even less. Costs one copy of the weights
+    moves by ~1e-5), so batching changes samples even less. bf16 weights (--dtype): 1.4-2x
+    over bf16 `F.linear` at SmolLM2's shapes on an AMX CPU. Costs one copy of the weights
     in memory. The packed copy is a snapshot: weights changed later are not seen until
     the modules are unpacked and packed again."""
     import torch
@@ -737,10 +739,11 @@ def pack_linears(model: Any) -> list[Any]:
         if isinstance(m, torch.nn.Linear)
         and "forward" not in vars(m)
         and m.weight.device.type == "cpu"
-        and m.weight.dtype == torch.float32
+        and m.weight.dtype in (torch.float32, torch.bfloat16)
         and m.weight.shape == (m.out_features, m.in_features)
+        and _onednn_linear_works(str(m.weight.dtype).removeprefix("torch."))
     ]  # a ZeRO-3 shard has another shape
-    if not linears or not _onednn_linear_works():
+    if not linears:
         return []
     for m in linears:
         # An instance attribute over the class's method, on purpose (unpack_linears deletes it).
@@ -758,10 +761,10 @@ def _packed_forward(linear: Any, packed: Any):
     import torch
 
     bias = linear.bias.detach() if linear.bias is not None else None
-    rule = _row_rule(packed, bias, linear.in_features, linear.out_features)
+    rule = _row_rule(packed, bias, linear.in_features, linear.out_features, linear.weight.dtype)
 
     def forward(x: Any) -> Any:
-        if x.dtype != torch.float32:  # e.g. under autocast: the packed weight is fp32 only
+        if x.dtype != linear.weight.dtype:  # e.g. under autocast: the packed weight has one dtype
             return torch.nn.functional.linear(x, linear.weight, linear.bias)
         if rule.pad_single and x.numel() == x.shape[-1]:
             # One row runs as two (the same cost: the weights are read once), on the kernel
@@ -782,19 +785,19 @@ class RowRule:
     stable: bool  # from two rows on, a row's bits do not depend on how many rows share the matmul
 
 
-_ROW_RULES: dict[tuple[int, int, bool], RowRule] = {}
+_ROW_RULES: dict[tuple[int, int, bool, str], RowRule] = {}
 
 
-def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int) -> RowRule:
+def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int, dtype: Any) -> RowRule:
     """Probe, once per shape, whether a row's result depends on the matmul's row count: the
     kernel oneDNN picks depends on the shapes, not the values, so random rows through one
     weight of the shape tell for all. Costs a few small matmuls per distinct shape."""
     import torch
 
-    key = (d_in, d_out, bias is not None)
+    key = (d_in, d_out, bias is not None, str(dtype))
     if key not in _ROW_RULES:
         gen = torch.Generator().manual_seed(0)
-        x = torch.randn(16, d_in, generator=gen)
+        x = torch.randn(16, d_in, generator=gen).to(dtype)
         with torch.inference_mode():
 
             def run(rows: int) -> Any:
@@ -816,22 +819,24 @@ def rows_are_batch_invariant(modules: list[Any]) -> bool:
 
 
 @functools.cache
-def _onednn_linear_works() -> bool:
-    """Whether oneDNN's packed linear runs here and matches `F.linear` on a probe (a guard
-    for builds and CPUs without it, where it would fail far from here)."""
+def _onednn_linear_works(dtype: str = "float32") -> bool:
+    """Whether oneDNN's packed linear runs here in `dtype` and matches `F.linear` on a probe
+    (a guard for builds and CPUs without it, where it would fail far from here)."""
     import torch
 
     if not torch.backends.mkldnn.is_available():
         return False
-    probe = torch.nn.Linear(64, 48)
-    x = torch.randn(3, 64)
+    kind = getattr(torch, dtype)
+    probe = torch.nn.Linear(64, 48).to(kind)
+    x = torch.randn(3, 64).to(kind)
+    tolerance = 1e-4 if kind == torch.float32 else 2e-2  # bf16 keeps 8 significant bits
     try:
         with torch.inference_mode():
             got = _packed_forward(probe, torch.ops.mkldnn._reorder_linear_weight(probe.weight.detach()))(x)
             want = probe(x)
     except (RuntimeError, AttributeError):
         return False
-    return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-4))
+    return bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
 
 
 GROUPED_SDPA = "arle_grouped_sdpa"
@@ -968,7 +973,8 @@ def _load(model: str, device: str, dtype: str | None):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar is noise in eval output
-    # fp32 on CPU: these CPUs have no bf16 units (slower) and bf16 is not deterministic here.
+    # fp32 on CPU unless asked (--dtype): exact and batch-invariant (`pack_linears`); bf16 is
+    # faster only on CPUs with bf16 units (AMX, AVX512-BF16) and changes the numbers.
     torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     try:
         from arlecli.models import is_adapter_folder

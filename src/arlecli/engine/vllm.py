@@ -282,6 +282,7 @@ class VLLMEngine:
         cpu = on_cpu()
         prepare_vllm_environment(cache_dir, cpu=cpu)
         self.seed = seed
+        self.dtype = dtype  # as asked (--dtype); None: float32 on CPU, the model's own on GPU
         self.llm: Any = None
         self._replicas: _Replicas | None = None
         self._lora: Any = None
