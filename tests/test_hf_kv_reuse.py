@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+from helpers.turns import register_replying_env
+
 from arlecli.catalog import load_card
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
 from arlecli.engine.prefix_cache import PrefixCache
-from arlecli.envs import Step, make_env, register_env
+from arlecli.envs import make_env
 from arlecli.envs.episodes import Job, run_episodes
 from arlecli.types import Task
 
@@ -89,24 +91,7 @@ def test_a_prompt_that_leaves_a_kept_sequence_part_way_reuses_the_shared_part(ti
 def test_the_multi_turn_driver_gives_the_same_episodes_with_and_without_kv_reuse(tiny_model):
     """Through envs.episodes.run_episodes (what eval and every trainer run): 4-turn episodes
     of the math_tool card whose env always replies, seeded sampling."""
-
-    @register_env("test_kv_four_turns")
-    def _four_turns(card: Any, task: Task, exemplars: list[Task], native_tools: bool) -> Any:
-        class FourTurns:
-            tools = None
-            max_turns = 4
-
-            def reset(self) -> list[dict[str, str]]:
-                return [{"role": "user", "content": task.input}]
-
-            def step(self, completion: str) -> Step:
-                return Step([{"role": "user", "content": "Use the calculator and check that again."}])
-
-            def info(self) -> dict[str, Any]:
-                return {}
-
-        return FourTurns()
-
+    register_replying_env("test_kv_four_turns", lambda completion: "Use the calculator and check that again.")
     card = load_card("math_tool")
     card.env, card.env_params = "test_kv_four_turns", {}
 

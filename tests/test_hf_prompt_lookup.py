@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+from helpers.turns import register_replying_env
+
 from arlecli.catalog import load_card
 from arlecli.engine.base import Completion, GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
 from arlecli.engine.lookup import draft, next_guess_len
-from arlecli.envs import Step, make_env, register_env
+from arlecli.envs import make_env
 from arlecli.envs.episodes import Job, run_episodes
 from arlecli.types import Task
 
@@ -184,24 +186,7 @@ def test_chained_follow_ups_and_streaming_see_every_token_in_order(tiny_model):
 def test_multi_turn_episodes_are_the_same_with_and_without_lookup(tiny_model):
     """Through envs.episodes.run_episodes (what eval and every trainer run): greedy 4-turn
     episodes of the math_tool card one at a time, with the KV kept across turns."""
-
-    @register_env("test_lookup_four_turns")
-    def _four_turns(card: Any, task: Task, exemplars: list[Task], native_tools: bool) -> Any:
-        class FourTurns:
-            tools = None
-            max_turns = 4
-
-            def reset(self) -> list[dict[str, str]]:
-                return [{"role": "user", "content": task.input}]
-
-            def step(self, completion: str) -> Step:
-                return Step([{"role": "user", "content": f"You said: {completion[:40]} Check that again."}])
-
-            def info(self) -> dict[str, Any]:
-                return {}
-
-        return FourTurns()
-
+    register_replying_env("test_lookup_four_turns", lambda completion: f"You said: {completion[:40]} Check that again.")
     card = load_card("math_tool")
     card.env, card.env_params = "test_lookup_four_turns", {}
 

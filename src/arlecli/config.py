@@ -66,6 +66,21 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("arle"))
 
 
+def env_count(name: str, default: int, fix: str) -> int:
+    """A whole number >= 0 from environment variable `name` (unset or blank: `default`); any
+    other value is a UserError that ends with `fix` (what to set it to)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UserError(f"{name}={raw!r}: {fix}")
+    return value
+
+
 def profiles_path() -> Path:
     """The YAML file that holds the model profiles."""
     return arle_home() / PROFILES_FILE

@@ -12,14 +12,13 @@ wrong guess costs only the extra positions of that forward, and the next guess i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from arlecli.errors import UserError
+from arlecli.config import env_count
 
 DEFAULT_DRAFT_TOKENS = 8  # the longest guess (`next_guess_len` sets each one's length up to it)
 MAX_NGRAM = 3
-MIN_NGRAM = 2  # a 1-token match guesses wrong so often that its forwards cost more than they save
+MIN_NGRAM = 2  # 1-token matches left out: they match at almost every step, and a verify forward costs more than a step
 ENV_VAR = "ARLE_PROMPT_LOOKUP"
 FIRST_GUESS = 4
 
@@ -46,16 +45,7 @@ def configured_draft_tokens() -> int:
     $ARLE_PROMPT_LOOKUP (0 turns prompt lookup off) or DEFAULT_DRAFT_TOKENS. An environment
     variable, like ARLE_KV_REUSE_TOKENS, because eval, serve and training's rollouts all
     build hf engines and the output does not depend on it (only the speed)."""
-    raw = os.environ.get(ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_DRAFT_TOKENS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise UserError(f"{ENV_VAR}={raw!r}: give a whole number of draft tokens (0 turns prompt lookup off)")
-    return value
+    return env_count(ENV_VAR, DEFAULT_DRAFT_TOKENS, "give a whole number of draft tokens (0 turns prompt lookup off)")
 
 
 def draft(ids: list[int], max_tokens: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:

@@ -16,12 +16,11 @@ prompt the old one did, at least as far).
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from arlecli.errors import UserError
+from arlecli.config import env_count
 
 DEFAULT_MAX_TOKENS = 16384  # ~0.75 GB of fp32 KV for SmolLM2-135M (46 KB a token), 16 episodes of 1k tokens
 ENV_VAR = "ARLE_KV_REUSE_TOKENS"
@@ -32,16 +31,7 @@ def configured_max_tokens() -> int:
     $ARLE_KV_REUSE_TOKENS (0 turns KV reuse off) or DEFAULT_MAX_TOKENS. An environment
     variable rather than a flag because eval, serve and a training run's rollout engine all
     build hf engines, and the budget is a memory setting of the machine, not of a run."""
-    raw = os.environ.get(ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_MAX_TOKENS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise UserError(f"{ENV_VAR}={raw!r} is not a token count: set it to 0 (off) or a positive number of tokens")
-    return value
+    return env_count(ENV_VAR, DEFAULT_MAX_TOKENS, "not a token count: set it to 0 (off) or a positive number of tokens")
 
 
 @dataclass
