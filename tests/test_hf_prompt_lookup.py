@@ -103,16 +103,23 @@ def test_greedy_tokens_equal_plain_decoding_and_the_guesses_are_taken(tiny_model
     looking, plain = _engines(tiny_model)
     reqs = [GenerationRequest(prompt=p, params=SamplingParams(max_tokens=24 + 7 * i)) for i, p in enumerate(_prompts())]
     reqs += [
-        GenerationRequest(messages=[{"role": "user", "content": p}], params=SamplingParams(max_tokens=40))
+        GenerationRequest(
+            messages=[{"role": "user", "content": p}], params=SamplingParams(max_tokens=40, logprobs=True)
+        )
         for p in _prompts()
     ]
     a, b = dict(looking.generate(reqs)), dict(plain.generate(reqs))
     for i in range(len(reqs)):
         assert a[i].token_ids == b[i].token_ids, i
         assert (a[i].text, a[i].finish_reason) == (b[i].text, b[i].finish_reason)
+        assert a[i].logprobs == b[i].logprobs, i  # the same floats, where asked for (a verify forward's too)
     tally = looking.lookup
     assert tally.forwards > 0 and tally.tokens > tally.forwards  # steps were saved
     assert plain.lookup.forwards == 0
+    wanting = [r for r in reqs if r.params.logprobs]
+    saved = tally.tokens - tally.forwards
+    list(looking.generate(wanting))
+    assert tally.tokens - tally.forwards > saved  # rows that want logprobs take guesses too
 
 
 def test_stop_strings_and_budgets_end_a_speculated_row_where_plain_decoding_does(tiny_model):
@@ -152,7 +159,7 @@ def test_a_batch_whose_last_row_runs_alone_gives_every_row_its_plain_tokens(tiny
     a, b = dict(looking.generate(reqs)), dict(plain.generate(reqs))
     for i in range(len(reqs)):
         assert a[i].token_ids == b[i].token_ids, i
-        assert a[i].logprobs == b[i].logprobs, i  # logprob rows never speculate: the same floats
+        assert a[i].logprobs == b[i].logprobs, i
     assert looking.lookup.forwards > 0
 
 

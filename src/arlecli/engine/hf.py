@@ -455,14 +455,13 @@ class HFEngine:
 
         One row only: at batch 1 a step reads every weight for one position, so a few more
         positions ride along almost free; a full batch is closer to compute-bound and would pay
-        for every row's guess. Not for rows that want logprobs (their floats would rest on a
-        log-softmax over several positions giving each the bits of one; not checked) or that
-        are fed ids, nor where a sliding window's cache cannot be cut back, nor where the
-        kernels cannot give the steps' bits (`_lookup_exact`: a live policy, a GPU)."""
+        for every row's guess. Not for rows that are fed ids, nor where a sliding window's
+        cache cannot be cut back, nor where the kernels cannot give the steps' bits
+        (`_lookup_exact`: a live policy, a GPU)."""
         if len(rows) != 1 or not self.draft_tokens or not self._lookup_exact:
             return []
         r = rows[0]
-        if r.feed or r.params.temperature > 0 or r.params.logprobs:
+        if r.feed or r.params.temperature > 0:
             return []
         if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
             return []
@@ -498,10 +497,15 @@ class HFEngine:
             )
         finally:
             ROWWISE_ATTENTION.reset(rowwise)
-        chosen = out.logits[0].argmax(dim=-1).tolist()
+        logits = out.logits[0].float()
+        picked = logits.argmax(dim=-1)
+        chosen = picked.tolist()
         row = rows[0]
+        lps = None
+        if row.params.logprobs:  # a log-softmax gives each position the bits it gives it alone, as in `_pick`
+            lps = torch.log_softmax(logits, dim=-1).gather(1, picked.view(-1, 1)).squeeze(1).tolist()
         for fed, token in enumerate(chosen, 1):
-            tokens, keep, finished, leaving = self._emit(rows, [token], None, then, waiting)
+            tokens, keep, finished, leaving = self._emit(rows, [token], lps[fed - 1 :] if lps else None, then, waiting)
             # Done, chained into a follow-up, the guess used up, or the model disagreed with it.
             if not keep or rows[0] is not row or fed == n or token != guess[fed - 1]:
                 break
