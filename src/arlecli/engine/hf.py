@@ -731,7 +731,8 @@ def pack_linears(model: Any) -> list[Any]:
     Why: decode is matmuls of 1-16 rows, where MKL's `F.linear` reaches 35-90 GFLOP/s on
     one core and oneDNN on a prepacked weight 130-220 (2-3x on a 49k-row lm_head). And
     oneDNN's result for a row does not depend on how many rows share the matmul (MKL's
-    moves by ~1e-5), so batching changes samples even less. bf16 weights (--dtype): 1.4-2x
+    moves by ~1e-5; where oneDNN runs a lone row on another kernel, it runs as two:
+    `_row_rule`), so batching never changes a sample. bf16 weights (--dtype): 1.4-2x
     over bf16 `F.linear` at SmolLM2's shapes on an AMX CPU. Costs one copy of the weights
     in memory. The packed copy is a snapshot: weights changed later are not seen until
     the modules are unpacked and packed again."""
@@ -927,8 +928,8 @@ def _rowwise_sdpa(
 
     Why: SDPA over several queries blocks its sums differently from one query at a time (~3e-7
     apart, ~5e-5 in SmolLM2's logits), enough to flip greedy's choice at a near tie; the linears
-    already give each row the same bits at any row count (`pack_linears`). So a verified guess
-    is bit for bit what single steps compute."""
+    already give each row the same bits at any row count (`pack_linears`, `_row_rule`). So a
+    verified guess is bit for bit what single steps compute."""
     import torch
 
     n, width = query.shape[2], key.shape[2]
