@@ -255,7 +255,8 @@ def test_loading_a_model_does_not_import_scikit_learn(tiny_model):
         "from arlecli.engine.hf import HFEngine\n"
         f"e = HFEngine({str(tiny_model)!r})\n"
         "out = dict(e.generate([GenerationRequest(prompt='a b c', params=SamplingParams(max_tokens=3))]))\n"
-        "print(json.dumps({'sklearn': 'sklearn' in sys.modules, 'tokens': len(out[0].token_ids)}))\n"
+        "print(json.dumps({'sklearn': 'sklearn' in sys.modules, 'scipy': 'scipy' in sys.modules,\n"
+        "                  'tokens': len(out[0].token_ids)}))\n"
     )
     got = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
-    assert json.loads(got.splitlines()[-1]) == {"sklearn": False, "tokens": 3}
+    assert json.loads(got.splitlines()[-1]) == {"sklearn": False, "scipy": False, "tokens": 3}

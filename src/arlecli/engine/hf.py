@@ -955,19 +955,23 @@ def _rowwise_sdpa(
 
 
 def _skip_sklearn() -> None:
-    """Keep transformers from importing scikit-learn for a model load.
+    """Keep transformers from importing scikit-learn and SciPy for a model load.
 
-    Why: where scikit-learn is installed (lm-eval pulls it in), transformers' generation
-    package imports `sklearn.metrics` up front, 1.5-2.5 s of an eval's start-up here, for one
-    use: tuning the confidence threshold of assisted (draft-model) generation, which arle never
-    runs. transformers asks `transformers.utils.is_sklearn_available()` when that module is
-    first imported; answering no before then skips the import and changes nothing else arle
-    uses. In a process that imported transformers' generation already it is a no-op."""
-    if "transformers.generation.candidate_generator" in sys.modules:
-        return
+    Why: where scikit-learn is installed (lm-eval pulls it in, and SciPy with it),
+    transformers' generation package imports `sklearn.metrics` up front, 1.5-2.5 s of an
+    eval's start-up on a slow core, for one use: tuning the confidence threshold of assisted
+    (draft-model) generation, which arle never runs; and its loss package imports
+    `scipy.optimize` (0.24 s on a fast core) for the Hungarian matching of object-detection
+    losses. transformers asks `transformers.utils.is_sklearn_available()` and
+    `is_scipy_available()` when those modules are first imported; answering no before then
+    skips the imports and changes nothing arle uses (causal LMs). In a process that imported
+    them already it is a no-op."""
     import transformers.utils
 
-    transformers.utils.is_sklearn_available = lambda: False
+    if "transformers.generation.candidate_generator" not in sys.modules:
+        transformers.utils.is_sklearn_available = lambda: False
+    if "transformers.loss.loss_for_object_detection" not in sys.modules:
+        transformers.utils.is_scipy_available = lambda: False
 
 
 def _load(model: str, device: str, dtype: str | None):
