@@ -421,23 +421,23 @@ class HFEngine:
                         active += rows
                 if not active:
                     continue
+                width = mask.shape[1]
                 guess = self._guess(active, cache)
                 if guess:
-                    tokens, keep, finished, leaving, fed = self._verify(
+                    tokens, keep, finished, leaving, mask = self._verify(
                         active, guess, last, cache, mask, next_pos, then, waiting
                     )
                 else:
-                    fed = 1
+                    mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
                     out = self.model(
                         input_ids=last.view(-1, 1),
-                        attention_mask=torch.cat([mask, mask.new_ones((len(active), 1))], dim=1),
+                        attention_mask=mask,
                         position_ids=next_pos,
                         use_cache=True,
                         **{self._cache_kw: cache},
                     )
                     tokens, keep, finished, leaving = self._step(active, out.logits[:, -1, :].float(), then, waiting)
-                mask = torch.cat([mask, mask.new_ones((len(active), fed))], dim=1)
-                next_pos = next_pos + fed
+                next_pos = next_pos + (mask.shape[1] - width)  # the positions fed and kept: 1, or a guess's
                 self._keep(cache, leaving)
                 yield from finished
                 last = torch.tensor(tokens, device=self.device)
@@ -478,19 +478,20 @@ class HFEngine:
         next_pos: Any,
         then: Then | None,
         waiting: deque[_Row],
-    ) -> tuple[list[int], list[int], list[tuple[int, Completion]], list[tuple[int, list[int]]], int]:
+    ) -> tuple[list[int], list[int], list[tuple[int, Completion]], list[tuple[int, list[int]]], Any]:
         """Run the row's last token and `guess` in one forward and emit the model's greedy
         token after each position for as long as the guess agrees with it: the tokens single
-        steps would have chosen, and one more. Returns `_step`'s tuple and how many of the
-        positions fed stay in the cache (the rest are cut off it)."""
+        steps would have chosen, and one more. Returns `_step`'s tuple and the attention mask
+        grown by the positions fed that stay in the cache (the rest are cut off it)."""
         torch = self.torch
         ids = torch.tensor([[int(last[0]), *guess]], device=self.device)
         n = ids.shape[1]
+        grown = torch.cat([mask, mask.new_ones((1, n))], dim=1)
         rowwise = ROWWISE_ATTENTION.set(True)
         try:
             out = self.model(
                 input_ids=ids,
-                attention_mask=torch.cat([mask, mask.new_ones((1, n))], dim=1),
+                attention_mask=grown,
                 position_ids=next_pos + torch.arange(n, device=self.device),
                 use_cache=True,
                 **{self._cache_kw: cache},
@@ -515,7 +516,7 @@ class HFEngine:
         self.lookup.forwards += 1
         self.lookup.guessed += len(guess)
         self.lookup.tokens += fed
-        return tokens, keep, finished, leaving, fed
+        return tokens, keep, finished, leaving, grown[:, : mask.shape[1] + fed]
 
     def _pick(self, logits, active: list[_Row]):
         """The next token of each row, and its logprob (None when no row asked for them).
