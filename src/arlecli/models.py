@@ -103,11 +103,11 @@ def resolve_model(
     max_retries = config.check_max_retries(max_retries)
     parse_option(think_tags)
     check_dtype(dtype)
-    if dtype is not None and base_url:
-        raise UserError("--dtype applies to local weights (the hf and vllm backends), not to an endpoint: drop it")
     spec = _resolve(model, base_url, backend, api_key_env, request_timeout, max_retries)
-    if dtype is not None and spec.kind != "hf":
-        raise UserError(f"--dtype applies to local weights, and {spec.name} is an endpoint: drop it")
+    if dtype is not None and spec.kind != "hf":  # --base-url, or an endpoint profile
+        raise UserError(
+            f"--dtype applies to local weights (the hf and vllm backends), and {spec.name} is an endpoint: drop it"
+        )
     return replace(with_model_options(spec, think_tags, chat_template_kwargs), dtype=dtype)
 
 
