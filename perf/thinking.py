@@ -58,15 +58,13 @@ def count_positions(engine: Any) -> dict[str, int]:
     """Count the token positions the engine's model computes (every forward pass's batch rows x
     new tokens, padding included): a cost measure that the machine's load does not blur."""
     counter = {"positions": 0}
-    forward = engine.model.forward
+    forward = engine.forward  # every forward the engine runs (its fused one or the model's)
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        ids = kwargs.get("input_ids")
-        if ids is not None:
-            counter["positions"] += int(ids.shape[0] * ids.shape[1])
-        return forward(*args, **kwargs)
+    def counted(ids: Any, *args: Any, **kwargs: Any) -> Any:
+        counter["positions"] += int(ids.shape[0] * ids.shape[1])
+        return forward(ids, *args, **kwargs)
 
-    engine.model.forward = counted
+    engine.forward = counted
     return counter
 
 

@@ -9,7 +9,8 @@ import pytest
 from helpers.cli import arle, assert_one_line_error, snapshot
 
 from arlecli.engine.base import GenerationRequest, SamplingParams
-from arlecli.engine.hf import HFEngine, _onednn_linear_works
+from arlecli.engine.hf import HFEngine
+from arlecli.engine.onednn import onednn_linear_works
 
 
 def test_the_default_is_fp32_on_cpu_and_bfloat16_is_taken_when_asked(tiny_model):
@@ -19,7 +20,7 @@ def test_the_default_is_fp32_on_cpu_and_bfloat16_is_taken_when_asked(tiny_model)
     assert plain.model.dtype == torch.float32 and plain.dtype is None
     assert bf16.model.dtype == torch.bfloat16 and bf16.dtype == "bfloat16"
     # bf16 linears are prepacked too wherever oneDNN has bf16 kernels (the probe says), like fp32's.
-    assert bf16.packed_linears == (plain.packed_linears if _onednn_linear_works("bfloat16") else 0)
+    assert bf16.packed_linears == (plain.packed_linears if onednn_linear_works("bfloat16") else 0)
     out = dict(bf16.generate([GenerationRequest(prompt="count count", params=SamplingParams(max_tokens=6))]))[0]
     assert len(out.token_ids) == 6
 

@@ -39,7 +39,8 @@ def test_a_guess_grows_while_kept_whole_and_shrinks_to_what_was_kept():
 @pytest.mark.parametrize("padding", [0, 5])
 def test_a_verify_forward_gives_each_position_the_bits_of_a_decode_step(tiny_model, padding):
     """The logits of a guess fed in one forward (rowwise attention on) equal, bit for bit, those
-    of single decode steps over the same ids, left-padded or not: why the tokens are greedy's."""
+    of single decode steps over the same ids, left-padded or not: why the tokens are greedy's.
+    Through the engine's forward (its fused projections: engine.fused)."""
     import torch
     from transformers import DynamicCache
 
@@ -48,6 +49,7 @@ def test_a_verify_forward_gives_each_position_the_bits_of_a_decode_step(tiny_mod
     engine = HFEngine(str(tiny_model), prefix_cache_tokens=0)
     assert engine._lookup_exact
     model, k = engine.model, 6
+    assert engine._fused is not None
     ids = torch.tensor([engine.tokenizer("a b c a b c a b c d e f", add_special_tokens=False)["input_ids"]])
     n = ids.shape[1]
     start = torch.cat([torch.zeros(1, padding, dtype=torch.long), ids[:, : n - k]], 1)
@@ -56,7 +58,7 @@ def test_a_verify_forward_gives_each_position_the_bits_of_a_decode_step(tiny_mod
     def prefilled() -> Any:
         cache = DynamicCache(config=model.config)
         positions = (start_mask.cumsum(-1) - 1).clamp(min=0)
-        model(input_ids=start, attention_mask=start_mask, position_ids=positions, use_cache=True, past_key_values=cache)
+        engine.forward(start, start_mask, positions, cache)
         return cache
 
     with torch.inference_mode():
@@ -64,27 +66,19 @@ def test_a_verify_forward_gives_each_position_the_bits_of_a_decode_step(tiny_mod
         for j in range(k):
             mask = torch.cat([start_mask, torch.ones(1, j + 1, dtype=torch.long)], 1)
             position = torch.tensor([[n - k + j]])
-            out = model(
-                input_ids=ids[:, n - k + j :][:, :1],
-                attention_mask=mask,
-                position_ids=position,
-                use_cache=True,
-                past_key_values=cache,
-            )
-            steps.append(out.logits[0, -1])
+            steps.append(engine.forward(ids[:, n - k + j :][:, :1], mask, position, cache)[0, -1])
         cache, token = prefilled(), ROWWISE_ATTENTION.set(True)
         try:
-            out = model(
-                input_ids=ids[:, n - k :],
-                attention_mask=torch.cat([start_mask, torch.ones(1, k, dtype=torch.long)], 1),
-                position_ids=torch.arange(n - k, n).view(1, -1),
-                use_cache=True,
-                past_key_values=cache,
+            logits = engine.forward(
+                ids[:, n - k :],
+                torch.cat([start_mask, torch.ones(1, k, dtype=torch.long)], 1),
+                torch.arange(n - k, n).view(1, -1),
+                cache,
             )
         finally:
             ROWWISE_ATTENTION.reset(token)
     for j in range(k):
-        assert torch.equal(out.logits[0, j], steps[j]), j
+        assert torch.equal(logits[0, j], steps[j]), j
 
 
 def _engines(tiny_model: Any, batch_size: int = 1) -> tuple[HFEngine, HFEngine]:

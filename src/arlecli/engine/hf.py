@@ -36,8 +36,8 @@ whenever the weights change (`_weights_version`: a live policy trained between c
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import functools
 import sys
 import time
 from collections import deque
@@ -53,7 +53,8 @@ from arlecli.engine.base import (
     cut_at_stop,
     encode_pair,
 )
-from arlecli.engine import lookup
+from arlecli.engine import fused, lookup
+from arlecli.engine.onednn import pack_linears, rows_are_batch_invariant, unpack_linears
 from arlecli.engine.prefix_cache import Entry, PrefixCache, configured_max_tokens
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
@@ -114,14 +115,19 @@ class HFEngine:
             # A live policy: its weights change between calls, so it is packed per call.
             self.model, self.tokenizer = model_obj, tokenizer
             self._packed: list[Any] | None = None
+            self._fused: fused.FusedForward | None = None
         else:
             self.model, self.tokenizer = _load(model, self.device, dtype)
-            self._packed = pack_linears(self.model)
             use_grouped_attention(self.model)
+            self._fused = fused.build(self.model)
+            self._packed = pack_linears(self.model, skip=self._fused.modules if self._fused else frozenset())
         # Prompt lookup's guesses are greedy's bit for bit only where every linear gives a row the
         # same bits at any row count and attention runs rowwise when asked (`_rowwise_sdpa`).
-        self._lookup_exact = rows_are_batch_invariant(self._packed or []) and (
-            getattr(self.model.config, "_attn_implementation", None) == GROUPED_SDPA
+        calls = [*(self._packed or []), *(self._fused.calls if self._fused else [])]
+        self._lookup_exact = (
+            self._packed is not None
+            and rows_are_batch_invariant(calls)
+            and getattr(self.model.config, "_attn_implementation", None) == GROUPED_SDPA
         )
         self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         self.model.eval()
@@ -150,9 +156,9 @@ class HFEngine:
 
     @property
     def packed_linears(self) -> int:
-        """How many linear layers were packed for oneDNN at load (0 for a live policy, packed per
-        call, and where packing does not pay)."""
-        return len(self._packed or [])
+        """How many linear layers run on oneDNN with weights packed at load, alone or stacked
+        (engine.fused): 0 for a live policy (packed per call) and where packing does not pay."""
+        return len(self._packed or []) + len(self._fused.modules if self._fused and self._packed is not None else ())
 
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids (shared with the vllm backend so both see the same ids)."""
@@ -192,16 +198,34 @@ class HFEngine:
         encoded = [self.encode(r) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
+        with self._kernels():
+            yield from self._run(waiting, then)
+
+    @contextlib.contextmanager
+    def _kernels(self) -> Iterator[None]:
+        """The packed kernels for one call: those packed at load, or for a live policy packed
+        now (the same kernels as an engine that loaded these weights itself, so training
+        rollouts sample what `arle eval` would) and dropped after, before the weights change."""
         if self._packed is not None:
-            yield from self._run(waiting, then)
+            yield
             return
-        # Same kernels as an engine that loaded these weights itself, so training rollouts
-        # sample what `arle eval` would; unpacked after, before the weights change again.
-        packed = pack_linears(self.model)
+        self._fused = fused.build(self.model)
+        packed = pack_linears(self.model, skip=self._fused.modules if self._fused else frozenset())
         try:
-            yield from self._run(waiting, then)
+            yield
         finally:
             unpack_linears(packed)
+            self._fused = None
+
+    def forward(self, ids: Any, mask: Any = None, positions: Any = None, cache: Any = None, keep: int = 0) -> Any:
+        """The model's logits for `ids` [batch, positions] (left-padded rows: `mask`, `positions`),
+        `cache` (a transformers cache) grown in place; the last `keep` positions' only if `keep`.
+        Through engine.fused where the model has it (the same bits as the model's own forward)."""
+        if self._fused is not None:
+            return self._fused(ids, mask, positions, cache, keep)
+        kwargs = {self._cache_kw: cache, "use_cache": True} if cache is not None else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep, **kwargs)
+        return out.logits
 
     def _weights_version(self) -> tuple[Any, ...]:
         """What identifies the weights the model computes with now: each parameter's identity
@@ -278,7 +302,7 @@ class HFEngine:
         masked gap between its past and its rest, so every row stays padding-then-tokens, the
         shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots."""
         torch = self.torch
-        from transformers import DynamicCache
+        from arlecli.engine.kv_buffer import new_cache
 
         width = max(len(r.prompt_ids) - r.cached for r in rows)
         fed = [r.prompt_ids[-width:] for r in rows]
@@ -291,20 +315,13 @@ class HFEngine:
             mask[b, past + width - len(f) - pasts[b] :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         if past:
             self._fill_past(cache, rows, pasts, past)
         for r in rows:
             r.past = None  # the batch cache holds what it needs; the entry may be evicted now
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kw: cache},
-        )
-        return out.logits[:, -1, :].float(), cache, mask, positions[:, -1:] + 1
+        logits = self.forward(ids, mask, positions, cache, keep=1)
+        return logits[:, -1, :].float(), cache, mask, positions[:, -1:] + 1
 
     def _fill_past(self, cache: Any, rows: list[_Row], pasts: list[int], past: int) -> None:
         """Load each row's first `pasts[b]` kept KV columns into the empty `cache`, right-aligned
@@ -429,14 +446,8 @@ class HFEngine:
                     )
                 else:
                     mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-                    out = self.model(
-                        input_ids=last.view(-1, 1),
-                        attention_mask=mask,
-                        position_ids=next_pos,
-                        use_cache=True,
-                        **{self._cache_kw: cache},
-                    )
-                    tokens, keep, finished, leaving = self._step(active, out.logits[:, -1, :].float(), then, waiting)
+                    logits = self.forward(last.view(-1, 1), mask, next_pos, cache)
+                    tokens, keep, finished, leaving = self._step(active, logits[:, -1, :].float(), then, waiting)
                 next_pos = next_pos + (mask.shape[1] - width)  # the positions fed and kept: 1, or a guess's
                 self._keep(cache, leaving)
                 yield from finished
@@ -489,16 +500,9 @@ class HFEngine:
         grown = torch.cat([mask, mask.new_ones((1, n))], dim=1)
         rowwise = ROWWISE_ATTENTION.set(True)
         try:
-            out = self.model(
-                input_ids=ids,
-                attention_mask=grown,
-                position_ids=next_pos + torch.arange(n, device=self.device),
-                use_cache=True,
-                **{self._cache_kw: cache},
-            )
+            logits = self.forward(ids, grown, next_pos + torch.arange(n, device=self.device), cache)[0].float()
         finally:
             ROWWISE_ATTENTION.reset(rowwise)
-        logits = out.logits[0].float()
         picked = logits.argmax(dim=-1)
         chosen = picked.tolist()
         row = rows[0]
@@ -601,8 +605,7 @@ class HFEngine:
             (i for g in groups.values() if len(g) == 1 for i in g),
             key=lambda i: (-len(encoded[i][0]) - len(encoded[i][1]), tuple(encoded[i][0] + encoded[i][1])),
         )
-        packed = pack_linears(self.model) if self._packed is None else None
-        try:
+        with self._kernels():
             for group in shared:
                 for start in range(0, len(group), self.batch_size):
                     part = group[start : start + self.batch_size]
@@ -610,9 +613,6 @@ class HFEngine:
             for start in range(0, len(alone), self.batch_size):
                 batch = alone[start : start + self.batch_size]
                 yield from zip(batch, self._score_batch([encoded[i] for i in batch]))
-        finally:
-            if packed is not None:
-                unpack_linears(packed)
 
     def _inputs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
         # The last token is only ever a target; a too-long sequence loses its left end (as lm-eval).
@@ -636,19 +636,14 @@ class HFEngine:
             return self._score_batch(pairs)
         with torch.inference_mode():
             cache = DynamicCache(config=self.model.config)
-            self.model(
-                input_ids=torch.tensor([inputs[0][:shared]], device=self.device),
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kw: cache},
-            )
+            self.forward(torch.tensor([inputs[0][:shared]], device=self.device), cache=cache, keep=1)
             cache.batch_repeat_interleave(len(pairs))
             rests = [x[shared:] for x in inputs]
             width = max(len(r) for r in rests)
             ids = torch.full((len(rests), width), self.pad_id, dtype=torch.long)
             for b, r in enumerate(rests):
                 ids[b, : len(r)] = torch.tensor(r)
-            logits = self.model(input_ids=ids.to(self.device), use_cache=True, **{self._cache_kw: cache}).logits
+            logits = self.forward(ids.to(self.device), cache=cache)
             return [self._loglik(logits[b], len(r), cont) for b, (r, (_, cont)) in enumerate(zip(rests, pairs))]
 
     def _loglik(self, logits: Any, length: int, cont: list[int]) -> Loglik:
@@ -676,7 +671,7 @@ class HFEngine:
         for b, x in enumerate(inputs):
             ids[b, : len(x)] = torch.tensor(x)
         with torch.inference_mode():
-            logits = self.model(input_ids=ids.to(self.device)).logits
+            logits = self.forward(ids.to(self.device))
             return [self._loglik(logits[b], len(x), cont) for b, (x, (_, cont)) in enumerate(zip(inputs, pairs))]
 
     def close(self) -> None:
@@ -722,127 +717,6 @@ def _merge(cache: Any, new: Any, mask: Any, new_mask: Any) -> Any:
         old.keys = torch.cat([pad(old.keys, 2), pad(add.keys, 2)])
         old.values = torch.cat([pad(old.values, 2), pad(add.values, 2)])
     return torch.cat([pad(mask, 1), pad(new_mask, 1)])
-
-
-def pack_linears(model: Any) -> list[Any]:
-    """Run each fp32 or bf16 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked
-    now; returns the modules changed (`unpack_linears` undoes it). Nothing where oneDNN is
-    missing or disagrees with `F.linear` here (per dtype: bf16 needs its kernels too).
-
-    Why: decode is matmuls of 1-16 rows, where MKL's `F.linear` reaches 35-90 GFLOP/s on
-    one core and oneDNN on a prepacked weight 130-220 (2-3x on a 49k-row lm_head). And
-    oneDNN's result for a row does not depend on how many rows share the matmul (MKL's
-    moves by ~1e-5; where oneDNN runs a lone row on another kernel, it runs as two:
-    `_row_rule`), so batching never changes a sample. bf16 weights (--dtype): 1.4-2x
-    over bf16 `F.linear` at SmolLM2's shapes on an AMX CPU. Costs one copy of the weights
-    in memory. The packed copy is a snapshot: weights changed later are not seen until
-    the modules are unpacked and packed again."""
-    import torch
-
-    linears = [
-        m
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear)
-        and "forward" not in vars(m)
-        and m.weight.device.type == "cpu"
-        and m.weight.dtype in (torch.float32, torch.bfloat16)
-        and m.weight.shape == (m.out_features, m.in_features)
-        and _onednn_linear_works(str(m.weight.dtype).removeprefix("torch."))
-    ]  # a ZeRO-3 shard has another shape
-    if not linears:
-        return []
-    for m in linears:
-        # An instance attribute over the class's method, on purpose (unpack_linears deletes it).
-        m.forward = _packed_forward(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach()))  # type: ignore[method-assign]
-    return linears
-
-
-def unpack_linears(modules: list[Any]) -> None:
-    """Give `modules` (from `pack_linears`) their own `nn.Linear.forward` back."""
-    for m in modules:
-        vars(m).pop("forward", None)
-
-
-def _packed_forward(linear: Any, packed: Any):
-    import torch
-
-    bias = linear.bias.detach() if linear.bias is not None else None
-    rule = _row_rule(packed, bias, linear.in_features, linear.out_features, linear.weight.dtype)
-
-    def forward(x: Any) -> Any:
-        if x.dtype != linear.weight.dtype:  # e.g. under autocast: the packed weight has one dtype
-            return torch.nn.functional.linear(x, linear.weight, linear.bias)
-        if rule.pad_single and x.numel() == x.shape[-1]:
-            # One row runs as two (the same cost: the weights are read once), on the kernel
-            # every other row count uses, so a lone row gets the bits it would get in a batch.
-            two = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).expand(2, -1), packed, bias, "none", [], "")
-            return two[:1].reshape(*x.shape[:-1], -1)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-    forward.row_rule = rule  # type: ignore[attr-defined]
-    return forward
-
-
-@dataclass(frozen=True)
-class RowRule:
-    """How oneDNN treats rows of one linear's shape on this CPU (measured by `_row_rule`)."""
-
-    pad_single: bool  # one row takes another kernel than two or more (SmolLM2's 1536 -> 576 on AVX-512)
-    stable: bool  # from two rows on, a row's bits do not depend on how many rows share the matmul
-
-
-_ROW_RULES: dict[tuple[int, int, bool, str], RowRule] = {}
-
-
-def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int, dtype: Any) -> RowRule:
-    """Probe, once per shape, whether a row's result depends on the matmul's row count: the
-    kernel oneDNN picks depends on the shapes, not the values, so random rows through one
-    weight of the shape tell for all. Costs a few small matmuls per distinct shape."""
-    import torch
-
-    key = (d_in, d_out, bias is not None, str(dtype))
-    if key not in _ROW_RULES:
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(16, d_in, generator=gen).to(dtype)
-        with torch.inference_mode():
-
-            def run(rows: int) -> Any:
-                return torch.ops.mkldnn._linear_pointwise(x[:rows], packed, bias, "none", [], "")
-
-            full = run(16)
-            _ROW_RULES[key] = RowRule(
-                pad_single=not torch.equal(run(1)[0], full[0]),
-                stable=all(torch.equal(run(n), full[:n]) for n in (2, 3, 9)),
-            )
-    return _ROW_RULES[key]
-
-
-def rows_are_batch_invariant(modules: list[Any]) -> bool:
-    """Whether every packed linear of `modules` (from `pack_linears`) gives a row the same bits at
-    any row count (one row padded to two where that differs): what prompt lookup's exactness and
-    "batching never changes a sample" rest on."""
-    return bool(modules) and all(vars(m)["forward"].row_rule.stable for m in modules if "forward" in vars(m))
-
-
-@functools.cache
-def _onednn_linear_works(dtype: str = "float32") -> bool:
-    """Whether oneDNN's packed linear runs here in `dtype` and matches `F.linear` on a probe
-    (a guard for builds and CPUs without it, where it would fail far from here)."""
-    import torch
-
-    if not torch.backends.mkldnn.is_available():
-        return False
-    kind = getattr(torch, dtype)
-    probe = torch.nn.Linear(64, 48).to(kind)
-    x = torch.randn(3, 64).to(kind)
-    tolerance = 1e-4 if kind == torch.float32 else 2e-2  # bf16 keeps 8 significant bits
-    try:
-        with torch.inference_mode():
-            got = _packed_forward(probe, torch.ops.mkldnn._reorder_linear_weight(probe.weight.detach()))(x)
-            want = probe(x)
-    except (RuntimeError, AttributeError):
-        return False
-    return bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
 
 
 GROUPED_SDPA = "arle_grouped_sdpa"

@@ -76,7 +76,7 @@ def _score_hf(engine: Any, job: ScoreJob) -> Scored:
     torch = engine.torch
     with torch.inference_mode():
         ids = torch.tensor([job.ids], device=engine.device)
-        logits = engine.model(input_ids=ids).logits[0].float()
+        logits = engine.forward(ids)[0].float()
         rows = torch.log_softmax(logits, dim=-1)
         if job.temperature > 0 and job.sampled_from < len(job.ids) + 1:
             # Positions predicting sampled tokens: the distribution the engine drew from (hf._pick).

@@ -1,0 +1,146 @@
+"""CPU linears on oneDNN with prepacked weights: packing a model's `nn.Linear`s, one packed
+call per weight, and what oneDNN does with a row's bits at different row counts.
+
+Why oneDNN: decode is matmuls of 1-16 rows, where MKL's `F.linear` reaches 35-90 GFLOP/s on
+one core and oneDNN on a prepacked weight 130-220 (2-3x on a 49k-row lm_head). And oneDNN's
+result for a row does not depend on how many rows share the matmul (MKL's moves by ~1e-5;
+where oneDNN runs a lone row on another kernel, it runs as two: `_row_rule`), so batching
+never changes a sample. bf16 weights (--dtype): 1.4-2x over bf16 `F.linear` at SmolLM2's
+shapes on an AMX CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def pack_linears(model: Any, skip: frozenset[int] = frozenset()) -> list[Any]:
+    """Run each fp32 or bf16 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked
+    now; returns the modules changed (`unpack_linears` undoes it). Nothing where oneDNN is
+    missing or disagrees with `F.linear` here (per dtype: bf16 needs its kernels too), nor
+    for the modules whose `id` is in `skip` (ones engine.fused runs from a fused weight).
+
+    Costs one copy of the weights in memory. The packed copy is a snapshot: weights changed
+    later are not seen until the modules are unpacked and packed again."""
+    import torch
+
+    linears = [m for m in model.modules() if id(m) not in skip and packable(m)]
+    for m in linears:
+        # An instance attribute over the class's method, on purpose (unpack_linears deletes it).
+        m.forward = packed_call([m], functools.partial(torch.nn.functional.linear, weight=m.weight, bias=m.bias))
+    return linears
+
+
+def packable(m: Any) -> bool:
+    """Whether `m` is an unpacked CPU `nn.Linear` whose weight oneDNN can pack here."""
+    import torch
+
+    return (
+        isinstance(m, torch.nn.Linear)
+        and "forward" not in vars(m)
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype in (torch.float32, torch.bfloat16)
+        and m.weight.shape == (m.out_features, m.in_features)  # a ZeRO-3 shard has another shape
+        and onednn_linear_works(str(m.weight.dtype).removeprefix("torch."))
+    )
+
+
+def unpack_linears(modules: list[Any]) -> None:
+    """Give `modules` (from `pack_linears`) their own `nn.Linear.forward` back."""
+    for m in modules:
+        vars(m).pop("forward", None)
+
+
+def packed_call(linears: list[Any], fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One oneDNN call computing the outputs of `linears` (one, or several reading the same
+    input: their weights stacked, outputs side by side), with the weights packed now;
+    `fallback(x)` runs where the input's dtype is not the packed weight's (autocast). The
+    function carries its `row_rule`."""
+    import torch
+
+    first = linears[0]
+    with torch.no_grad():
+        weight = first.weight.detach() if len(linears) == 1 else torch.cat([m.weight.detach() for m in linears])
+        biases = [m.bias for m in linears]
+        bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+    d_out = sum(m.out_features for m in linears)
+    rule = _row_rule(packed, bias, first.in_features, d_out, first.weight.dtype)
+
+    def forward(x: Any) -> Any:
+        if x.dtype != first.weight.dtype:  # e.g. under autocast: the packed weight has one dtype
+            return fallback(x)
+        if rule.pad_single and x.numel() == x.shape[-1]:
+            # One row runs as two (the same cost: the weights are read once), on the kernel
+            # every other row count uses, so a lone row gets the bits it would get in a batch.
+            two = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).expand(2, -1), packed, bias, "none", [], "")
+            return two[:1].reshape(*x.shape[:-1], -1)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    forward.row_rule = rule  # type: ignore[attr-defined]
+    return forward
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """How oneDNN treats rows of one linear's shape on this CPU (measured by `_row_rule`)."""
+
+    pad_single: bool  # one row takes another kernel than two or more (SmolLM2's 1536 -> 576 on AVX-512)
+    stable: bool  # from two rows on, a row's bits do not depend on how many rows share the matmul
+
+
+_ROW_RULES: dict[tuple[int, int, bool, str], RowRule] = {}
+
+
+def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int, dtype: Any) -> RowRule:
+    """Probe, once per shape, whether a row's result depends on the matmul's row count: the
+    kernel oneDNN picks depends on the shapes, not the values, so random rows through one
+    weight of the shape tell for all. Costs a few small matmuls per distinct shape."""
+    import torch
+
+    key = (d_in, d_out, bias is not None, str(dtype))
+    if key not in _ROW_RULES:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(16, d_in, generator=gen).to(dtype)
+        with torch.inference_mode():
+
+            def run(rows: int) -> Any:
+                return torch.ops.mkldnn._linear_pointwise(x[:rows], packed, bias, "none", [], "")
+
+            full = run(16)
+            _ROW_RULES[key] = RowRule(
+                pad_single=not torch.equal(run(1)[0], full[0]),
+                stable=all(torch.equal(run(n), full[:n]) for n in (2, 3, 9)),
+            )
+    return _ROW_RULES[key]
+
+
+def rows_are_batch_invariant(calls: list[Any]) -> bool:
+    """Whether every packed call in `calls` (modules from `pack_linears`, or `packed_call`
+    functions) gives a row the same bits at any row count (one row padded to two where that
+    differs): what prompt lookup's exactness and "batching never changes a sample" rest on."""
+    rules = [getattr(vars(c).get("forward", c), "row_rule", None) for c in calls]
+    return bool(rules) and all(rule is not None and rule.stable for rule in rules)
+
+
+@functools.cache
+def onednn_linear_works(dtype: str = "float32") -> bool:
+    """Whether oneDNN's packed linear runs here in `dtype` and matches `F.linear` on a probe
+    (a guard for builds and CPUs without it, where it would fail far from here)."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return False
+    kind = getattr(torch, dtype)
+    probe = torch.nn.Linear(64, 48).to(kind)
+    x = torch.randn(3, 64).to(kind)
+    tolerance = 1e-4 if kind == torch.float32 else 2e-2  # bf16 keeps 8 significant bits
+    try:
+        with torch.inference_mode():
+            got = packed_call([probe], probe)(x)
+            want = probe(x)
+    except (RuntimeError, AttributeError):
+        return False
+    return bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))

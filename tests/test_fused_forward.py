@@ -1,0 +1,223 @@
+"""The fused forward (engine.fused): Llama, Qwen2 and Qwen3 logits bit for bit those of the model's
+own forward on packed linears (prefill with padding, decode steps, scoring without a mask or a
+cache), the engine's tokens equal with and without it (greedy, seeded, stop strings, a
+multi-turn card), and `build` declines what it would not compute exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from helpers.turns import register_replying_env
+
+from arlecli.catalog import load_card
+from arlecli.engine import fused
+from arlecli.engine.base import GenerationRequest, SamplingParams
+from arlecli.engine.hf import GROUPED_SDPA, HFEngine, use_grouped_attention
+from arlecli.engine.onednn import onednn_linear_works, pack_linears
+from arlecli.envs import make_env
+from arlecli.envs.episodes import Job, run_episodes
+from arlecli.types import Task
+
+
+def _model(kind: str, dtype: str = "float32", attention: str = "sdpa", **extra: Any) -> Any:
+    """A tiny random causal LM of class `kind`: grouped heads, biases where the class has them."""
+    import torch
+    import transformers
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel),
+    }[kind]
+    shape = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=kind != "llama",
+    )
+    if kind == "gpt2":
+        shape = dict(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    config = config_cls(**shape, **extra)
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    model = model_cls(config).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():  # weights far from the init's scale, so the layers do not all look alike
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, dtype=p.dtype) * 0.05)
+    if attention == "sdpa":
+        assert use_grouped_attention(model) and model.config._attn_implementation == GROUPED_SDPA
+    return model
+
+
+def _dtypes() -> list[str]:
+    return ["float32", *(["bfloat16"] if onednn_linear_works("bfloat16") else [])]
+
+
+@pytest.mark.parametrize("dtype", _dtypes())
+@pytest.mark.parametrize(
+    ("kind", "attention"), [("llama", "sdpa"), ("qwen2", "sdpa"), ("qwen3", "sdpa"), ("llama", "eager")]
+)
+def test_logits_and_cache_are_the_models_own_bit_for_bit(kind, attention, dtype):
+    """Left-padded prefill keeping the last position, five decode steps, then lm-eval-style
+    scoring (right-padded, no mask, no cache) and a shared prefix's cache repeated per row:
+    every logit `torch.equal` to the model's forward with every linear packed (the path the
+    engine ran before), and the KV caches alike."""
+    import torch
+    from transformers import DynamicCache
+
+    model = _model(kind, dtype, attention)
+    forward = fused.build(model)
+    assert forward is not None
+    pack_linears(model)  # the reference: transformers' forward on packed linears
+
+    def theirs(ids: Any, mask: Any = None, positions: Any = None, cache: Any = None, keep: int = 0) -> Any:
+        kw = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep, **kw).logits
+
+    gen = torch.Generator().manual_seed(1)
+    lengths = [9, 5, 2]
+    width = max(lengths)
+    ids = torch.randint(0, 300, (3, width), generator=gen)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, width - n :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        caches = [DynamicCache(config=model.config), DynamicCache(config=model.config)]
+        outs = [f(ids, mask, positions, c, keep=1) for f, c in zip((forward, theirs), caches)]
+        assert outs[0].shape == (3, 1, 300) and torch.equal(outs[0], outs[1])
+        step, pos = outs[0][:, -1].argmax(-1), positions[:, -1:] + 1
+        for _ in range(5):
+            mask = torch.cat([mask, mask.new_ones((3, 1))], dim=1)
+            outs = [f(step.view(-1, 1), mask, pos, c) for f, c in zip((forward, theirs), caches)]
+            assert torch.equal(outs[0], outs[1])
+            step, pos = outs[0][:, -1].argmax(-1), pos + 1
+        for mine, yours in zip(caches[0].layers, caches[1].layers, strict=True):
+            assert torch.equal(mine.keys, yours.keys) and torch.equal(mine.values, yours.values)
+
+        scored = torch.randint(0, 300, (4, 7), generator=gen)
+        assert torch.equal(forward(scored), theirs(scored))
+        shared = []
+        for f in (forward, theirs):
+            cache = DynamicCache(config=model.config)
+            f(scored[:1, :4], cache=cache, keep=1)
+            cache.batch_repeat_interleave(4)
+            shared.append(f(scored[:, 4:], cache=cache))
+        assert torch.equal(shared[0], shared[1])
+
+
+def test_build_declines_what_it_would_not_compute_exactly():
+    """Another architecture, sliding-window layers, a module whose forward was replaced and
+    linears packed already get None: the engine runs the model's own forward there."""
+    assert fused.build(_model("gpt2", attention="eager")) is None
+    sliding = _model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    assert "sliding_attention" in sliding.config.layer_types
+    assert fused.build(sliding) is None
+    patched = _model("llama")
+    patched.model.layers[1].mlp.forward = lambda x: x
+    assert fused.build(patched) is None
+    packed = _model("llama")
+    pack_linears(packed)
+    assert fused.build(packed) is None
+    assert fused.build(_model("llama")) is not None
+
+
+def _engines(tiny_model: Any, monkeypatch: Any, **kw: Any) -> tuple[HFEngine, HFEngine]:
+    """(an engine on the fused forward, one on the model's own), the same weights and settings."""
+    with_fused = HFEngine(str(tiny_model), **kw)
+    monkeypatch.setattr(fused, "build", lambda model: None)
+    plain = HFEngine(str(tiny_model), **kw)
+    monkeypatch.undo()
+    assert with_fused._fused is not None and plain._fused is None
+    assert with_fused.packed_linears == plain.packed_linears  # every linear packed either way
+    return with_fused, plain
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_engine_tokens_equal_the_models_own_forward(tiny_model, monkeypatch, batch_size):
+    """Greedy, seeded and logprob rows with stop strings and budgets, batched and alone (with
+    prompt lookup), and lm-eval's loglikelihoods: all the same with and without the fused forward."""
+    from arlecli.engine.base import LoglikRequest
+
+    a_engine, b_engine = _engines(tiny_model, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
+    prompts = ["a b c a b c a b c", "def f(x): return x\ndef f(x):", "one two three " * 4, "hello", "1 2 3 4 1 2 3"]
+    free = dict(b_engine.generate([GenerationRequest(prompt=p, params=SamplingParams(max_tokens=30)) for p in prompts]))
+    reqs = []
+    for i, p in enumerate(prompts):
+        text = free[i].text
+        stop = [text[len(text) // 2 : len(text) // 2 + 3]] if len(text) > 8 else []
+        for j, temperature in enumerate((0.0, 0.8, 1.2)):
+            cut = stop if (i + j) % 2 else []  # greedy rows without one run on and take lookup's guesses
+            params = SamplingParams(
+                max_tokens=(30, 9, 15)[j], temperature=temperature, seed=i, stop=cut, logprobs=j == 2
+            )
+            reqs.append(GenerationRequest(prompt=p, params=params))
+    a, b = dict(a_engine.generate(reqs)), dict(b_engine.generate(reqs))
+    for i in range(len(reqs)):
+        assert (a[i].token_ids, a[i].text, a[i].finish_reason) == (b[i].token_ids, b[i].text, b[i].finish_reason), i
+        assert a[i].logprobs == b[i].logprobs, i
+    assert any(c.finish_reason == "stop" for c in a.values())
+    if batch_size == 1:
+        assert a_engine.lookup.forwards > 0  # verify forwards ran through the fused forward too
+    scoring = [LoglikRequest(context=p, continuation=" yes") for p in prompts] + [
+        LoglikRequest(context="Question: pick", continuation=c) for c in (" one", " two", " three")
+    ]
+    assert dict(a_engine.loglikelihood(scoring)) == dict(b_engine.loglikelihood(scoring))
+
+
+def test_multi_turn_episodes_are_the_same_with_and_without_the_fused_forward(tiny_model, monkeypatch):
+    """Through envs.episodes.run_episodes (what eval and every trainer run): seeded 4-turn
+    episodes of the math_tool card, three at a time, the KV kept across turns."""
+    register_replying_env("test_fused_four_turns", lambda completion: f"You said: {completion[:40]} Again.")
+    card = load_card("math_tool")
+    card.env, card.env_params = "test_fused_four_turns", {}
+
+    def episodes(engine: HFEngine) -> dict[int, Any]:
+        tasks = [Task(str(i), f"What is {i} plus {7 * i}?", "") for i in range(3)]
+        jobs = [
+            Job(t, make_env(card, t), SamplingParams(max_tokens=12 + 4 * i, temperature=0.9 * (i % 2), seed=i))
+            for i, t in enumerate(tasks)
+        ]
+        return dict(run_episodes(engine, jobs))
+
+    with_fused, plain = _engines(tiny_model, monkeypatch, batch_size=3)
+    a, b = episodes(with_fused), episodes(plain)
+    for i in range(3):
+        assert len(a[i].turns) == 4
+        assert [(t.prompt_token_ids, t.token_ids) for t in a[i].turns] == [
+            (t.prompt_token_ids, t.token_ids) for t in b[i].turns
+        ]
+    assert with_fused.prefix_cache.hits >= 3 * 3
+
+
+def test_a_live_policy_runs_fused_per_call_and_gets_its_modules_back(tiny_model):
+    """A policy in training is fused and packed for each call only: its own modules afterwards,
+    and what it samples is what an engine that loaded the same weights samples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    tok = AutoTokenizer.from_pretrained(str(tiny_model), padding_side="left")
+    live = HFEngine("", model_obj=model, tokenizer=tok, batch_size=2)
+    built: list[Any] = []
+    real = fused.build
+
+    def spy(m: Any) -> Any:
+        built.append(real(m))
+        return built[-1]
+
+    reqs = [GenerationRequest(prompt=p, params=SamplingParams(max_tokens=8)) for p in ("hello", "def f(x):")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fused, "build", spy)
+        got = {i: c.token_ids for i, c in live.generate(reqs)}
+    assert built and built[0] is not None and live._fused is None
+    assert all("forward" not in vars(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    owned = HFEngine(str(tiny_model), batch_size=2)
+    assert {i: c.token_ids for i, c in owned.generate(reqs)} == got

@@ -1,0 +1,115 @@
+"""The growing KV cache (engine.kv_buffer): it holds exactly what transformers' DynamicLayer holds
+through updates, crops, row selections and a replaced tensor, attention over its views gives the
+bits of a contiguous cache, and the engine's tokens are the same with it as with DynamicCache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from arlecli.engine import kv_buffer
+from arlecli.engine.base import GenerationRequest, SamplingParams
+from arlecli.engine.hf import HFEngine
+from arlecli.engine.kv_buffer import HEADROOM, GrowingLayer
+
+
+def _states(gen: Any, batch: int, width: int) -> tuple[Any, Any]:
+    import torch
+
+    return torch.randn(batch, 2, width, 8, generator=gen), torch.randn(batch, 2, width, 8, generator=gen)
+
+
+def test_it_holds_what_a_dynamic_layer_holds_through_every_change():
+    """Prefill, single columns past the first buffer's room (a regrowth), a crop of a verified
+    guess's tail, a row selection (a finished row leaving) and keys replaced from outside (the
+    engine's merge of two caches): after each, the same keys and values as DynamicLayer's."""
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    gen = torch.Generator().manual_seed(0)
+    mine, theirs = GrowingLayer(), DynamicLayer()
+
+    def both(k: Any, v: Any) -> None:
+        got, want = mine.update(k, v), theirs.update(k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    both(*_states(gen, 3, 10))
+    first = mine._buffers
+    for _ in range(HEADROOM + 5):
+        both(*_states(gen, 3, 1))
+    assert mine._buffers is not first  # it grew once the room ran out
+    assert mine.keys.data_ptr() == mine._buffers[0].data_ptr()  # and writes in place again
+    both(*_states(gen, 3, 6))
+    mine.crop(-4), theirs.crop(-4)
+    both(*_states(gen, 3, 1))
+    rows = torch.tensor([0, 2])
+    mine.batch_select_indices(rows), theirs.batch_select_indices(rows)
+    both(*_states(gen, 2, 1))
+    extra = _states(gen, 2, mine.get_seq_length())
+    mine.keys, mine.values = torch.cat([mine.keys, extra[0]]), torch.cat([mine.values, extra[1]])
+    theirs.keys, theirs.values = torch.cat([theirs.keys, extra[0]]), torch.cat([theirs.values, extra[1]])
+    both(*_states(gen, 4, 1))
+    assert mine.get_seq_length() == theirs.get_seq_length()
+
+
+def test_a_kept_view_is_not_changed_by_later_writes():
+    """What update returned stays what it was when the buffer takes more columns or regrows."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    layer = GrowingLayer()
+    keys, _ = layer.update(*_states(gen, 2, 5))
+    before = keys.clone()
+    for _ in range(HEADROOM + 3):
+        layer.update(*_states(gen, 2, 1))
+    assert torch.equal(keys, before)
+
+
+@pytest.mark.parametrize(("batch", "length", "masked"), [(1, 40, False), (4, 300, True)])
+def test_attention_over_the_buffer_views_has_the_bits_of_a_contiguous_cache(batch, length, masked):
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+    layer = GrowingLayer()
+    k, v = torch.randn(batch, 3, length, 64, generator=gen), torch.randn(batch, 3, length, 64, generator=gen)
+    keys, values = layer.update(k[:, :, :-1], v[:, :, :-1])
+    keys, values = layer.update(k[:, :, -1:], v[:, :, -1:])
+    assert not keys.is_contiguous()  # a view with room after it
+    q = torch.randn(batch, 9, 1, 64, generator=gen)
+    mask = None
+    if masked:
+        mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+        mask[0, ..., :7] = False
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(
+        sdpa(q, keys, values, attn_mask=mask, enable_gqa=True), sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
+    )
+
+
+def test_engine_tokens_are_the_same_with_a_dynamic_cache(tiny_model, monkeypatch):
+    """Rows of different lengths finishing at different steps (selections, merges of newly
+    admitted rows), greedy with prompt lookup (crops), seeded and logprob rows: the same tokens
+    and logprobs whichever cache the engine grows."""
+    from transformers import DynamicCache
+
+    prompts = ["a b c a b c a b c", "def f(x): return x\n" * 5, "one two three " * 9, "hi", "1 2 3 4 1 2 3"]
+    reqs = [
+        GenerationRequest(
+            prompt=p,
+            params=SamplingParams(
+                max_tokens=8 + 11 * (i % 4), temperature=0.8 * (i % 3 == 1), seed=i, logprobs=i % 3 == 2
+            ),
+        )
+        for i, p in enumerate(prompts * 3)
+    ]
+
+    def run(batch_size: int) -> dict[int, Any]:
+        engine = HFEngine(str(tiny_model), batch_size=batch_size, prefix_cache_tokens=0)
+        return {i: (c.token_ids, c.logprobs) for i, c in engine.generate(reqs)}
+
+    for batch_size in (1, 4):
+        grown = run(batch_size)
+        with monkeypatch.context() as m:
+            m.setattr(kv_buffer, "new_cache", lambda config: DynamicCache(config=config))
+            assert run(batch_size) == grown
