@@ -11,7 +11,7 @@ import pytest
 from arlecli.engine import kv_buffer
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
-from arlecli.engine.kv_buffer import HEADROOM, GrowingLayer
+from arlecli.engine.kv_buffer import HEADROOM, GrowingLayer, fill_gaps
 
 
 def _states(gen: Any, batch: int, width: int) -> tuple[Any, Any]:
@@ -51,6 +51,32 @@ def test_it_holds_what_a_dynamic_layer_holds_through_every_change():
     theirs.keys, theirs.values = torch.cat([theirs.keys, extra[0]]), torch.cat([theirs.values, extra[1]])
     both(*_states(gen, 4, 1))
     assert mine.get_seq_length() == theirs.get_seq_length()
+
+
+def test_rows_leaving_are_replaced_from_the_tail_and_only_those_rows_move():
+    """fill_gaps keeps rows in place where it can; a selection in that order copies the moved rows
+    alone (the buffer stays the same memory) and holds what DynamicLayer's full selection holds."""
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    assert fill_gaps([0, 1, 2], 3) == [0, 1, 2]
+    assert fill_gaps([0, 2, 3, 5], 6) == [0, 5, 2, 3]
+    assert fill_gaps([4, 5], 6) == [5, 4]
+    assert fill_gaps([], 4) == []
+    gen = torch.Generator().manual_seed(3)
+    mine, theirs = GrowingLayer(), DynamicLayer()
+    for layer in (mine, theirs):
+        layer.update(*_states(torch.Generator().manual_seed(4), 6, 9))
+    buffer = mine._buffers[0]
+    order = torch.tensor(fill_gaps([0, 2, 3, 5], 6))
+    mine.batch_select_indices(order), theirs.batch_select_indices(order)
+    assert mine._buffers[0].data_ptr() == buffer.data_ptr()  # moved in place
+    assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    step = _states(gen, 4, 1)
+    assert all(torch.equal(a, b) for a, b in zip(mine.update(*step), theirs.update(*step)))
+    shuffled = torch.tensor([3, 1, 0])  # not fill_gaps' order: a whole selection, still the same rows
+    mine.batch_select_indices(shuffled), theirs.batch_select_indices(shuffled)
+    assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
 
 
 def test_a_kept_view_is_not_changed_by_later_writes():

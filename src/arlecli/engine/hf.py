@@ -302,7 +302,7 @@ class HFEngine:
         masked gap between its past and its rest, so every row stays padding-then-tokens, the
         shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots."""
         torch = self.torch
-        from arlecli.engine.kv_buffer import new_cache
+        from arlecli.engine.kv_buffer import new_cache  # here: the tests swap it for DynamicCache
 
         width = max(len(r.prompt_ids) - r.cached for r in rows)
         fed = [r.prompt_ids[-width:] for r in rows]
@@ -400,6 +400,8 @@ class HFEngine:
         return tokens, keep, finished, leaving
 
     def _run(self, waiting: deque[_Row], then: Then | None = None) -> Iterator[tuple[int, Completion]]:
+        from arlecli.engine.kv_buffer import fill_gaps  # imports transformers: not at arle's start-up
+
         torch = self.torch
         active: list[_Row] = []
         # The running batch: KV cache, mask, positions, fed tokens (tensors and a transformers cache).
@@ -453,6 +455,7 @@ class HFEngine:
                 yield from finished
                 last = torch.tensor(tokens, device=self.device)
                 if len(keep) < len(active):
+                    keep = fill_gaps(keep, len(active))  # the cache moves only the rows past the gaps
                     active = [active[b] for b in keep]
                     if not active:
                         cache = mask = next_pos = last = None

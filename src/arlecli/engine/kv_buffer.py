@@ -30,6 +30,17 @@ def new_cache(config: Any) -> DynamicCache:
     return cache
 
 
+def fill_gaps(keep: list[int], total: int) -> list[int]:
+    """The order to keep rows `keep` (ascending positions among `total`) in: a kept row in the
+    first len(keep) positions stays where it is and the later ones move into the gaps left, so
+    a `GrowingLayer` copies the moved rows alone, not every row (rows are independent of their
+    position in a batch: the parity contract's batch invariance)."""
+    n = len(keep)
+    tail = [b for b in keep if b >= n]
+    kept = set(keep)
+    return [j if j in kept else tail.pop() for j in range(n)]
+
+
 class GrowingLayer(DynamicLayer):
     """`DynamicLayer` with its keys and values kept in buffers with room at the end."""
 
@@ -63,6 +74,27 @@ class GrowingLayer(DynamicLayer):
         value_buffer[..., length:end, :].copy_(value_states)
         self.keys, self.values = key_buffer[..., :end, :], value_buffer[..., :end, :]
         return self.keys, self.values
+
+    def batch_select_indices(self, indices: Any) -> None:
+        """Keep only the rows `indices` (rows leaving a batch). Where each kept row either stays
+        where it is or comes from past the new batch's end (`fill_gaps`' order), only the moved
+        rows are copied, in place; otherwise the buffers are selected whole, room and all."""
+        length = self.get_seq_length()
+        if not length or not self._holds(self.keys, self.values, length):
+            return super().batch_select_indices(indices)
+        assert self._buffers is not None
+        order = [int(i) for i in indices]
+        n = len(order)
+        if len(set(order)) == n and all(source == j or source >= n for j, source in enumerate(order)):
+            for buffer in self._buffers:
+                for j, source in enumerate(order):
+                    if source != j:  # a slot of a row that left, filled from the tail (never written here)
+                        buffer[j, ..., :length, :].copy_(buffer[source, ..., :length, :])
+            key_buffer, value_buffer = (buffer[:n] for buffer in self._buffers)
+        else:
+            key_buffer, value_buffer = (buffer[indices, ...] for buffer in self._buffers)
+        self._buffers = (key_buffer, value_buffer)
+        self.keys, self.values = key_buffer[..., :length, :], value_buffer[..., :length, :]
 
     def _holds(self, keys: Any, values: Any, end: int) -> bool:
         """Whether `keys` and `values` are the leading columns of this layer's buffers, with room up to `end`."""
