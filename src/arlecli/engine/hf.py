@@ -11,8 +11,10 @@ first, so padding stays small and out-of-memory shows up at once, not at the end
 admitted together are prefilled in groups of similar length.
 
 On CPU (fp32), linears run on oneDNN with prepacked weights and grouped-query attention
-skips transformers' K/V copies (see `pack_linears`, `use_grouped_attention`): together
-about 2x on a CPU eval (perf/eval_vs_lmeval.py: the same 64 greedy texts as before).
+skips transformers' K/V copies (engine.onednn, `use_grouped_attention`): together about 2x
+on a CPU eval (perf/eval_vs_lmeval.py: the same 64 greedy texts as before). Llama, Qwen2 and
+Qwen3 models run engine.fused's forward (stacked projections, fewer calls: the same bits),
+and the KV cache grows in a buffer instead of being copied every step (engine.kv_buffer).
 
 Sampling uses one torch.Generator per request, seeded from the request's seed, so a
 sample's tokens do not depend on which other requests share its batch: a resumed eval
