@@ -4,14 +4,21 @@ bits of a contiguous cache, and the engine's tokens are the same with it as with
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import pytest
 
+from helpers.turns import register_replying_env
+
+from arlecli.catalog import load_card
 from arlecli.engine import kv_buffer
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
 from arlecli.engine.kv_buffer import HEADROOM, GrowingLayer, fill_gaps
+from arlecli.envs import make_env
+from arlecli.envs.episodes import Job, run_episodes
+from arlecli.types import Task
 
 
 def _states(gen: Any, batch: int, width: int) -> tuple[Any, Any]:
@@ -113,18 +120,30 @@ def test_attention_over_the_buffer_views_has_the_bits_of_a_contiguous_cache(batc
     )
 
 
-def test_engine_tokens_are_the_same_with_a_dynamic_cache(tiny_model, monkeypatch):
-    """Rows of different lengths finishing at different steps (selections, merges of newly
-    admitted rows), greedy with prompt lookup (crops), seeded and logprob rows: the same tokens
-    and logprobs whichever cache the engine grows."""
+@contextlib.contextmanager
+def _dynamic(monkeypatch: Any) -> Iterator[None]:
+    """While open, the engine grows transformers' own DynamicCache."""
     from transformers import DynamicCache
 
+    with monkeypatch.context() as m:
+        m.setattr(kv_buffer, "new_cache", lambda config: DynamicCache(config=config))
+        yield
+
+
+def test_engine_tokens_are_the_same_with_a_dynamic_cache(tiny_model, monkeypatch):
+    """Rows of different lengths finishing at different steps (selections, merges of newly
+    admitted rows), greedy with prompt lookup (crops), seeded and logprob rows, stop strings:
+    the same tokens and logprobs whichever cache the engine grows."""
     prompts = ["a b c a b c a b c", "def f(x): return x\n" * 5, "one two three " * 9, "hi", "1 2 3 4 1 2 3"]
     reqs = [
         GenerationRequest(
             prompt=p,
             params=SamplingParams(
-                max_tokens=8 + 11 * (i % 4), temperature=0.8 * (i % 3 == 1), seed=i, logprobs=i % 3 == 2
+                max_tokens=8 + 11 * (i % 4),
+                temperature=0.8 * (i % 3 == 1),
+                seed=i,
+                logprobs=i % 3 == 2,
+                stop=[" a", "x"] if i % 2 else [],
             ),
         )
         for i, p in enumerate(prompts * 3)
@@ -136,6 +155,30 @@ def test_engine_tokens_are_the_same_with_a_dynamic_cache(tiny_model, monkeypatch
 
     for batch_size in (1, 4):
         grown = run(batch_size)
-        with monkeypatch.context() as m:
-            m.setattr(kv_buffer, "new_cache", lambda config: DynamicCache(config=config))
+        with _dynamic(monkeypatch):
             assert run(batch_size) == grown
+
+
+def test_multi_turn_episodes_are_the_same_with_a_dynamic_cache(tiny_model, monkeypatch):
+    """Through envs.episodes.run_episodes: 4-turn episodes of the math_tool card, greedy and
+    seeded, three at a time with the KV kept across turns (prefix-cache entries cut from the
+    buffers, refilled into new ones)."""
+    register_replying_env("test_kv_buffer_turns", lambda completion: f"You said: {completion[:30]} More.")
+    card = load_card("math_tool")
+    card.env, card.env_params = "test_kv_buffer_turns", {}
+
+    def episodes() -> dict[int, Any]:
+        engine = HFEngine(str(tiny_model), batch_size=3)
+        tasks = [Task(str(i), f"What is {i} times {3 * i}?", "") for i in range(4)]
+        jobs = [
+            Job(t, make_env(card, t), SamplingParams(max_tokens=10 + 5 * i, temperature=0.7 * (i % 2), seed=i))
+            for i, t in enumerate(tasks)
+        ]
+        done = dict(run_episodes(engine, jobs))
+        assert engine.prefix_cache.hits >= 4 * 3
+        return {i: [(t.prompt_token_ids, t.token_ids) for t in e.turns] for i, e in done.items()}
+
+    grown = episodes()
+    assert all(len(turns) == 4 for turns in grown.values())
+    with _dynamic(monkeypatch):
+        assert episodes() == grown
