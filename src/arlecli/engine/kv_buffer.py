@@ -19,7 +19,9 @@ from typing import Any
 
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-HEADROOM = 64  # columns of room at least, and a quarter of the length: a regrowth copies the cache once
+# Columns of room at least, and a quarter of the length: a regrowth copies the cache once, and the
+# cache takes up to a quarter more memory than its tokens need.
+HEADROOM = 64
 
 
 def new_cache(config: Any) -> DynamicCache:
