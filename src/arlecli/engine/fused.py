@@ -89,7 +89,7 @@ class FusedForward:
 
         base, config = self.model.model, self.model.config
         hidden = base.embed_tokens(input_ids)
-        if cache is None and config.use_cache:  # what the model does with use_cache left unset
+        if cache is None and getattr(config, "use_cache", False):  # what the model does with use_cache unset
             cache = DynamicCache(config=config)
         if position_ids is None:
             seen = cache.get_seq_length() if cache is not None else 0
