@@ -85,7 +85,7 @@ class GrowingLayer(DynamicLayer):
         if not length or not self._holds(self.keys, self.values, length):
             return super().batch_select_indices(indices)
         assert self._buffers is not None
-        order = [int(i) for i in indices]
+        order = indices.tolist() if hasattr(indices, "tolist") else list(indices)  # one copy off a GPU, not one a row
         n = len(order)
         if len(set(order)) == n and all(source == j or source >= n for j, source in enumerate(order)):
             for buffer in self._buffers:
