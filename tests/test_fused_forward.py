@@ -114,8 +114,8 @@ def test_logits_and_cache_are_the_models_own_bit_for_bit(kind, attention, dtype)
 
 
 def test_build_declines_what_it_would_not_compute_exactly():
-    """Another architecture, sliding-window layers, a module whose forward was replaced and
-    linears packed already get None: the engine runs the model's own forward there."""
+    """Another architecture, sliding-window layers, a module whose forward was replaced, a forward
+    hook and linears packed already get None: the engine runs the model's own forward there."""
     assert fused.build(_model("gpt2", attention="eager")) is None
     sliding = _model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
     assert "sliding_attention" in sliding.config.layer_types
@@ -126,6 +126,14 @@ def test_build_declines_what_it_would_not_compute_exactly():
     packed = _model("llama")
     pack_linears(packed)
     assert fused.build(packed) is None
+    hooked = _model("qwen2")
+    handle = hooked.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)
+    assert fused.build(hooked) is None  # the fused forward would skip the hook
+    handle.remove()
+    assert fused.build(hooked) is not None
+    wrapped = _model("llama")
+    wrapped.forward = wrapped.forward  # as accelerate's autocast wrapper sits on the instance
+    assert fused.build(wrapped) is None
     assert fused.build(_model("llama")) is not None
 
 

@@ -131,6 +131,15 @@ class FusedForward:
         return self.model.lm_head(hidden[:, -keep:, :] if keep else hidden)
 
 
+def _hooked(model: Any) -> bool:
+    """Whether forward hooks would run in `model`'s own forward: on any module, or global ones."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
 def _rotate_half(x: Any) -> Any:
     """transformers' `rotate_half`: the same two slices, negation and concatenation."""
     import torch
@@ -152,6 +161,8 @@ def build(model: Any) -> FusedForward | None:
     layers = list(base.layers)
     if not layers or len(layers) != config.num_hidden_layers or getattr(config, "pretraining_tp", 1) != 1:
         return None
+    if _hooked(model) or "forward" in vars(model) or "forward" in vars(base):
+        return None  # hooks or a wrapped forward (autocast, offloading) would be skipped: the model runs itself
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]):
         return None  # sliding-window layers take another mask
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, layers[0].self_attn.head_dim
