@@ -113,6 +113,23 @@ def test_logits_and_cache_are_the_models_own_bit_for_bit(kind, attention, dtype)
         assert torch.equal(shared[0], shared[1])
 
 
+@pytest.mark.parametrize("stacked", [1, 3])
+def test_a_packed_call_given_another_dtype_runs_each_linear_as_f_linear(stacked):
+    """Under autocast an input comes in another dtype than the packed weight's: the call (one
+    linear, or several stacked) returns what `F.linear` on each gives, side by side."""
+    import torch
+
+    from arlecli.engine.onednn import packed_call
+
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(16, 8 + 4 * i) for i in range(stacked)]
+    x = torch.randn(3, 16).to(torch.bfloat16)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.cat([torch.nn.functional.linear(x, m.weight, m.bias) for m in linears], dim=-1)
+        got = packed_call(linears)(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
 def test_build_declines_what_it_would_not_compute_exactly():
     """Another architecture, sliding-window layers, a module whose forward was replaced, a forward
     hook and linears packed already get None: the engine runs the model's own forward there."""

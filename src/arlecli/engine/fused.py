@@ -194,21 +194,13 @@ def build(model: Any) -> FusedForward | None:
     fused = [
         _Layer(
             module=layer,
-            qkv=_stacked(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-            gate_up=_stacked(layer.mlp.gate_proj, layer.mlp.up_proj),
+            qkv=packed_call([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+            gate_up=packed_call([layer.mlp.gate_proj, layer.mlp.up_proj]),
         )
         for layer in layers
     ]
     norm = _rms_norm if _rms_norm_exact(first.input_layernorm) else _module_norm
     return FusedForward(model, fused, heads, kv_heads, head_dim, first.mlp.gate_proj.out_features, norm, eager)
-
-
-def _stacked(*linears: Any) -> Callable[[Any], Any]:
-    import torch
-
-    return packed_call(
-        list(linears), lambda x: torch.cat([torch.nn.functional.linear(x, m.weight, m.bias) for m in linears], dim=-1)
-    )
 
 
 def _module_norm(module: Any, hidden: Any) -> Any:
@@ -255,8 +247,8 @@ def _stacking_exact(*linears: Any) -> bool:
             with torch.no_grad():
                 probe.weight.copy_(torch.randn(probe.weight.shape, generator=gen))
             probes.append(probe)
-        alone = [packed_call([p], p) for p in probes]
-        stacked = packed_call(probes, lambda x: x)
+        alone = [packed_call([p]) for p in probes]
+        stacked = packed_call(probes)
         x = torch.randn(512, first.in_features, generator=gen).to(first.weight.dtype)
         with torch.inference_mode():
             _STACKING[key] = all(

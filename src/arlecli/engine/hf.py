@@ -126,10 +126,8 @@ class HFEngine:
         # Prompt lookup's guesses are greedy's bit for bit only where every linear gives a row the
         # same bits at any row count and attention runs rowwise when asked (`_rowwise_sdpa`).
         calls = [*(self._packed or []), *(self._fused.calls if self._fused else [])]
-        self._lookup_exact = (
-            self._packed is not None
-            and rows_are_batch_invariant(calls)
-            and getattr(self.model.config, "_attn_implementation", None) == GROUPED_SDPA
+        self._lookup_exact = rows_are_batch_invariant(calls) and (
+            getattr(self.model.config, "_attn_implementation", None) == GROUPED_SDPA
         )
         self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         self.model.eval()

@@ -24,12 +24,10 @@ def pack_linears(model: Any, skip: frozenset[int] = frozenset()) -> list[Any]:
 
     Costs one copy of the weights in memory. The packed copy is a snapshot: weights changed
     later are not seen until the modules are unpacked and packed again."""
-    import torch
-
     linears = [m for m in model.modules() if id(m) not in skip and packable(m)]
     for m in linears:
         # An instance attribute over the class's method, on purpose (unpack_linears deletes it).
-        m.forward = packed_call([m], functools.partial(torch.nn.functional.linear, weight=m.weight, bias=m.bias))
+        m.forward = packed_call([m])
     return linears
 
 
@@ -53,10 +51,10 @@ def unpack_linears(modules: list[Any]) -> None:
         vars(m).pop("forward", None)
 
 
-def packed_call(linears: list[Any], fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
     """One oneDNN call computing the outputs of `linears` (one, or several reading the same
-    input: their weights stacked, outputs side by side), with the weights packed now;
-    `fallback(x)` runs where the input's dtype is not the packed weight's (autocast). The
+    input: their weights stacked, outputs side by side), with the weights packed now; an input
+    in another dtype than the packed weight's (autocast) runs `F.linear` on each instead. The
     function carries its `row_rule`."""
     import torch
 
@@ -71,7 +69,8 @@ def packed_call(linears: list[Any], fallback: Callable[[Any], Any]) -> Callable[
 
     def forward(x: Any) -> Any:
         if x.dtype != first.weight.dtype:  # e.g. under autocast: the packed weight has one dtype
-            return fallback(x)
+            outs = [torch.nn.functional.linear(x, m.weight, m.bias) for m in linears]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if rule.pad_single and x.numel() == x.shape[-1]:
             # One row runs as two (the same cost: the weights are read once), on the kernel
             # every other row count uses, so a lone row gets the bits it would get in a batch.
@@ -139,7 +138,7 @@ def onednn_linear_works(dtype: str = "float32") -> bool:
     tolerance = 1e-4 if kind == torch.float32 else 2e-2  # bf16 keeps 8 significant bits
     try:
         with torch.inference_mode():
-            got = packed_call([probe], probe)(x)
+            got = packed_call([probe])(x)
             want = probe(x)
     except (RuntimeError, AttributeError):
         return False
