@@ -1,4 +1,4 @@
-"""perf/train_vs_trl.py and perf/train_rollouts.py in their quick modes on the tiny model:
+"""perf/train_vs_trl.py, perf/train_rollouts.py and perf/grpo_update.py in their quick modes on the tiny model:
 the scripts run end to end and their result JSON has the shape perf/README.md's tables are
 read from. No timing is asserted (these CPUs are shared; see perf/README.md for figures)."""
 
@@ -26,6 +26,7 @@ def _load(name: str) -> ModuleType:
 
 train_vs_trl = _load("train_vs_trl")
 train_rollouts = _load("train_rollouts")
+grpo_update = _load("grpo_update")
 
 
 def test_train_vs_trl_quick_writes_both_tools_with_generation_split(tmp_path: Path) -> None:
@@ -110,3 +111,19 @@ def test_train_dynamic_sampling_quick_reports_both_sides(tmp_path: Path) -> None
     # sampling every group is dropped, and without it every token went to zero-advantage groups.
     assert table["dropped_token_share"]["on"] == 1.0 and table["zero_signal_token_share"]["off"] == 1.0
     assert table["dropped_groups_per_step"]["on"] > 0 and table["dropped_groups_per_step"]["off"] == 0
+
+
+def test_grpo_update_quick_times_every_variant_and_agrees_with_trl(tmp_path: Path) -> None:
+    """Each loss forward variant ran, and arle's give TRL's logprobs and gradients up to rounding."""
+    import arlecli.train.grpo as grpo
+
+    before = grpo.FORWARD
+    out = tmp_path / "grpo_update.json"
+    grpo_update.main(["--quick", "--out", str(out)])
+    assert grpo.FORWARD is before  # the script leaves the module's setting as it found it
+    result = json.loads(out.read_text())
+    assert set(result["variants"]) == {"trl", "arle", "trl-nogc", "arle-nogc-unshared", "arle-nogc"}
+    assert result["real_tokens"] < result["slots"]  # ragged completions: there is padding to drop
+    for name, row in result["variants"].items():
+        assert row["wall_s"] > 0 and row["cpu_s"] > 0, name
+        assert row["max_d_logp"] < 1e-4 and row["grad_rel_diff"] < 1e-4, (name, row)

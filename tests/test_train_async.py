@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from helpers.cli import arle as arle_cli, assert_one_line_error
-from helpers.tool_model import GSM8K_ROWS, first_turn_calls_a_tool
-from helpers.train import kill_after_first_checkpoint, train_in_process, varied_card
+from helpers.tool_model import first_turn_calls_a_tool
+from helpers.train import kill_after_first_checkpoint, math_tool_card, train_in_process, varied_card
 
 from arlecli.train.overlap import STATE_FILE
 
@@ -32,18 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234
 TOKENS = 8
 GENERATIONS = 2
-
-
-def math_tool_card(tmp_path: Path) -> Path:
-    """The math_tool card on the fixture rows (offline), its reward the tests' varied one so the
-    weights move."""
-    data = yaml.safe_load((ROOT / "benchmarks" / "math_tool.yaml").read_text())
-    data["source"] = {"kind": "files", "path": GSM8K_ROWS}
-    data["reward"] = {"name": "test_varied"}
-    data.pop("metrics", None)
-    path = tmp_path / "math_tool.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def common(card: Path, model: Path, algo: str, backend: str, steps: int = 3) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from arlecli.rewards import register
+from helpers.tool_model import GSM8K_ROWS
 from arlecli.types import Score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +81,18 @@ def varied_card(tmp_path: Path) -> Path:
     data["reward"] = {"name": "test_varied"}
     data["metrics"] = ["accuracy"]
     path = tmp_path / "countdown_varied.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def math_tool_card(tmp_path: Path) -> Path:
+    """The math_tool card on the fixture rows (offline), its reward the tests' varied one so the
+    weights move."""
+    data = yaml.safe_load((ROOT / "benchmarks" / "math_tool.yaml").read_text())
+    data["source"] = {"kind": "files", "path": GSM8K_ROWS}
+    data["reward"] = {"name": "test_varied"}
+    data.pop("metrics", None)
+    path = tmp_path / "math_tool.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 

@@ -21,6 +21,7 @@ evaluations) is train.trl_glue's; this module registers the algorithms grpo and 
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,6 +34,7 @@ from arlecli.train.config import TrainConfig
 from arlecli.train.overlap import Ahead
 from arlecli.train.reward import CardReward
 from arlecli.train.batches import Rollouts, Sequences, pad_rows, rescore_segments
+from arlecli.train.logprobs import ForwardOptions, completion_outputs, supports_chunking
 from arlecli.train.trl_glue import check_report_to, common_fields, import_trl, load_model, lora_config, train_loop
 
 
@@ -108,6 +110,13 @@ def build_trainer(
         rollouts.engine.client = trainer.vllm_generation.vllm_client
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the live view shows them
     return trainer
+
+
+# How the loss's forward (and the old and reference logprobs') runs: train.logprobs' padding-free
+# path with the group's shared prompt run once, giving TRL's numbers up to float rounding
+# (tests/test_train_grpo_forward.py; perf/grpo_update.py measures it against TRL's own forward);
+# None: TRL's own forward (a padded batch, its fused LM head over every position).
+FORWARD: ForwardOptions | None = ForwardOptions(share_prompts=True)
 
 
 def with_rollouts(base: type) -> type:
@@ -236,7 +245,7 @@ def with_rollouts(base: type) -> type:
         def _get_per_token_logps_and_entropies(
             self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any
         ) -> Any:
-            score_rows = super()._get_per_token_logps_and_entropies
+            score_rows = self._arle_score_rows
             logps, entropies, *rest = score_rows(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             segment = self._arle_segments_like(logps)
             if segment is None:
@@ -250,6 +259,56 @@ def with_rollouts(base: type) -> type:
 
             logps, entropies = rescore_segments([logps, entropies], input_ids[:, -logits_to_keep:], segment, score)
             return (logps, entropies, *rest)
+
+        def _arle_score_rows(
+            self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any
+        ) -> Any:
+            """TRL's per-token logprobs and entropies of the last `logits_to_keep` columns, on
+            train.logprobs' forward (no padding, the LM head on completion positions only, a
+            group's shared prompt run once) where it computes the same numbers, else TRL's."""
+            trl_rows = super()._get_per_token_logps_and_entropies
+            call = inspect.signature(trl_rows).bind(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            options = self._arle_forward_options(model, call.arguments)
+            if options is None:
+                return trl_rows(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            with_entropy = bool(call.arguments.get("compute_entropy"))
+            rows = call.arguments.get("batch_size") or input_ids.shape[0]  # TRL's bound on a forward's rows
+            prompt_len = input_ids.shape[1] - logits_to_keep
+            logps: list[Any] = []
+            entropies: list[Any] = []
+            for start in range(0, input_ids.shape[0], rows):
+                lp, _, ent = completion_outputs(
+                    model,
+                    None,
+                    input_ids[start : start + rows],
+                    attention_mask[start : start + rows],
+                    prompt_len,
+                    self.temperature,
+                    self.accelerator.mixed_precision == "bf16",
+                    with_entropy,
+                    options,
+                )
+                logps.append(lp)
+                if ent is not None:
+                    entropies.append(ent)
+            return torch.cat(logps), torch.cat(entropies) if with_entropy else None, None
+
+        def _arle_forward_options(self, model: Any, call: dict[str, Any]) -> ForwardOptions | None:
+            """FORWARD where it gives TRL's numbers: a text model of plain logits, run unwrapped
+            (a DDP/FSDP/DeepSpeed wrapper expects one forward per backward; the shared prompt
+            is a second), no MoE aux loss, no entropy bonus (arle's entropies carry no
+            gradient), the LM head in the forward's own dtype, no fp16 autocast."""
+            if FORWARD is None or call.get("compute_aux_loss") or getattr(self, "_entropy_bonus_enabled", False):
+                return None
+            vision = ("pixel_values", "image_grid_thw", "token_type_ids", "mm_token_type_ids", "image_sizes")
+            if any(call.get(name) is not None for name in vision):
+                return None
+            head_fp32 = getattr(self.args, "cast_lm_head_to_fp32", False)
+            if head_fp32 or self.accelerator.mixed_precision not in ("no", "bf16"):
+                return None
+            if self.accelerator.unwrap_model(model) is not model or not supports_chunking(model):
+                return None
+            return FORWARD
 
         def _arle_segments_like(self, like: Any) -> Any:
             # The rows being generated (old/reference logprobs), else those of the loss's batch.

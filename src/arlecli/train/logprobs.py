@@ -1,10 +1,12 @@
 """Per-token logprobs, entropies and values of completion tokens, computed cheaply and exactly.
 
-PPO's update (train/ppo.py) needs, for every completion token of a batch, its logprob under the
-policy at a temperature, the distribution's entropy and the critic's value. The plain way runs
-the model over the padded [B, P + T] batch (prompts left-padded, completions right-padded) and
-materialises [B, T, vocab] logits at once. Two things here make that cheaper, with the same
-numbers up to float rounding (tests/test_ppo_update_fast.py pins it):
+PPO's update (train/ppo.py) and GRPO's and RLOO's loss (train/grpo.py, through TRL's
+`_get_per_token_logps_and_entropies`) need, for every completion token of a batch, its logprob
+under the policy at a temperature, the distribution's entropy and (PPO) the critic's value. The
+plain way runs the model over the padded [B, P + T] batch (prompts left-padded, completions
+right-padded) and materialises [B, T, vocab] logits at once (TRL's fused head avoids that, but on
+a CPU scores every position of the padded batch). Three things here make it cheaper, with the
+same numbers up to float rounding (tests/test_ppo_update_fast.py, tests/test_train_grpo_forward.py):
 
 - No padding in the forward or the backward (`unpad`). Each row's real tokens are laid out
   from column 0 (its prompt, then its completion), right-padded only, so under causal attention
@@ -18,20 +20,21 @@ numbers up to float rounding (tests/test_ppo_update_fast.py pins it):
   gather run on `chunk` positions at a time of the gathered hidden states of the completion
   positions only; under autograd each chunk is checkpointed, so the backward recomputes one
   chunk's logits at a time instead of keeping all of them.
-
-A third, off by default (`share_prompts`): rows of one micro batch with the same prompt (a
-group's completions) run it once, its KV cache, inside the autograd graph, handed to each
-completion. Exact too, but it did not clearly pay where measured (perf/README.md): more, smaller
-forwards, and ppo_update's shuffled micro batches split the groups.
+- Shared prompts (`share_prompts`): rows of one forward with the same prompt (a group's
+  completions) run it once, its KV cache, inside the autograd graph, handed to each completion.
+  GRPO's groups share a prompt often longer than their completions: 3.0x with the rest on the
+  CPU demo's batch (perf/grpo_update.py). PPO leaves it off: its shuffled micro batches split the
+  groups, and where measured it did not clearly pay (perf/README.md). Not under gradient
+  checkpointing, whose recompute runs without a cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.utils.checkpoint import checkpoint
+if TYPE_CHECKING:  # torch is imported where a forward runs: train.grpo imports this module at start-up
+    import torch
 
 
 @dataclass(frozen=True)
@@ -49,17 +52,27 @@ class ForwardOptions:
         return cls(chunk=None, unpad=False, share_prompts=False)
 
 
+# The config fields by which a family scales its logits after the output embedding (Cohere's
+# logit_scale, Muse Glimmer's output_multiplier, Falcon-H1's lm_head_multiplier, Granite's and
+# MiniCPM3's logits_scaling; TRL's fused head reads the same): the chunked head would skip them,
+# as it would Gemma 2's final_logit_softcapping.
+_LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
 def supports_chunking(model: Any) -> bool:
     """Whether the model's logits are just its output embedding on the last hidden state: no
-    logit soft-capping or scaling (Gemma 2, Cohere), which the chunked head would skip."""
+    soft-capping and no scale of the kind `_LOGIT_SCALES` names."""
     config = model.config.get_text_config()
-    plain = not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0)
-    return plain and model.get_output_embeddings() is not None
+    unscaled = all(getattr(config, name, None) in (None, 1.0) for name in _LOGIT_SCALES)
+    capped = bool(getattr(config, "final_logit_softcapping", None))
+    return unscaled and not capped and model.get_output_embeddings() is not None
 
 
 def _chunk_outputs(
     lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     logits = lm_head(hidden).float() / temperature
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     if not with_entropy:
@@ -79,6 +92,9 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(lm_head(hidden) / temperature)[targets] for [N, H] hidden states and [N]
     targets, `chunk` positions at a time (None: all at once), and the entropies if asked."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
     size = chunk or max(1, hidden.shape[0])
     # Checkpointing only pays when a backward will run through the chunk.
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
@@ -118,6 +134,8 @@ def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
 def _hidden(
     model: Any, ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, bf16: bool, **kw: Any
 ) -> Any:
+    import torch
+
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         # logits_to_keep=1: the head runs on the completion positions only, in token_logprobs.
         return model(
@@ -161,6 +179,7 @@ def _shared_prompt_hidden(
     prompt: the prompt runs once and its KV cache (in the autograd graph: the gradient of
     every completion reaches it) is handed to the completions, grouped by length. None when
     the model's cache is not a plain one (sliding windows and the like)."""
+    import torch
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     device = sequences.device
@@ -206,6 +225,8 @@ def completion_outputs(
     """train.ppo's `_forward_rows` (logprobs, values, entropies of `sequences[:, prompt_len:]`,
     each [B, T]) without the padding, the full logits and/or the shared prompts' repeats, as
     `options` say. Padded positions of the completions (attention mask 0) come out as 0."""
+    import torch
+
     batch, width = sequences.shape
     completion_len = width - prompt_len
     device = sequences.device
