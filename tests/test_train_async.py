@@ -91,6 +91,23 @@ def assert_async_metrics(run: Path, steps: int = 3, sampled_by_the_model: bool =
     assert versions == {1: {0}, **{s: {s - 2} for s in range(2, steps + 1)}}
 
 
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+def test_the_importance_weights_reach_the_loss(tmp_path, tiny_model, algo):
+    """A cap of 0.5 clips every weight (the ratios are ~1) to 0.5: the step's gradient is half
+    the uncorrected run's on the same rollouts (the loss itself is ~0 at a group-normalised step). GRPO weighs its advantages inside the
+    loss, from the loss forward's own logprobs (no second forward); RLOO when it scores them."""
+    rows = {}
+    for name, flags in {"capped": ["--set", "is_cap=0.5"], "off": ["--set", "is_correction=false"]}.items():
+        run = tmp_path / name
+        train_in_process(*common(varied_card(tmp_path), tiny_model, algo, "hf", steps=2), *flags, "--output", str(run))
+        rows[name] = metrics(run)
+    capped, off = rows["capped"][0], rows["off"][0]
+    assert capped["is_weight/clip_fraction"] == 1.0 and capped["is_weight/mean"] == pytest.approx(0.5)
+    assert "is_weight/mean" not in off
+    assert off["grad_norm"] > 1e-3
+    assert capped["grad_norm"] == pytest.approx(0.5 * off["grad_norm"], rel=1e-3)
+
+
 @pytest.mark.parametrize("algo", ["grpo", "rloo", "ppo"])
 @pytest.mark.parametrize("card_name", ["countdown", "math_tool"])
 def test_three_steps_at_staleness_one(tmp_path, tiny_model, monkeypatch, algo, card_name):

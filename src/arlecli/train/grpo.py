@@ -136,6 +136,7 @@ def with_rollouts(base: type) -> type:
         arle_generating = False  # True while TRL generates and scores a batch (not in the loss's forward)
         arle_is_cap: float | None = None  # rollouts sampled ahead: their importance weights' cap (None: off)
         _arle_segment: Any = None  # the segment numbers of the rows in the loss (a batch key)
+        _arle_loss_batch: dict[str, Any] | None = None  # the batch whose loss is being computed
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
             self.arle_inputs = inputs  # the dataset rows of the prompts `_generate` gets, in order
@@ -160,47 +161,56 @@ def with_rollouts(base: type) -> type:
             advantage is weighed by its truncated importance weight min(pi_old / pi_sampler,
             is_cap), per token for GRPO (advantages become [B, T]), per sequence for RLOO,
             whose loss is a sequence's (TRL's own correction only runs with its vLLM)."""
+            if "old_logps" not in out:  # GRPO: per token, here or in the loss (_arle_weigh_loss)
+                if out.get("old_per_token_logps") is not None and out.get("sampling_per_token_logps") is not None:
+                    self._arle_weigh(out, out["old_per_token_logps"])
+                return
             from arlecli.train.overlap import is_weights
 
+            seqs = self.arle_seqs  # RLOO: sequence logprobs (environment tokens are zeroed in both)
+            assert seqs is not None
+            old = out["old_logps"].detach().unsqueeze(1)
+            pairs = zip(seqs.logprobs, seqs.env_mask, strict=True)
+            rows = [sum(lp * m for lp, m in zip(lps, ms, strict=True)) for lps, ms in pairs]
+            sampled = torch.tensor([[r] for r in rows], dtype=old.dtype, device=old.device)
+            weights, stats = is_weights(old, sampled, torch.ones_like(old), float(self.arle_is_cap or 0.0))
+            out["advantages"] = out["advantages"] * weights[:, 0]
             mode = "train" if self.model.training else "eval"
-            cap = float(self.arle_is_cap or 0.0)
-            if "old_logps" in out:  # RLOO: sequence logprobs (environment tokens are zeroed in both)
-                seqs = self.arle_seqs
-                assert seqs is not None
-                old = out["old_logps"].detach().unsqueeze(1)
-                pairs = zip(seqs.logprobs, seqs.env_mask, strict=True)
-                rows = [sum(lp * m for lp, m in zip(lps, ms, strict=True)) for lps, ms in pairs]
-                sampled = torch.tensor([[r] for r in rows], dtype=old.dtype, device=old.device)
-                weights, stats = is_weights(old, sampled, torch.ones_like(old), cap)
-                out["advantages"] = out["advantages"] * weights[:, 0]
-            else:
-                behaviour = out.get("sampling_per_token_logps")
-                if behaviour is None:
-                    return
-                old = out.get("old_per_token_logps")
-                if old is None:  # TRL skips it when the steps are aligned: the policy the step starts from
-                    old = self._arle_old_logps(out)
-                mask = out["completion_mask"].to(old.dtype)
-                if out.get("tool_mask") is not None:
-                    mask = mask * out["tool_mask"].to(old.dtype)
-                weights, stats = is_weights(old, behaviour.to(old.dtype), mask, cap)
-                advantages = out["advantages"]
-                out["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
             for key, value in stats.items():
                 self._metrics[mode][key].append(value)
 
-        def _arle_old_logps(self, out: dict[str, Any]) -> Any:
-            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-            mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-            self.arle_generating = True  # a seam's segments are rescored on their own context
-            try:
-                with torch.no_grad():
-                    old, *_ = self._get_per_token_logps_and_entropies(
-                        self.model, ids, mask, out["completion_ids"].size(1)
-                    )
-            finally:
-                self.arle_generating = False
-            return old
+        def _arle_weigh(self, batch: dict[str, Any], old: Any) -> None:
+            """`batch`'s advantages ([B] or [B, T]) times each token's truncated importance
+            weight min(pi_old / pi_sampler, is_cap), `old` the logprobs of the policy the step
+            starts from; the weights' mean and clip fraction go to the step's metrics."""
+            from arlecli.train.overlap import is_weights
+
+            mask = batch["completion_mask"].to(old.dtype)
+            if batch.get("tool_mask") is not None:
+                mask = mask * batch["tool_mask"].to(old.dtype)
+            behaviour = batch["sampling_per_token_logps"].to(old.dtype)
+            weights, stats = is_weights(old.detach(), behaviour, mask, float(self.arle_is_cap or 0.0))
+            advantages = batch["advantages"]
+            batch["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
+            mode = "train" if self.model.training else "eval"
+            for key, value in stats.items():
+                self._metrics[mode][key].append(value)
+
+        def _arle_weigh_loss(self, logps: Any) -> None:
+            """The importance weights of rollouts sampled ahead, where TRL skipped the old
+            logprobs (one policy iteration, steps aligned): pi_old is the loss forward's own
+            logprobs, which TRL then uses as its old ones too, so no second forward computes
+            them. The loss's batch is weighed before TRL reads its advantages."""
+            batch = self._arle_loss_batch
+            if (
+                batch is None
+                or self.arle_is_cap is None
+                or batch.get("old_per_token_logps") is not None
+                or batch.get("sampling_per_token_logps") is None  # RLOO's: weighed when generated
+            ):
+                return
+            self._arle_loss_batch = None  # once per loss
+            self._arle_weigh(batch, logps)
 
         def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
             ahead = self.arle_rollouts.ahead
@@ -237,10 +247,12 @@ def with_rollouts(base: type) -> type:
 
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             self._arle_segment = inputs.get("arle_segment")
+            self._arle_loss_batch = inputs
             try:
                 return super()._compute_loss(model, inputs)
             finally:
                 self._arle_segment = None
+                self._arle_loss_batch = None
 
         def _get_per_token_logps_and_entropies(
             self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any
@@ -248,16 +260,17 @@ def with_rollouts(base: type) -> type:
             score_rows = self._arle_score_rows
             logps, entropies, *rest = score_rows(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             segment = self._arle_segments_like(logps)
-            if segment is None:
-                return (logps, entropies, *rest)
+            if segment is not None:
 
-            def score(ids: Any) -> list[Any]:  # one segment alone: its prompt, then its tokens
-                lp, ent, *_ = score_rows(
-                    model, ids, torch.ones_like(ids), ids.shape[1] - 1, compute_entropy=entropies is not None
-                )
-                return [lp, ent]
+                def score(ids: Any) -> list[Any]:  # one segment alone: its prompt, then its tokens
+                    lp, ent, *_ = score_rows(
+                        model, ids, torch.ones_like(ids), ids.shape[1] - 1, compute_entropy=entropies is not None
+                    )
+                    return [lp, ent]
 
-            logps, entropies = rescore_segments([logps, entropies], input_ids[:, -logits_to_keep:], segment, score)
+                logps, entropies = rescore_segments([logps, entropies], input_ids[:, -logits_to_keep:], segment, score)
+            if not self.arle_generating:
+                self._arle_weigh_loss(logps)
             return (logps, entropies, *rest)
 
         def _arle_score_rows(
