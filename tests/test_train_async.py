@@ -25,7 +25,7 @@ from helpers.cli import arle as arle_cli, assert_one_line_error
 from helpers.tool_model import first_turn_calls_a_tool
 from helpers.train import kill_after_first_checkpoint, math_tool_card, train_in_process, varied_card
 
-from arlecli.train.overlap import STATE_FILE
+from arlecli.train.overlap import STATE_FILE, Clock
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234
@@ -301,3 +301,16 @@ def test_bad_staleness_is_one_line_exit_2(tmp_path):
     proc = arle_cli("train", *bad_args(extra), cwd=tmp_path)
     assert_one_line_error(proc, *needles)
     assert not (tmp_path / "run").exists()
+
+
+def test_idle_shares_count_a_job_still_running_when_the_step_logs():
+    """The next step's rollouts are usually still being sampled when a step logs: the engine was
+    busy for that part of the step, and for the rest of the job in the next step's share."""
+    clock = Clock(mark=0.0)
+    clock.busy.append((1.0, 3.0))  # a job done within the step
+    clock.running = 6.0  # the next one, started at 6 s, still running at the log (10 s)
+    clock.waits.append((0.0, 1.0))
+    assert clock.shares(now=10.0) == {"idle/engine_share": pytest.approx(0.4), "idle/trainer_share": 0.1}
+    clock.busy.append((6.0, 12.0))  # it ends at 12 s
+    clock.running = None
+    assert clock.shares(now=20.0) == {"idle/engine_share": pytest.approx(0.8), "idle/trainer_share": 0.0}

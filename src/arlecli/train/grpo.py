@@ -15,6 +15,10 @@ engine over the live policy or on arle's in-process vLLM engine (`--backend vllm
 the policy before each rollout. The trainers see the batch's task indices through
 `_generate_and_score_completions`, so tasks travel by index, never by prompt text.
 
+The loss is TRL's, its forward arle's where that gives TRL's numbers (`FORWARD`, train.logprobs:
+no padding, the LM head on completion positions only, a group's prompt run once); with
+--max-staleness the importance weights are taken from that same forward (`_arle_weigh_loss`).
+
 What every TRL trainer shares (the TRL import, LoRA, the training loop with its held-out
 evaluations) is train.trl_glue's; this module registers the algorithms grpo and rloo.
 """

@@ -82,13 +82,17 @@ class Clock:
     busy: list[tuple[float, float]] = field(default_factory=list)
     waits: list[tuple[float, float]] = field(default_factory=list)
     mark: float = field(default_factory=time.monotonic)
+    running: float | None = None  # when the job the engine is on began (None: none is)
 
     def shares(self, now: float | None = None) -> dict[str, float]:
-        """The share of the time since the last call that the engine and the trainer sat idle."""
+        """The share of the time since the last call that the engine and the trainer sat idle.
+        A job still running counts up to `now` (the next step's rollouts usually are, when the
+        step logs), and the rest of it in the next call's share."""
         now = time.monotonic() if now is None else now
         start, self.mark = self.mark, now
         span = max(now - start, 1e-9)
-        busy = overlap(self.busy, start, now)
+        running = self.running
+        busy = overlap(self.busy + ([(running, now)] if running is not None else []), start, now)
         waited = overlap(self.waits, start, now)
         self.busy = [(a, b) for a, b in self.busy if b > now]
         self.waits = [(a, b) for a, b in self.waits if b > now]
@@ -192,12 +196,13 @@ class Ahead:
         return copy_of
 
     def _run(self, indices: list[int], step: int, version: int, model: Any, tokenizer: Any) -> list[Episode]:
-        started = time.monotonic()
         with self._lock:  # one job at a time on the engine (the fallback too)
+            started = self.clock.running = time.monotonic()
             try:
                 episodes = self.rollouts.sample(numbered(indices), step, model, tokenizer, version)
             finally:
                 self.clock.busy.append((started, time.monotonic()))
+                self.clock.running = None
         for episode in episodes:
             episode.policy_version = version
         return episodes
