@@ -94,8 +94,9 @@ def assert_async_metrics(run: Path, steps: int = 3, sampled_by_the_model: bool =
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
 def test_the_importance_weights_reach_the_loss(tmp_path, tiny_model, algo):
     """A cap of 0.5 clips every weight (the ratios are ~1) to 0.5: the step's gradient is half
-    the uncorrected run's on the same rollouts (the loss itself is ~0 at a group-normalised step). GRPO weighs its advantages inside the
-    loss, from the loss forward's own logprobs (no second forward); RLOO when it scores them."""
+    the uncorrected run's on the same rollouts (the loss itself is ~0 at a group-normalised
+    step). GRPO weighs its advantages inside the loss, from the loss forward's own logprobs (no
+    second forward); RLOO when it scores them."""
     rows = {}
     for name, flags in {"capped": ["--set", "is_cap=0.5"], "off": ["--set", "is_correction=false"]}.items():
         run = tmp_path / name
