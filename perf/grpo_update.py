@@ -100,6 +100,7 @@ def batch(tokenizer: Any, args: argparse.Namespace) -> tuple[Any, Any, int]:
 
 def trainer(model_path: str, work: Path, rows: int, group: int) -> Any:
     """A GRPOTrainer of arle's class with the demo recipe's LoRA and batch, on the CPU."""
+    import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
@@ -129,7 +130,7 @@ def trainer(model_path: str, work: Path, rows: int, group: int) -> Any:
         train_dataset=dataset,
         peft_config=lora,
     )
-    with __import__("torch").no_grad():  # an adapter that already moved (lora_B starts at 0)
+    with torch.no_grad():  # an adapter that already moved (lora_B starts at 0)
         for name, param in out.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.02)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GRPO learning on a CPU, measured: SmolLM2-135M-Instruct on one-digit sums.
 #
-#   examples/cpu_grpo_demo/run.sh [RUN_DIR] [SEED]
+#   examples/cpu_grpo_demo/run.sh [RUN_DIR] [SEED] [arle train flags ...]
+#
+# (e.g. `runs/demo-async 1234 --max-staleness 1`: the flags after the seed go to `arle train`)
 #
 # 1. `arle train` (recipe.yaml): 40 GRPO + LoRA steps on training rows (seed 0), with
 #    held-out evaluations of the `test` split (seed 1000, 200 tasks) before and after.
@@ -14,7 +16,7 @@ run="${1:-runs/cpu-grpo-demo}"
 seed="${2:-1234}"
 start=$(date +%s)
 
-arle train "$here/sums.yaml" --recipe "$here/recipe.yaml" --seed "$seed" --output "$run"
+arle train "$here/sums.yaml" --recipe "$here/recipe.yaml" --seed "$seed" --output "$run" "${@:3}"
 arle eval "$here/sums.yaml" --split heldout --output "$run/heldout-base" --json > "$run/heldout-base.json"
 arle eval "$here/sums.yaml" --split heldout --model "$run/final" --output "$run/heldout-trained" --json \
   > "$run/heldout-trained.json"
