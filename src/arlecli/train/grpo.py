@@ -179,6 +179,10 @@ def with_rollouts(base: type) -> type:
             sampled = torch.tensor([[r] for r in rows], dtype=old.dtype, device=old.device)
             weights, stats = is_weights(old, sampled, torch.ones_like(old), float(self.arle_is_cap or 0.0))
             out["advantages"] = out["advantages"] * weights[:, 0]
+            self._arle_record(stats)
+
+        def _arle_record(self, stats: dict[str, float]) -> None:
+            """The importance weights' statistics, into the step's metrics."""
             mode = "train" if self.model.training else "eval"
             for key, value in stats.items():
                 self._metrics[mode][key].append(value)
@@ -196,9 +200,7 @@ def with_rollouts(base: type) -> type:
             weights, stats = is_weights(old.detach(), behaviour, mask, float(self.arle_is_cap or 0.0))
             advantages = batch["advantages"]
             batch["advantages"] = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
-            mode = "train" if self.model.training else "eval"
-            for key, value in stats.items():
-                self._metrics[mode][key].append(value)
+            self._arle_record(stats)
 
         def _arle_weigh_loss(self, logps: Any) -> None:
             """The importance weights of rollouts sampled ahead, where TRL skipped the old
@@ -273,8 +275,7 @@ def with_rollouts(base: type) -> type:
                     return [lp, ent]
 
                 logps, entropies = rescore_segments([logps, entropies], input_ids[:, -logits_to_keep:], segment, score)
-            if not self.arle_generating:
-                self._arle_weigh_loss(logps)
+            self._arle_weigh_loss(logps)  # inside the loss only: the batch is set by _compute_loss
             return (logps, entropies, *rest)
 
         def _arle_score_rows(
