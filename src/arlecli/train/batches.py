@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from arlecli.cards import Card
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.fewshot import Exemplars
+from arlecli.train.weights import GenerationCopy, merged_for_generation, policy_weights
 from arlecli.train.dapo import DAPOOptions, Filled, fill_groups, is_cut, refill_picker
 from arlecli.types import Episode, Task
 
@@ -265,9 +266,10 @@ class PolicyBackend:
     engine itself, it hands out an engine over the policy's current weights (`over`).
 
     `hf`: arle's hf engine (continuous batching, the code `arle eval` runs) over the live
-    policy module: no copy, always current. `vllm`: one in-process vLLM engine for the whole
-    run (`VLLMEngine`, colocated), into which the policy's weights are loaded before a
-    rollout whenever they changed (a LoRA adapter is merged for the copy, then unmerged).
+    policy module, no copy, always current; over a copy with a peft policy's adapter merged
+    (refilled before each rollout: train.weights). `vllm`: one in-process vLLM engine for the
+    whole run (`VLLMEngine`, colocated), into which the policy's weights (an adapter merged,
+    train.weights) are loaded before a rollout whenever they changed.
     `version` names the weights (the optimizer step): equal versions skip the sync.
     `vllm-server`: TRL's vLLM server (`--vllm-server URL`) through `client` (the trainer's
     VLLMClient, set once the trainer exists), whose weights TRL's trainer syncs itself."""
@@ -292,6 +294,7 @@ class PolicyBackend:
         self._vllm: Any = None
         self._version: int | None = None
         self._turn = threading.RLock()
+        self._copy = GenerationCopy()  # hf: a peft policy's merged weights (train.weights)
         self.client: Any = None  # vllm-server: TRL's VLLMClient
 
     @contextlib.contextmanager
@@ -315,16 +318,20 @@ class PolicyBackend:
             else:
                 from arlecli.engine.hf import HFEngine
 
-                yield self._configured(
-                    HFEngine(
-                        "",
-                        batch_size=self.batch_size,
-                        model_obj=model,
-                        tokenizer=tokenizer,
-                        device=str(next(model.parameters()).device),
-                        chat_template_kwargs=self.chat_template_kwargs,
+                # One merged copy for a peft policy, one generation on it at a time.
+                peft = hasattr(model, "merge_and_unload")
+                with self._turn if peft else contextlib.nullcontext():
+                    generating = merged_for_generation(model, self._copy)
+                    yield self._configured(
+                        HFEngine(
+                            "",
+                            batch_size=self.batch_size,
+                            model_obj=generating,
+                            tokenizer=tokenizer,
+                            device=str(next(model.parameters()).device),
+                            chat_template_kwargs=self.chat_template_kwargs,
+                        )
                     )
-                )
         finally:
             model.train(was_training)
 
@@ -350,7 +357,8 @@ class PolicyBackend:
         return thinking.configure(engine, thinking.parse_option(self.think_tags, "--think-tags"))
 
     def close(self) -> None:
-        """Shut the vLLM engine down (the hf engine holds nothing of its own)."""
+        """Shut the vLLM engine down and drop the hf engine's merged copy."""
+        self._copy.close()
         if self._vllm is not None:
             self._vllm.close()
             self._vllm = None
@@ -362,24 +370,6 @@ def base_model(path: str) -> str:
     from arlecli.engine.vllm import split_adapter
 
     return split_adapter(path)[0]
-
-
-def policy_weights(model: Any) -> Iterator[tuple[str, Any]]:
-    """(name, tensor) of every weight under the names a plain HF checkpoint (and vLLM's
-    `load_weights`) uses. A peft model's adapter is merged while its weights are read."""
-    if not hasattr(model, "merge_adapter"):
-        for name, param in model.named_parameters():
-            yield name, param.data
-        return
-    model.merge_adapter()
-    try:
-        for name, param in model.named_parameters():
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            if model.prefix in name or "original_module" in name:
-                continue  # adapter weights (merged already) and modules_to_save originals
-            yield name.replace("modules_to_save.default.", ""), param.data
-    finally:
-        model.unmerge_adapter()
 
 
 @dataclass

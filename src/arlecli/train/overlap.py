@@ -18,9 +18,10 @@ foresee), is dropped and the step samples from the live weights instead. The los
 the lag with the rollouts' own sampling logprobs (truncated importance sampling: `is_weights`).
 
 Snapshots are policy modules copied once and refilled in place (one per queued step, N at
-most), so the worker never reads weights the optimizer is writing. On the hf backend the
-worker generates with the snapshot itself; on the vllm backend the snapshot's weights are
-loaded into the one vLLM engine before its job (jobs take turns on that engine).
+most; a peft adapter merged into them, train.weights), so the worker never reads weights the
+optimizer is writing. On the hf backend the worker generates with the snapshot itself; on the
+vllm backend the snapshot's weights are loaded into the one vLLM engine before its job (jobs
+take turns on that engine).
 
 Exact resume: a checkpoint holds the queued rollouts (`state`/`restore`, a JSON file beside
 the trainer's state), waited for before the checkpoint is written; a resumed run takes them
@@ -30,7 +31,6 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import threading
@@ -46,6 +46,7 @@ from arlecli.results import write_json
 from arlecli.types import Episode, Turn
 
 from arlecli.train.batches import Rollouts, numbered, unwrap
+from arlecli.train.weights import GenerationCopy, available_memory, weight_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -167,7 +168,7 @@ class Ahead:
 
     def check_memory(self, model: Any) -> None:
         """Refuse (one line) a queue whose weight copies would not fit beside the policy."""
-        need = self.max_staleness * sum(t.numel() * t.element_size() for t in unwrap(model).state_dict().values())
+        need = self.max_staleness * weight_bytes(unwrap(model))
         free = available_memory()
         if free is not None and need > 0.8 * free:
             raise UserError(
@@ -176,24 +177,17 @@ class Ahead:
             )
 
     def _snapshot(self, step: int, model: Any) -> Any:
-        """A copy of `model`'s weights that no optimizer writes: slot step % N, free because
-        the job that used it (step - N) was taken before this one is queued."""
-        import torch  # a run with --max-staleness has it loaded already
-
+        """A copy of `model`'s weights that no optimizer writes (a peft adapter merged:
+        train.weights): slot step % N, free because the job that used it (step - N) was taken
+        before this one is queued."""
         slot = step % self.max_staleness
         live = unwrap(model)
         copy_of = self._snapshots.get(slot)
-        with torch.no_grad():
-            if copy_of is None:
-                if not self._snapshots:
-                    self.check_memory(live)
-                copy_of = detached_copy(live)
-                self._snapshots[slot] = copy_of
-            else:
-                for mine, theirs in zip(copy_of.state_dict().values(), live.state_dict().values(), strict=True):
-                    mine.copy_(theirs)
-        copy_of.eval()
-        return copy_of
+        if copy_of is None:
+            if not self._snapshots:
+                self.check_memory(live)
+            copy_of = self._snapshots[slot] = GenerationCopy()
+        return copy_of.of(live)
 
     def _run(self, indices: list[int], step: int, version: int, model: Any, tokenizer: Any) -> list[Episode]:
         with self._lock:  # one job at a time on the engine (the fallback too)
@@ -246,29 +240,6 @@ class Ahead:
             job.future.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._snapshots.clear()
-
-
-def detached_copy(model: Any) -> Any:
-    """A deep copy of `model` that shares nothing with it: a trainer may patch a module's
-    `forward` on the instance (TRL's fused LM head wraps the original bound method), and a copy
-    of that attribute would still call the original module, with its live weights. The copy's
-    modules get their class's forward back, and no gradients."""
-    out = copy.deepcopy(model)
-    for module in out.modules():
-        module.__dict__.pop("forward", None)
-    out.requires_grad_(False)
-    return out
-
-
-def available_memory() -> int | None:
-    """Bytes of memory free for new allocations (Linux's MemAvailable), or None where unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def to_json(episode: Episode) -> dict[str, Any]:
