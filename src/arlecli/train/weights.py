@@ -157,6 +157,10 @@ class GenerationCopy:
                     self._model = self._model.merge_and_unload()
                     _drop_input_grad_hooks(self._model)
                 self._model.eval()
+                # The attention a loaded engine runs (the same bits as sdpa's): the copy only generates.
+                from arlecli.engine.hf import use_grouped_attention
+
+                use_grouped_attention(self._model)
                 self._params = dict(self._model.named_parameters())
                 self._of = id(model)
                 return self._model
