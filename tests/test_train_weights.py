@@ -105,7 +105,7 @@ def test_no_copy_where_it_would_not_fit(tiny_model, monkeypatch):
 
     policy = lora_policy(tiny_model)
     monkeypatch.setattr(weights, "available_memory", lambda: 1024)
-    assert weights.merged_for_generation(policy, weights.GenerationCopy()) is policy
+    assert weights.for_generation(policy, weights.GenerationCopy()) is policy
 
 
 @pytest.mark.parametrize("card_name", ["countdown", "math_tool"])
@@ -152,3 +152,24 @@ def test_hf_rollouts_of_a_lora_policy_are_the_eval_of_its_checkpoint(tmp_path, t
     assert all(t[2] for ep in trained for t in ep)  # logprobs recorded
     assert trained == evaluated
     assert any(len(t) > 1 for t in trained) if card_name == "math_tool" else True
+
+
+def test_the_hf_backend_generates_with_a_copy_on_cpu_and_with_a_snapshot_as_it_is(tiny_model):
+    """A plain policy on a CPU is copied too (the fast paths a trainer's wrapped forward rules
+    out on the live module), and an --max-staleness snapshot, a copy already, is not copied again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arlecli.train.batches import PolicyBackend
+    from arlecli.train.weights import GenerationCopy, is_generation_copy
+
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    plain.forward = plain.forward  # an instance-level forward, as TRL's fused LM head installs
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model), padding_side="left")
+    backend = PolicyBackend("hf", str(tiny_model))
+    with backend.over(plain, tokenizer, 1) as engine:
+        assert engine.model is not plain and is_generation_copy(engine.model)
+        assert "forward" not in vars(engine.model)
+    snapshot = GenerationCopy().of(plain)
+    with backend.over(snapshot, tokenizer, 1) as engine:
+        assert engine.model is snapshot
+    backend.close()

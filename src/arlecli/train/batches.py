@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from arlecli.cards import Card
 from arlecli.envs.episodes import Sampling, collect
 from arlecli.fewshot import Exemplars
-from arlecli.train.weights import GenerationCopy, merged_for_generation, policy_weights
+from arlecli.train.weights import GenerationCopy, for_generation, is_generation_copy, policy_weights
 from arlecli.train.dapo import DAPOOptions, Filled, fill_groups, is_cut, refill_picker
 from arlecli.types import Episode, Task
 
@@ -265,9 +265,9 @@ class PolicyBackend:
     """The run's --backend, which training rollouts and held-out evaluations run on: not an
     engine itself, it hands out an engine over the policy's current weights (`over`).
 
-    `hf`: arle's hf engine (continuous batching, the code `arle eval` runs) over the live
-    policy module, no copy, always current; over a copy with a peft policy's adapter merged
-    (refilled before each rollout: train.weights). `vllm`: one in-process vLLM engine for the
+    `hf`: arle's hf engine (continuous batching, the code `arle eval` runs) over a copy of
+    the policy refilled before each rollout, a peft adapter merged (train.weights), or over the
+    live policy module where no copy is made (a plain policy on a GPU). `vllm`: one in-process vLLM engine for the
     whole run (`VLLMEngine`, colocated), into which the policy's weights (an adapter merged,
     train.weights) are loaded before a rollout whenever they changed.
     `version` names the weights (the optimizer step): equal versions skip the sync.
@@ -318,10 +318,11 @@ class PolicyBackend:
             else:
                 from arlecli.engine.hf import HFEngine
 
-                # One merged copy for a peft policy, one generation on it at a time.
-                peft = hasattr(model, "merge_and_unload")
-                with self._turn if peft else contextlib.nullcontext():
-                    generating = merged_for_generation(model, self._copy)
+                # A snapshot (--max-staleness) is a generation copy already; the live policy
+                # gets this backend's copy (train.weights), one generation on it at a time.
+                copied = not is_generation_copy(model)
+                with self._turn if copied else contextlib.nullcontext():
+                    generating = for_generation(model, self._copy) if copied else model
                     yield self._configured(
                         HFEngine(
                             "",

@@ -10,11 +10,13 @@ those same bits:
   policy. peft's `merge_adapter` / `unmerge_adapter` round trip, used before, left about 1% of
   the frozen base weights an ulp off at every sync (W + d - d != W in floats), so the weights
   trained drifted from those a resumed run reloads.
-- hf (`GenerationCopy`, `merged_for_generation`): a plain model of the policy's architecture holding the merged weights,
-  refilled before each rollout. The adapter's own forward (W x + s B A x) rounds differently
-  from the merged weight's, and the engine's fast paths (engine.fused, oneDNN packing) run on
-  plain linears only: sampling through the adapter layers was ~1.4x slower on SmolLM2 with
-  LoRA r16 (perf/README.md).
+- hf (`GenerationCopy`, `for_generation`): a plain model of the policy's architecture holding
+  the merged weights, refilled before each rollout. The adapter's own forward (W x + s B A x)
+  rounds differently from the merged weight's, and the engine's fast paths (engine.fused,
+  oneDNN packing, grouped-query SDPA) run on plain modules only: a LoRA policy's multi-turn
+  rollouts took 1.74x as long through its adapter layers (perf/README.md). A plain policy on a
+  CPU gets a copy too: a trainer's wrapped forward (TRL's fused LM head) and hooks rule the
+  fused forward out on the live module.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ class GenerationCopy:
                     self._model = self._model.merge_and_unload()
                     _drop_input_grad_hooks(self._model)
                 self._model.eval()
+                self._model._arle_generation_copy = True
                 # The attention a loaded engine runs (the same bits as sdpa's): the copy only generates.
                 from arlecli.engine.hf import use_grouped_attention
 
@@ -177,11 +180,21 @@ class GenerationCopy:
         self._of, self._model, self._params = None, None, {}
 
 
-def merged_for_generation(model: Any, copy_of: GenerationCopy) -> Any:
-    """What the hf engine generates with for `model`: `model` itself, or for a peft policy
-    `copy_of` refilled with its merged weights, where that copy fits in 80% of the device's
-    free memory (else the policy itself, through its adapter layers)."""
-    if not hasattr(model, "merge_and_unload") or not (copy_of._of == id(model) or _fits(model)):
+def is_generation_copy(model: Any) -> bool:
+    """Whether `model` is a `GenerationCopy`'s model (an --max-staleness snapshot)."""
+    return bool(getattr(model, "_arle_generation_copy", False))
+
+
+def for_generation(model: Any, copy_of: GenerationCopy) -> Any:
+    """What the hf engine generates with for `model`: `copy_of` refilled with its weights (a
+    peft adapter merged) where the copy fits in 80% of the device's free memory, else `model`
+    itself. A plain policy is generated with directly on a GPU (no fast paths there to gain, and
+    a full fine-tune's memory goes to the optimizer); on a CPU its copy runs the engine's fused
+    forward and grouped attention, which a trainer's wrapped forward and hooks rule out."""
+    peft = hasattr(model, "merge_and_unload")
+    if not peft and next(model.parameters()).device.type != "cpu":
+        return model
+    if copy_of._of != id(model) and not _fits(model):
         return model
     return copy_of.of(model)
 
