@@ -267,9 +267,9 @@ class PolicyBackend:
 
     `hf`: arle's hf engine (continuous batching, the code `arle eval` runs) over a copy of
     the policy refilled before each rollout, a peft adapter merged (train.weights), or over the
-    live policy module where no copy is made (a plain policy on a GPU). `vllm`: one in-process vLLM engine for the
-    whole run (`VLLMEngine`, colocated), into which the policy's weights (an adapter merged,
-    train.weights) are loaded before a rollout whenever they changed.
+    live policy module where no copy is made (a plain policy on a GPU). `vllm`: one in-process
+    vLLM engine for the whole run (`VLLMEngine`, colocated), into which the policy's weights (an
+    adapter merged, train.weights) are loaded before a rollout whenever they changed.
     `version` names the weights (the optimizer step): equal versions skip the sync.
     `vllm-server`: TRL's vLLM server (`--vllm-server URL`) through `client` (the trainer's
     VLLMClient, set once the trainer exists), whose weights TRL's trainer syncs itself."""
@@ -294,7 +294,7 @@ class PolicyBackend:
         self._vllm: Any = None
         self._version: int | None = None
         self._turn = threading.RLock()
-        self._copy = GenerationCopy()  # hf: a peft policy's merged weights (train.weights)
+        self._copy = GenerationCopy()  # hf: what the live policy is generated from (train.weights)
         self.client: Any = None  # vllm-server: TRL's VLLMClient
 
     @contextlib.contextmanager
@@ -358,7 +358,7 @@ class PolicyBackend:
         return thinking.configure(engine, thinking.parse_option(self.think_tags, "--think-tags"))
 
     def close(self) -> None:
-        """Shut the vLLM engine down and drop the hf engine's merged copy."""
+        """Shut the vLLM engine down and drop the hf engine's generation copy."""
         self._copy.close()
         if self._vllm is not None:
             self._vllm.close()
