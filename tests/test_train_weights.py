@@ -83,6 +83,14 @@ def test_the_generation_copy_follows_the_policy_and_is_not_it(tmp_path, tiny_mod
     assert again is first  # refilled in place, not copied again
     expected = dict(eval_merged(policy, tmp_path / "adapter").named_parameters())
     assert all(torch.equal(p, expected[n]) for n, p in again.named_parameters())
+    with torch.no_grad():  # the next optimizer step, named by its version as the backend names it
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.05)
+    versioned = copy_of.of(policy, version=2)
+    assert versioned is first
+    expected = dict(eval_merged(policy, tmp_path / "adapter-2").named_parameters())
+    assert all(torch.equal(p, expected[n]) for n, p in versioned.named_parameters())
     kept = state(again)
     with torch.no_grad():
         for param in policy.parameters():

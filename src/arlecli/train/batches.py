@@ -322,7 +322,7 @@ class PolicyBackend:
                 # gets this backend's copy (train.weights), one generation on it at a time.
                 copied = not is_generation_copy(model)
                 with self._turn if copied else contextlib.nullcontext():
-                    generating = for_generation(model, self._copy) if copied else model
+                    generating = for_generation(model, self._copy, version) if copied else model
                     yield self._configured(
                         HFEngine(
                             "",

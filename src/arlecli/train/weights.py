@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 
 def detached_copy(model: Any) -> Any:
-    """A deep copy of `model` for generation only: the instance-level `forward` wrappers that
-    accelerate/TRL install (autocast, fp32 conversion) are dropped, so the copy's modules get
-    their class's forward back, and no gradients."""
+    """A deep copy of `model` that shares nothing with it: a trainer may patch a module's
+    `forward` on the instance (TRL's fused LM head wraps the original bound method), and a copy
+    of that attribute would still call the original module, with its live weights. The copy's
+    modules get their class's forward back, and no gradients."""
     out = copy.deepcopy(model)
     for module in out.modules():
         module.__dict__.pop("forward", None)
@@ -106,8 +107,7 @@ def policy_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
                 param = getattr(base, which, None)
                 if param is not None:
                     owners[id(param)] = (module, which)
-    layers = {id(layer): layer for layer, _ in owners.values()}
-    if not all(_vanilla_lora(layer) for layer in layers.values()):
+    if not all(_vanilla_lora(layer) for layer, _ in owners.values()):
         yield from _merged_copy_weights(model)  # peft's own merge for the variants, on a copy
         return
     with torch.no_grad():
@@ -145,15 +145,24 @@ class GenerationCopy:
 
     def __init__(self) -> None:
         self._of: int | None = None  # id() of the policy module the copy was made from
+        self._version: int | None = None  # the version of the weights it holds, where named
         self._model: Any = None
         self._params: dict[str, torch.Tensor] = {}
 
-    def of(self, model: Any) -> Any:
-        """The copy, holding `model`'s current weights (merged)."""
+    def holds(self, model: Any) -> bool:
+        """Whether the copy was made from `model`."""
+        return self._of == id(model)
+
+    def of(self, model: Any, version: int | None = None) -> Any:
+        """The copy, holding `model`'s current weights (merged). `version` names the weights
+        (the optimizer step, as PolicyBackend's vLLM sync takes it): the copy already made from
+        `model` at that version is not refilled; None refills it always."""
         import torch
 
+        if self.holds(model) and version is not None and version == self._version:
+            return self._model
         with torch.no_grad():
-            if self._of != id(model):
+            if not self.holds(model):
                 self._model = detached_copy(model)
                 if hasattr(model, "merge_and_unload"):
                     self._model = self._model.merge_and_unload()
@@ -165,7 +174,7 @@ class GenerationCopy:
 
                 use_grouped_attention(self._model)
                 self._params = dict(self._model.named_parameters())
-                self._of = id(model)
+                self._of, self._version = id(model), version
                 return self._model
             names = set()
             for name, tensor in policy_weights(model):
@@ -173,11 +182,12 @@ class GenerationCopy:
                 names.add(name)
         if names != self._params.keys():
             raise RuntimeError(f"the policy gave no weights for {sorted(self._params.keys() - names)[:3]}")
+        self._version = version
         return self._model
 
     def close(self) -> None:
         """Drop the copy."""
-        self._of, self._model, self._params = None, None, {}
+        self._of, self._version, self._model, self._params = None, None, None, {}
 
 
 def is_generation_copy(model: Any) -> bool:
@@ -185,18 +195,19 @@ def is_generation_copy(model: Any) -> bool:
     return bool(getattr(model, "_arle_generation_copy", False))
 
 
-def for_generation(model: Any, copy_of: GenerationCopy) -> Any:
+def for_generation(model: Any, copy_of: GenerationCopy, version: int | None = None) -> Any:
     """What the hf engine generates with for `model`: `copy_of` refilled with its weights (a
     peft adapter merged) where the copy fits in 80% of the device's free memory, else `model`
     itself. A plain policy is generated with directly on a GPU (no fast paths there to gain, and
     a full fine-tune's memory goes to the optimizer); on a CPU its copy runs the engine's fused
-    forward and grouped attention, which a trainer's wrapped forward and hooks rule out."""
+    forward and grouped attention, which a trainer's wrapped forward and hooks rule out.
+    `version`: as `GenerationCopy.of` takes it."""
     peft = hasattr(model, "merge_and_unload")
     if not peft and next(model.parameters()).device.type != "cpu":
         return model
-    if copy_of._of != id(model) and not _fits(model):
+    if not copy_of.holds(model) and not _fits(model):
         return model
-    return copy_of.of(model)
+    return copy_of.of(model, version)
 
 
 def _fits(model: Any) -> bool:
