@@ -239,6 +239,39 @@ def test_mixed_length_prompts_are_prefilled_in_groups(engines, monkeypatch):
         assert grouped[i].token_ids == alone[i].token_ids, i
 
 
+def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, engines, monkeypatch):
+    """A GRPO group (or `arle eval -n`) sends one prompt several times: its prefill runs once
+    and each row still samples what it samples alone (greedy and seeded, with logprobs), in
+    a batch that also holds rows of other lengths (left padding) and a prompt used once."""
+    batched, single = HFEngine(str(tiny_model), batch_size=8), engines[1]  # no KV kept from other tests
+    fed: list[int] = []
+    forward = batched.forward
+
+    def spy(ids, *args, **kwargs):
+        if ids.shape[1] > 1:
+            fed.append(ids.shape[0])
+        return forward(ids, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "forward", spy)
+    prompts = ["def f(x): return x" * 3] * 4 + ["count " * 9] * 3 + ["def g(y):"]
+    reqs = [
+        GenerationRequest(
+            prompt=p, params=SamplingParams(max_tokens=8, temperature=0.9 * bool(i % 4), seed=i, logprobs=True)
+        )
+        for i, p in enumerate(prompts)
+    ]
+    shared = dict(batched.generate(reqs))
+    monkeypatch.undo()
+    assert sum(fed) == 3  # three distinct prompts, one prefill row each
+    alone = dict(single.generate(reqs))
+    for i in range(len(reqs)):
+        assert shared[i].prompt_token_ids == alone[i].prompt_token_ids
+        assert shared[i].token_ids == alone[i].token_ids, i
+        assert shared[i].logprobs == pytest.approx(alone[i].logprobs, abs=1e-4)
+    samples = [tuple(shared[i].token_ids) for i in (1, 2, 3)]
+    assert len(set(samples)) > 1  # the copies sample with their own seeds, not one shared draw
+
+
 def test_loading_a_model_does_not_import_scikit_learn(tiny_model):
     # transformers imports sklearn.metrics (1.5-2.5 s of start-up) wherever it is installed,
     # as it is beside lm-eval; the engine loads without it and still generates.

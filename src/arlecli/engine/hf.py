@@ -300,8 +300,24 @@ class HFEngine:
         longest part left to run in the group, on top of their kept KV (left-padded to the
         longest). A row with a shorter rest runs a few kept ids again instead of leaving a
         masked gap between its past and its rest, so every row stays padding-then-tokens, the
-        shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots."""
+        shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots.
+
+        Rows with the same prompt (a GRPO group's samples, `arle eval -n`) are run once and
+        their logits and KV copied: a row's numbers do not depend on its batch, so the copies
+        are what each row's own prefill would give, at 1/G of the cost."""
         torch = self.torch
+        first: dict[tuple[Any, ...], int] = {}
+        keys = [(tuple(r.prompt_ids), r.cached, id(r.past)) for r in rows]
+        for b, key in enumerate(keys):
+            first.setdefault(key, b)
+        if len(first) < len(rows):
+            slot = {key: j for j, key in enumerate(first)}
+            logits, cache, mask, positions = self._prefill_group([rows[b] for b in first.values()])
+            for r in rows:
+                r.past = None
+            copies = torch.tensor([slot[key] for key in keys], device=self.device)
+            cache.batch_select_indices(copies)
+            return logits[copies], cache, mask[copies], positions[copies]
         from arlecli.engine.kv_buffer import new_cache  # here: the tests swap it for DynamicCache
 
         width = max(len(r.prompt_ids) - r.cached for r in rows)
