@@ -239,20 +239,11 @@ def test_mixed_length_prompts_are_prefilled_in_groups(engines, monkeypatch):
         assert grouped[i].token_ids == alone[i].token_ids, i
 
 
-def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, engines, monkeypatch):
+def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, monkeypatch):
     """A GRPO group (or `arle eval -n`) sends one prompt several times: its prefill runs once
-    and each row still samples what it samples alone (greedy and seeded, with logprobs), in
-    a batch that also holds rows of other lengths (left padding) and a prompt used once."""
-    batched, single = HFEngine(str(tiny_model), batch_size=8), engines[1]  # no KV kept from other tests
-    fed: list[int] = []
-    forward = batched.forward
-
-    def spy(ids, *args, **kwargs):
-        if ids.shape[1] > 1:
-            fed.append(ids.shape[0])
-        return forward(ids, *args, **kwargs)
-
-    monkeypatch.setattr(batched, "forward", spy)
+    and each row samples, bit for bit, what it samples when every row is prefilled (greedy and
+    seeded, with logprobs), in a batch that also holds rows of other lengths (left padding)
+    and a prompt used once."""
     prompts = ["def f(x): return x" * 3] * 4 + ["count " * 9] * 3 + ["def g(y):"]
     reqs = [
         GenerationRequest(
@@ -260,14 +251,26 @@ def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, engines, 
         )
         for i, p in enumerate(prompts)
     ]
-    shared = dict(batched.generate(reqs))
-    monkeypatch.undo()
-    assert sum(fed) == 3  # three distinct prompts, one prefill row each
-    alone = dict(single.generate(reqs))
+    runs = {}
+    for share in (True, False):
+        engine = HFEngine(str(tiny_model), batch_size=8)  # no KV kept from other calls
+        monkeypatch.setattr(engine, "share_prompts", share)
+        fed: list[int] = []
+        forward = engine.forward
+
+        def spy(ids, *args, forward=forward, fed=fed, **kwargs):
+            if ids.shape[1] > 1:
+                fed.append(ids.shape[0])
+            return forward(ids, *args, **kwargs)
+
+        monkeypatch.setattr(engine, "forward", spy)
+        runs[share] = dict(engine.generate(reqs)), sum(fed)
+    (shared, shared_rows), (plain, plain_rows) = runs[True], runs[False]
+    assert (shared_rows, plain_rows) == (3, 8)  # three distinct prompts, one prefill row each
     for i in range(len(reqs)):
-        assert shared[i].prompt_token_ids == alone[i].prompt_token_ids
-        assert shared[i].token_ids == alone[i].token_ids, i
-        assert shared[i].logprobs == pytest.approx(alone[i].logprobs, abs=1e-4)
+        assert shared[i].prompt_token_ids == plain[i].prompt_token_ids
+        assert shared[i].token_ids == plain[i].token_ids, i
+        assert shared[i].logprobs == plain[i].logprobs, i
     samples = [tuple(shared[i].token_ids) for i in (1, 2, 3)]
     assert len(set(samples)) > 1  # the copies sample with their own seeds, not one shared draw
 
@@ -292,3 +295,22 @@ def test_loading_a_model_does_not_import_scikit_learn(tiny_model):
     )
     got = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
     assert json.loads(got.splitlines()[-1]) == {"sklearn": False, "scipy": False, "tokens": 3}
+
+
+def test_the_shared_prompts_perf_script_runs_both_sides_to_the_same_ids(tmp_path):
+    """perf/shared_prompts.py --quick (no timing is asserted): the 4-turn math_tool episodes of
+    a group are identical whether its prompt is prefilled once or per row."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "perf" / "shared_prompts.py"
+    out = tmp_path / "shared.json"
+    argv = [sys.executable, str(script), "--quick", "--samples", "3", "--max-tokens", "4", "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["identical_ids"] and result["turns_per_episode"] == [4] * 6
+    assert result["prompts"] == 2 and result["samples_per_prompt"] == 3

@@ -93,6 +93,7 @@ class HFEngine:
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
     streams = True  # generate() takes `on_tokens` (each row's ids so far, after every step: arle serve streams them)
     admits = True  # generate() takes `more` (requests that join a running call: arle serve's new arrivals)
+    share_prompts = True  # rows with the same prompt are prefilled once (`_prefill_group`); perf and tests turn it off
 
     def __init__(
         self,
@@ -310,7 +311,7 @@ class HFEngine:
         keys = [(tuple(r.prompt_ids), r.cached, id(r.past)) for r in rows]
         for b, key in enumerate(keys):
             first.setdefault(key, b)
-        if len(first) < len(rows):
+        if self.share_prompts and len(first) < len(rows):
             slot = {key: j for j, key in enumerate(first)}
             logits, cache, mask, positions = self._prefill_group([rows[b] for b in first.values()])
             for r in rows:
