@@ -42,19 +42,28 @@ ROWS = ROOT / "benchmarks" / "fixtures" / "gsm8k.jsonl"
 TARGET = 1.5  # issue 27 item 4: rollouts with KV reuse >= 1.5x faster than without
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The script's options (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_episode_options(p: argparse.ArgumentParser, samples: int, samples_help: str) -> None:
+    """The options of a side-by-side run of math_tool episodes (this script and perf/shared_prompts.py)."""
     p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct; quick: the tiny model)")
     p.add_argument("--quick", action="store_true", help="tiny model, 8-token turns, 1 repeat")
-    p.add_argument("--samples", type=int, default=4, help="samples per fixture row (4 rows): episodes = 4 x this")
+    p.add_argument("--samples", type=int, default=samples, help=samples_help)
     p.add_argument("--max-tokens", type=int, default=None, help="per-turn token budget (default 48; quick 8)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=None, help="runs per side (default 3; quick 1)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (both sides; 0: torch's default)")
     p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The script's options (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_episode_options(p, 4, "samples per fixture row (4 rows): episodes = 4 x this")
+    return with_defaults(p.parse_args(argv))
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on --quick."""
     args.max_tokens = args.max_tokens or (8 if args.quick else 48)
     args.repeats = args.repeats or (1 if args.quick else 3)
     return args
@@ -108,9 +117,10 @@ def run_side(engine: Any, card: Any, tasks: list[Any], exemplars: Any, args: arg
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run both sides `repeats` times, check their ids match, print and write the comparison."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def prepare(args: argparse.Namespace) -> tuple[Any, Any, Any, list[Any], Any, str, Path]:
+    """Offline, pinned threads, the model, the math_tool card with the nudging env, its
+    fixture tasks and a warmed-up hf engine: (torch, engine, card, tasks, exemplars, model
+    name, work folder)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     # On a shared machine OpenMP threads that busy-wait make timings swing 30x (perf/README.md's
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.threads:
         os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    work = Path(tempfile.mkdtemp(prefix="arle-multiturn-kv-"))
+    work = Path(tempfile.mkdtemp(prefix="arle-multiturn-"))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from train_rollouts import register_nudged_env
 
@@ -139,6 +149,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engine = HFEngine(path, batch_size=args.batch_size)
     # Warm-up (first-call kernel set-up), so neither side's first run pays it.
     list(engine.generate([GenerationRequest(prompt="Warm up.", params=SamplingParams(max_tokens=4))]))
+    return torch, engine, card, tasks, exemplars, name, work
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run both sides `repeats` times, check their ids match, print and write the comparison."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    torch, engine, card, tasks, exemplars, name, work = prepare(args)
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for rep in range(args.repeats):
         for side in ("on", "off") if rep % 2 == 0 else ("off", "on"):

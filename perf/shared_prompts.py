@@ -24,12 +24,11 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model, package_versions, perf_model, write_result
-from multiturn_kv import ROWS, run_side
+from machine_info import cpu_model, package_versions, write_result
+from multiturn_kv import add_episode_options, prepare, run_side, with_defaults
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -37,49 +36,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The script's options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct; quick: the tiny model)")
-    p.add_argument("--quick", action="store_true", help="tiny model, 8-token turns, 1 repeat")
+    add_episode_options(p, 8, "samples per prompt (a GRPO group's size)")
     p.add_argument("--prompts", type=int, default=2, help="fixture rows (distinct prompts), at most 4")
-    p.add_argument("--samples", type=int, default=8, help="samples per prompt (a GRPO group's size)")
-    p.add_argument("--max-tokens", type=int, default=None, help="per-turn token budget (default 48; quick 8)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=None, help="runs per side (default 3; quick 1)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (both sides; 0: torch's default)")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
-    args.max_tokens = args.max_tokens or (8 if args.quick else 48)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    return args
+    return with_defaults(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run both sides `repeats` times, check their ids match, print and write the comparison."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # perf/README.md's notes: busy-waiting threads swing timings
-    if args.threads:
-        os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    work = Path(tempfile.mkdtemp(prefix="arle-shared-prompts-"))
-    from train_rollouts import register_nudged_env
-
-    import torch
-
-    from arlecli.catalog import load_card
-    from arlecli.engine.base import GenerationRequest, SamplingParams
-    from arlecli.engine.hf import HFEngine
-    from arlecli.eval import EvalOptions, load_tasks
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    register_nudged_env()
-    path, name = perf_model(args.quick, work, args.model)
-    card = load_card("math_tool")
-    card.env = "tools_nudged"
-    tasks, exemplars = load_tasks(card, EvalOptions(data=str(ROWS), num_fewshot=0))
+    torch, engine, card, tasks, exemplars, name, work = prepare(args)
     tasks = tasks[: args.prompts]
-    engine = HFEngine(path, batch_size=args.batch_size)
-    list(engine.generate([GenerationRequest(prompt="Warm up.", params=SamplingParams(max_tokens=4))]))
     runs: dict[str, list[dict]] = {"shared": [], "per_row": []}
     for rep in range(args.repeats):
         for side in ("shared", "per_row") if rep % 2 == 0 else ("per_row", "shared"):
