@@ -275,6 +275,26 @@ def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, monkeypat
     assert len(set(samples)) > 1  # the copies sample with their own seeds, not one shared draw
 
 
+def test_a_sampled_token_is_torch_multinomials_draw_bit_for_bit():
+    """engine.hf.draw gives multinomial's token and leaves the generator where multinomial
+    leaves it, over many seeds, flat and peaked distributions, and nucleus-cut ones (zeros)."""
+    import torch
+
+    from arlecli.engine.hf import draw
+
+    for seed in range(120):
+        logits = torch.randn(49152, generator=torch.Generator().manual_seed(1000 + seed)) * (0.3 + seed % 9)
+        probs = torch.softmax(logits, -1)
+        if seed % 3 == 0:  # top_p's cut, as _pick makes it
+            ordered, idx = probs.sort(descending=True)
+            ordered[ordered.cumsum(-1) - ordered > 0.8] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, idx, ordered)
+        theirs, ours = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(3):
+            assert draw(probs, ours).item() == torch.multinomial(probs, 1, generator=theirs)[0].item(), seed
+        assert torch.equal(ours.get_state(), theirs.get_state())
+
+
 def test_loading_a_model_does_not_import_scikit_learn(tiny_model):
     # transformers imports sklearn.metrics (1.5-2.5 s of start-up) wherever it is installed,
     # as it is beside lm-eval; the engine loads without it and still generates.
@@ -314,3 +334,26 @@ def test_the_shared_prompts_perf_script_runs_both_sides_to_the_same_ids(tmp_path
     result = json.loads(out.read_text())
     assert result["identical_ids"] and result["turns_per_episode"] == [4] * 6
     assert result["prompts"] == 2 and result["samples_per_prompt"] == 3
+
+
+def test_the_sampling_perf_script_gets_the_same_ids_from_both_samplers(tmp_path):
+    """perf/sampling.py --quick (no timing is asserted): draw and torch.multinomial agree on
+    every draw and on every id of a 16-row sampled generate."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "perf" / "sampling.py"
+    out = tmp_path / "sampling.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["identical_ids"] and all(d["same_tokens"] for d in result["per_draw"])
