@@ -7,6 +7,7 @@ import json
 
 import pytest
 from helpers.cli import arle, assert_one_line_error, snapshot
+from helpers.perf import run_quick
 
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
@@ -62,22 +63,7 @@ def test_serve_refuses_a_dtype_it_cannot_load_in_one_line(tiny_model):
 def test_the_perf_script_compares_both_dtypes_on_both_workloads(tmp_path):
     """perf/dtype.py --quick (no timing is asserted): both workloads run on both engines and
     the comparison counts every sample."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "perf" / "dtype.py"
-    out = tmp_path / "dtype.json"
-    proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ.copy(),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    table = json.loads(out.read_text())["table"]
+    table = run_quick("dtype", tmp_path / "dtype.json")["table"]
     assert [r["workload"] for r in table] == ["gsm8k 0-shot", "humaneval"]
     for r in table:
         assert r["samples"] == 4 and 0 <= r["identical_completions"] <= 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers.perf import run_quick
 
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import HFEngine
@@ -320,18 +321,7 @@ def test_loading_a_model_does_not_import_scikit_learn(tiny_model):
 def test_the_shared_prompts_perf_script_runs_both_sides_to_the_same_ids(tmp_path):
     """perf/shared_prompts.py --quick (no timing is asserted): the 4-turn math_tool episodes of
     a group are identical whether its prompt is prefilled once or per row."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "perf" / "shared_prompts.py"
-    out = tmp_path / "shared.json"
-    argv = [sys.executable, str(script), "--quick", "--samples", "3", "--max-tokens", "4", "--out", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=os.environ.copy())
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    result = run_quick("shared_prompts", tmp_path / "shared.json", "--samples", "3", "--max-tokens", "4")
     assert result["identical_ids"] and result["turns_per_episode"] == [4] * 6
     assert result["prompts"] == 2 and result["samples_per_prompt"] == 3
 
@@ -339,21 +329,5 @@ def test_the_shared_prompts_perf_script_runs_both_sides_to_the_same_ids(tmp_path
 def test_the_sampling_perf_script_gets_the_same_ids_from_both_samplers(tmp_path):
     """perf/sampling.py --quick (no timing is asserted): draw and torch.multinomial agree on
     every draw and on every id of a 16-row sampled generate."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "perf" / "sampling.py"
-    out = tmp_path / "sampling.json"
-    proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ.copy(),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    result = run_quick("sampling", tmp_path / "sampling.json")
     assert result["identical_ids"] and all(d["same_tokens"] for d in result["per_draw"])

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from helpers.perf import run_quick
 from helpers.turns import register_replying_env
 
 from arlecli.catalog import load_card
@@ -198,18 +199,7 @@ def test_prefix_cache_matches_the_longest_prefix_and_evicts_the_least_recently_u
 def test_the_perf_script_runs_both_sides_to_the_same_ids(tmp_path):
     """perf/multiturn_kv.py --quick on 4 episodes (no timing is asserted): the 4-turn math_tool
     episodes are identical with and without KV reuse, and the cache served prompt tokens."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "perf" / "multiturn_kv.py"
-    out = tmp_path / "kv.json"
-    argv = [sys.executable, str(script), "--quick", "--samples", "1", "--max-tokens", "4", "--out", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=os.environ.copy())
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    result = run_quick("multiturn_kv", tmp_path / "kv.json", "--samples", "1", "--max-tokens", "4")
     assert result["identical_ids"] and result["turns_per_episode"] == [4, 4, 4, 4]
     assert 0 < result["reused_tokens"] < result["prompt_tokens"]
     assert result["cache_peak_tokens"] <= result["cache_cap_tokens"]

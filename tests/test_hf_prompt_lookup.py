@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from helpers.perf import run_quick
 from helpers.turns import register_replying_env
 
 from arlecli.catalog import load_card
@@ -228,18 +229,7 @@ def test_a_bad_draft_length_in_the_environment_is_one_line_exit_2(tiny_model, mo
 def test_the_perf_script_runs_both_sides_to_the_same_completions(tmp_path):
     """perf/prompt_lookup.py --quick (no timing is asserted): gsm8k 8-shot and humaneval evals
     are identical with lookup on and off, and at batch 1 the guesses saved decode steps."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "perf" / "prompt_lookup.py"
-    out = tmp_path / "lookup.json"
-    argv = [sys.executable, str(script), "--quick", "--rows", "2", "--out", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=os.environ.copy())
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    table = json.loads(out.read_text())["table"]
+    table = run_quick("prompt_lookup", tmp_path / "lookup.json", "--rows", "2")["table"]
     assert {(r["workload"], r["batch"]) for r in table} == {
         (w, b) for w in ("gsm8k 8-shot", "humaneval") for b in (1, 4)
     }
