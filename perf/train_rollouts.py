@@ -352,6 +352,7 @@ def train_argv(card: Path, algo: str, backend: str, model: str, out: Path, args:
         "1234",
         "--output",
         str(out),
+        *(["--set", "gradient_checkpointing=false"] if args.no_gradient_checkpointing else []),
     ]
 
 
@@ -672,6 +673,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="run every child under cProfile (top functions per step; its timings are inflated)",
     )
+    p.add_argument(
+        "--no-gradient-checkpointing",
+        action="store_true",
+        help="train without it, as the CPU recipes do (default: TRL's default, on, as the figures so far)",
+    )
     p.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct; quick: the tiny model)")
     p.add_argument("--out", type=Path, help="result JSON (default perf/results/train_rollouts[_quick].json)")
     p.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
@@ -788,6 +794,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "backends": backends,
             "temperature": 1.0,
             "ppo_micro_batch_size": args.ppo_micro_batch,
+            "gradient_checkpointing": not args.no_gradient_checkpointing,
             "omp_wait_policy": env.get("OMP_WAIT_POLICY"),
         },
         "summaries": summaries,
