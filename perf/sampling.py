@@ -30,6 +30,13 @@ from machine_info import cpu_model, package_versions, perf_model, write_result
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def multinomial(probs: Any, generator: Any) -> Any:
+    """The peer: what `engine.hf.draw` replaces."""
+    import torch
+
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
 def per_draw_ms(vocab: int, draws: int) -> dict[str, Any]:
     """Milliseconds a draw on each side, and whether every draw agreed."""
     import torch
@@ -37,7 +44,7 @@ def per_draw_ms(vocab: int, draws: int) -> dict[str, Any]:
     from arlecli.engine.hf import draw
 
     probs = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(vocab)), -1)
-    sides = {"multinomial": lambda g: torch.multinomial(probs, 1, generator=g)[0], "draw": lambda g: draw(probs, g)}
+    sides = {"multinomial": lambda g: multinomial(probs, g), "draw": lambda g: draw(probs, g)}
     tokens: dict[str, list[int]] = {}
     ms: dict[str, float] = {}
     for name, pick in sides.items():
@@ -82,7 +89,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     list(engine.generate(reqs[:1]))  # first-call kernel set-up
     fast = hf.draw
-    multinomial = lambda probs, g: torch.multinomial(probs, 1, generator=g)[0]  # noqa: E731
     seconds: dict[str, list[float]] = {"draw": [], "multinomial": []}
     ids: dict[str, list[list[int]]] = {}
     for rep in range(repeats):

@@ -244,7 +244,8 @@ def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, monkeypat
     """A GRPO group (or `arle eval -n`) sends one prompt several times: its prefill runs once
     and each row samples, bit for bit, what it samples when every row is prefilled (greedy and
     seeded, with logprobs), in a batch that also holds rows of other lengths (left padding)
-    and a prompt used once."""
+    and a prompt used once; then three rows continuing the lone prompt's conversation on the
+    same engine, which start from the KV kept from the first call (`_reuse`) and share it."""
     prompts = ["def f(x): return x" * 3] * 4 + ["count " * 9] * 3 + ["def g(y):"]
     reqs = [
         GenerationRequest(
@@ -265,13 +266,28 @@ def test_a_prompt_shared_by_several_rows_is_prefilled_once(tiny_model, monkeypat
             return forward(ids, *args, **kwargs)
 
         monkeypatch.setattr(engine, "forward", spy)
-        runs[share] = dict(engine.generate(reqs)), sum(fed)
-    (shared, shared_rows), (plain, plain_rows) = runs[True], runs[False]
+        first = dict(engine.generate(reqs))
+        rows = sum(fed)
+        fed.clear()
+        lone = first[7]
+        extended = [*lone.prompt_token_ids, *lone.token_ids, *lone.token_ids[:3]]
+        follow = [
+            GenerationRequest(
+                prompt_token_ids=extended, params=SamplingParams(max_tokens=6, temperature=0.9, seed=k, logprobs=True)
+            )
+            for k in range(3)
+        ]
+        again = dict(engine.generate(follow))
+        assert engine.prefix_cache.reused_tokens >= 3 * len(lone.prompt_token_ids)
+        runs[share] = first, rows, again, sum(fed)
+    (shared, shared_rows, shared_again, again_rows), (plain, plain_rows, plain_again, _) = runs[True], runs[False]
     assert (shared_rows, plain_rows) == (3, 8)  # three distinct prompts, one prefill row each
-    for i in range(len(reqs)):
-        assert shared[i].prompt_token_ids == plain[i].prompt_token_ids
-        assert shared[i].token_ids == plain[i].token_ids, i
-        assert shared[i].logprobs == plain[i].logprobs, i
+    assert again_rows == 1  # the three continuations: one row run on the kept KV
+    for a, b in ((shared, plain), (shared_again, plain_again)):
+        for i in range(len(a)):
+            assert a[i].prompt_token_ids == b[i].prompt_token_ids
+            assert a[i].token_ids == b[i].token_ids, i
+            assert a[i].logprobs == b[i].logprobs, i
     samples = [tuple(shared[i].token_ids) for i in (1, 2, 3)]
     assert len(set(samples)) > 1  # the copies sample with their own seeds, not one shared draw
 

@@ -93,7 +93,7 @@ class HFEngine:
     chains = True  # generate() takes `then` (follow-up requests continue a row in the batch)
     streams = True  # generate() takes `on_tokens` (each row's ids so far, after every step: arle serve streams them)
     admits = True  # generate() takes `more` (requests that join a running call: arle serve's new arrivals)
-    share_prompts = True  # rows with the same prompt are prefilled once (`_prefill_group`); perf and tests turn it off
+    share_prompts = True  # rows with the same prompt are prefilled once (`_prefill`); perf and tests turn it off
 
     def __init__(
         self,
@@ -284,15 +284,36 @@ class HFEngine:
 
         Rows of very different lengths are prefilled in separate groups (`length_groups`)
         whose caches are then merged: one left-padded batch of prompts of 99-181 tokens was
-        46% padding, each position costing a full forward pass."""
-        groups = length_groups([len(r.prompt_ids) - r.cached for r in rows])
-        parts = [self._prefill_group(rows[start:end]) for start, end in groups]
+        46% padding, each position costing a full forward pass.
+
+        Rows with the same prompt (a GRPO group's samples, `arle eval -n`) are run once and
+        their logits and KV copied: a row's numbers do not depend on its batch, so the copies
+        are what each row's own prefill would give, at 1/G of the cost."""
+        torch = self.torch
+        distinct, copies = rows, None
+        if self.share_prompts:
+            slot: dict[tuple[Any, ...], int] = {}  # a prompt (and its kept prefix) -> its row in `distinct`
+            keys = [(tuple(r.prompt_ids), r.cached, id(r.past)) for r in rows]
+            distinct = []
+            for r, key in zip(rows, keys):
+                if key not in slot:
+                    slot[key] = len(distinct)
+                    distinct.append(r)
+            if len(distinct) < len(rows):
+                copies = torch.tensor([slot[key] for key in keys], device=self.device)
+        groups = length_groups([len(r.prompt_ids) - r.cached for r in distinct])
+        parts = [self._prefill_group(distinct[start:end]) for start, end in groups]
         logits, cache, mask, positions = parts[0]
         for more_logits, more_cache, more_mask, more_positions in parts[1:]:
             mask = _merge(cache, more_cache, mask, more_mask)
-            logits = self.torch.cat([logits, more_logits])
-            positions = self.torch.cat([positions, more_positions])
-        return logits, cache, mask, positions
+            logits = torch.cat([logits, more_logits])
+            positions = torch.cat([positions, more_positions])
+        if copies is None:
+            return logits, cache, mask, positions
+        for r in rows:
+            r.past = None  # as `_prefill_group` leaves the rows it ran: a copy's kept KV was its first row's
+        cache.batch_select_indices(copies)
+        return logits[copies], cache, mask[copies], positions[copies]
 
     def _prefill_group(self, rows: list[_Row]):
         """Run the prompts of `rows` (left-padded) as one batch; returns what `_prefill` does.
@@ -301,24 +322,8 @@ class HFEngine:
         longest part left to run in the group, on top of their kept KV (left-padded to the
         longest). A row with a shorter rest runs a few kept ids again instead of leaving a
         masked gap between its past and its rest, so every row stays padding-then-tokens, the
-        shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots.
-
-        Rows with the same prompt (a GRPO group's samples, `arle eval -n`) are run once and
-        their logits and KV copied: a row's numbers do not depend on its batch, so the copies
-        are what each row's own prefill would give, at 1/G of the cost."""
+        shape `_merge` and `_keep` rely on; padding a short rest would cost the same slots."""
         torch = self.torch
-        first: dict[tuple[Any, ...], int] = {}
-        keys = [(tuple(r.prompt_ids), r.cached, id(r.past)) for r in rows]
-        for b, key in enumerate(keys):
-            first.setdefault(key, b)
-        if self.share_prompts and len(first) < len(rows):
-            slot = {key: j for j, key in enumerate(first)}
-            logits, cache, mask, positions = self._prefill_group([rows[b] for b in first.values()])
-            for r in rows:
-                r.past = None
-            copies = torch.tensor([slot[key] for key in keys], device=self.device)
-            cache.batch_select_indices(copies)
-            return logits[copies], cache, mask[copies], positions[copies]
         from arlecli.engine.kv_buffer import new_cache  # here: the tests swap it for DynamicCache
 
         width = max(len(r.prompt_ids) - r.cached for r in rows)
