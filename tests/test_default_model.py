@@ -117,13 +117,10 @@ def _tiny_gguf(path: Path) -> Path:
     return path
 
 
-def test_the_gguf_is_parsed_once_while_converting_and_gguf_is_restored_after(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make `gguf.GGUFReader` a subclass that logs each file it parses; returns the log."""
     import gguf
 
-    path = _tiny_gguf(tmp_path / "tiny.gguf")
-    (tmp_path / "link.gguf").symlink_to(path)
     parses: list[str] = []
 
     class Counting(gguf.GGUFReader):
@@ -132,6 +129,18 @@ def test_the_gguf_is_parsed_once_while_converting_and_gguf_is_restored_after(
             super().__init__(p, mode)
 
     monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    return parses
+
+
+def test_the_gguf_is_parsed_once_while_converting_and_gguf_is_restored_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gguf
+
+    path = _tiny_gguf(tmp_path / "tiny.gguf")
+    (tmp_path / "link.gguf").symlink_to(path)
+    parses = _count_parses(monkeypatch)
+    Counting = gguf.GGUFReader
     real_table = gguf.get_tensor_name_map
     arch = gguf.MODEL_ARCH.LLAMA
     with models._gguf_parsed_once():
@@ -256,16 +265,7 @@ def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.Mo
         raise AssertionError(f"the embedded model must not download anything here: {args}")
 
     monkeypatch.setattr(models.subprocess, "run", no_network)
-    import gguf
-
-    parses: list[str] = []
-
-    class Counting(gguf.GGUFReader):
-        def __init__(self, p, mode="r") -> None:
-            parses.append(str(p))
-            super().__init__(p, mode)
-
-    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    parses = _count_parses(monkeypatch)
 
     start = time.perf_counter()
     path = models.embedded_default_model()

@@ -116,6 +116,30 @@ def test_no_copy_where_it_would_not_fit(tiny_model, monkeypatch):
     assert weights.for_generation(policy, weights.GenerationCopy()) is policy
 
 
+def test_a_staleness_queue_that_would_not_fit_is_refused_in_one_line(tiny_model, monkeypatch):
+    """--max-staleness N keeps N copies of the policy's weights; the same 80% rule as one copy."""
+    from transformers import AutoModelForCausalLM
+
+    from arlecli.errors import UserError
+    from arlecli.train import weights
+    from arlecli.train.overlap import Ahead
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    need = weights.weight_bytes(model)
+    ahead = Ahead(rollouts=None, max_staleness=2, plan=lambda step: None, max_step=3)  # type: ignore[arg-type]
+    try:
+        monkeypatch.setattr(weights, "available_memory", lambda: int(2.4 * need))  # 80%: 1.92 copies
+        with pytest.raises(UserError, match=r"^--max-staleness 2 keeps 2 copies .*: lower --max-staleness$"):
+            ahead.check_memory(model)
+        monkeypatch.setattr(weights, "available_memory", lambda: int(2.6 * need))  # 80%: 2.08 copies
+        ahead.check_memory(model)
+        monkeypatch.setattr(weights, "available_memory", lambda: None)  # unknown: not refused
+        ahead.check_memory(model)
+        assert weights.copies_fit(model, 1) == (True, need, None)
+    finally:
+        ahead.close()
+
+
 @pytest.mark.parametrize("card_name", ["countdown", "math_tool"])
 def test_hf_rollouts_of_a_lora_policy_are_the_eval_of_its_checkpoint(tmp_path, tiny_model, monkeypatch, card_name):
     """Token ids and sampling logprobs, bit for bit: the logprobs differ in their last bits

@@ -46,7 +46,7 @@ from arlecli.results import write_json
 from arlecli.types import Episode, Turn
 
 from arlecli.train.batches import Rollouts, numbered, unwrap
-from arlecli.train.weights import GenerationCopy, available_memory, weight_bytes
+from arlecli.train.weights import GenerationCopy, copies_fit
 
 if TYPE_CHECKING:
     import torch
@@ -168,9 +168,8 @@ class Ahead:
 
     def check_memory(self, model: Any) -> None:
         """Refuse (one line) a queue whose weight copies would not fit beside the policy."""
-        need = self.max_staleness * weight_bytes(unwrap(model))
-        free = available_memory()
-        if free is not None and need > 0.8 * free:
+        fits, need, free = copies_fit(unwrap(model), self.max_staleness)
+        if not fits and free is not None:
             raise UserError(
                 f"--max-staleness {self.max_staleness} keeps {self.max_staleness} copies of the policy's weights "
                 f"({need / 2**30:.1f} GiB) beside it and {free / 2**30:.1f} GiB is free: lower --max-staleness"

@@ -205,19 +205,19 @@ def for_generation(model: Any, copy_of: GenerationCopy, version: int | None = No
     peft = hasattr(model, "merge_and_unload")
     if not peft and next(model.parameters()).device.type != "cpu":
         return model
-    if not copy_of.holds(model) and not _fits(model):
+    if not copy_of.holds(model) and not copies_fit(model)[0]:
         return model
     return copy_of.of(model, version)
 
 
-def _fits(model: Any) -> bool:
-    """Whether a copy of `model`'s weights fits in 80% of its device's free memory."""
+def copies_fit(model: Any, copies: int = 1) -> tuple[bool, int, int | None]:
+    """Whether `copies` copies of `model`'s weights fit in 80% of the free memory of the device
+    they would be made on (its own: CUDA's free memory there, else the host's); with the bytes
+    they need and the bytes free (None where unknown: then they are taken to fit). The 20% is
+    left for what generating with them allocates (KV cache, activations)."""
     import torch
 
-    need = weight_bytes(model)
+    need = copies * weight_bytes(model)
     device = next(model.parameters()).device
-    if device.type == "cuda":
-        free: int | None = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = available_memory()
-    return free is None or need <= 0.8 * free
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_memory()
+    return free is None or need <= 0.8 * free, need, free
