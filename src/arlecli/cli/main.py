@@ -142,9 +142,28 @@ def quiet_warnings() -> None:
         warnings.filterwarnings("ignore", category=category)
 
 
+def skip_the_exit_collection() -> None:
+    """At interpreter exit, after the other exit handlers, keep Python's last garbage
+    collections from walking every object the process made (gc.freeze).
+
+    Why: once torch and transformers are imported the process holds millions of objects, and
+    the collections that run while the interpreter shuts down took 0.6-0.65 s of every command
+    here (`arle eval ... --limit 1 --max-tokens 1`: 0.87 s from the command's end to the
+    process's, 0.23 s with this). Frozen objects are still freed as modules are cleared; what
+    is skipped is finding garbage in reference cycles, which exit leaves to the OS anyway
+    (Python does not promise `__del__` at exit). Registered as an exit handler, not done now:
+    tests run `main` in-process, and freezing their long-lived process would stop it collecting."""
+    import atexit
+    import gc
+
+    atexit.unregister(gc.freeze)  # once, however often main runs in a process
+    atexit.register(gc.freeze)  # exit handlers run last-registered first: this one after the libraries'
+
+
 def main() -> None:
     """Console-script entry point: user mistakes print one line and exit 2."""
     quiet_warnings()
+    skip_the_exit_collection()
     register_commands()
     try:
         # standalone_mode=False: typer returns exit codes (Ctrl-C becomes 130) instead of
