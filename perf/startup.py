@@ -14,8 +14,9 @@ What is measured, each in a fresh interpreter (the OS file cache warm: one untim
 
     python perf/startup.py              # 3 runs a side
     python perf/startup.py --repeats 5
+    python perf/startup.py --quick      # 1 run a side, no warm-up run (the tests' smoke run)
 
-Target (issue 29): < 5 s to the first token. Writes perf/results/startup.json.
+Target (issue 29): < 5 s to the first token. Writes perf/results/startup.json (quick runs: startup_quick.json).
 """
 
 from __future__ import annotations
@@ -128,9 +129,11 @@ def tagged(cmd: list[str], env: dict[str, str], tag: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure both sides `--repeats` times, then the timeline and the floor; print and write."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3, help="runs a side (default 3)")
-    p.add_argument("--out", type=Path, default=RESULTS / "startup.json")
+    p.add_argument("--repeats", type=int, default=None, help="runs a side (default 3; quick 1)")
+    p.add_argument("--quick", action="store_true", help="1 run a side and no warm-up run")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default perf/results/startup[_quick].json)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    repeats = args.repeats or (1 if args.quick else 3)
     from arlecli.models import embedded_default_model
 
     model = str(embedded_default_model())
@@ -139,8 +142,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     arle = [sys.executable, "-m", "arlecli", "eval", "one_digit_sums", "--limit", "1", "--max-tokens", "1"]
     plain = [sys.executable, "-c", PLAIN, model]
     runs: dict[str, list[float]] = {"arle eval": [], "transformers script": []}
-    seconds([*arle, "--output", str(work / "warm")], env)  # the file cache warm, the model converted
-    for i in range(args.repeats):
+    if not args.quick:
+        seconds([*arle, "--output", str(work / "warm")], env)  # the file cache warm, the model converted
+    for i in range(repeats):
         runs["arle eval"].append(seconds([*arle, "--output", str(work / f"run-{i}")], env))
         runs["transformers script"].append(seconds(plain, env))
         print(f"run {i + 1}: arle {runs['arle eval'][-1]:.2f} s, transformers {runs['transformers script'][-1]:.2f} s")
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     timeline = tagged([sys.executable, "-c", TIMELINE, str(work / "timeline")], env, "TIMELINE")
     floor = tagged([sys.executable, "-c", FLOOR, model], env, "FLOOR")
 
-    print(f"\nCPU: {cpu_model()}; one thread; median of {args.repeats}")
+    print(f"\nCPU: {cpu_model()}; one thread; median of {repeats}")
     print("| side | seconds to the first token |\n|---|---|")
     for side, value in median.items():
         print(f"| {side} | {value:.2f} |")
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "timeline": timeline,
         "floor_without_model_classes": floor,
     }
-    write_result(result, args.out, work, keep=False)
+    write_result(result, args.out or RESULTS / f"startup{'_quick' if args.quick else ''}.json", work, keep=False)
     return result
 
 

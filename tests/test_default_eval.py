@@ -40,3 +40,22 @@ def test_eval_with_no_model_uses_the_embedded_smollm2_and_reports(smollm2_path, 
     report = arle("report")
     assert report.returncode == 0, report.stderr
     assert (run / "report.html").stat().st_size > 3_000_000  # plotly.js inside: it opens offline
+
+
+def test_the_startup_perf_script_times_every_stage_it_names(smollm2_path, isolated_home, tmp_path):
+    """perf/startup.py's quick run: both sides timed, and its timeline still finds the arle
+    functions it times (a rename would fail it here, not in a perf run)."""
+    from helpers.perf import run_quick
+
+    models = isolated_home / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / smollm2_path.name).symlink_to(smollm2_path, target_is_directory=True)
+    result = run_quick("startup", tmp_path / "startup.json")
+    assert set(result["runs"]) == {"arle eval", "transformers script"}
+    assert all(len(runs) == 1 and runs[0] > 0 for runs in result["runs"].values())
+    stages = result["timeline"]
+    assert all(
+        stages[s] > 0 for s in ("import torch", "model and tokenizer load", "fused forward (probes, stacking, packing)")
+    )
+    assert stages["total"] >= sum(v for k, v in stages.items() if k != "total") - 0.01
+    assert result["floor_without_model_classes"]["model classes imported"] is False
