@@ -3,9 +3,10 @@ plain transformers script that loads the same folder and generates one token, an
 seconds go.
 
 What is measured, each in a fresh interpreter (the OS file cache warm: one untimed run first):
-1. arle: `arle eval one_digit_sums --limit 1 --max-tokens 1` (the issue's measure), wall seconds.
+1. arle: `arle eval one_digit_sums --limit 1 --max-tokens 1` (the issue's measure), wall seconds
+   from start to exit (the first token, its run files and the process's shutdown).
 2. transformers: import it, `from_pretrained` the model and tokenizer, render the same kind of
-   chat prompt, `generate` one token; wall seconds.
+   chat prompt, `generate` one token; wall seconds from start to exit.
 3. arle's timeline: the same eval in one interpreter with its stages imported and timed in
    order (arle's CLI, torch, transformers' utilities, transformers' model classes), then the
    model's load, the fused forward's build, the packed linears and the eval itself.
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     floor = tagged([sys.executable, "-c", FLOOR, model], env, "FLOOR")
 
     print(f"\nCPU: {cpu_model()}; one thread; median of {repeats}")
-    print("| side | seconds to the first token |\n|---|---|")
+    print("| side | seconds, start to exit (1 row, 1 token) |\n|---|---|")
     for side, value in median.items():
         print(f"| {side} | {value:.2f} |")
     met = "met" if median["arle eval"] < TARGET_S else "missed"
