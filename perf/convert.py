@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model, package_versions, write_result
+from machine_info import cpu_model, package_versions, process_seconds, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -60,21 +58,10 @@ convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
 
 
 def folder_hash(folder: Path) -> str:
-    """One sha256 over the folder's files (names and bytes, in name order)."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        digest.update(path.name.encode() + b"\0")
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    """One sha256 over the folder's files: each name with its bytes' sha256, in name order."""
+    from arlecli.models import _sha256
 
-
-def run_side(code: str, gguf: Path, out: Path) -> float:
-    """Seconds for one conversion in a fresh interpreter, imports included."""
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, str(gguf), str(out)], check=True)
-    return time.perf_counter() - start
+    return hashlib.sha256("".join(f"{p.name}\0{_sha256(p)}\n" for p in sorted(folder.iterdir())).encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -92,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i in range(args.repeats):
         for side, code in (("transformers", PEER), ("arle", ARLE)):
             out = work / f"{side}-{i}"
-            seconds[side].append(run_side(code, gguf, out))
+            seconds[side].append(process_seconds([sys.executable, "-c", code, str(gguf), str(out)]))
             hashes[side].add(folder_hash(out))
             print(f"{side} run {i + 1}: {seconds[side][-1]:.1f} s", flush=True)
     median = {side: statistics.median(s) for side, s in seconds.items()}

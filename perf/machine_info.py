@@ -50,6 +50,19 @@ def perf_model(quick: bool, work: Path, model: str | None = None) -> tuple[str, 
     return str(embedded_default_model()), EMBEDDED_NAME
 
 
+def process_seconds(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    """Wall seconds of `cmd` in a fresh process, start to exit, its output kept off the table;
+    a failure ends the script with the end of the command's stderr."""
+    import subprocess
+
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd[:3])} ... exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return elapsed
+
+
 def write_result(result: dict, out: Path, work: Path, keep: bool) -> None:
     """Write a script's result JSON to `out`, then remove its scratch dir `work` unless `keep`."""
     import json

