@@ -61,12 +61,15 @@ def _corpus() -> list[str]:
     return code + words * 50
 
 
-def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False) -> Path:
+def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False, arch: str = "qwen2", dtype: str = "") -> Path:
     """Write a tiny random Qwen2 chat model + tokenizer to `out` and return it. `thinking`: a
-    model that thinks (THINKING_TEMPLATE; `<think>` and `</think>` are tokens of their own)."""
+    model that thinks (THINKING_TEMPLATE; `<think>` and `</think>` are tokens of their own).
+    `arch="llama"`: a Llama-shaped one instead (the same tokenizer); `dtype`: the weights saved
+    in that dtype (default fp32)."""
     import torch
+    import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
     tk = Tokenizer(models.BPE())
@@ -96,7 +99,11 @@ def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False) -> Path:
     tok.save_pretrained(out)
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config_cls, model_cls = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    }[arch]
+    config = config_cls(
         vocab_size=len(tok),
         hidden_size=128,
         num_hidden_layers=4,
@@ -109,7 +116,9 @@ def build_tiny_model(out: Path, seed: int = 0, thinking: bool = False) -> Path:
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
+    if dtype:
+        model = model.to(getattr(torch, dtype))
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(out)
     return out

@@ -52,6 +52,10 @@ class FusedForward:
     intermediate: int
     norm: Callable[[Any, Any], Any]  # (an RMSNorm module, hidden states) -> normed
     eager_attention: Callable[..., Any]  # the model's own, for attn_implementation "eager"
+    # engine.native's model brings its own (transformers' computation without its model classes'
+    # imports); None: transformers' `create_causal_mask` and the attention the config names.
+    causal_mask: Callable[..., Any] | None = None  # as create_causal_mask(config, embeds, mask, cache, positions)
+    attention: Callable[..., Any] | None = None
 
     @property
     def calls(self) -> list[Callable[[Any], Any]]:
@@ -83,9 +87,7 @@ class FusedForward:
         """The logits of `model(input_ids=..., attention_mask=..., position_ids=...,
         past_key_values=cache, logits_to_keep=keep)`; `cache` (a transformers cache) grows in place."""
         import torch
-        from transformers import DynamicCache
-        from transformers.masking_utils import create_causal_mask
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.cache_utils import DynamicCache
 
         base, config = self.model.model, self.model.config
         hidden = base.embed_tokens(input_ids)
@@ -94,16 +96,25 @@ class FusedForward:
         if position_ids is None:
             seen = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(hidden.shape[1], device=hidden.device) + seen).unsqueeze(0)
-        mask = create_causal_mask(
-            config=config,
-            inputs_embeds=hidden,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            position_ids=position_ids,
-        )
+        if self.causal_mask is None:
+            from transformers.masking_utils import create_causal_mask
+
+            mask = create_causal_mask(
+                config=config,
+                inputs_embeds=hidden,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                position_ids=position_ids,
+            )
+        else:
+            mask = self.causal_mask(config, hidden, attention_mask, cache, position_ids)
         cos, sin = base.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, self.eager_attention)
+        attend = self.attention
+        if attend is None:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, self.eager_attention)
         batch, width = input_ids.shape
         h, kv = self.heads, self.kv_heads
         for i, layer in enumerate(self.layers):
@@ -175,21 +186,36 @@ def build(model: Any) -> FusedForward | None:
             return None
         if any("forward" in vars(p) for p in parts):
             return None  # a module with a forward of its own (a hook library's patch) computes something else
-        linears = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
-        if not all(packable(m) for m in linears) or len({m.weight.dtype for m in linears}) != 1:
-            return None
-        if len({m.bias is None for m in linears[:3]}) != 1 or attn.head_dim != head_dim:
+        if len({m.bias is None for m in (attn.q_proj, attn.k_proj, attn.v_proj)}) != 1 or attn.head_dim != head_dim:
             return None
         if attn.q_proj.out_features != heads * head_dim or attn.k_proj.out_features != kv_heads * head_dim:
+            return None
+    eager = getattr(sys.modules.get(type(layers[0].self_attn).__module__), "eager_attention_forward", None)
+    if eager is None:
+        return None
+    return assemble(model, eager)
+
+
+def assemble(
+    model: Any,
+    eager_attention: Callable[..., Any],
+    causal_mask: Callable[..., Any] | None = None,
+    attention: Callable[..., Any] | None = None,
+) -> FusedForward | None:
+    """The `FusedForward` of a Llama-shaped `model` whose parts `build` (or engine.native, which
+    made them) vouches for, its stacked weights packed now; None where oneDNN cannot pack them or
+    stacking would not give each output its own bits."""
+    layers = list(model.model.layers)
+    for layer in layers:
+        linears = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+        linears += (layer.mlp.gate_proj, layer.mlp.up_proj)
+        if not all(packable(m) for m in linears) or len({m.weight.dtype for m in linears}) != 1:
             return None
     first = layers[0]
     if not (
         _stacking_exact(first.self_attn.q_proj, first.self_attn.k_proj, first.self_attn.v_proj)
         and _stacking_exact(first.mlp.gate_proj, first.mlp.up_proj)
     ):
-        return None
-    eager = getattr(sys.modules.get(type(first.self_attn).__module__), "eager_attention_forward", None)
-    if eager is None:
         return None
     fused = [
         _Layer(
@@ -199,8 +225,20 @@ def build(model: Any) -> FusedForward | None:
         )
         for layer in layers
     ]
+    config = model.config
     norm = _rms_norm if _rms_norm_exact(first.input_layernorm) else _module_norm
-    return FusedForward(model, fused, heads, kv_heads, head_dim, first.mlp.gate_proj.out_features, norm, eager)
+    return FusedForward(
+        model,
+        fused,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        first.self_attn.head_dim,
+        first.mlp.gate_proj.out_features,
+        norm,
+        eager_attention,
+        causal_mask,
+        attention,
+    )
 
 
 def _module_norm(module: Any, hidden: Any) -> Any:

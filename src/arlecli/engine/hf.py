@@ -120,9 +120,15 @@ class HFEngine:
             self._packed: list[Any] | None = None
             self._fused: fused.FusedForward | None = None
         else:
-            self.model, self.tokenizer = _load(model, self.device, dtype)
-            use_grouped_attention(self.model)
-            self._fused = fused.build(self.model)
+            from arlecli.engine import native
+
+            loaded = native.load(model, self.device, dtype)
+            if loaded is not None:  # the same modules and numbers without transformers' model classes
+                self.model, self.tokenizer, self._fused = loaded
+            else:
+                self.model, self.tokenizer = _load(model, self.device, dtype)
+                use_grouped_attention(self.model)
+                self._fused = fused.build(self.model)
             self._packed = pack_linears(self.model, skip=self._fused.modules if self._fused else frozenset())
         # Prompt lookup's guesses are greedy's bit for bit only where every linear gives a row the
         # same bits at any row count and attention runs rowwise when asked (`_rowwise_sdpa`).
