@@ -207,8 +207,8 @@ def assemble(
     stacking would not give each output its own bits."""
     layers = list(model.model.layers)
     for layer in layers:
-        linears = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
-        linears += (layer.mlp.gate_proj, layer.mlp.up_proj)
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
         if not all(packable(m) for m in linears) or len({m.weight.dtype for m in linears}) != 1:
             return None
     first = layers[0]

@@ -66,7 +66,7 @@ class Config:
     max_position_embeddings: int
     tie_word_embeddings: bool
     use_cache: bool = True
-    _attn_implementation: str = ""  # engine.hf's GROUPED_SDPA, set by `load`
+    _attn_implementation: str = ""  # engine.attention's GROUPED_SDPA, set by `load`
 
     def get_text_config(self, decoder: bool = False) -> Config:
         """As transformers' configs answer for a text-only model: itself."""
@@ -124,10 +124,8 @@ def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | N
     config = config_of(folder)
     if config is None:
         return None
-    import torch
-
     from arlecli.engine import fused
-    from arlecli.engine.hf import GROUPED_SDPA, _grouped_sdpa, _skip_sklearn
+    from arlecli.engine.attention import GROUPED_SDPA, grouped_sdpa
 
     weights = _weights(folder, config)
     if weights is None:
@@ -137,10 +135,9 @@ def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | N
     config._attn_implementation = GROUPED_SDPA
     lm = _build(config, weights)
     lm.eval()
-    forward = fused.assemble(lm, _grouped_sdpa, causal_mask, _grouped_sdpa)
+    forward = fused.assemble(lm, grouped_sdpa, causal_mask, grouped_sdpa)
     if forward is None:
         return None
-    _skip_sklearn()
     from transformers.generation.configuration_utils import GenerationConfig
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
     from transformers.utils import logging as hf_logging
@@ -154,6 +151,7 @@ def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | N
 def _weights(folder: Path, config: Config) -> dict[str, Any] | None:
     """The checkpoint's tensors as fp32, or None unless they are exactly the expected names and shapes."""
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     index = folder / "model.safetensors.index.json"
@@ -169,8 +167,8 @@ def _weights(folder: Path, config: Config) -> dict[str, Any] | None:
         tensors: dict[str, Any] = {}
         for f in files:
             tensors.update(load_file(str(folder / f)))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError):
+        return None  # transformers loads it, or says what is wrong with it
     expected = _shapes(config)
     if set(tensors) != set(expected):
         return None
@@ -225,7 +223,7 @@ def _build(config: Config, weights: dict[str, Any]) -> Any:
         nn.Module.__init__(m)
         m.out_features, m.in_features = weight.shape
         m.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight)
-        m.bias = None
+        m.register_parameter("bias", None)
         return m
 
     def rms_norm(name: str) -> nn.Module:
@@ -297,7 +295,8 @@ def _classes() -> dict[str, type]:
 
         @torch.no_grad()
         def forward(self, x: Any, position_ids: Any) -> tuple[Any, Any]:
-            inv_freq = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
+            inv_freq: Any = self.inv_freq
+            inv_freq = inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
             inv_freq = inv_freq.to(dtype=torch.float, device=x.device)
             positions = position_ids[:, None, :].float()
             with torch.autocast(device_type=x.device.type, enabled=False):

@@ -1,0 +1,331 @@
+"""engine.native: a Llama folder loaded without transformers' model classes computes what the
+classes compute, bit for bit, declines what it does not know, and keeps those classes (and what
+they import) out of the process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.tiny_model import build_tiny_model
+from helpers.turns import register_replying_env
+
+from arlecli.catalog import load_card
+from arlecli.engine import native
+from arlecli.engine.base import GenerationRequest, LoglikRequest, SamplingParams
+from arlecli.engine.hf import HFEngine, use_grouped_attention
+from arlecli.engine.onednn import pack_linears
+from arlecli.envs import make_env
+from arlecli.envs.episodes import Job, run_episodes
+from arlecli.types import Task
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    """A tiny Llama chat model folder with weights far from the init's scale (so the layers do not
+    all look alike and a wrong op shows in the logits)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("native") / "llama", arch="llama")
+    model = LlamaForCausalLM.from_pretrained(folder)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape) * 0.05)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _engines(folder: Path, monkeypatch: Any, **kw: Any) -> tuple[HFEngine, HFEngine]:
+    """(an engine on engine.native's load, one on transformers' classes), the same folder."""
+    import torch
+
+    mine = HFEngine(str(folder), **kw)
+    monkeypatch.setenv("ARLE_NATIVE_LOAD", "0")
+    theirs = HFEngine(str(folder), **kw)
+    monkeypatch.delenv("ARLE_NATIVE_LOAD")
+    assert type(mine.model) is torch.nn.Module and type(theirs.model).__name__ == "LlamaForCausalLM"
+    assert mine._fused is not None and theirs._fused is not None
+    assert mine.packed_linears == theirs.packed_linears and mine.eos_ids == theirs.eos_ids
+    assert mine._lookup_exact == theirs._lookup_exact
+    return mine, theirs
+
+
+def test_logits_and_cache_are_the_model_classes_own_bit_for_bit(llama):
+    """Left-padded prefill, five decode steps, lm-eval-style scoring (no mask, no cache) and a
+    shared prefix's cache repeated per row: `torch.equal` to LlamaForCausalLM's own forward."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    loaded = native.load(str(llama), "cpu", None)
+    assert loaded is not None
+    lm, _, forward = loaded
+    pack_linears(lm, skip=forward.modules)  # as the engine packs the linears the fused forward does not stack
+    model = AutoModelForCausalLM.from_pretrained(llama).eval()
+    assert use_grouped_attention(model)
+    pack_linears(model)
+    for (name, p), (their_name, q) in zip(lm.named_parameters(), model.named_parameters(), strict=True):
+        assert name == their_name and torch.equal(p, q)
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight  # tied as transformers ties them
+
+    def theirs(ids: Any, mask: Any = None, positions: Any = None, cache: Any = None, keep: int = 0) -> Any:
+        kw = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep, **kw).logits
+
+    vocab = lm.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    lengths = [11, 6, 2, 11]
+    width = max(lengths)
+    ids = torch.randint(0, vocab, (4, width), generator=gen)
+    mask = torch.zeros(4, width, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, width - n :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        caches = [DynamicCache(config=lm.config), DynamicCache(config=model.config)]
+        outs = [f(ids, mask, positions, c, keep=1) for f, c in zip((forward, theirs), caches)]
+        assert outs[0].shape == (4, 1, vocab) and torch.equal(outs[0], outs[1])
+        step, pos = outs[0][:, -1].argmax(-1), positions[:, -1:] + 1
+        for _ in range(5):
+            mask = torch.cat([mask, mask.new_ones((4, 1))], dim=1)
+            outs = [f(step.view(-1, 1), mask, pos, c) for f, c in zip((forward, theirs), caches)]
+            assert torch.equal(outs[0], outs[1])
+            step, pos = outs[0][:, -1].argmax(-1), pos + 1
+        for mine, yours in zip(caches[0].layers, caches[1].layers, strict=True):
+            assert torch.equal(mine.keys, yours.keys) and torch.equal(mine.values, yours.values)
+
+        scored = torch.randint(0, vocab, (4, 9), generator=gen)
+        assert torch.equal(forward(scored), theirs(scored))
+        unpadded = [f(scored, torch.ones_like(scored), None, DynamicCache(config=lm.config)) for f in (forward, theirs)]
+        assert torch.equal(unpadded[0], unpadded[1])  # no padding: SDPA's causal flag, no mask, on both
+        shared = []
+        for f in (forward, theirs):
+            cache = DynamicCache(config=lm.config)
+            f(scored[:1, :4], cache=cache, keep=1)
+            cache.batch_repeat_interleave(4)
+            shared.append(f(scored[:, 4:], cache=cache))
+        assert torch.equal(shared[0], shared[1])
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_engine_tokens_and_loglikelihoods_equal_the_model_classes(llama, monkeypatch, batch_size):
+    """Greedy, seeded and logprob rows with stop strings and budgets, batched and alone (prompt
+    lookup's guesses), chat prompts, and lm-eval's loglikelihoods: the same on both loads."""
+    mine, theirs = _engines(llama, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
+    prompts = ["a b c a b c a b c", "def f(x): return x\ndef f(x):", "one two three " * 4, "hello", "1 2 3 4 1 2 3"]
+    free = dict(theirs.generate([GenerationRequest(prompt=p, params=SamplingParams(max_tokens=30)) for p in prompts]))
+    reqs = []
+    for i, p in enumerate(prompts):
+        text = free[i].text
+        stop = [text[len(text) // 2 : len(text) // 2 + 3]] if len(text) > 8 else []
+        for j, temperature in enumerate((0.0, 0.8, 1.2)):
+            cut = stop if (i + j) % 2 else []
+            params = SamplingParams(
+                max_tokens=(30, 9, 15)[j], temperature=temperature, seed=i, stop=cut, logprobs=j == 2
+            )
+            reqs.append(GenerationRequest(prompt=p, params=params))
+        chat = [{"role": "user", "content": p}]
+        reqs.append(GenerationRequest(messages=chat, params=SamplingParams(max_tokens=12, temperature=0.7, seed=i)))
+    a, b = dict(mine.generate(reqs)), dict(theirs.generate(reqs))
+    assert len(a) == len(reqs)
+    for i in range(len(reqs)):
+        assert (a[i].prompt_token_ids, a[i].token_ids, a[i].text, a[i].finish_reason) == (
+            b[i].prompt_token_ids,
+            b[i].token_ids,
+            b[i].text,
+            b[i].finish_reason,
+        ), i
+        assert a[i].logprobs == b[i].logprobs, i
+    assert any(c.finish_reason == "stop" for c in a.values())
+    if batch_size == 1:
+        assert mine.lookup.forwards > 0  # prompt lookup ran on the native load too
+    scoring = [LoglikRequest(context=p, continuation=" yes") for p in prompts] + [
+        LoglikRequest(context="Question: pick", continuation=c) for c in (" one", " two", " three")
+    ]
+    assert dict(mine.loglikelihood(scoring)) == dict(theirs.loglikelihood(scoring))
+
+
+def test_multi_turn_episodes_are_the_same_on_both_loads(llama, monkeypatch):
+    """Seeded 4-turn episodes through envs.episodes.run_episodes, the KV kept across turns."""
+    register_replying_env("test_native_four_turns", lambda completion: f"You said: {completion[:40]} Again.")
+    card = load_card("math_tool")
+    card.env, card.env_params = "test_native_four_turns", {}
+
+    def episodes(engine: HFEngine) -> dict[int, Any]:
+        tasks = [Task(str(i), f"What is {i} plus {7 * i}?", "") for i in range(3)]
+        jobs = [
+            Job(t, make_env(card, t), SamplingParams(max_tokens=12 + 4 * i, temperature=0.9 * (i % 2), seed=i))
+            for i, t in enumerate(tasks)
+        ]
+        return dict(run_episodes(engine, jobs))
+
+    mine, theirs = _engines(llama, monkeypatch, batch_size=3)
+    a, b = episodes(mine), episodes(theirs)
+    for i in range(3):
+        assert len(a[i].turns) == 4
+        assert [(t.prompt_token_ids, t.token_ids) for t in a[i].turns] == [
+            (t.prompt_token_ids, t.token_ids) for t in b[i].turns
+        ]
+    assert mine.prefix_cache.hits >= 3 * 3
+
+
+def test_the_tokenizer_is_the_one_autotokenizer_gives(llama):
+    from transformers import AutoTokenizer
+
+    loaded = native.load(str(llama), "cpu", None)
+    assert loaded is not None
+    _, tok = loaded[0], loaded[1]
+    _same_tokenizer(tok, AutoTokenizer.from_pretrained(str(llama), padding_side="left"))
+
+
+def _same_tokenizer(mine: Any, theirs: Any) -> None:
+    assert type(mine) is type(theirs)
+    assert mine.init_kwargs == theirs.init_kwargs and mine.padding_side == theirs.padding_side == "left"
+    assert mine.backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3 + 4?"}]
+    assert mine.apply_chat_template(chat, add_generation_prompt=True) == theirs.apply_chat_template(
+        chat, add_generation_prompt=True
+    )
+    text = "def f(x):\n    return x  # 12 plus 30 <|im_end|>"
+    assert mine(text).input_ids == theirs(text).input_ids
+    assert mine.decode(mine(text).input_ids) == theirs.decode(theirs(text).input_ids)
+    assert (mine.eos_token_id, mine.pad_token_id, mine.all_special_ids) == (
+        theirs.eos_token_id,
+        theirs.pad_token_id,
+        theirs.all_special_ids,
+    )
+
+
+def test_a_checkpoint_saved_in_bfloat16_is_cast_as_transformers_casts_it(tmp_path, monkeypatch):
+    folder = build_tiny_model(tmp_path / "bf16", arch="llama", dtype="bfloat16", seed=5)
+    mine, theirs = _engines(folder, monkeypatch, batch_size=2)
+    assert all(str(p.dtype) == "torch.float32" for p in mine.model.parameters())
+    reqs = [GenerationRequest(prompt=p, params=SamplingParams(max_tokens=10)) for p in ("hello there", "def f(x):")]
+    assert {i: c.token_ids for i, c in mine.generate(reqs)} == {i: c.token_ids for i, c in theirs.generate(reqs)}
+
+
+def _edit_json(folder: Path, name: str, change: Any) -> None:
+    path = folder / name
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _rewrite_weights(folder: Path, change: Any) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _sharded_outside(folder: Path) -> None:
+    """An index whose shard lies outside the folder (a hostile checkpoint reaching for other files)."""
+    shutil.copy(folder / "model.safetensors", folder.parent / "elsewhere.safetensors")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "../elsewhere.safetensors"}})
+    )
+
+
+DECLINED = {
+    "a Qwen2 model": lambda f: _edit_json(f, "config.json", lambda c: c.update(architectures=["Qwen2ForCausalLM"])),
+    "a field left to its default": lambda f: _edit_json(f, "config.json", lambda c: c.pop("head_dim")),
+    "scaled RoPE": lambda f: _edit_json(
+        f, "config.json", lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8})
+    ),
+    "sliding windows": lambda f: _edit_json(f, "config.json", lambda c: c.update(sliding_window=8)),
+    "biases": lambda f: _edit_json(f, "config.json", lambda c: c.update(attention_bias=True)),
+    "remote code": lambda f: _edit_json(f, "config.json", lambda c: c.update(auto_map={"AutoModel": "x.Y"})),
+    "config.json not JSON": lambda f: (f / "config.json").write_text("{not json"),
+    "another tokenizer class": lambda f: _edit_json(
+        f, "tokenizer_config.json", lambda c: c.update(tokenizer_class="LlamaTokenizer")
+    ),
+    "no generation config": lambda f: (f / "generation_config.json").unlink(),
+    "a tensor too many": lambda f: _rewrite_weights(f, lambda t: t.update(extra=t["model.norm.weight"].clone())),
+    "a tensor missing": lambda f: _rewrite_weights(f, lambda t: t.pop("model.layers.0.mlp.up_proj.weight")),
+    "a tensor of another shape": lambda f: _rewrite_weights(
+        f, lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1].clone()})
+    ),
+    "integer weights": lambda f: _rewrite_weights(
+        f, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(dtype=__import__("torch").int32)})
+    ),
+    "weights not safetensors": lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 64),
+    "a shard outside the folder": _sharded_outside,
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLINED))
+def test_load_declines_what_it_does_not_compute_exactly(llama, tmp_path, case):
+    folder = tmp_path / "model"
+    shutil.copytree(llama, folder)
+    DECLINED[case](folder)
+    assert native.load(str(folder), "cpu", None) is None
+
+
+def test_load_declines_other_devices_dtypes_hub_ids_and_the_switch(llama, monkeypatch):
+    assert native.load(str(llama), "cpu", "float32") is not None
+    assert native.load(str(llama), "cpu", "bfloat16") is None
+    assert native.load(str(llama), "cuda", None) is None
+    assert native.load("HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", None) is None
+    monkeypatch.setenv("ARLE_NATIVE_LOAD", "0")
+    assert native.load(str(llama), "cpu", None) is None
+
+
+def test_a_declined_folder_still_loads_through_transformers(llama, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(llama, folder)
+    _edit_json(folder, "config.json", lambda c: c.pop("head_dim"))
+    engine = HFEngine(str(folder), batch_size=2)
+    assert type(engine.model).__name__ == "LlamaForCausalLM" and engine._fused is not None
+    (done,) = engine.generate([GenerationRequest(prompt="hello", params=SamplingParams(max_tokens=4))])
+    assert done[1].token_ids
+
+
+def test_an_eval_load_imports_none_of_transformers_model_classes(llama):
+    """The point of the module: neither the model classes nor what they import (torch._dynamo,
+    torch.distributed.tensor) are in a process that loaded a folder and generated from it."""
+    code = (
+        "import sys\n"
+        "from arlecli.engine.base import GenerationRequest, SamplingParams\n"
+        "from arlecli.engine.hf import HFEngine\n"
+        f"e = HFEngine({str(llama)!r}, batch_size=2)\n"
+        "chat = [{'role': 'user', 'content': 'hi'}]\n"
+        "reqs = [GenerationRequest(messages=chat, params=SamplingParams(max_tokens=3))]\n"
+        "assert dict(e.generate(reqs))[0].token_ids\n"
+        "heavy = ('transformers.modeling_utils', 'transformers.masking_utils', 'torch._dynamo',\n"
+        "         'torch.distributed.tensor', 'sklearn')\n"
+        "print(type(e.model).__name__, sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "Module []"
+
+
+@pytest.mark.slow
+def test_the_embedded_smollm2_loads_natively_with_the_same_tokens(smollm2_path, monkeypatch):
+    """The real model README command 1 runs: native load, its tokenizer AutoTokenizer's, and
+    greedy and seeded chat completions and loglikelihoods the same as on transformers' classes."""
+    from transformers import AutoTokenizer
+
+    mine, theirs = _engines(smollm2_path, monkeypatch, batch_size=4)
+    _same_tokenizer(mine.tokenizer, AutoTokenizer.from_pretrained(str(smollm2_path), padding_side="left"))
+    questions = ["What is 3 + 4?", "Name a prime number.", "Write a haiku about rain.", "What is 17 - 9?", "Hi!"]
+    reqs = [
+        GenerationRequest(
+            messages=[{"role": "user", "content": q}],
+            params=SamplingParams(max_tokens=24, temperature=0.8 * (i % 2), seed=i, logprobs=True),
+        )
+        for i, q in enumerate(questions)
+    ]
+    a, b = dict(mine.generate(reqs)), dict(theirs.generate(reqs))
+    assert {i: (c.token_ids, c.logprobs) for i, c in a.items()} == {i: (c.token_ids, c.logprobs) for i, c in b.items()}
+    scoring = [LoglikRequest(context="The capital of France is", continuation=c) for c in (" Paris", " Rome")]
+    assert dict(mine.loglikelihood(scoring)) == dict(theirs.loglikelihood(scoring))
