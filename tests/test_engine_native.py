@@ -13,17 +13,13 @@ from typing import Any
 
 import pytest
 
+from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks
 from helpers.tiny_model import build_tiny_model
-from helpers.turns import register_replying_env
 
-from arlecli.catalog import load_card
 from arlecli.engine import native
 from arlecli.engine.base import GenerationRequest, LoglikRequest, SamplingParams
 from arlecli.engine.hf import HFEngine, use_grouped_attention
 from arlecli.engine.onednn import pack_linears
-from arlecli.envs import make_env
-from arlecli.envs.episodes import Job, run_episodes
-from arlecli.types import Task
 
 
 @pytest.fixture(scope="module")
@@ -116,64 +112,17 @@ def test_logits_and_cache_are_the_model_classes_own_bit_for_bit(llama):
 
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_engine_tokens_and_loglikelihoods_equal_the_model_classes(llama, monkeypatch, batch_size):
-    """Greedy, seeded and logprob rows with stop strings and budgets, batched and alone (prompt
-    lookup's guesses), chat prompts, and lm-eval's loglikelihoods: the same on both loads."""
+    """Generations of every kind, batched and alone (prompt lookup's guesses), and lm-eval's
+    loglikelihoods: the same on both loads."""
     mine, theirs = _engines(llama, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
-    prompts = ["a b c a b c a b c", "def f(x): return x\ndef f(x):", "one two three " * 4, "hello", "1 2 3 4 1 2 3"]
-    free = dict(theirs.generate([GenerationRequest(prompt=p, params=SamplingParams(max_tokens=30)) for p in prompts]))
-    reqs = []
-    for i, p in enumerate(prompts):
-        text = free[i].text
-        stop = [text[len(text) // 2 : len(text) // 2 + 3]] if len(text) > 8 else []
-        for j, temperature in enumerate((0.0, 0.8, 1.2)):
-            cut = stop if (i + j) % 2 else []
-            params = SamplingParams(
-                max_tokens=(30, 9, 15)[j], temperature=temperature, seed=i, stop=cut, logprobs=j == 2
-            )
-            reqs.append(GenerationRequest(prompt=p, params=params))
-        chat = [{"role": "user", "content": p}]
-        reqs.append(GenerationRequest(messages=chat, params=SamplingParams(max_tokens=12, temperature=0.7, seed=i)))
-    a, b = dict(mine.generate(reqs)), dict(theirs.generate(reqs))
-    assert len(a) == len(reqs)
-    for i in range(len(reqs)):
-        assert (a[i].prompt_token_ids, a[i].token_ids, a[i].text, a[i].finish_reason) == (
-            b[i].prompt_token_ids,
-            b[i].token_ids,
-            b[i].text,
-            b[i].finish_reason,
-        ), i
-        assert a[i].logprobs == b[i].logprobs, i
-    assert any(c.finish_reason == "stop" for c in a.values())
+    assert_same_generations_and_logliks(mine, theirs)
     if batch_size == 1:
         assert mine.lookup.forwards > 0  # prompt lookup ran on the native load too
-    scoring = [LoglikRequest(context=p, continuation=" yes") for p in prompts] + [
-        LoglikRequest(context="Question: pick", continuation=c) for c in (" one", " two", " three")
-    ]
-    assert dict(mine.loglikelihood(scoring)) == dict(theirs.loglikelihood(scoring))
 
 
 def test_multi_turn_episodes_are_the_same_on_both_loads(llama, monkeypatch):
-    """Seeded 4-turn episodes through envs.episodes.run_episodes, the KV kept across turns."""
-    register_replying_env("test_native_four_turns", lambda completion: f"You said: {completion[:40]} Again.")
-    card = load_card("math_tool")
-    card.env, card.env_params = "test_native_four_turns", {}
-
-    def episodes(engine: HFEngine) -> dict[int, Any]:
-        tasks = [Task(str(i), f"What is {i} plus {7 * i}?", "") for i in range(3)]
-        jobs = [
-            Job(t, make_env(card, t), SamplingParams(max_tokens=12 + 4 * i, temperature=0.9 * (i % 2), seed=i))
-            for i, t in enumerate(tasks)
-        ]
-        return dict(run_episodes(engine, jobs))
-
     mine, theirs = _engines(llama, monkeypatch, batch_size=3)
-    a, b = episodes(mine), episodes(theirs)
-    for i in range(3):
-        assert len(a[i].turns) == 4
-        assert [(t.prompt_token_ids, t.token_ids) for t in a[i].turns] == [
-            (t.prompt_token_ids, t.token_ids) for t in b[i].turns
-        ]
-    assert mine.prefix_cache.hits >= 3 * 3
+    assert_same_episodes(mine, theirs, "test_native_four_turns")
 
 
 def test_the_tokenizer_is_the_one_autotokenizer_gives(llama):

@@ -9,16 +9,12 @@ from typing import Any
 
 import pytest
 
-from helpers.turns import register_replying_env
+from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks
 
-from arlecli.catalog import load_card
 from arlecli.engine import fused
 from arlecli.engine.base import GenerationRequest, SamplingParams
 from arlecli.engine.hf import GROUPED_SDPA, HFEngine, use_grouped_attention
 from arlecli.engine.onednn import onednn_linear_works, pack_linears
-from arlecli.envs import make_env
-from arlecli.envs.episodes import Job, run_episodes
-from arlecli.types import Task
 
 
 def _model(kind: str, dtype: str = "float32", attention: str = "sdpa", **extra: Any) -> Any:
@@ -167,59 +163,17 @@ def _engines(tiny_model: Any, monkeypatch: Any, **kw: Any) -> tuple[HFEngine, HF
 
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_engine_tokens_equal_the_models_own_forward(tiny_model, monkeypatch, batch_size):
-    """Greedy, seeded and logprob rows with stop strings and budgets, batched and alone (with
-    prompt lookup), and lm-eval's loglikelihoods: all the same with and without the fused forward."""
-    from arlecli.engine.base import LoglikRequest
-
+    """Generations of every kind, batched and alone (with prompt lookup), and lm-eval's
+    loglikelihoods: all the same with and without the fused forward."""
     a_engine, b_engine = _engines(tiny_model, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
-    prompts = ["a b c a b c a b c", "def f(x): return x\ndef f(x):", "one two three " * 4, "hello", "1 2 3 4 1 2 3"]
-    free = dict(b_engine.generate([GenerationRequest(prompt=p, params=SamplingParams(max_tokens=30)) for p in prompts]))
-    reqs = []
-    for i, p in enumerate(prompts):
-        text = free[i].text
-        stop = [text[len(text) // 2 : len(text) // 2 + 3]] if len(text) > 8 else []
-        for j, temperature in enumerate((0.0, 0.8, 1.2)):
-            cut = stop if (i + j) % 2 else []  # greedy rows without one run on and take lookup's guesses
-            params = SamplingParams(
-                max_tokens=(30, 9, 15)[j], temperature=temperature, seed=i, stop=cut, logprobs=j == 2
-            )
-            reqs.append(GenerationRequest(prompt=p, params=params))
-    a, b = dict(a_engine.generate(reqs)), dict(b_engine.generate(reqs))
-    for i in range(len(reqs)):
-        assert (a[i].token_ids, a[i].text, a[i].finish_reason) == (b[i].token_ids, b[i].text, b[i].finish_reason), i
-        assert a[i].logprobs == b[i].logprobs, i
-    assert any(c.finish_reason == "stop" for c in a.values())
+    assert_same_generations_and_logliks(a_engine, b_engine)
     if batch_size == 1:
         assert a_engine.lookup.forwards > 0  # verify forwards ran through the fused forward too
-    scoring = [LoglikRequest(context=p, continuation=" yes") for p in prompts] + [
-        LoglikRequest(context="Question: pick", continuation=c) for c in (" one", " two", " three")
-    ]
-    assert dict(a_engine.loglikelihood(scoring)) == dict(b_engine.loglikelihood(scoring))
 
 
 def test_multi_turn_episodes_are_the_same_with_and_without_the_fused_forward(tiny_model, monkeypatch):
-    """Through envs.episodes.run_episodes (what eval and every trainer run): seeded 4-turn
-    episodes of the math_tool card, three at a time, the KV kept across turns."""
-    register_replying_env("test_fused_four_turns", lambda completion: f"You said: {completion[:40]} Again.")
-    card = load_card("math_tool")
-    card.env, card.env_params = "test_fused_four_turns", {}
-
-    def episodes(engine: HFEngine) -> dict[int, Any]:
-        tasks = [Task(str(i), f"What is {i} plus {7 * i}?", "") for i in range(3)]
-        jobs = [
-            Job(t, make_env(card, t), SamplingParams(max_tokens=12 + 4 * i, temperature=0.9 * (i % 2), seed=i))
-            for i, t in enumerate(tasks)
-        ]
-        return dict(run_episodes(engine, jobs))
-
     with_fused, plain = _engines(tiny_model, monkeypatch, batch_size=3)
-    a, b = episodes(with_fused), episodes(plain)
-    for i in range(3):
-        assert len(a[i].turns) == 4
-        assert [(t.prompt_token_ids, t.token_ids) for t in a[i].turns] == [
-            (t.prompt_token_ids, t.token_ids) for t in b[i].turns
-        ]
-    assert with_fused.prefix_cache.hits >= 3 * 3
+    assert_same_episodes(with_fused, plain, "test_fused_four_turns")
 
 
 def test_a_live_policy_runs_fused_per_call_and_gets_its_modules_back(tiny_model):
