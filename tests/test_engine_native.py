@@ -207,6 +207,7 @@ DECLINED = {
         f, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(dtype=__import__("torch").int32)})
     ),
     "weights not safetensors": lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 64),
+    "an adapter folder": lambda f: (f / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"})),
     "a shard outside the folder": _sharded_outside,
 }
 

@@ -122,16 +122,16 @@ def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | N
     if not enabled() or device != "cpu" or dtype not in (None, "float32") or not folder.is_dir():
         return None
     config = config_of(folder)
-    if config is None:
-        return None
+    if config is None or not (folder / "generation_config.json").is_file():
+        return None  # without one transformers derives a generation config from config.json: left to it
+    if (folder / "adapter_config.json").exists():
+        return None  # transformers (through peft) or engine.hf's `_load` applies an adapter found here
     from arlecli.engine import fused
     from arlecli.engine.attention import GROUPED_SDPA, grouped_sdpa
 
     weights = _weights(folder, config)
     if weights is None:
         return None
-    if not (folder / "generation_config.json").is_file():
-        return None  # transformers would derive one from config.json: left to it
     config._attn_implementation = GROUPED_SDPA
     lm = _build(config, weights)
     lm.eval()
