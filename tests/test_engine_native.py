@@ -192,6 +192,7 @@ DECLINED = {
     ),
     "sliding windows": lambda f: _edit_json(f, "config.json", lambda c: c.update(sliding_window=8)),
     "biases": lambda f: _edit_json(f, "config.json", lambda c: c.update(attention_bias=True)),
+    "a billion layers": lambda f: _edit_json(f, "config.json", lambda c: c.update(num_hidden_layers=10**9)),
     "remote code": lambda f: _edit_json(f, "config.json", lambda c: c.update(auto_map={"AutoModel": "x.Y"})),
     "config.json not JSON": lambda f: (f / "config.json").write_text("{not json"),
     "another tokenizer class": lambda f: _edit_json(

@@ -169,6 +169,8 @@ def _weights(folder: Path, config: Config) -> dict[str, Any] | None:
             tensors.update(load_file(str(folder / f)))
     except (OSError, ValueError, KeyError, TypeError, SafetensorError):
         return None  # transformers loads it, or says what is wrong with it
+    if len(tensors) != 2 + 9 * config.num_hidden_layers + (not config.tie_word_embeddings):
+        return None  # checked first: a config claiming a billion layers is not walked
     expected = _shapes(config)
     if set(tensors) != set(expected):
         return None
