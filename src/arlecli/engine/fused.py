@@ -19,6 +19,8 @@ calls the model itself.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -103,8 +105,8 @@ class FusedForward:
                 config=config,
                 inputs_embeds=hidden,
                 attention_mask=attention_mask,
-                past_key_values=cache,
                 position_ids=position_ids,
+                **{_mask_cache_keyword(): cache},
             )
         else:
             mask = self.causal_mask(config, hidden, attention_mask, cache, position_ids)
@@ -140,6 +142,15 @@ class FusedForward:
             hidden = hidden + block.mlp.down_proj(block.mlp.act_fn(gate) * up)
         hidden = self.norm(base.norm, hidden)
         return self.model.lm_head(hidden[:, -keep:, :] if keep else hidden)
+
+
+@functools.cache
+def _mask_cache_keyword() -> str:
+    """The name `create_causal_mask` takes the cache under: transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns); 5.17 knows only the old one."""
+    from transformers.masking_utils import create_causal_mask
+
+    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def _hooked(model: Any) -> bool:

@@ -67,10 +67,18 @@ class Config:
     tie_word_embeddings: bool
     use_cache: bool = True
     _attn_implementation: str = ""  # engine.attention's GROUPED_SDPA, set by `load`
+    layers_config: Any = None  # a transformers config of the layer structure alone (`get_text_config`)
 
-    def get_text_config(self, decoder: bool = False) -> Config:
-        """As transformers' configs answer for a text-only model: itself."""
-        return self
+    def get_text_config(self, decoder: bool = False) -> Any:
+        """What transformers' `DynamicCache(config=...)` reads its layers off: a transformers
+        config of `num_hidden_layers` full-attention layers, so the cache is made as the installed
+        transformers makes it for such a model (its reading of a config changes between releases)."""
+        if self.layers_config is None:
+            from transformers.configuration_utils import PreTrainedConfig
+
+            n = self.num_hidden_layers
+            self.layers_config = PreTrainedConfig(num_hidden_layers=n, layer_types=["full_attention"] * n)  # type: ignore[call-arg]
+        return self.layers_config
 
 
 def enabled() -> bool:
