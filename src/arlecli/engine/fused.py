@@ -14,7 +14,8 @@ rotary module, the attention function the model is configured with, its own RMSN
 unless `torch.rms_norm` gives their bits: `_norm`), and tests that compare logits with
 `torch.equal` on each supported class. Anything else (other classes, sliding-window layers,
 adapters, a GPU, a dtype oneDNN does not pack here) gets None from `build`, and the engine
-calls the model itself.
+calls the model itself. engine.native's models (a Llama folder loaded without the model classes)
+go through `assemble` with its own mask and the attention called directly, not through `build`.
 """
 
 from __future__ import annotations

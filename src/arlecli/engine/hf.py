@@ -131,7 +131,7 @@ class HFEngine:
                 self._fused = fused.build(self.model)
             self._packed = pack_linears(self.model, skip=self._fused.modules if self._fused else frozenset())
         # Prompt lookup's guesses are greedy's bit for bit only where every linear gives a row the
-        # same bits at any row count and attention runs rowwise when asked (`_rowwise_sdpa`).
+        # same bits at any row count and attention runs rowwise when asked (engine.attention).
         calls = [*(self._packed or []), *(self._fused.calls if self._fused else [])]
         self._lookup_exact = rows_are_batch_invariant(calls) and (
             getattr(self.model.config, "_attn_implementation", None) == GROUPED_SDPA
