@@ -280,3 +280,26 @@ def test_the_embedded_smollm2_loads_natively_with_the_same_tokens(smollm2_path, 
     assert {i: (c.token_ids, c.logprobs) for i, c in a.items()} == {i: (c.token_ids, c.logprobs) for i, c in b.items()}
     scoring = [LoglikRequest(context="The capital of France is", continuation=c) for c in (" Paris", " Rome")]
     assert dict(mine.loglikelihood(scoring)) == dict(theirs.loglikelihood(scoring))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 100),
+        lambda f: (f / "config.json").write_text("{not json"),
+        lambda f: _edit_json(f, "config.json", lambda c: c.update(model_type="no_such_model")),
+    ],
+    ids=["weights", "config not JSON", "unknown model type"],
+)
+def test_a_damaged_folder_gets_a_one_line_error(llama, tmp_path, damage):
+    """Declined by engine.native, then refused by transformers: the user gets one line naming the
+    folder and what to do, not transformers' traceback."""
+    from arlecli.errors import UserError
+
+    folder = tmp_path / "model"
+    shutil.copytree(llama, folder)
+    damage(folder)
+    with pytest.raises(UserError) as caught:
+        HFEngine(str(folder), batch_size=1)
+    message = str(caught.value)
+    assert "\n" not in message and str(folder) in message and message.startswith("cannot load model")

@@ -819,6 +819,7 @@ def _load(model: str, device: str, dtype: str | None):
     import torch
 
     _skip_sklearn()
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -840,5 +841,11 @@ def _load(model: str, device: str, dtype: str | None):
         raise UserError(
             f"cannot load model '{model}': {str(exc).splitlines()[0]} "
             f"(give a local folder, a cached hub id, or --base-url for an endpoint)"
+        ) from None
+    except (ValueError, SafetensorError) as exc:  # a damaged or foreign file in a folder that exists
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(
+            f"cannot load model '{model}': {first} (its config or weights are damaged or not a causal LM's: "
+            "download or save the model again)"
         ) from None
     return m.to(device), tok
