@@ -199,6 +199,8 @@ DECLINED = {
         f, "tokenizer_config.json", lambda c: c.update(tokenizer_class="LlamaTokenizer")
     ),
     "no generation config": lambda f: (f / "generation_config.json").unlink(),
+    "a generation config that is not JSON": lambda f: (f / "generation_config.json").write_text("[1, 2"),
+    "a tokenizer that is not JSON": lambda f: (f / "tokenizer.json").write_text("{broken"),
     "a tensor too many": lambda f: _rewrite_weights(f, lambda t: t.update(extra=t["model.norm.weight"].clone())),
     "a tensor missing": lambda f: _rewrite_weights(f, lambda t: t.pop("model.layers.0.mlp.up_proj.weight")),
     "a tensor of another shape": lambda f: _rewrite_weights(
@@ -288,8 +290,9 @@ def test_the_embedded_smollm2_loads_natively_with_the_same_tokens(smollm2_path, 
         lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 100),
         lambda f: (f / "config.json").write_text("{not json"),
         lambda f: _edit_json(f, "config.json", lambda c: c.update(model_type="no_such_model")),
+        lambda f: (f / "tokenizer.json").write_text("{broken"),
     ],
-    ids=["weights", "config not JSON", "unknown model type"],
+    ids=["weights", "config not JSON", "unknown model type", "tokenizer not JSON"],
 )
 def test_a_damaged_folder_gets_a_one_line_error(llama, tmp_path, damage):
     """Declined by engine.native, then refused by transformers: the user gets one line naming the

@@ -134,25 +134,29 @@ def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | N
         return None  # without one transformers derives a generation config from config.json: left to it
     if (folder / "adapter_config.json").exists():
         return None  # transformers (through peft) or engine.hf's `_load` applies an adapter found here
+    from transformers.generation.configuration_utils import GenerationConfig
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    from transformers.utils import logging as hf_logging
+
     from arlecli.engine import fused
     from arlecli.engine.attention import GROUPED_SDPA, grouped_sdpa
 
+    hf_logging.disable_progress_bar()
+    try:
+        generation_config = GenerationConfig.from_pretrained(folder)
+        tokenizer = TokenizersBackend.from_pretrained(str(folder), padding_side="left")
+    except Exception:  # a damaged file: transformers' load says what is wrong (engine.hf `_load`)
+        return None
     weights = _weights(folder, config)
     if weights is None:
         return None
     config._attn_implementation = GROUPED_SDPA
     lm = _build(config, weights)
     lm.eval()
+    lm.generation_config = generation_config
     forward = fused.assemble(lm, grouped_sdpa, causal_mask, grouped_sdpa)
     if forward is None:
         return None
-    from transformers.generation.configuration_utils import GenerationConfig
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    lm.generation_config = GenerationConfig.from_pretrained(folder)
-    tokenizer = TokenizersBackend.from_pretrained(str(folder), padding_side="left")
     return lm, tokenizer, forward
 
 
