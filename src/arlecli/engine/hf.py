@@ -845,7 +845,7 @@ def _load(model: str, device: str, dtype: str | None):
     except (ValueError, SafetensorError) as exc:  # a damaged or foreign file in a folder that exists
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise UserError(
-            f"cannot load model '{model}': {first} (its config or weights are damaged or not a causal LM's: "
+            f"cannot load model '{model}': {first} (a file in it is damaged or not a causal LM's: "
             "download or save the model again)"
         ) from None
     return m.to(device), tok
