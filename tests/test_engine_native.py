@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks
+from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks, assert_same_logits
 from helpers.tiny_model import build_tiny_model
 
 from arlecli.engine import native
@@ -55,10 +55,9 @@ def _engines(folder: Path, monkeypatch: Any, **kw: Any) -> tuple[HFEngine, HFEng
 
 
 def test_logits_and_cache_are_the_model_classes_own_bit_for_bit(llama):
-    """Left-padded prefill, five decode steps, lm-eval-style scoring (no mask, no cache) and a
-    shared prefix's cache repeated per row: `torch.equal` to LlamaForCausalLM's own forward."""
+    """`assert_same_logits` against LlamaForCausalLM's own forward, the parameters the same."""
     import torch
-    from transformers import AutoModelForCausalLM, DynamicCache
+    from transformers import AutoModelForCausalLM
 
     loaded = native.load(str(llama), "cpu", None)
     assert loaded is not None
@@ -71,43 +70,7 @@ def test_logits_and_cache_are_the_model_classes_own_bit_for_bit(llama):
         assert name == their_name and torch.equal(p, q)
     assert lm.lm_head.weight is lm.model.embed_tokens.weight  # tied as transformers ties them
 
-    def theirs(ids: Any, mask: Any = None, positions: Any = None, cache: Any = None, keep: int = 0) -> Any:
-        kw = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
-        return model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep, **kw).logits
-
-    vocab = lm.config.vocab_size
-    gen = torch.Generator().manual_seed(1)
-    lengths = [11, 6, 2, 11]
-    width = max(lengths)
-    ids = torch.randint(0, vocab, (4, width), generator=gen)
-    mask = torch.zeros(4, width, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        mask[b, width - n :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.inference_mode():
-        caches = [DynamicCache(config=lm.config), DynamicCache(config=model.config)]
-        outs = [f(ids, mask, positions, c, keep=1) for f, c in zip((forward, theirs), caches)]
-        assert outs[0].shape == (4, 1, vocab) and torch.equal(outs[0], outs[1])
-        step, pos = outs[0][:, -1].argmax(-1), positions[:, -1:] + 1
-        for _ in range(5):
-            mask = torch.cat([mask, mask.new_ones((4, 1))], dim=1)
-            outs = [f(step.view(-1, 1), mask, pos, c) for f, c in zip((forward, theirs), caches)]
-            assert torch.equal(outs[0], outs[1])
-            step, pos = outs[0][:, -1].argmax(-1), pos + 1
-        for mine, yours in zip(caches[0].layers, caches[1].layers, strict=True):
-            assert torch.equal(mine.keys, yours.keys) and torch.equal(mine.values, yours.values)
-
-        scored = torch.randint(0, vocab, (4, 9), generator=gen)
-        assert torch.equal(forward(scored), theirs(scored))
-        unpadded = [f(scored, torch.ones_like(scored), None, DynamicCache(config=lm.config)) for f in (forward, theirs)]
-        assert torch.equal(unpadded[0], unpadded[1])  # no padding: SDPA's causal flag, no mask, on both
-        shared = []
-        for f in (forward, theirs):
-            cache = DynamicCache(config=lm.config)
-            f(scored[:1, :4], cache=cache, keep=1)
-            cache.batch_repeat_interleave(4)
-            shared.append(f(scored[:, 4:], cache=cache))
-        assert torch.equal(shared[0], shared[1])
+    assert_same_logits(forward, model, lm.config, lengths=[11, 6, 2, 11], scored_width=9)
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
@@ -116,8 +79,6 @@ def test_engine_tokens_and_loglikelihoods_equal_the_model_classes(llama, monkeyp
     loglikelihoods: the same on both loads."""
     mine, theirs = _engines(llama, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
     assert_same_generations_and_logliks(mine, theirs)
-    if batch_size == 1:
-        assert mine.lookup.forwards > 0  # prompt lookup ran on the native load too
 
 
 def test_multi_turn_episodes_are_the_same_on_both_loads(llama, monkeypatch):

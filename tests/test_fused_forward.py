@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks
+from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks, assert_same_logits
 
 from arlecli.engine import fused
 from arlecli.engine.base import GenerationRequest, SamplingParams
@@ -61,52 +61,14 @@ def _dtypes() -> list[str]:
     ("kind", "attention"), [("llama", "sdpa"), ("qwen2", "sdpa"), ("qwen3", "sdpa"), ("llama", "eager")]
 )
 def test_logits_and_cache_are_the_models_own_bit_for_bit(kind, attention, dtype):
-    """Left-padded prefill keeping the last position, five decode steps, then lm-eval-style
-    scoring (right-padded, no mask, no cache) and a shared prefix's cache repeated per row:
-    every logit `torch.equal` to the model's forward with every linear packed (the path the
-    engine ran before), and the KV caches alike."""
-    import torch
-    from transformers import DynamicCache
-
+    """`assert_same_logits` against the model's forward with every linear packed (the path the
+    engine ran before)."""
     model = _model(kind, dtype, attention)
     forward = fused.build(model)
     assert forward is not None
     pack_linears(model)  # the reference: transformers' forward on packed linears
 
-    def theirs(ids: Any, mask: Any = None, positions: Any = None, cache: Any = None, keep: int = 0) -> Any:
-        kw = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
-        return model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep, **kw).logits
-
-    gen = torch.Generator().manual_seed(1)
-    lengths = [9, 5, 2]
-    width = max(lengths)
-    ids = torch.randint(0, 300, (3, width), generator=gen)
-    mask = torch.zeros(3, width, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        mask[b, width - n :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.inference_mode():
-        caches = [DynamicCache(config=model.config), DynamicCache(config=model.config)]
-        outs = [f(ids, mask, positions, c, keep=1) for f, c in zip((forward, theirs), caches)]
-        assert outs[0].shape == (3, 1, 300) and torch.equal(outs[0], outs[1])
-        step, pos = outs[0][:, -1].argmax(-1), positions[:, -1:] + 1
-        for _ in range(5):
-            mask = torch.cat([mask, mask.new_ones((3, 1))], dim=1)
-            outs = [f(step.view(-1, 1), mask, pos, c) for f, c in zip((forward, theirs), caches)]
-            assert torch.equal(outs[0], outs[1])
-            step, pos = outs[0][:, -1].argmax(-1), pos + 1
-        for mine, yours in zip(caches[0].layers, caches[1].layers, strict=True):
-            assert torch.equal(mine.keys, yours.keys) and torch.equal(mine.values, yours.values)
-
-        scored = torch.randint(0, 300, (4, 7), generator=gen)
-        assert torch.equal(forward(scored), theirs(scored))
-        shared = []
-        for f in (forward, theirs):
-            cache = DynamicCache(config=model.config)
-            f(scored[:1, :4], cache=cache, keep=1)
-            cache.batch_repeat_interleave(4)
-            shared.append(f(scored[:, 4:], cache=cache))
-        assert torch.equal(shared[0], shared[1])
+    assert_same_logits(forward, model, model.config, lengths=[9, 5, 2], scored_width=7)
 
 
 @pytest.mark.parametrize("stacked", [1, 3])
@@ -167,8 +129,6 @@ def test_engine_tokens_equal_the_models_own_forward(tiny_model, monkeypatch, bat
     loglikelihoods: all the same with and without the fused forward."""
     a_engine, b_engine = _engines(tiny_model, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
     assert_same_generations_and_logliks(a_engine, b_engine)
-    if batch_size == 1:
-        assert a_engine.lookup.forwards > 0  # verify forwards ran through the fused forward too
 
 
 def test_multi_turn_episodes_are_the_same_with_and_without_the_fused_forward(tiny_model, monkeypatch):
