@@ -145,13 +145,18 @@ class FusedForward:
         return self.model.lm_head(hidden[:, -keep:, :] if keep else hidden)
 
 
+def cache_keyword(function: Callable[..., Any]) -> str:
+    """The name `function` (a model's forward, `create_causal_mask`) takes the KV cache under:
+    transformers 5.24 renamed `past_key_values` to `cache` (the old name warns); 5.17 knows only
+    the old one."""
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+
+
 @functools.cache
 def _mask_cache_keyword() -> str:
-    """The name `create_causal_mask` takes the cache under: transformers 5.24 renamed
-    `past_key_values` to `cache` (the old name warns); 5.17 knows only the old one."""
     from transformers.masking_utils import create_causal_mask
 
-    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+    return cache_keyword(create_causal_mask)
 
 
 def _hooked(model: Any) -> bool:

@@ -54,7 +54,7 @@ from arlecli.engine.base import (
     cut_at_stop,
     encode_pair,
 )
-from arlecli.engine import fused, lookup
+from arlecli.engine import fused, lookup, native
 from arlecli.engine.attention import GROUPED_SDPA, ROWWISE_ATTENTION, grouped_sdpa
 from arlecli.engine.onednn import pack_linears, rows_are_batch_invariant, unpack_linears
 from arlecli.engine.prefix_cache import Entry, PrefixCache, configured_max_tokens
@@ -120,8 +120,6 @@ class HFEngine:
             self._packed: list[Any] | None = None
             self._fused: fused.FusedForward | None = None
         else:
-            from arlecli.engine import native
-
             loaded = native.load(model, self.device, dtype)
             if loaded is not None:  # the same modules and numbers without transformers' model classes
                 self.model, self.tokenizer, self._fused = loaded
@@ -138,11 +136,7 @@ class HFEngine:
         )
         self.chat_template_kwargs = check_template_kwargs(self.tokenizer, chat_template_kwargs)
         self.model.eval()
-        import inspect
-
-        # transformers 5.24 renamed `past_key_values` to `cache` (old name warns); 5.17 knows only the old one.
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = fused.cache_keyword(self.model.forward)
         gen_cfg = getattr(self.model, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
