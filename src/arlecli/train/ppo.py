@@ -763,7 +763,7 @@ def train_ppo(
     `output_dir/checkpoint-N` every `save_steps` steps (0: none), keeping the newest
     `save_total_limit` (None: all); `resume` continues from the latest one (a fresh start when
     there is none). `on_step_end(step, policy)` runs before the first step (with the starting
-    step) and after each step's checkpoint and log (held-out evaluation hooks in here).
+    step) and after each step's log and checkpoint (held-out evaluation hooks in here).
     Rollouts sampled ahead by an older policy (--max-staleness, train.overlap): `is_cap` weighs
     each action's advantage by min(pi_old / pi_sampler, is_cap) from the episodes' own
     sampling logprobs (None: no correction), logged as is_weight/mean and /clip_fraction;
@@ -842,11 +842,14 @@ def train_ppo(
         )
         if not all(math.isfinite(v) for v in log.values()):
             raise FloatingPointError(f"PPO step {step} produced non-finite metrics: {log}")
+        # Logged before the checkpoint, as TRL's Trainer does: a run killed between the two resumes
+        # from the step before and drops this line (metrics.truncate_metrics); the other order lost
+        # the line of a checkpointed step for good.
+        if on_log is not None:
+            on_log(log)
         if save_steps > 0 and step % save_steps == 0:
             save_checkpoint(output_dir, policy, optimizer, scheduler, step, position, p, extra=on_save)
             prune_checkpoints(output_dir, save_total_limit)
-        if on_log is not None:
-            on_log(log)
         if on_step_end is not None:
             on_step_end(step, policy)
 
