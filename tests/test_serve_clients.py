@@ -119,6 +119,16 @@ def test_echo_gives_the_prompt_logprobs_that_score_a_continuation(served):
         model="tiny", prompt=context, max_tokens=0, echo=True, logprobs=0, temperature=0
     )
     assert only.choices[0].text == context and len(only.choices[0].logprobs.tokens) == len(tok(context)["input_ids"])
+    # ... at any temperature: no token is asked for, so none is sampled (vLLM's answer too).
+    hot = served.client.completions.create(model="tiny", prompt=context, max_tokens=0, echo=True, temperature=1.0)
+    assert hot.choices[0].text == context and hot.usage.completion_tokens == 0
+    # The one greedy token of an echo, cut by a stop string, ends the choice as "stop" (as generating it would).
+    nxt = served.client.completions.create(model="tiny", prompt=context, max_tokens=1, temperature=0)
+    for echo in (False, True):
+        cut = served.client.completions.create(
+            model="tiny", prompt=context, max_tokens=1, temperature=0, echo=echo, logprobs=1, stop=[nxt.choices[0].text]
+        )
+        assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == (context if echo else "")
 
 
 def test_token_id_prompts_generate_what_their_text_does(served):
@@ -259,6 +269,12 @@ def test_an_endpoint_that_wants_a_key_fails_cleanly_and_is_named_by_its_model():
                     list(engine.generate([GenerationRequest(prompt="x")]))
             gc.collect()
         assert not [w for w in caught if "never awaited" in str(w.message)]
+        # Two Authorization headers: refused whichever order (a proxy reading the other would disagree).
+        for pair in (["Bearer k3y", "Bearer nope"], ["Bearer nope", "Bearer k3y"]):
+            headers = httpx.Headers([("authorization", v) for v in pair])
+            resp = httpx.get(srv.base_url + "/models", headers=headers)
+            assert resp.status_code == 401 and "more than one" in resp.json()["error"]["message"]
+        assert httpx.get(srv.base_url + "/models", headers={"authorization": "Bearer k3y"}).status_code == 200
         import os
 
         os.environ["ARLE_TEST_SERVE_KEY"] = "k3y"

@@ -196,6 +196,16 @@ def test_malformed_bodies_are_4xx_and_leave_no_traceback(served, capfd):
 
     assert c.post("/completions", content=chunked()).status_code == 413
 
+    # What a web page can send without a CORS preflight (text/plain, a form) is not read as
+    # JSON: otherwise any page could make a local server generate. No header at all is fine.
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        resp = c.post("/chat/completions", content=body, headers={"content-type": kind})
+        assert "Content-Type: application/json" in _error(resp, 415)["message"]
+    for kind in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"):
+        assert c.post("/chat/completions", content=body, headers={"content-type": kind}).status_code == 200
+    assert c.post("/chat/completions", content=body).status_code == 200
+
     _normal_request_is_answered(served.url, within_s=10)
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err and "Exception" not in out + err, (out + err)[-3000:]

@@ -255,9 +255,12 @@ class _Api:
             if guided:  # vllm decodes under the format
                 req.params.structured = rf.structured(req.response_format)
             headers[rf.HEADER] = rf.GUIDED if guided else rf.UNCONSTRAINED
-        if req.echo and req.params.temperature == 0 and req.params.max_tokens <= 1 and prompt_ids is not None:
+        if req.echo and prompt_ids is not None and (req.params.max_tokens == 0 or (
+            req.params.temperature == 0 and req.params.max_tokens == 1
+        )):  # fmt: skip
             # lm-eval's loglikelihood request: the scoring pass alone gives the prompt's logprobs
-            # and the greedy next token, so nothing is generated.
+            # and the greedy next token (at any temperature when no token is asked for), so
+            # nothing is generated.
             return await self._echo_only(
                 request, req, rid, received, [p for p in prompt_ids if p is not None], session, endpoint, headers
             )
@@ -291,11 +294,20 @@ class _Api:
             # On an error, a dropped client or a cancelled handler: don't generate for nobody.
             self.batcher.cancel([f for f in futures if not f.done()])
             gathered.cancel()  # after: its results (or errors) are nobody's to read
+            # ... and asyncio would log "exception was never retrieved" for each dropped client.
+            gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
         replies = [self._reply(req, f.completion) for f in finished]
         self._record(session, rid, endpoint, req, finished, received, continues, replies)
         thought = reasoning_tokens(replies) if req.chat and not req.raw_reasoning else None
         scored = await self._score(req, [f.completion for f in finished]) if self._scores(req) else None
         body = protocol.response(req, rid, int(received), self.model_name, replies, self.token_text, thought, scored)
+        if req.response_format is not None:
+            from arlecli.serve import response_format as rf
+
+            texts = [c["message"]["content"] for c in body["choices"]]
+            verdicts = await asyncio.to_thread(rf.check_replies, req.response_format, texts)
+            for choice, error in zip(body["choices"], verdicts):
+                rf.mark(choice, error)
         set_tokens(request, body["usage"])
         return _Json(body, headers=headers)
 
@@ -404,12 +416,13 @@ class _Api:
             tokens = [sc.next_token] if generate else []
             # An engine with a scorer is in-process: it has the tokenizer the Engine protocol does not declare.
             text = cast(Any, self.engine).tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
+            kept = cut_at_stop(text, req.params.stop)
             comp = Completion(
-                text=cut_at_stop(text, req.params.stop),
+                text=kept,
                 token_ids=tokens,
                 prompt_token_ids=ids,
                 logprobs=[sc.next_logprob] if generate else [],
-                finish_reason="length",
+                finish_reason="stop" if kept != text else "length",  # as generating that token would end
             )
             full = scoring.Scored(
                 sc.logprobs + ([sc.next_logprob] if generate else []),
@@ -671,7 +684,10 @@ class _Api:
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
             return
-        given = request.headers.get("authorization", "")
+        sent = request.headers.getlist("authorization")
+        if len(sent) > 1:  # a proxy that reads the last one would disagree with a server reading the first
+            raise ApiError(401, "more than one Authorization header: send one", "invalid_api_key")
+        given = sent[0] if sent else ""
         scheme, _, token = given.partition(" ")
         if not given:
             raise ApiError(401, "missing API key: send the header `Authorization: Bearer <key>`", "invalid_api_key")

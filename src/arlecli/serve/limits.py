@@ -64,6 +64,17 @@ async def read_json(request: Any, limits: ServeLimits) -> Any:
     or not JSON a handler can take."""
     from starlette.requests import ClientDisconnect
 
+    kind = request.headers.get("content-type")
+    if kind is not None and not _json_media_type(kind):
+        # A browser sends text/plain or a form to any address without asking first (no CORS
+        # preflight): read as JSON, any web page could make a local server generate, or write
+        # into its recorded sessions. FastAPI (vLLM's server) refuses them the same way.
+        raise ApiError(
+            415,
+            f"the request body is {kind.split(';')[0].strip()[:100]!r}: send JSON with "
+            "`Content-Type: application/json`",
+            "invalid_request_error",
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise _too_big(limits)  # refused before reading a byte of it
@@ -87,6 +98,12 @@ async def read_json(request: Any, limits: ServeLimits) -> Any:
     except ClientDisconnect:  # nobody is left to answer; a 400 keeps it out of the error log
         raise ApiError(400, "the client disconnected while sending the body", "invalid_request_error") from None
     return decode_json(b"".join(chunks))
+
+
+def _json_media_type(content_type: str) -> bool:
+    """Whether a Content-Type header names JSON (application/json or a +json type, any parameters)."""
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def decode_json(raw: bytes) -> Any:

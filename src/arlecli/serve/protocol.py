@@ -213,7 +213,8 @@ def parse_completion(body: Any) -> ApiRequest:
     ):
         raise _bad("`logprobs` must be an integer from 0 to 20", "logprobs")
     echo = _bool(body, "echo")
-    if body.get("response_format") is not None and (body["response_format"] or {}).get("type") != "text":
+    asked = body.get("response_format")
+    if asked is not None and not (isinstance(asked, dict) and asked.get("type") == "text"):
         raise _bad("`response_format` is supported on /v1/chat/completions only", "response_format")
     best_of = body.get("best_of")
     if best_of is not None and best_of != body.get("n", 1):
@@ -471,9 +472,6 @@ def response(
         choice["logprobs"] = logprobs(req, comp, token_text, scored[i] if scored is not None else None)
         choice["finish_reason"] = finish_reason(reply)
         _token_ids(req, choice, comp)
-        if req.response_format is not None:
-            text = choice["message"]["content"] if req.chat else comp.text
-            response_format.mark(choice, req.response_format, text)
         choices.append(choice)
     body: dict[str, Any] = {
         "id": rid,
