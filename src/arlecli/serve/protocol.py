@@ -40,7 +40,14 @@ REASONING_FORMATS = ("parsed", "none")
 # vLLM does. It samples as greedily as anyone asking for 1e-9 can have meant.
 MIN_TEMPERATURE = 0.01
 
-TokenText = Callable[[list[int]], list[str]]
+
+@dataclass(frozen=True)
+class TokenText:
+    """How token ids show in logprobs: `text` each one's decoded text, `raw` the bytes it
+    stands for (serve/token_bytes.py; a token holding part of a character decodes to U+FFFD)."""
+
+    text: Callable[[list[int]], list[str]]
+    raw: Callable[[list[int]], list[bytes]]
 
 
 class ApiError(Exception):
@@ -528,19 +535,24 @@ def logprobs(req: ApiRequest, comp: Completion, token_text: TokenText, scored: A
         values = list(comp.logprobs)
         ids = ids[: len(values)]
         alts = [[] for _ in values]
-    texts = token_text(ids)
+    texts = token_text.text(ids)
     values = [None if v is None else _finite(v) for v in values]
     alt_ids = sorted({t for a in alts if a for t, _ in a})
-    alt_text = dict(zip(alt_ids, token_text(alt_ids))) if alt_ids else {}
+    alt_text = dict(zip(alt_ids, token_text.text(alt_ids))) if alt_ids else {}
     if req.chat:
+        raws = token_text.raw(ids)
+        alt_raw = dict(zip(alt_ids, token_text.raw(alt_ids))) if alt_ids else {}
 
-        def entry(t: str, lp: float | None) -> dict[str, Any]:
-            return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass"))}
+        def entry(t: str, raw: bytes, lp: float | None) -> dict[str, Any]:
+            return {"token": t, "logprob": lp, "bytes": list(raw)}
 
         return {
             "content": [
-                {**entry(t, lp), "top_logprobs": [entry(alt_text[i], _finite(a)) for i, a in (alts[k] or [])]}
-                for k, (t, lp) in enumerate(zip(texts, values))
+                {
+                    **entry(t, raw, lp),
+                    "top_logprobs": [entry(alt_text[i], alt_raw[i], _finite(a)) for i, a in (alts[k] or [])],
+                }
+                for k, (t, raw, lp) in enumerate(zip(texts, raws, values))
             ]
         }
     offsets, at = [], 0
@@ -645,5 +657,8 @@ def token_text_for(engine: Any) -> TokenText:
     else vLLM's `token_id:N` convention."""
     tok = getattr(engine, "tokenizer", None)
     if tok is not None and hasattr(tok, "batch_decode"):
-        return lambda ids: list(tok.batch_decode([[i] for i in ids]))
-    return lambda ids: [f"token_id:{i}" for i in ids]
+        from arlecli.serve.token_bytes import token_bytes_for
+
+        return TokenText(lambda ids: list(tok.batch_decode([[i] for i in ids])), token_bytes_for(tok))
+    text: Callable[[list[int]], list[str]] = lambda ids: [f"token_id:{i}" for i in ids]  # noqa: E731
+    return TokenText(text, lambda ids: [t.encode() for t in text(ids)])
