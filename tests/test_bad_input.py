@@ -88,6 +88,12 @@ def test_data_rows_that_are_scalars_or_null(gsm, tmp_path, name, content, shown)
     assert proc.requests == 0 and not (tmp_path / "run").exists()
 
 
+def test_data_rows_given_a_folder_says_so(gsm, tmp_path):
+    (tmp_path / "d").mkdir()
+    proc = gsm("--rows", "d", "--output", "run")
+    assert_one_line_error(proc, "data file d is a folder", "pass the rows file in it")
+
+
 def test_data_jsonl_with_a_broken_line_names_the_line(gsm, tmp_path):
     (tmp_path / "rows.jsonl").write_text(json.dumps(GSM_ROWS[0]) + "\n{not json\n")
     proc = gsm("--rows", "rows.jsonl", "--output", "run")

@@ -82,6 +82,12 @@ def test_entry_point_cards_are_found(tmp_path, monkeypatch):
 def test_unknown_name_suggests():
     with pytest.raises(UserError, match="did you mean gsm8k"):
         load_card("gsm8kk")
+    # Case alone is a near miss too: the one card of that name, not a list of look-alikes.
+    for typed in ("GSM8K", "Gsm8k"):
+        with pytest.raises(UserError, match=r"did you mean gsm8k\?"):
+            load_card(typed)
+    with pytest.raises(UserError, match="did you mean gsm8k"):
+        load_card("GSM8KK")
 
 
 def test_missing_column_names_the_field_and_columns():

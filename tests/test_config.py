@@ -78,8 +78,12 @@ def test_no_file_means_no_profiles() -> None:
         (ModelProfile(name="x", hub_id="a/b", backend="tgi"), "unknown backend 'tgi'"),
         (ModelProfile(name="x", hub_id="nohub"), "pass it as org/name"),
         (ModelProfile(name="x", path="/no/such/dir"), "no such folder"),
+        (ModelProfile(name="x", path=__file__), "a file, not a folder"),
         (ModelProfile(name="x", base_url="localhost:8000"), "not an http(s) URL"),
-        (ModelProfile(name="x", base_url="https://u:sk-123@h/v1"), "must not carry credentials"),
+        (ModelProfile(name="x", base_url="https://u:sk-123@h/v1"), "without credentials"),
+        (ModelProfile(name="x", base_url="https://h/v1?api_key=sk-123"), "without credentials, a query"),
+        (ModelProfile(name="x", base_url="h/v1?api_key=sk-123"), "without credentials, a query"),
+        (ModelProfile(name="x", base_url="https://h/v1#sk-123"), "or a fragment"),
         (ModelProfile(name="x", base_url="http://h/v1", api_key_env="sk-abc123"), "NAME of an environment variable"),
         (ModelProfile(name="x", base_url="http://h/v1", backend="vllm"), "openai backend"),
         (ModelProfile(name="x", hub_id="a/b", backend="openai"), "needs --base-url"),
@@ -90,7 +94,7 @@ def test_no_file_means_no_profiles() -> None:
 def test_validation_says_what_to_pass(profile: ModelProfile, message: str) -> None:
     with pytest.raises(UserError) as info:
         config.save_profile(profile)
-    assert message in str(info.value)
+    assert message in str(info.value) and "sk-" not in str(info.value)  # a key is never printed
     assert config.load_profiles() == {}
 
 

@@ -102,6 +102,6 @@ def test_gated_dataset_says_how_to_get_access(tmp_path, monkeypatch):
     with pytest.raises(
         UserError,
         match=r"gated: accept its terms at https://huggingface.co/datasets/Idavidrein/gpqa, "
-        r"run `hf auth login`, or pass --rows FILE",
+        r"run `hf auth login`, or give `arle eval`/`arle train` the rows with --rows FILE",
     ):
         load_rows(card, "test")

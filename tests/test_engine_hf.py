@@ -347,3 +347,18 @@ def test_the_sampling_perf_script_gets_the_same_ids_from_both_samplers(tmp_path)
     every draw and on every id of a 16-row sampled generate."""
     result = run_quick("sampling", tmp_path / "sampling.json")
     assert result["identical_ids"] and all(d["same_tokens"] for d in result["per_draw"])
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_before_any_prefill(engines, monkeypatch):
+    """As the vllm engine refuses it: past the position embeddings nothing meaningful is computed,
+    and a very long prompt would ask the attention for tens of GB."""
+    from arlecli.errors import UserError
+
+    engine = engines[1]
+    context = engine.model.config.max_position_embeddings
+    prefills = []
+    monkeypatch.setattr(engine, "_run", lambda *a, **k: prefills.append(a) or iter(()))
+    long = GenerationRequest(prompt="a b " * context, params=SamplingParams(max_tokens=2))
+    with pytest.raises(UserError, match=rf"a prompt of [\d,]+ tokens does not fit the model's context of {context:,}"):
+        list(engine.generate([GenerationRequest(prompt="hi"), long]))
+    assert prefills == []

@@ -6,6 +6,7 @@ import gzip
 import json
 import signal
 import subprocess
+import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -155,12 +156,28 @@ def test_interrupt_then_resume_matches_uninterrupted_run(tmp_path, sig):
         done_before = samples.read_text().count("\n")
         assert 10 <= done_before < 40, f"the signal must land mid-run ({done_before} samples; {err})"
         if sig == signal.SIGINT:  # Ctrl-C: one line that says how to continue, no traceback
-            assert proc.returncode == 130 and "--resume" in err and "Traceback" not in err
+            assert proc.returncode == 130 and "Traceback" not in err
+            assert f"kept in {run.resolve()}; rerun the command with --resume" in err
         resumed = arle(*common, "--output", str(run), "--resume", "--json")
     assert resumed.returncode == 0, resumed.stderr
     ids = [json.loads(line)["id"] for line in samples.read_text().splitlines()]
     assert len(ids) == 40 and len(set(ids)) == 40
     assert json.loads(resumed.stdout)["metrics"] == json.loads(full.stdout)["metrics"]
+
+
+def test_a_failure_before_any_run_started_does_not_ask_for_resume(tmp_path):
+    """An endpoint that refuses the first request (401 here): nothing was started, so the
+    error must not send the user to --resume (which would fail: there is no run)."""
+    data = _rows_file(tmp_path, 3)
+    with FakeOpenAIServer(lambda body: "#### 1", api_key="k") as srv:
+        proc = arle("eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0",
+                    "--output", str(tmp_path / "run"))  # fmt: skip
+    assert proc.returncode == 2 and "nothing was started" in proc.stderr and "--resume" not in proc.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-c", "from arlecli.cli.main import _what_is_kept; print(_what_is_kept())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert quiet.stdout.strip() == ": nothing was started"  # what Ctrl-C before any run says
 
 
 def test_resume_refuses_changed_settings(tmp_path):

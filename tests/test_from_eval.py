@@ -377,7 +377,16 @@ def test_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, monkeypatch
 
     refused(str(good), str(good), "-o", str(out), needles=("given twice",))
     refused(str(good), "-o", str(tmp_path / "missing" / "sft.jsonl"), needles=("does not exist",))
+    refused(str(good), "-o", str(out / "sft.jsonl"), needles=(f"{out} is a file, not a folder",))
+    refused(str(out), "-o", str(tmp_path / "x.jsonl"), needles=("is not a run directory: a file",))
     refused(str(good), "-o", str(tmp_path), needles=("is a folder",))
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    for own in ("samples.jsonl", "meta.json", "./x/../results.json"):  # the run it reads: never written over
+        code, _, err = from_eval(monkeypatch, capsys, str(good), "-o", str(good / own))
+        one_line(code, err, "is part of the run", "outside it")
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    code, _, _ = from_eval(monkeypatch, capsys, str(good), "-o", str(good / "sft.jsonl"))  # beside them: fine
+    assert code == 0
 
     wrong = write_run(tmp_path / "wrong", [sample("a", 0, correct=False, reward=0.3)])
     refused(str(wrong), "-o", str(out), needles=("correct-only kept 0 of 1 samples", "--all"))

@@ -139,6 +139,33 @@ def test_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
     assert SECRET not in proc.stdout + proc.stderr
 
 
+def test_setup_checks_the_folder_and_where_it_writes(tmp_path: Path) -> None:
+    """A folder whose config.json is not JSON, a file given as --path, a query-string key and an
+    ARLE_HOME that cannot be made are one line and exit 2 at setup, not at the first eval; a
+    folder with no config.json yet is saved with a note."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cases = [
+        (["--path", str(broken)], {}, "config.json is not valid JSON"),
+        (["--path", str(afile)], {}, "a file, not a folder"),
+        (["--base-url", f"http://127.0.0.1:9/v1?api_key={SECRET}"], {}, "without credentials, a query"),
+        (["--hub-id", "a/b"], {"ARLE_HOME": str(afile / "home")}, "set ARLE_HOME to a writable folder"),
+    ]
+    for args, env, message in cases:
+        proc = arle("model", "setup", "--name", "x", *args, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+        assert SECRET not in proc.stdout + proc.stderr
+    assert config.load_profiles() == {}
+    proc = arle("model", "setup", "--name", "later", "--path", str(empty))
+    assert proc.returncode == 0 and "holds no config.json" in proc.stderr
+    assert config.load_profiles()["later"].path == str(empty)
+
+
 def test_setup_asks_when_interactive(app, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(model_cli, "stdin_is_tty", lambda: True)
     r = run(app, "model", "setup", input="myserver\nendpoint\nhttp://h:9/v1\nserved-name\nMY_KEY\n")

@@ -324,6 +324,12 @@ def test_report_without_arguments_shows_the_newest_run(runs, tmp_path):
     assert (tmp_path / "runs" / "hostile" / "report.html").is_file()
     empty = arle("report", cwd=tmp_path / "runs" / "tiny")  # no runs/ there
     assert empty.returncode == 2 and "no run under runs/" in empty.stderr
+    run = tmp_path / "runs" / "tiny"
+    before = {name: (run / name).read_bytes() for name in ("samples.jsonl", "meta.json")}
+    for own in before:  # -o naming the run's own files: refused, the run untouched
+        clash = arle("report", str(run), "-o", str(run / own), cwd=tmp_path)
+        assert clash.returncode == 2 and "is part of the run" in clash.stderr, clash.stderr
+    assert {name: (run / name).read_bytes() for name in before} == before
 
 
 def test_samples_beyond_the_cap_are_counted_not_embedded(runs):

@@ -223,6 +223,57 @@ def test_eval_cli_resume_errors_are_one_line_exit_2(tmp_path):
     assert "nothing to resume: no runs/gsm8k-" in results["none"].stderr
 
 
+def test_an_output_that_cannot_be_made_is_refused_before_any_model_loads(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for output, said in [
+        (afile, "is a file, not a run directory"),
+        (afile / "sub", f"{afile} is a file"),
+        (afile / "a" / "b", f"{afile} is a file"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(said)):
+            rundir.check_fresh(output, resume=False)
+        proc = _arle("eval", "one_digit_sums", "--limit", "1", "--max-tokens", "1", "-o", str(output), cwd=tmp_path)
+        assert proc.returncode == 2 and said in proc.stderr and "loading" not in proc.stderr, proc.stderr
+    rundir.check_fresh(tmp_path / "new" / "run", resume=False)  # a path that can be made: fine, nothing made
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_second_process_cannot_write_a_run_that_is_running(tmp_path):
+    """Two runs appending to one samples.jsonl interleave and duplicate samples: the second is
+    refused at once, naming the first's pid; a kill -9 of the first frees the run, and the
+    resume completes it with each sample once."""
+    import signal
+    import time
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(12))
+    )
+    run = tmp_path / "run"
+    with FakeOpenAIServer(lambda body: "#### 2", delay_s=0.5) as srv:
+        common = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0"]
+        first = subprocess.Popen(
+            [sys.executable, "-m", "arlecli", *common, "--output", str(run), "--concurrency", "1"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not (run / "samples.jsonl").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            second = _arle(*common, "--output", str(run), "--resume", cwd=tmp_path)
+            assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+            assert f"in use by another arle process (pid {first.pid})" in second.stderr
+            assert first.poll() is None  # still running, untouched
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        third = _arle(*common, "--output", str(run), "--resume", cwd=tmp_path)
+    assert third.returncode == 0, third.stderr
+    ids = [json.loads(line)["id"] for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 12
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
 

@@ -17,14 +17,13 @@ the one card module above envs, rewards and data (cards.py below them is plain d
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
 from arlecli.cards import Card, card_error, read_card_file
-from arlecli.errors import ParamError, UserError
+from arlecli.errors import ParamError, UserError, near_names
 
 ENTRY_POINT_GROUP = "arle.benchmarks"
 
@@ -89,7 +88,7 @@ def load_card(name_or_path: str) -> Card:
         return load_card_file(path)
     paths = card_paths()
     if name_or_path not in paths:
-        near = difflib.get_close_matches(name_or_path, paths, n=3, cutoff=0.6)
+        near = near_names(name_or_path, paths)
         hint = f"; did you mean {' or '.join(near)}?" if near else ""
         raise UserError(f"unknown benchmark '{name_or_path}'{hint} (see `arle bench list`)")
     return _load_named(name_or_path, paths[name_or_path])

@@ -16,7 +16,6 @@ variable that holds it, and the engine reads the variable when it connects.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -28,7 +27,7 @@ from urllib.parse import urlparse
 
 from arlecli import safeio
 from arlecli.efficiency import check_price, make_prices
-from arlecli.errors import UserError
+from arlecli.errors import UserError, near_names
 
 PROFILES_FILE = "models.yaml"
 
@@ -143,8 +142,11 @@ def validate_profile(profile: ModelProfile) -> ModelProfile:
 
     if profile.path:
         path = Path(profile.path).expanduser().resolve()
+        if path.is_file():
+            raise UserError(f"--path {profile.path}: a file, not a folder (pass the model's folder)")
         if not path.is_dir():
             raise UserError(f"--path {profile.path}: no such folder (pass a local model folder)")
+        _check_model_folder(path, profile.path)
         profile.path = str(path)
     if profile.hub_id and not HUB_ID_RE.match(profile.hub_id):
         raise UserError(
@@ -263,13 +265,31 @@ def _number(value: Any) -> float | None:
         return math.inf
 
 
+def _check_model_folder(path: Path, given: str) -> None:
+    """UserError when the folder's config.json (or a LoRA adapter's adapter_config.json) is not
+    JSON: caught when the profile is saved, not at the first eval. A folder without either is
+    saved (a checkpoint may land there later); `arle model setup` says so."""
+    import json
+
+    for name in ("config.json", "adapter_config.json"):
+        if (path / name).is_file():
+            try:
+                json.loads(safeio.read_text(path / name, "model config"))
+            except ValueError as exc:
+                raise UserError(f"--path {given}: {name} is not valid JSON ({exc}): fix the folder") from None
+
+
 def _check_base_url(url: str) -> str:
     parsed = urlparse(url)
+    if parsed.password or parsed.username or parsed.query or parsed.fragment:
+        # A key inside the URL (user:key@, ?api_key=) would end up in models.yaml in clear text and
+        # in every error naming the endpoint; and arle appends /models, /chat/completions to it.
+        raise UserError(
+            "--base-url must be the API's base, without credentials, a query (?...) or a fragment (#...): "
+            "put a key in an env var and pass --api-key-env NAME"
+        )
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UserError(f"--base-url {url!r} is not an http(s) URL: pass e.g. http://localhost:8000/v1")
-    if parsed.password or parsed.username:
-        # A key inside the URL would end up in models.yaml in clear text.
-        raise UserError("--base-url must not carry credentials: put the key in an env var and pass --api-key-env NAME")
     return url.rstrip("/")
 
 
@@ -332,7 +352,12 @@ def _write(profiles: dict[str, ModelProfile], default: str | None) -> None:
     import yaml
 
     home = arle_home()
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"cannot write arle's settings folder {home} ({exc.strerror}): set ARLE_HOME to a writable folder"
+        ) from None
     text = yaml.safe_dump(
         {"default": default, "profiles": {n: p.to_dict() for n, p in sorted(profiles.items())}},
         sort_keys=False,
@@ -372,7 +397,7 @@ def default_profile() -> ModelProfile | None:
 def unknown_profile_error(name: str, names: list[str] | None = None) -> UserError:
     """A UserError for an unknown profile name that suggests near names."""
     names = sorted(load_profiles()) if names is None else names
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    close = near_names(name, names)
     if close:
         hint = f"did you mean {', '.join(close)}?"
     elif names:

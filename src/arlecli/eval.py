@@ -29,7 +29,7 @@ from arlecli.fewshot import Exemplars
 from arlecli.records import RunDir, Sample, sample_id
 from arlecli.results import SampleWriter, read_samples
 from arlecli.rewards import REWARD_ERROR, check_task_fields, check_tasks, get_reward, score_samples
-from arlecli.rundir import close_run, open_run
+from arlecli.rundir import close_run, open_run, release
 from arlecli.safeio import terminal_text
 from arlecli.catalog import card_runs_code
 from arlecli.sandbox import ensure_isolation
@@ -255,6 +255,8 @@ def run_eval(
     finally:
         pool.shutdown(wait=ok, cancel_futures=not ok)
         writer.close()
+        if not ok:  # a failed run in a process that goes on (a notebook, a test) frees it for a --resume
+            release(run_dir)
         if hasattr(score, "close"):  # a reward holding a judge engine releases it
             score.close()
 

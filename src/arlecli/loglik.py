@@ -31,7 +31,7 @@ from arlecli.data.sources import load_rows, tasks_from_rows
 from arlecli.errors import UserError
 from arlecli.records import Sample, sample_id
 from arlecli.results import SampleWriter
-from arlecli.rundir import close_run, open_run
+from arlecli.rundir import close_run, open_run, release
 from arlecli.types import Task
 
 
@@ -286,6 +286,7 @@ def run_loglikelihood(
     missing = [len(d.contexts) for d in pending]
     writer = SampleWriter(run_dir)
     started = time.time()
+    ok = False
     try:
         for r, ll in score_fn(requests):
             j, k = owner[r]
@@ -296,8 +297,11 @@ def run_loglikelihood(
                 writer.write(sample)
                 if on_sample:
                     on_sample(sample.to_json())
+        ok = True
     finally:
         writer.close()
+        if not ok:  # as in eval.run_eval: a process that goes on frees the run for a --resume
+            release(run_dir)
     return close_run(
         card,
         opts,

@@ -20,7 +20,6 @@ ones. Modelled on lm-eval's `lm_eval/api/registry.py` (one generic registry, laz
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import pkgutil
@@ -31,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
-from arlecli.errors import UserError
+from arlecli.errors import UserError, near_names
 
 T = TypeVar("T")
 GROUP_PREFIX = "arle."
@@ -205,7 +204,7 @@ class Registry(Generic[T]):
     def unknown(self, spec: str) -> UserError:
         """The error for a name nobody registered: near names, the known ones, the other forms."""
         names = self.names()
-        near = difflib.get_close_matches(spec, names, n=3)
+        near = near_names(spec, names)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
         return UserError(
             f"unknown {self.label} '{spec}'{hint}; known: {', '.join(names) or 'none'}; "

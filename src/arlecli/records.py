@@ -45,6 +45,7 @@ class RunDir:
     FINAL: ClassVar[str] = "final"
     HELD_OUT: ClassVar[str] = "eval"  # <train run>/eval/step-N/: the held-out evaluations
     CHECKPOINT: ClassVar[str] = "checkpoint-{step}"
+    LOCK: ClassVar[str] = ".lock"  # held by the process writing the run (rundir.hold)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
@@ -96,6 +97,16 @@ class RunDir:
     def checkpoint(self, step: int) -> Path:
         """checkpoint-N/."""
         return self.path / self.CHECKPOINT.format(step=step)
+
+    def owns(self, path: Path) -> bool:
+        """Whether writing `path` would overwrite part of this run: one of its records, or
+        anything under final/, eval/ or a checkpoint (symlinks and `..` resolved)."""
+        target, root = Path(path).resolve(), self.path.resolve()
+        if target.parent == root:
+            names = (self.META, self.SAMPLES, self.RESULTS, self.METRICS, self.REWARDS, self.SUMMARY, self.LOCK)
+            return target.name in names
+        inside = target.relative_to(root).parts[0] if target.is_relative_to(root) else None
+        return inside is not None and (inside in (self.FINAL, self.HELD_OUT) or inside.startswith("checkpoint-"))
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The complete lines of metrics.jsonl (a torn last line is skipped; nothing after a

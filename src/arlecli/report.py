@@ -1228,6 +1228,8 @@ def write_report(
 
     Every run is read and checked before anything is written, so bad input leaves no file."""
     paths = [Path(p) for p in paths]
+    if output is not None:
+        rundir.refuse_overwriting(Path(output), paths)
     text = build_report(paths, sample_cap=sample_cap, all_tasks=all_tasks)
     out = Path(output) if output is not None else default_output(paths)
     tmp = out.with_name(out.name + ".tmp")

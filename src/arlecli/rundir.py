@@ -105,6 +105,7 @@ def check_fresh(run_dir: Path, resume: bool) -> None:
             raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose a new --output")
         return
     if not resume:
+        _check_writable(run_dir)
         return
     if not run_dir.exists():
         raise UserError(
@@ -117,6 +118,23 @@ def check_fresh(run_dir: Path, resume: bool) -> None:
         f"cannot resume {run_dir}: it has no {META}, so it never held an arle run; "
         f"drop --resume or choose another --output"
     )
+
+
+def _check_writable(run_dir: Path) -> None:
+    """UserError when `run_dir` could not be made: it, or a folder above it, is a file, or the
+    nearest folder that exists is not writable. Checked before a model loads (minutes, for a
+    big one), not when the first file is written."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} is a file, not a run directory; choose another --output")
+    above = run_dir
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"cannot write the run directory {run_dir}: {above} is a file; choose another --output")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UserError(
+            f"cannot write the run directory {run_dir}: Permission denied ({above}); choose another --output"
+        )
 
 
 def prepare(
@@ -133,12 +151,16 @@ def prepare(
     check_fresh(run_dir, resume)
     try:
         if (run_dir / META).exists():
+            hold(run_dir)  # before anything of the run is read for the resume
             _resume(run_dir, meta, list(compare), set(may_change))
+            _note_holder(run_dir)
             return
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir} is a file, not a run directory; choose another --output")
         run_dir.mkdir(parents=True, exist_ok=True)
+        hold(run_dir)
         write_json(run_dir / META, meta)
+        _note_holder(run_dir)
     except OSError as exc:  # a parent that is a file, no permission, a full or read-only disk
         reason = exc.strerror or type(exc).__name__
         where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != run_dir else ""
@@ -210,6 +232,68 @@ def _resume(run_dir: Path, meta: dict[str, Any], compare: list[str], may_change:
 
 # ---------------------------------------------------------------------------------------------
 # An eval run opened and closed (eval.py and loglik.py)
+
+
+def refuse_overwriting(output: Path, runs: Iterable[Path | str]) -> None:
+    """UserError when `output` is a file one of `runs` owns (its samples, meta.json, a
+    checkpoint...): `arle report -o` or `arle data from-eval -o` would destroy the run it reads."""
+    for run in runs:
+        if RunDir(Path(run)).owns(output):
+            raise UserError(f"--output {output} is part of the run {run} being read: choose a path outside it")
+
+
+_held: dict[Path, int] = {}  # run directory -> the open lock file this process holds on it
+_started: list[Path] = []  # every run directory this process has held, in order
+
+
+def hold(run_dir: Path) -> None:
+    """Take `run_dir` for this process until it exits or `release`s it; UserError when another
+    process has it. Why: two runs writing one samples.jsonl (a second terminal's `--resume`
+    while the first still runs) interleave their lines and duplicate samples. An advisory
+    flock on RUN/.lock: the kernel drops it when the holder dies (kill -9 included), so an
+    interrupted run never leaves a stale lock behind. Taking it again in this process is a
+    no-op (a resume in the same process)."""
+    key = Path(run_dir).resolve()
+    if key in _held:
+        return
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no lock, as before
+        return
+    fd = os.open(key / RunDir.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise UserError(
+            f"{run_dir} is in use by another arle process{f' (pid {holder})' if holder.isdigit() else ''}: "
+            "wait for it to end (or stop it), then --resume; or choose another --output"
+        ) from None
+    _held[key] = fd
+    if key not in _started:
+        _started.append(key)
+
+
+def _note_holder(run_dir: Path) -> None:
+    """Write this process's pid into the lock `hold` took, for the message a second process
+    gets. Only once the run is under way: a refused resume leaves the directory as it was."""
+    fd = _held.get(Path(run_dir).resolve())
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
+def started() -> list[Path]:
+    """The run directories this process has started or resumed (what an interrupt leaves)."""
+    return list(_started)
+
+
+def release(run_dir: Path) -> None:
+    """Give up `hold`'s lock on `run_dir` (the file stays: removing it would race a new holder)."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def open_run(
@@ -291,7 +375,10 @@ def close_run(
     samples = read_samples(run_dir)
     ids = [s["id"] for s in samples]
     if len(ids) != len(set(ids)):
-        raise UserError(f"{run_dir}/{SAMPLES} holds duplicate sample ids; it was written by two runs at once")
+        raise UserError(
+            f"{run_dir}/{SAMPLES} holds duplicate sample ids (two runs wrote it at once): start the eval again "
+            "with another --output"
+        )
     results = {
         "benchmark": card.name,
         "card_version": card.version,
@@ -302,6 +389,7 @@ def close_run(
         **aggregate(samples, metrics, opts.num_samples, card.group_by, prices, env_stats),
     }
     write_json(RunDir(run_dir).results, results)
+    release(run_dir)
     return results
 
 
@@ -386,9 +474,8 @@ def read_meta(run_dir: Path) -> Meta:
     """A run's meta.json; UserError (one line) when `run_dir` is no run directory or the file is damaged."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise UserError(
-            f"{run_dir} is not a run directory: no such folder; `arle runs list` shows the runs under ./runs"
-        )
+        what = "a file" if run_dir.exists() else "no such folder"
+        raise UserError(f"{run_dir} is not a run directory: {what}; `arle runs list` shows the runs under ./runs")
     if not (run_dir / META).is_file():
         raise UserError(
             f"{run_dir} is not a run directory: it has no {META} (arle eval and arle train write one "

@@ -59,7 +59,7 @@ from typing import Any, Iterable
 from arlecli import safeio
 from arlecli.errors import UserError
 from arlecli.records import RunDir, Sample
-from arlecli.rundir import EvalRun, load_eval
+from arlecli.rundir import EvalRun, load_eval, refuse_overwriting
 
 
 @dataclass
@@ -476,12 +476,16 @@ def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
 # Writing -----------------------------------------------------------------------------------
 
 
-def check_output(path: Path) -> None:
-    """Refuse, before any run is read, an output that cannot be written."""
+def check_output(path: Path, runs: Iterable[Path | str] = ()) -> None:
+    """Refuse, before any run is read, an output that cannot be written or that would
+    overwrite part of one of `runs`."""
     path = Path(path)
+    refuse_overwriting(path, runs)
     if path.is_dir():
         raise UserError(f"--output {path} is a folder; give a file name, e.g. {path / 'sft.jsonl'}")
     parent = path.parent
+    if parent.is_file():
+        raise UserError(f"--output {path}: {parent} is a file, not a folder; choose another path")
     if not parent.is_dir():
         raise UserError(f"--output {path}: the folder {parent} does not exist; create it or choose another path")
 

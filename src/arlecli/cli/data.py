@@ -91,7 +91,7 @@ def from_eval_command(
             "--pairs pairs each task's correct episodes with its wrong ones; "
             "--correct-only, --all and --min-reward do not apply to it"
         )
-    tj.check_output(output)
+    tj.check_output(output, runs)
     loaded = tj.load_runs(runs, force=force)
     if pairs:
         export = tj.dpo_pairs(

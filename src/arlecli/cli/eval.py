@@ -302,9 +302,11 @@ def _run(
             raise UserError(
                 f"{exc}; the samples finished so far are kept in {run_dir}: rerun with --resume to continue"
             ) from None
-        raise UserError(
-            f"{exc}; no sample finished before it (the run is {run_dir}): rerun with --resume once that is fixed"
-        ) from None
+        if RunDir(run_dir).meta.exists():
+            raise UserError(
+                f"{exc}; no sample finished before it (the run is {run_dir}): rerun with --resume once that is fixed"
+            ) from None
+        raise UserError(f"{exc}; nothing was started: rerun once that is fixed") from None
     finally:
         engine.close()
         if opponent_engine is not None:

@@ -160,6 +160,16 @@ def skip_the_exit_collection() -> None:
     atexit.register(gc.freeze)  # exit handlers run last-registered first: this one after the libraries'
 
 
+def _what_is_kept() -> str:
+    """What an interrupted command leaves to resume: the runs this process had started (held)."""
+    rundir = sys.modules.get("arlecli.rundir")  # not imported: no run was started
+    started = rundir.started() if rundir is not None else []
+    if not started:
+        return ": nothing was started"
+    where = ", ".join(str(p) for p in started)
+    return f": what finished is kept in {where}; rerun the command with --resume to continue"
+
+
 def main() -> None:
     """Console-script entry point: user mistakes print one line and exit 2."""
     quiet_warnings()
@@ -188,5 +198,5 @@ def main() -> None:
             typer.echo(line, err=True)
         sys.exit(2)
     if rc == 130:
-        typer.echo("interrupted: finished samples are saved; rerun with --resume to continue", err=True)
+        typer.echo(f"interrupted{_what_is_kept()}", err=True)
     sys.exit(rc if isinstance(rc, int) else 0)

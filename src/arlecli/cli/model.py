@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -180,6 +181,12 @@ def setup(
         make_default=default,
     )
     typer.echo(f"{'replaced' if replaced else 'saved'} profile {profile.name} in {config.profiles_path()}")
+    if profile.path and not any((Path(profile.path) / f).is_file() for f in ("config.json", "adapter_config.json")):
+        typer.echo(
+            f"note: {profile.path} holds no config.json (nor adapter_config.json) yet: `arle eval` will refuse it "
+            "until a model is there",
+            err=True,
+        )
     _print_profile(profile, config.default_profile_name())
 
 

@@ -27,6 +27,8 @@ FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
 def read_rows_file(path: Path) -> list[Row]:
     """Rows from a jsonl(.gz), json (a list, or {"rows"|"data": [...]}), parquet or csv file."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"data file {path} is a folder: pass the rows file in it (.jsonl, .json, .parquet or .csv)")
     if not path.is_file():
         raise UserError(f"data file {path} does not exist")
     name = path.name.lower()
@@ -126,12 +128,13 @@ def _download(card: Card, split: str) -> Any:
         if "gated" in text.lower() or "401" in text or "403" in text:
             raise UserError(
                 f"{src.path} is gated: accept its terms at https://huggingface.co/datasets/{src.path}, "
-                f"run `hf auth login`, or pass --rows FILE"
+                f"run `hf auth login`, or give `arle eval`/`arle train` the rows with --rows FILE"
             ) from None
         where = f"{src.path}{'/' + str(src.config) if src.config else ''}"
         raise UserError(
             f"cannot load {where} split '{split}' from the hub ({type(exc).__name__}); check the "
-            f"network (or HF_TOKEN), or pass --rows FILE with rows in the dataset's own schema"
+            f"network (or HF_TOKEN), or give `arle eval`/`arle train` a file of rows in the dataset's own schema with "
+            "--rows FILE"
         ) from None
     if len(parts) == 1:
         return parts[0]

@@ -197,6 +197,15 @@ class HFEngine:
             self.prefix_cache.clear()
             self._weights_seen = seen
         encoded = [self.encode(r) for r in requests]
+        context = self._max_length()
+        longest = max((len(ids) for ids in encoded), default=0)
+        if longest >= context:
+            # Past the position embeddings the model computes nothing meaningful, and a prompt
+            # of ~100k tokens asks the attention for tens of GB: refused before any prefill.
+            raise UserError(
+                f"a prompt of {longest:,} tokens does not fit the model's context of {context:,} tokens: "
+                "shorten or drop that row (--rows, --limit), or use a model with a longer context"
+            )
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
         with self._kernels():
