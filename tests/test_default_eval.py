@@ -33,6 +33,8 @@ def test_eval_with_no_model_uses_the_embedded_smollm2_and_reports(smollm2_path, 
     assert out.returncode == 0, out.stderr
     assert "accuracy" in out.stdout and "SmolLM2-135M-Instruct" in out.stdout  # the summary table
     assert "arle report runs/one_digit_sums-SmolLM2-135M-Instruct-" in out.stdout
+    # The first thing a newcomer sees has no library advice they cannot take (transformers' BPE clean-up line).
+    assert "clean_up_tokenization_spaces" not in out.stderr + out.stdout
     (run,) = (tmp_path / "runs").iterdir()
     meta = json.loads((run / "meta.json").read_text())
     assert meta["model"] == "SmolLM2-135M-Instruct" and meta["engine"] == "hf"

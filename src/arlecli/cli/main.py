@@ -142,6 +142,18 @@ def quiet_warnings() -> None:
         warnings.filterwarnings("ignore", category=category)
 
 
+def quiet_library_logs() -> None:
+    """Drop the library log lines that say nothing a user of arle can act on. transformers logs
+    one for a BPE tokenizer whose config asks for WordPiece's space clean-up (the embedded
+    SmolLM2's does) and then decodes as if it had not: the text is the same either way, and its
+    advice (edit the model's config) is not the user's to take in the middle of an eval."""
+    import logging
+
+    logging.getLogger("transformers.tokenization_utils_tokenizers").addFilter(
+        lambda record: not str(record.msg).startswith("Ignoring clean_up_tokenization_spaces=True for BPE")
+    )
+
+
 def skip_the_exit_collection() -> None:
     """At interpreter exit, after the other exit handlers, keep Python's last garbage
     collections from walking every object the process made (gc.freeze).
@@ -173,6 +185,7 @@ def _what_is_kept() -> str:
 def main() -> None:
     """Console-script entry point: user mistakes print one line and exit 2."""
     quiet_warnings()
+    quiet_library_logs()
     skip_the_exit_collection()
     register_commands()
     try:
