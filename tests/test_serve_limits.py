@@ -202,6 +202,8 @@ def test_malformed_bodies_are_4xx_and_leave_no_traceback(served, capfd):
     for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
         resp = c.post("/chat/completions", content=body, headers={"content-type": kind})
         assert "Content-Type: application/json" in _error(resp, 415)["message"]
+    options = {"messages": CHAT, "max_tokens": 1, "stream": True, "stream_options": {"include_usage": "yes"}}
+    assert _error(c.post("/chat/completions", json=options), 400)["param"] == "stream_options.include_usage"
     for kind in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"):
         assert c.post("/chat/completions", content=body, headers={"content-type": kind}).status_code == 200
     assert c.post("/chat/completions", content=body).status_code == 200
@@ -311,3 +313,19 @@ def test_api_key_env_given_a_pasted_key_is_refused_without_echoing_it(value, tmp
     assert value not in output and "Traceback" not in output
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1 and "NAME of an environment variable" in lines[0]
+
+
+def test_headers_past_the_limit_are_431_even_when_they_arrive_at_once(engine):
+    """uvicorn's h11 limit holds only for headers still arriving: a block that lands in one read
+    was taken whole. The app counts every request's line and headers."""
+    srv, info = _start(engine, ServeLimits(max_header_bytes=8192))
+    try:
+        with httpx.Client(base_url=info.url, timeout=30) as c:
+            body = {"messages": CHAT, "max_tokens": 1}
+            for headers in ({"x-big": "a" * 20_000}, {f"x-h{i}": "b" * 40 for i in range(300)}):
+                resp = c.post("/chat/completions", json=body, headers=headers)
+                assert resp.status_code == 431, resp.text[:300]
+                assert resp.json()["error"]["code"] == "request_header_fields_too_large"
+            assert c.post("/chat/completions", json=body, headers={"x-small": "c" * 1000}).status_code == 200
+    finally:
+        srv.__exit__(None, None, None)

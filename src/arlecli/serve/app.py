@@ -759,7 +759,10 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
-        middleware=[Middleware(AccessLog)] if access_log else [],
+        middleware=[
+            *([Middleware(AccessLog)] if access_log else []),
+            Middleware(lim.HeaderGuard, max_header_bytes=limits.max_header_bytes),
+        ],
     )
     app.state.batcher = batcher
     app.state.recorder = recorder

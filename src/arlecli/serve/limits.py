@@ -100,6 +100,33 @@ async def read_json(request: Any, limits: ServeLimits) -> Any:
     return decode_json(b"".join(chunks))
 
 
+class HeaderGuard:
+    """ASGI middleware: a request whose line + headers pass `max_header_bytes` is answered 431.
+    uvicorn's h11 bounds only headers still arriving; a block that lands in one read (up to
+    256 KiB) was taken whole."""
+
+    def __init__(self, app: Any, max_header_bytes: int) -> None:
+        self.app = app
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+            size += sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))
+            if size > self.max_header_bytes:
+                error = ApiError(
+                    431,
+                    f"the request's headers are {size:,} bytes, over this server's limit of {self.max_header_bytes:,}",
+                    "request_header_fields_too_large",
+                )
+                body = json.dumps(error.body()).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({"type": "http.response.start", "status": 431, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
 def _json_media_type(content_type: str) -> bool:
     """Whether a Content-Type header names JSON (application/json or a +json type, any parameters)."""
     media = content_type.split(";")[0].strip().lower()

@@ -290,7 +290,7 @@ def _common(
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("`stream_options` must be an object", "stream_options")
-    include_usage = stream and bool((options or {}).get("include_usage"))
+    include_usage = stream and _bool(options or {}, "include_usage", "stream_options.include_usage")
     params = SamplingParams(
         temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=_stop(body), seed=seed, logprobs=logprobs
     )
@@ -394,12 +394,12 @@ def _int(body: dict[str, Any], name: str, low: int, high: int, default: int = 0)
     return value
 
 
-def _bool(body: dict[str, Any], name: str) -> bool:
+def _bool(body: dict[str, Any], name: str, shown: str | None = None) -> bool:
     value = body.get(name, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise _bad(f"`{name}` must be true or false", name)
+        raise _bad(f"`{shown or name}` must be true or false", shown or name)
     return value
 
 
