@@ -319,3 +319,13 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
     assert len(list(run.iterdir())) == 4
     rundir.prune_checkpoints(run, 2)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2", "checkpoint-3", "checkpoint-4"]
+
+
+def test_a_damaged_meta_json_says_what_to_do(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text('{"benchmark": "gsm8k",\n')  # cut short, as by a full disk
+    with pytest.raises(UserError) as excinfo:
+        rundir.read_meta(run)
+    text = _error(excinfo)
+    assert text.startswith(f"cannot read {run / 'meta.json'}: ") and "restore it, or start again" in text

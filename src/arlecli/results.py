@@ -110,7 +110,10 @@ def read_json(path: Path) -> Any:
     try:
         return safeio.loads(text)
     except ValueError as exc:
-        raise UserError(f"cannot read {path}: {safeio.clean_text(str(exc))}") from None
+        raise UserError(
+            f"cannot read {path}: {safeio.clean_text(str(exc))}; the file is damaged (a full disk, an edit): "
+            "restore it, or start again with another --output"
+        ) from None
 
 
 @dataclass
