@@ -201,3 +201,23 @@ def test_completions_refuse_response_format_of_any_shape():
             )
             assert resp.status_code == 400, (value, resp.text)
             assert resp.json()["error"]["param"] == "response_format"
+
+
+@pytest.mark.parametrize(
+    "parameters, said",
+    [
+        ({"type": "object", "properties": "zzz"}, "is not a valid JSON Schema"),
+        ({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:1/x"}}}, "nothing is fetched"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}}, "references loop"),
+    ],
+)
+def test_a_tools_parameters_are_held_to_the_same_rules(parameters, said):
+    from arlecli.serve import protocol
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    with pytest.raises(protocol.ApiError) as bad:
+        protocol.parse_chat({"messages": CHAT, "tools": [tool]})
+    assert bad.value.param == "tools" and said in bad.value.message
+    assert bad.value.message.startswith("tools[0].function.parameters")
+    fine = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    assert protocol.parse_chat({"messages": CHAT, "tools": [fine]}).tools is not None

@@ -14,12 +14,13 @@ known after the last chunk). Any other `type` (vLLM's "regex", "grammar", "struc
 is a 400 naming it.
 
 A schema is a client's input, checked on this machine, so it is held to what a reply check
-needs (`_check_schema`): every `$ref` points inside the schema itself (nothing named is ever
-fetched: no URL, no file), no chain of references loops back without descending into the
-reply, and the schema nests at most MAX_SCHEMA_DEPTH deep; else a 400 before anything is
-generated. Its `pattern`s run on the `regex` module with a time budget (CHECK_SECONDS for all
-of a response's replies): a pattern that backtracks without end marks the reply unchecked
-instead of holding the server.
+needs (`check_schema`; serve/tools.py runs it on a tool's parameters too): every `$ref` points
+inside the schema itself (nothing named is ever fetched: no URL, no file), no chain of
+references loops back without descending into the reply, and the schema nests at most
+MAX_SCHEMA_DEPTH deep; else a 400 before anything is generated. Replies are checked in a child
+process with a budget (`check_replies`: CHECK_SECONDS and 1 GiB for all of a response's
+replies), since a `pattern` runs on Python's backtracking `re`: one written to backtrack without
+end marks the reply unchecked instead of holding the server.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def parse(value: Any) -> ResponseFormat | None:
                 "JSON Schema object"
             )
         schema = spec.get("schema") or {}
-        _check_schema(schema)
+        check_schema(schema)
         name = spec.get("name")
         return ResponseFormat("json_schema", schema, name if isinstance(name, str) else None)
     raise _bad(
@@ -99,22 +100,25 @@ _SCHEMA_VALUES = (
 Pointer = tuple[str | int, ...]
 
 
-def _check_schema(schema: dict[str, Any]) -> None:
+def check_schema(schema: dict[str, Any], where: str = "`response_format.json_schema.schema`") -> None:
+    """ResponseFormatError (its message naming `where`) for a schema this server will not take:
+    invalid, nested past MAX_SCHEMA_DEPTH, an unknown $schema, or references that leave the
+    schema or loop (`_check_refs`)."""
     import jsonschema
 
     if _depth(schema) > MAX_SCHEMA_DEPTH:
-        raise _bad(f"`response_format.json_schema.schema` nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        raise _bad(f"{where} nests deeper than {MAX_SCHEMA_DEPTH} levels")
     cls = jsonschema.validators.validator_for(schema, default=None) if "$schema" in schema else None
     if cls is None and "$schema" in schema:
         raise _bad(
-            f"`response_format.json_schema.schema` names an unknown $schema {schema.get('$schema')!r}: leave it "
+            f"{where} names an unknown $schema {schema.get('$schema')!r}: leave it "
             "out (draft 2020-12) or name a published draft"
         )
     try:
         (cls or jsonschema.validators.validator_for(schema)).check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise _bad(f"`response_format.json_schema.schema` is not a valid JSON Schema: {exc.message}") from None
-    _check_refs(schema)
+        raise _bad(f"{where} is not a valid JSON Schema: {exc.message}") from None
+    _check_refs(schema, where)
 
 
 def _depth(value: Any) -> int:
@@ -145,14 +149,13 @@ def _subschemas(node: dict[str, Any]) -> list[tuple[Pointer, Any]]:
     return out
 
 
-def _check_refs(schema: dict[str, Any]) -> None:
+def _check_refs(schema: dict[str, Any], where: str) -> None:
     """Every `$ref` names a schema inside this one (`#` or `#/json/pointer`), and no chain of
     references and same-instance keywords loops; else ResponseFormatError. Why: jsonschema
     would fetch any other URI (a URL, a file) from this machine, and a loop recurses until
     Python's stack gives out, after the reply was generated."""
     from urllib.parse import unquote
 
-    where = "`response_format.json_schema.schema`"
     nodes: dict[Pointer, Any] = {}
     stack: list[tuple[Pointer, Any]] = [((), schema)]
     while stack:
@@ -184,7 +187,7 @@ def _check_refs(schema: dict[str, Any]) -> None:
                 raise _bad(f"{where}: $ref {ref!r} points at no schema in it")
             targets.append(target)
         edges[path] = targets
-    _check_no_loop(edges)
+    _check_no_loop(edges, where)
 
 
 def _pointer(schema: Any, tokens: list[str]) -> Pointer | None:
@@ -204,7 +207,7 @@ def _pointer(schema: Any, tokens: list[str]) -> Pointer | None:
     return tuple(path)
 
 
-def _check_no_loop(edges: dict[Pointer, list[Pointer]]) -> None:
+def _check_no_loop(edges: dict[Pointer, list[Pointer]], where: str) -> None:
     """ResponseFormatError when following `edges` can come back to where it started."""
     done: set[Pointer] = set()
     for start in edges:
@@ -221,7 +224,7 @@ def _check_no_loop(edges: dict[Pointer, list[Pointer]]) -> None:
             elif nxt in on_path:
                 shown = "/".join(["#", *(str(p) for p in nxt)])
                 raise _bad(
-                    f"`response_format.json_schema.schema`: its references loop at {shown} without descending "
+                    f"{where}: its references loop at {shown} without descending "
                     "into the value (a schema may refer to itself only under properties or items)"
                 )
             elif nxt not in done:

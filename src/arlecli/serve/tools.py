@@ -145,6 +145,13 @@ def _tool(i: int, tool: Any) -> dict[str, Any]:
             f'{where}.function.parameters must be a JSON Schema object ({{"type": "object", "properties": {{...}}}})',
             "tools",
         )
+    if params is not None:
+        from arlecli.serve.response_format import ResponseFormatError, check_schema
+
+        try:  # the schema goes to the chat template and, on vllm, to guided decoding: held as a response format is
+            check_schema(params, f"{where}.function.parameters")
+        except ResponseFormatError as exc:
+            raise ToolRequestError(str(exc), "tools") from None
     if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
         raise ToolRequestError(f"{where}.function.strict must be true or false", "tools")
     out = {k: v for k, v in fn.items() if k in ("name", "description", "parameters", "strict")}
