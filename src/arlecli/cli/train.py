@@ -213,8 +213,8 @@ def train_command(
         None,
         "--learning-rate",
         "--lr",
-        min=0.0,
-        help="Default: 1e-6 (full fine-tune), 1e-5 (LoRA); sft 2e-5 / 2e-4, dpo 1e-6 / 1e-5.",
+        # > 0, checked with --set learning_rate and the recipe's (train.config): one message for all three.
+        help="Must be > 0. Default: 1e-6 (full fine-tune), 1e-5 (LoRA); sft 2e-5 / 2e-4, dpo 1e-6 / 1e-5.",
     ),
     lora_rank: Optional[int] = typer.Option(
         None, "--lora-rank", min=0, help="LoRA rank on all linear layers; 0 (default) = full fine-tune."
@@ -344,6 +344,7 @@ def train_command(
         fsdp,
         accelerate_config,
     )
+    launch.check_ranks(launch_opts)  # before a single-machine run would take the rank for nothing
     recipe_data: dict[str, Any] = {}
     recipe_name = None
     if recipe:

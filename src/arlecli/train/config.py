@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from arlecli import safeio
-from arlecli.errors import UserError
+from arlecli.errors import UserError, near_names
 from arlecli.train.algorithm import Algorithm, algorithm, names
 from arlecli.train.dapo import DAPO_FIELDS, DAPOOptions
 
@@ -245,7 +245,7 @@ def find_recipe(name_or_path: str) -> Path:
     names = sorted(p.stem for p in packaged.glob("*.yaml"))
     if name_or_path.removesuffix(".yaml") in names:
         return packaged / f"{name_or_path.removesuffix('.yaml')}.yaml"
-    near = difflib.get_close_matches(name_or_path, names, n=2)
+    near = near_names(name_or_path, names, n=2)
     hint = f"; did you mean {' or '.join(near)}?" if near else f" (packaged recipes: {', '.join(names)})"
     raise UserError(f"recipe {name_or_path} is neither a file nor a packaged recipe{hint}")
 
@@ -471,3 +471,30 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any], algo: Algorithm) -> N
     steps = trainer.get("max_steps")
     if not isinstance(steps, int) or steps < 1:
         raise UserError(f"max_steps must be a whole number >= 1, got {steps!r}")
+    _validate_optimizer(trainer)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _validate_optimizer(trainer: dict[str, Any]) -> None:
+    """The optimizer's settings, whichever algorithm takes them. torch checks them only when
+    the trainer creates its optimizer, after the run directory exists and the model loaded
+    (the run left behind then blocks a plain rerun); and it accepts a learning rate of 0,
+    which trains for hours and changes nothing."""
+    lr = trainer.get("learning_rate")
+    if lr is not None and (not _number(lr) or not lr > 0):
+        raise UserError(
+            f"learning_rate (--lr) must be a number > 0, got {lr!r}; e.g. 1e-6 for a full fine-tune, 1e-5 for LoRA"
+        )
+    wd = trainer.get("weight_decay")
+    if wd is not None and (not _number(wd) or wd < 0):
+        raise UserError(f"weight_decay must be a number >= 0 (0: none), got {wd!r}")
+    eps = trainer.get("adam_epsilon")
+    if eps is not None and (not _number(eps) or eps < 0):
+        raise UserError(f"adam_epsilon must be a number >= 0, got {eps!r}")
+    for key in ("adam_beta1", "adam_beta2"):
+        beta = trainer.get(key)
+        if beta is not None and (not _number(beta) or not 0 <= beta < 1):
+            raise UserError(f"{key} must be a number in [0, 1), got {beta!r}")

@@ -76,8 +76,28 @@ def original_command() -> list[str] | None:
     return json.loads(raw) if raw and in_launched_process() else None
 
 
+def check_ranks(opts: LaunchOptions) -> None:
+    """--machine-rank must name one of the run's machines. A rank with no --num-machines (and no
+    --accelerate-config, whose file may give the count) launches nothing: the machine would train
+    alone as if it were the whole run, its rank ignored. Checked whether or not a launch is wanted."""
+    rank = opts.machine_rank
+    if rank is None:
+        return
+    if opts.num_machines is not None and rank >= opts.num_machines:
+        raise UserError(
+            f"--machine-rank {rank} is not one of --num-machines {opts.num_machines}'s ranks "
+            f"(0 to {opts.num_machines - 1}): give each machine its own rank in that range"
+        )
+    if opts.num_machines is None and opts.accelerate_config is None and rank > 0:
+        raise UserError(
+            f"--machine-rank {rank} needs --num-machines N (N > {rank}, the same on every machine) and "
+            f"--main-process-ip; on one machine drop --machine-rank"
+        )
+
+
 def check(opts: LaunchOptions, algo: str) -> None:
     """User mistakes in the launch flags for --algo `algo`, before anything starts."""
+    check_ranks(opts)
     modes = [
         m
         for m, on in (

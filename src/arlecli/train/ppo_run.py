@@ -150,7 +150,7 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
             reward.score,
             output_dir=run_dir,
             max_steps=max_steps,
-            learning_rate=t.get("learning_rate", 1e-5 if opts.lora_rank > 0 else 1e-6),
+            learning_rate=_learning_rate(t, opts.lora_rank),
             lora_rank=opts.lora_rank,
             num_generations=t.get("num_generations", 1),
             temperature=rollouts.sampling.temperature,
@@ -177,6 +177,12 @@ def run_ppo(ctx: TrainContext) -> tuple[dict[str, dict[str, Any]], int]:
         if f"step-{max_steps}" not in evals:  # resumed after the last step: nothing trained this session
             evals[f"step-{max_steps}"] = heldout.evaluate_saved(f"step-{max_steps}", str(ctx.final))
     return evals, max_steps
+
+
+def _learning_rate(trainer: dict[str, Any], lora_rank: int) -> float:
+    # None (PPOArgs' default, or `learning_rate: null` in a recipe): the default for the run's kind.
+    lr = trainer.get("learning_rate")
+    return float(lr) if lr is not None else (1e-5 if lora_rank > 0 else 1e-6)
 
 
 # Trainer keys `train_ppo` takes as arguments; everything else goes in `params`.

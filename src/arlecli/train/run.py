@@ -9,7 +9,9 @@
     <run>/summary.json       before/after accuracy, steps, time
 
 `--resume` continues from the newest checkpoint: steps after it are dropped from
-metrics.jsonl and rewards.jsonl (they run again), finished evaluations are kept.
+metrics.jsonl and rewards.jsonl (they run again), finished evaluations are kept. A finished
+run (summary.json at its max_steps) trains nothing on resume. A fresh run that fails before
+anything worth keeping (a step, a checkpoint, a held-out sample) removes what it wrote.
 
 Under `accelerate launch` (see launch.py) every rank runs this same function. Only the main
 process writes meta.json, metrics.jsonl, summary.json and the held-out evaluations; rewards.jsonl
@@ -26,6 +28,8 @@ directory.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -41,8 +45,8 @@ from arlecli.errors import UserError
 from arlecli.eval import EvalOptions, load_tasks
 from arlecli.fewshot import exemplars_for
 from arlecli.models import ModelSpec
-from arlecli.records import SCHEMA, RunDir
-from arlecli.results import write_json
+from arlecli.records import SCHEMA, RunDir, TrainSummary
+from arlecli.results import read_json, write_json
 from arlecli.catalog import card_forgeable, card_runs_code
 from arlecli.sandbox import ensure_isolation, set_policy
 from arlecli.train.algorithm import Algorithm, TrainContext, TrainView, algorithm, names
@@ -117,6 +121,20 @@ def run_train(
     ranks = Ranks.current() if algo.distributed else Ranks()
     if not ranks.main:
         view = TrainView(message=lambda text: None)  # the main process reports for the run
+    compare = (*COMPARED, "data_hash") if algo.data else COMPARED
+    done = finished(run_dir, cfg, algo) if resume else None
+    if done is not None:
+        # As `arle eval --resume` of a finished eval: the settings are checked as for any resume
+        # (and the resume recorded in meta.json); nothing trains, nothing else is written. The
+        # trainer would otherwise resume the last checkpoint and train past max_steps, replacing
+        # final/ and pruning the checkpoints.
+        record_start(run_dir, meta, resume, ranks, compare)
+        more = "--max-steps" if algo.length == "max_steps" else f"--set {algo.length}=N"
+        view.message(
+            f"{run_dir} is already complete ({done['global_step']} {algo.unit}; final model {done['final_model']}): "
+            f"nothing to train; to train on, resume with a higher {more}"
+        )
+        return done
     played = None if algo.data else rollout_card(card, cfg, ranks)  # before the run directory, like every refusal
     check_dynamic_sampling(cfg, card, ranks)
     # The tasks too: a bad row (a --rows file's, a generator's) is refused before the run
@@ -127,33 +145,93 @@ def run_train(
         f"{' + LoRA r=' + str(opts.lora_rank) if opts.lora_rank else ''} for {_length(cfg.trainer)} -> "
         f"{run_dir}"
     )
-    compare = (*COMPARED, "data_hash") if algo.data else COMPARED
+    there = _names_in(run_dir)  # what a fresh run that fails before its first step leaves alone
     checkpoint, start_step = open_run(run_dir, meta, resume, view, ranks, compare=compare)
-    if ranks.main and data is not None:
-        truncate_rewards(run_dir, start_step)
-    metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
-    ranks.barrier()
+    try:
+        if ranks.main and data is not None:
+            truncate_rewards(run_dir, start_step)
+        metrics = MetricsLog(run_dir, start_step, truncate=ranks.main)
+        ranks.barrier()
 
-    started = time.monotonic()
-    heldout: HeldOut | None = None
-    evals: dict[str, dict[str, Any]] = {}
-    global_step = start_step
-    for n, (stage, ready) in enumerate(zip(sessions, prepared, strict=True)):
-        if cfg.stages and start_step >= stage.end and n < len(sessions) - 1:
-            continue  # finished before this resume
-        if cfg.stages:
-            view.message(
-                f"stage {stage.name} ({n + 1}/{len(sessions)}): steps {stage.end - stage.steps + 1}-"
-                f"{stage.end}{_stage_changes(stage)}"
+        started = time.monotonic()
+        heldout: HeldOut | None = None
+        evals: dict[str, dict[str, Any]] = {}
+        global_step = start_step
+        for n, (stage, ready) in enumerate(zip(sessions, prepared, strict=True)):
+            if cfg.stages and start_step >= stage.end and n < len(sessions) - 1:
+                continue  # finished before this resume
+            if cfg.stages:
+                view.message(
+                    f"stage {stage.name} ({n + 1}/{len(sessions)}): steps {stage.end - stage.steps + 1}-"
+                    f"{stage.end}{_stage_changes(stage)}"
+                )
+                metrics.tags = {"stage": stage.name}
+            evals, global_step, heldout = train_session(
+                algo, card, stage.config, spec, run_dir, ready, data, checkpoint, metrics, view, ranks
             )
-            metrics.tags = {"stage": stage.name}
-        evals, global_step, heldout = train_session(
-            algo, card, stage.config, spec, run_dir, ready, data, checkpoint, metrics, view, ranks
-        )
-        checkpoint = rundir.latest_checkpoint(run_dir)
-        start_step = global_step
+            checkpoint = rundir.latest_checkpoint(run_dir)
+            start_step = global_step
+    except Exception:  # not KeyboardInterrupt: a stopped run stays resumable as it is
+        if not resume and ranks.main:
+            undo_start(run_dir, there, view)
+        raise
 
     return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started, ranks)
+
+
+def finished(run_dir: Path, cfg: TrainConfig, algo: Algorithm) -> dict[str, Any] | None:
+    """summary.json's content when the run in `run_dir` already trained every step `cfg` asks
+    for (its max_steps, rft's rounds: the algorithm's `length`); None when there is more to train
+    (no summary.json yet: interrupted; or a resume that raises max_steps)."""
+    path = RunDir(run_dir).summary
+    if not path.is_file():
+        return None
+    data = read_json(path)  # unreadable: one line naming the file, rather than training over it
+    if not isinstance(data, dict):
+        return None
+    step = TrainSummary.from_json(data).global_step
+    target = cfg.trainer.get(algo.length)
+    if step is None or not isinstance(target, int) or step < target:
+        return None
+    return {**data, "final_model": data.get("final_model") or str(RunDir(run_dir).final)}
+
+
+def _names_in(run_dir: Path) -> set[str] | None:
+    # None: no such folder yet (the run creates it).
+    return set(os.listdir(run_dir)) if run_dir.is_dir() else None
+
+
+def holds_work(run_dir: Path) -> bool:
+    """Whether a run directory holds anything a resume would keep: a checkpoint (complete or
+    not), a logged step, or a held-out evaluation's sample."""
+    folder = RunDir(run_dir)
+    if any(run_dir.glob("checkpoint-*")):
+        return True
+    if folder.metrics.is_file() and folder.metrics.stat().st_size > 0:
+        return True
+    return any(
+        (step / RunDir.SAMPLES).is_file() and (step / RunDir.SAMPLES).stat().st_size > 0
+        for step in rundir.held_out_dirs(run_dir)
+    )
+
+
+def undo_start(run_dir: Path, there: set[str] | None, view: TrainView) -> None:
+    """After a fresh run failed before anything worth keeping (`holds_work`): remove what it wrote
+    (`there`: the names that were in `run_dir` before it started; None: it created the folder).
+    Its meta.json would make a plain rerun "already hold a run" and its resume refuse the fixed
+    settings, so the fix would need a new --output. A failure later keeps the run, resumable."""
+    try:
+        if holds_work(run_dir):
+            return
+        rundir.release(run_dir)  # its lock file goes with the rest
+        for path in run_dir.iterdir():
+            if there is None or path.name not in there:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if there is None:
+            run_dir.rmdir()
+    except OSError:
+        return  # the error that stopped the run matters more; the folder stays as it is
+    view.message(f"nothing was trained: removed what this run wrote in {run_dir}, so the same command can run again")
 
 
 def run_meta(
@@ -429,16 +507,21 @@ def open_run(
     """Start (or resume) a training run in `run_dir` for every algorithm: meta.json written by
     the main process (a resume whose settings differ, beyond RESUMABLE, is refused). Returns the
     checkpoint to resume from and its step."""
-    if ranks.world > 1:
-        meta["num_processes"] = ranks.world
     checkpoint = rundir.latest_checkpoint(run_dir) if resume else None
     start_step = rundir.checkpoint_step(checkpoint) if checkpoint else 0
-    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=compare, may_change=RESUMABLE))
+    record_start(run_dir, meta, resume, ranks, compare)
     if resume:
         view.message(
             f"resuming from {checkpoint.name}" if checkpoint else "resuming: no checkpoint yet, starting from step 0"
         )
     return checkpoint, start_step
+
+
+def record_start(run_dir: Path, meta: dict[str, Any], resume: bool, ranks: Ranks, compare: tuple[str, ...]) -> None:
+    """meta.json written by the main process: a new run's, or a resume's checked against it."""
+    if ranks.world > 1:
+        meta["num_processes"] = ranks.world
+    ranks.on_main(lambda: rundir.prepare(run_dir, meta, resume, compare=compare, may_change=RESUMABLE))
 
 
 def held_out(

@@ -84,7 +84,8 @@ def common_fields(cfg: TrainConfig, run_dir: Path, learning_rate: float) -> dict
 
     fields = dict(cfg.trainer)
     fields["output_dir"] = str(run_dir)
-    fields.setdefault("learning_rate", learning_rate)
+    if fields.get("learning_rate") is None:  # unset, or `learning_rate: null` in a recipe: the default
+        fields["learning_rate"] = learning_rate
     fields.setdefault("disable_tqdm", True)  # our live view replaces the tqdm bar and log dicts
     if not torch.cuda.is_available():
         # TRL defaults bf16=True; CPUs here have no bf16 units (slower) and need use_cpu.
