@@ -358,11 +358,16 @@ class Channel:
 # --- the solution's process (M): runs the model's code, answers calls ----------------
 
 
-def solution_process(job, rfd, wfd):
-    """The forked child that runs the model's program; never returns."""
+def solution_process(job, rfd, wfd, output):
+    """The forked child that runs the model's program; never returns. `output`: the write
+    end of the pipe the harness relays to its stderr."""
     code = 0
     try:
-        os.dup2(2, 1)  # its prints go to stderr: it never holds the verdict's stdout
+        # Its prints and tracebacks go into a pipe of its own, never to the jail's stdout (the
+        # verdict) nor to the jail's stderr: that file is open read-write, and the harness
+        # writes the test's prints and compile warnings there, expected values included.
+        os.dup2(output, 1)
+        os.dup2(output, 2)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # stdin held the job; the secret part must stay out of reach
         close_fds({0, 1, 2, rfd, wfd})
@@ -508,10 +513,16 @@ class Proxy:
         raise Stop("protocol_error", f"the solution's process answered {name}() with something odd")
 
 
+# Exceptions that steer the test's own control flow rather than fail it: a StopIteration
+# raised into a test's `all(map(candidate, ...))` or `zip(...)` loop ends the iteration early
+# and the test passes. They arrive as RuntimeError (as PEP 479 turns one leaving a generator).
+CONTROL_FLOW = {"StopIteration", "StopAsyncIteration"}
+
+
 def rebuilt_exception(kind, message):
     """The solution's exception, as the builtin exception of that name (so a test that
     expects ValueError sees one), else RuntimeError."""
-    cls = getattr(builtins, kind, None) if kind.isidentifier() else None
+    cls = getattr(builtins, kind, None) if kind.isidentifier() and kind not in CONTROL_FLOW else None
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:
             return cls(clip(message))
@@ -570,11 +581,20 @@ def trusted_import(name):
 
 
 def resolve(module, qualname):
+    """The trusted module's own object at `qualname` (a public function or class, or a
+    public attribute of one of its classes), else None. The solution chose both names: a
+    path through another module (`enum.bltns.eval`: builtins' eval) or a private name would
+    let it pick any function for this process to run as its answer."""
     found = trusted_import(module)
     if found is None or type(qualname) is not str:
         return None
-    for part in qualname.split("."):
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        if not part.isidentifier() or part.startswith("_"):
+            return None
         found = getattr(found, part, None)
+        if found is None or isinstance(found, types.ModuleType) or (i < len(parts) - 1 and not isinstance(found, type)):
+            return None
     return found
 
 
@@ -697,6 +717,17 @@ def check_unittest(chan):
         return {"passed": 0, "total": 1, "failure": {"kind": stop.kind, "message": stop.message}}
 
 
+def relay(source, target):
+    """Copy what the solution's process prints to this process's stderr, until it is gone."""
+    try:
+        while chunk := os.read(source, 1 << 16):
+            os.write(target, chunk)
+    except OSError:
+        pass
+    finally:
+        os.close(source)
+
+
 def run_solution(job, secret_reader):
     """script and unittest modes: fork the solution's process M, then read (and erase)
     the secret part of the job, which M therefore never had in memory nor can reread,
@@ -704,13 +735,18 @@ def run_solution(job, secret_reader):
     deadline = time.monotonic() + float(job["budget_s"])
     m_reads, t_writes = os.pipe()
     t_reads, m_writes = os.pipe()
+    relay_reads, m_output = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(t_writes)
         os.close(t_reads)
-        solution_process(job, m_reads, m_writes)
+        os.close(relay_reads)
+        solution_process(job, m_reads, m_writes, m_output)
     os.close(m_reads)
     os.close(m_writes)
+    os.close(m_output)
+    relaying = threading.Thread(target=relay, args=(relay_reads, 2), daemon=True)
+    relaying.start()
     chan = Channel(t_reads, t_writes, deadline)
     try:
         secret = secret_reader()
@@ -726,6 +762,7 @@ def run_solution(job, secret_reader):
             os.waitpid(pid, 0)
         except OSError:
             pass
+        relaying.join(1.0)  # M is gone, so the pipe ends: its last prints land before the verdict
     return verdict, secret
 
 
@@ -742,19 +779,13 @@ def resolve_function(namespace, name):
     raise NameError(f"the program defines no function or Solution method named {name!r}")
 
 
-def redirect(path, fd, flags):
-    new = os.open(path, flags, 0o600)
-    os.dup2(new, fd)
-    os.close(new)
-
-
 def child(compiled, prelude, test, files, fn_name):
     """Runs in the forked child: one test; exit status 0 (ran), 1 (error), 3 (the return
-    value is not plain data)."""
-    redirect(files["in"], 0, os.O_RDONLY)
-    redirect(files["out"], 1, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    redirect(files["err"], 2, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    close_fds({0, 1, 2})
+    value is not plain data). `files`: the harness's open fds for in, out, err and result."""
+    for name, fd in (("in", 0), ("out", 1), ("err", 2)):
+        os.dup2(files[name], fd)
+    result_fd = files["result"]
+    close_fds({0, 1, 2, result_fd})
     drop_privileges()
     os.chdir(PROGRAM_CWD)
     sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
@@ -774,7 +805,7 @@ def child(compiled, prelude, test, files, fn_name):
                 print(f"the return value is not plain data: {exc}", file=sys.stderr)
                 status = 3
             else:
-                with open(files["result"], "w", encoding="ascii") as f:
+                with open(result_fd, "w", encoding="ascii", closefd=False) as f:
                     f.write(text)
         for thread in threading.enumerate():  # programs that run main() in a big-stack thread
             if thread is not threading.current_thread() and not thread.daemon:
@@ -826,38 +857,52 @@ def run_child(fn, timeout_s):
     return code
 
 
-def read_file(path, limit=None):
+def read_file(fd, limit=None):
+    """What the file behind `fd` holds, from its start (pread: whatever the child did to the
+    shared offset); None when it holds more than `limit` bytes or cannot be read."""
+    parts, at = [], 0
     try:
-        with open(path, "rb") as f:
-            data = f.read() if limit is None else f.read(limit + 1)
+        while True:
+            chunk = os.pread(fd, 1 << 20, at)
+            if not chunk:
+                break
+            parts.append(chunk)
+            at += len(chunk)
+            if limit is not None and at > limit:
+                return None
     except OSError:
         return None
-    return None if limit is not None and len(data) > limit else data.decode("utf-8", errors="replace")
+    return b"".join(parts).decode("utf-8", errors="replace")
 
 
-def run_case(compiled, prelude, test, files, fn_name, timeout_s):
+def run_case(compiled, prelude, test, work, fn_name, timeout_s):
     """(status, payload): ("o", canonical output text or the return value), or
     ("t" | "e" | "p", message) for a timeout, an error, a value that is not plain data."""
-    for name in ("in", "out", "err", "result"):
-        if os.path.exists(files[name]):
-            os.remove(files[name])
-    with open(files["in"], "w", encoding="utf-8") as f:
-        f.write(test.get("input", "") if test["kind"] == "stdin" else "")
-    code = run_child(lambda: child(compiled, prelude, test, files, fn_name), timeout_s)
-    if code is None:
-        return "t", f"no answer within {timeout_s:.1f}s"
-    if code != 0:
-        err = (read_file(files["err"]) or "").strip()
-        return ("p" if code == 3 else "e"), clip(err.splitlines()[-1] if err else f"exit status {code}")
-    if test["kind"] == "stdin":
-        return "o", canonical_output(read_file(files["out"]) or "")
-    text = read_file(files["result"], MAX_MESSAGE)
-    if text is None:
-        return "e", "the function returned no result"
+    files = {}
     try:
-        return "o", loads_plain(text)
-    except ValueError as exc:
-        return "p", clip(exc)
+        for name in ("in", "out", "err", "result"):
+            fd, path = tempfile.mkstemp(dir=work)
+            os.unlink(path)  # before the child exists: it never sees a path to replace
+            files[name] = fd
+        os.pwrite(files["in"], (test.get("input", "") if test["kind"] == "stdin" else "").encode("utf-8"), 0)
+        code = run_child(lambda: child(compiled, prelude, test, files, fn_name), timeout_s)
+        if code is None:
+            return "t", f"no answer within {timeout_s:.1f}s"
+        if code != 0:
+            err = (read_file(files["err"]) or "").strip()
+            return ("p" if code == 3 else "e"), clip(err.splitlines()[-1] if err else f"exit status {code}")
+        if test["kind"] == "stdin":
+            return "o", canonical_output(read_file(files["out"]) or "")
+        text = read_file(files["result"], MAX_MESSAGE)
+        if not text:
+            return "e", "the function returned no result"
+        try:
+            return "o", loads_plain(text)
+        except ValueError as exc:
+            return "p", clip(exc)
+    finally:
+        for fd in files.values():
+            os.close(fd)
 
 
 def run_io(job):
@@ -873,7 +918,6 @@ def run_io(job):
         prelude = compile(job["prelude"], "<prelude>", "exec")
         exec(prelude, {})  # import its modules once, before the forks share them
     work = tempfile.mkdtemp()
-    files = {k: os.path.join(work, k) for k in ("in", "out", "err", "result")}
     deadline = time.monotonic() + float(job["budget_s"])
     statuses, digests, texts, messages, out_of_time = [], [], {}, {}, False
     for i, test in enumerate(tests):
@@ -882,7 +926,7 @@ def run_io(job):
             out_of_time = True
             break
         status, payload = run_case(
-            compiled, prelude, test, files, job.get("fn_name"), min(float(job["test_timeout_s"]), left)
+            compiled, prelude, test, work, job.get("fn_name"), min(float(job["test_timeout_s"]), left)
         )
         digest = "-" * DIGEST_HEX
         if status == "o" and test["kind"] == "stdin":
