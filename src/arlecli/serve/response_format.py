@@ -293,7 +293,10 @@ def _main() -> None:
     import resource
     import sys
 
-    resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+    except (ValueError, OSError):  # a platform without an address-space limit: the time budget still holds
+        pass
     job = json.loads(sys.stdin.read())
     fmt = ResponseFormat("json_schema", job["schema"])
     json.dump([check(fmt, t) for t in job["texts"]], sys.stdout)
