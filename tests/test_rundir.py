@@ -329,3 +329,19 @@ def test_a_damaged_meta_json_says_what_to_do(tmp_path):
         rundir.read_meta(run)
     text = _error(excinfo)
     assert text.startswith(f"cannot read {run / 'meta.json'}: ") and "restore it, or start again" in text
+
+
+def test_a_refused_resume_gives_the_run_back(tmp_path):
+    """A resume refused in a process that goes on (a notebook) must not keep the run from the
+    next process: the lock goes with the refusal; a run under way keeps it."""
+    run = tmp_path / "run"
+    rundir.prepare(run, _meta(), resume=False, compare=COMPARED, may_change=RESUMABLE)
+    take = [sys.executable, "-c", f"from arlecli import rundir; rundir.hold({str(run)!r}); print('took it')"]
+    held = subprocess.run(take, capture_output=True, text=True, timeout=60)
+    assert held.returncode != 0 and f"(pid {os.getpid()})" in held.stderr  # under way: ours
+    rundir.release(run)
+    changed = {**_meta(), "model": "another-model"}
+    with pytest.raises(UserError, match="model"):
+        rundir.prepare(run, changed, resume=True, compare=COMPARED, may_change=RESUMABLE)
+    free = subprocess.run(take, capture_output=True, text=True, timeout=60)
+    assert free.returncode == 0 and free.stdout.strip() == "took it", free.stderr

@@ -137,6 +137,72 @@ def _check_writable(run_dir: Path) -> None:
         )
 
 
+_held: dict[Path, int] = {}  # run directory -> the open lock file this process holds on it
+_started: list[Path] = []  # every run directory this process has held, in order
+
+
+def hold(run_dir: Path) -> None:
+    """Take `run_dir` for this process until it exits or `release`s it; UserError when another
+    process has it. Why: two runs writing one samples.jsonl (a second terminal's `--resume`
+    while the first still runs) interleave their lines and duplicate samples. An advisory
+    flock on RUN/.lock: the kernel drops it when the holder dies (kill -9 included), so an
+    interrupted run never leaves a stale lock behind. Taking it again in this process is a
+    no-op (a resume in the same process)."""
+    key = Path(run_dir).resolve()
+    if key in _held:
+        return
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no lock, as before
+        return
+    fd = os.open(key / RunDir.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise UserError(
+            f"{run_dir} is in use by another arle process{f' (pid {holder})' if holder.isdigit() else ''}: "
+            "wait for it to end (or stop it), then --resume; or choose another --output"
+        ) from None
+    _held[key] = fd
+    if key not in _started:
+        _started.append(key)
+
+
+def _note_holder(run_dir: Path) -> None:
+    """Write this process's pid into the lock `hold` took, for the message a second process
+    gets. Only once the run is under way: a refused resume leaves the directory as it was."""
+    fd = _held.get(Path(run_dir).resolve())
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
+def _started_or_released(run_dir: Path, start: Callable[[], None]) -> None:
+    """Run `start` (the resume's checks, a new run's meta.json) under the lock: then note this
+    process as the holder; if it fails, give the lock up (a process that goes on, a notebook,
+    must not keep a run it never started from a terminal's --resume)."""
+    try:
+        start()
+    except BaseException:
+        release(run_dir)
+        raise
+    _note_holder(run_dir)
+
+
+def started() -> list[Path]:
+    """The run directories this process has started or resumed (what an interrupt leaves)."""
+    return list(_started)
+
+
+def release(run_dir: Path) -> None:
+    """Give up `hold`'s lock on `run_dir` (the file stays: removing it would race a new holder)."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
 def prepare(
     run_dir: Path, meta: dict[str, Any], resume: bool, *, compare: Iterable[str], may_change: Collection[str] = ()
 ) -> None:
@@ -152,15 +218,13 @@ def prepare(
     try:
         if (run_dir / META).exists():
             hold(run_dir)  # before anything of the run is read for the resume
-            _resume(run_dir, meta, list(compare), set(may_change))
-            _note_holder(run_dir)
+            _started_or_released(run_dir, lambda: _resume(run_dir, meta, list(compare), set(may_change)))
             return
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir} is a file, not a run directory; choose another --output")
         run_dir.mkdir(parents=True, exist_ok=True)
         hold(run_dir)
-        write_json(run_dir / META, meta)
-        _note_holder(run_dir)
+        _started_or_released(run_dir, lambda: write_json(run_dir / META, meta))
     except OSError as exc:  # a parent that is a file, no permission, a full or read-only disk
         reason = exc.strerror or type(exc).__name__
         where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != run_dir else ""
@@ -240,60 +304,6 @@ def refuse_overwriting(output: Path, runs: Iterable[Path | str]) -> None:
     for run in runs:
         if RunDir(Path(run)).owns(output):
             raise UserError(f"--output {output} is part of the run {run} being read: choose a path outside it")
-
-
-_held: dict[Path, int] = {}  # run directory -> the open lock file this process holds on it
-_started: list[Path] = []  # every run directory this process has held, in order
-
-
-def hold(run_dir: Path) -> None:
-    """Take `run_dir` for this process until it exits or `release`s it; UserError when another
-    process has it. Why: two runs writing one samples.jsonl (a second terminal's `--resume`
-    while the first still runs) interleave their lines and duplicate samples. An advisory
-    flock on RUN/.lock: the kernel drops it when the holder dies (kill -9 included), so an
-    interrupted run never leaves a stale lock behind. Taking it again in this process is a
-    no-op (a resume in the same process)."""
-    key = Path(run_dir).resolve()
-    if key in _held:
-        return
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system: no lock, as before
-        return
-    fd = os.open(key / RunDir.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode("ascii", "replace").strip()
-        os.close(fd)
-        raise UserError(
-            f"{run_dir} is in use by another arle process{f' (pid {holder})' if holder.isdigit() else ''}: "
-            "wait for it to end (or stop it), then --resume; or choose another --output"
-        ) from None
-    _held[key] = fd
-    if key not in _started:
-        _started.append(key)
-
-
-def _note_holder(run_dir: Path) -> None:
-    """Write this process's pid into the lock `hold` took, for the message a second process
-    gets. Only once the run is under way: a refused resume leaves the directory as it was."""
-    fd = _held.get(Path(run_dir).resolve())
-    if fd is not None:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-
-
-def started() -> list[Path]:
-    """The run directories this process has started or resumed (what an interrupt leaves)."""
-    return list(_started)
-
-
-def release(run_dir: Path) -> None:
-    """Give up `hold`'s lock on `run_dir` (the file stays: removing it would race a new holder)."""
-    fd = _held.pop(Path(run_dir).resolve(), None)
-    if fd is not None:
-        os.close(fd)
 
 
 def open_run(
