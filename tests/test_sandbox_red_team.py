@@ -138,3 +138,56 @@ def test_every_hole_fails_and_the_honest_solutions_pass():
     for name in ("honest-all-map", "honest-zip-map", "honest-prints"):
         v = verdicts[name]
         assert v.status == "passed" and v.passed == v.total, (name, v.failure, v.result.stderr[-500:])
+
+
+# --- 5. EvalPlus's float checks: numpy bound, and no answer of another shape -----------------
+
+EVALPLUS_ASSERTION = """import numpy as np
+
+def is_floats(x) -> bool:
+    if isinstance(x, float):
+        return True
+    if isinstance(x, (list, tuple)):
+        return all(isinstance(i, float) for i in x)
+    return False
+
+def assertion(out, exp, atol):
+    exact_match = out == exp
+    if atol == 0 and is_floats(exp):
+        atol = 1e-6
+    if not exact_match and atol != 0:
+        {check}
+    else:
+        assert exact_match
+"""
+HUMANEVAL_PLUS = EVALPLUS_ASSERTION.format(check="np.testing.assert_allclose(out, exp, atol=atol)") + (
+    "\ndef check(candidate):\n    for inp, exp in zip([[1], [0.5], [2.25]], [6.283185307179586, 3.141592653589793, "
+    "14.137166941154069]):\n        assertion(candidate(*inp), exp, 0)\n"
+)
+MBPP_PLUS = EVALPLUS_ASSERTION.format(check="assert np.allclose(out, exp, rtol=1e-07, atol=atol)") + (
+    "\nfor inp, exp in zip([[1], [0.5], [2.25]], [6.283185307179586, 3.141592653589793, 14.137166941154069]):\n"
+    "    assertion(circle_perimeter(*inp), exp, 0)\n"
+)
+
+
+def test_evalplus_float_checks_bind_numpy_and_refuse_an_empty_answer():
+    """EvalPlus's tests import numpy (bound into the jail from the task's own imports: without it
+    every answer failed) and compare floats with np.allclose / assert_allclose, which broadcast:
+    `return []` passed every float test. Now an answer of another shape fails first."""
+    import arlecli.rewards.code  # noqa: F401  (registers the code rewards)
+    from arlecli.rewards import REWARDS
+    from arlecli.types import Episode, Task, Turn
+
+    honest = "```python\nimport math\ndef circle_perimeter(r):\n    return 2 * math.pi * r\n```"
+    empty = "```python\ndef circle_perimeter(r):\n    return []\n```"
+    cards = {
+        "humaneval_plus": ({"prompt": "", "test": HUMANEVAL_PLUS, "entry_point": "circle_perimeter"}, {}),
+        "mbpp_plus": ({"prompt": "", "test": MBPP_PLUS, "entry_point": "circle_perimeter"}, {"call_check": False}),
+    }
+    for name, (fields, params) in cards.items():
+        task = Task(id=name, input="", target=None, fields=fields)
+        score = REWARDS["code_tests"](timeout_s=20, **params)
+        right, wrong = score.batch([task, task], [Episode(name, [Turn("", c)]) for c in (honest, empty)])
+        assert right.reward == 1.0 and right.correct, (name, right.details)
+        assert wrong.reward == 0.0 and not wrong.correct, (name, wrong.details)
+        assert "shape (0,) is not the expected ()" in str(wrong.details), (name, wrong.details)

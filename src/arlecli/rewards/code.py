@@ -129,18 +129,26 @@ def score_batch(
     """Score episodes against their tasks' tests, running the programs in parallel."""
     params = params or CodeTestsParams()
     _same_length(tasks, episodes)
-    built = [
-        script_job(
-            _field(t, params.prompt_field, "prompt_field", "code_tests"),
-            e.completion,
-            _field(t, params.test_field, "test_field", "code_tests"),
-            _field(t, params.entry_point_field, "entry_point_field", "code_tests"),
-            call_check=params.call_check,
+    built, wanted = [], []
+    for t, e in zip(tasks, episodes):
+        prompt = _field(t, params.prompt_field, "prompt_field", "code_tests")
+        test = _field(t, params.test_field, "test_field", "code_tests")
+        built.append(
+            script_job(
+                prompt,
+                e.completion,
+                test,
+                _field(t, params.entry_point_field, "entry_point_field", "code_tests"),
+                call_check=params.call_check,
+            )
         )
-        for t, e in zip(tasks, episodes)
-    ]
+        # What the task's own (trusted) prompt and tests import is bound into the jail, as for
+        # code_unittest: EvalPlus's tests begin with `import numpy as np`, and without it every
+        # solution, honest or not, failed on an ImportError.
+        wanted.append(sorted({*params.packages, *imported_packages(prompt, test)}))
+        built[-1][0]["test"] = strict_closeness(built[-1][0]["test"])
     verdicts = run_tests(
-        [{**job, "packages": params.packages} for job, _ in built],
+        [{**job, "packages": packages} for (job, _), packages in zip(built, wanted)],
         workers=params.workers,
         timeout_s=params.timeout_s,
         memory_mb=params.memory_mb,
@@ -484,6 +492,33 @@ def build_program(
     solution, code = build_solution(prompt, completion, entry_point)
     program = solution + "\n" + test
     return (program + f"\ncheck({entry_point})\n" if call_check else program + "\n"), code
+
+
+# numpy's closeness checks broadcast: `np.allclose([], 3.5)` is True, so an answer of `[]`
+# passed every EvalPlus test whose expected value is a float. The tests' calls get a wrapper
+# that first requires the answer's shape to be the expected one.
+_CLOSENESS = re.compile(r"\b(np|numpy)\.(allclose|testing\.assert_allclose)\(")
+_STRICT_CLOSE = """
+def _arle_same_shape(check):
+    def strict(actual, desired, *args, **kwargs):
+        import numpy
+        try:
+            shapes = numpy.shape(actual), numpy.shape(desired)
+        except ValueError:  # ragged: numpy's own check decides
+            shapes = None
+        if shapes is not None and shapes[0] != shapes[1]:
+            raise AssertionError(f"the answer's shape {shapes[0]} is not the expected {shapes[1]}")
+        return check(actual, desired, *args, **kwargs)
+    return strict
+"""
+
+
+def strict_closeness(test: str) -> str:
+    """`test` with its numpy closeness checks (np.allclose, np.testing.assert_allclose) made to
+    refuse an answer of another shape first (`_STRICT_CLOSE`); unchanged when it has none."""
+    if not _CLOSENESS.search(test):
+        return test
+    return _STRICT_CLOSE + _CLOSENESS.sub(lambda m: f"_arle_same_shape({m.group(1)}.{m.group(2)})(", test)
 
 
 def script_job(
