@@ -191,3 +191,77 @@ def test_evalplus_float_checks_bind_numpy_and_refuse_an_empty_answer():
         assert right.reward == 1.0 and right.correct, (name, right.details)
         assert wrong.reward == 0.0 and not wrong.correct, (name, wrong.details)
         assert "shape (0,) is not the expected ()" in str(wrong.details), (name, wrong.details)
+
+
+# --- 6. io mode: the per-test limit holds against work carried between tests ----------------
+
+CARRY_OVER = r"""
+import gc, os, sys, time
+def solve(n):
+    if n >= 100:  # the too-slow algorithm: over the per-test limit
+        start = time.time()
+        while time.time() - start < 2.0:
+            pass
+    return n * 2
+n = int(sys.stdin.read())
+if not os.path.exists("helper-started"):
+    open("helper-started", "w").close()
+    todo = [int(t["input"]) for o in gc.get_objects() if isinstance(o, list)
+            for t in o if isinstance(t, dict) and t.get("kind") == "stdin"]
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()  # out of the test's process group: it outlived the test
+        os.write(w, b"x")
+        for k in todo:
+            if k >= 100:
+                open("part", "w").write(str(solve(k)))
+                os.rename("part", "answer-%d" % k)
+        os._exit(0)
+    os.read(r, 1)
+if n < 100:
+    print(solve(n), flush=True)
+    time.sleep(1.2)  # lends the rest of its time to the helper
+else:
+    while not os.path.exists("answer-%d" % n):
+        time.sleep(0.01)
+    print(open("answer-%d" % n).read())
+"""
+
+
+def test_io_tests_start_from_nothing_an_earlier_test_left():
+    """A test's child that leaves its process group (setsid) worked on later tests' inputs in the
+    background and left answers in files: the per-test limit became a limit on the total. Every
+    process but the harness is killed and the files tests wrote are removed between tests."""
+    import json
+
+    import arlecli.rewards.code  # noqa: F401  (registers the code rewards)
+    from arlecli.rewards import REWARDS
+    from arlecli.types import Episode, Task, Turn
+
+    tests = [{"input": f"{k}\n", "output": f"{2 * k}\n", "testtype": "stdin"} for k in (1, 2, 100)]
+    task = Task(id="io", input="", target=None, fields={"tests": json.dumps(tests)})
+    fast = "import sys\nn = int(sys.stdin.read())\nprint(n * 2)\n"
+    writes_files = "import os, sys\nn = int(sys.stdin.read())\nopen('scratch-%d' % n, 'w').write('x')\nprint(n * 2)\n"
+    score = REWARDS["code_io"](test_timeout_s=1.5, timeout_s=30, workers=1)
+    results = score.batch(
+        [task] * 3, [Episode("io", [Turn("", f"```python\n{p}```")]) for p in (CARRY_OVER, fast, writes_files)]
+    )
+    attack, honest, scratch = results
+    assert attack.reward == 0.0 and "test 2" in str(attack.details), attack.details
+    assert honest.reward == 1.0 and scratch.reward == 1.0, (honest.details, scratch.details)
+
+
+def test_many_short_outputs_still_fit_the_verdict_line():
+    """The outputs sent back "while they fit" were counted 2 characters short each: 200 tests of a
+    one-letter answer overflowed the jail's 4 KB of stdout, and an honest program had no verdict."""
+    import json
+
+    import arlecli.rewards.code  # noqa: F401  (registers the code rewards)
+    from arlecli.rewards import REWARDS
+    from arlecli.types import Episode, Task, Turn
+
+    tests = [{"input": f"{k}\n", "output": "x\n", "testtype": "stdin"} for k in range(200)]
+    task = Task(id="io", input="", target=None, fields={"tests": json.dumps(tests)})
+    reward = REWARDS["code_io"](test_timeout_s=5, timeout_s=120, workers=1)
+    score = reward(task, Episode("io", [Turn("", "print('x')\n")]))
+    assert score.reward == 1.0, score.details

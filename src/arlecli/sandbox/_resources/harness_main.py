@@ -19,6 +19,7 @@ import linecache
 import math
 import os
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -905,6 +906,52 @@ def run_case(compiled, prelude, test, work, fn_name, timeout_s):
             os.close(fd)
 
 
+def scratch_dirs(work):
+    """{writable folder: the names it held before any test}: what `between_tests` resets.
+    The program's cwd always; in the jail also /tmp (but the harness's `work`) and /dev/shm.
+    A degraded run's /tmp is the host's: never touched."""
+    folders = [PROGRAM_CWD]
+    if os.environ.get("ARLE_SANDBOX_NET") in ("namespaces", "host"):
+        folders += ["/tmp", "/dev/shm"]
+    kept = {}
+    for folder in folders:
+        try:
+            kept[folder] = set(os.listdir(folder)) | ({os.path.basename(work)} if folder == "/tmp" else set())
+        except OSError:
+            pass
+    return kept
+
+
+def between_tests(scratch):
+    """Each io test starts from nothing a previous one left: every process but this one is
+    killed (a child that left its process group with setsid() went on working on later tests'
+    inputs, making the per-test limit a limit on the total), and the files tests wrote are
+    removed (answers computed in an earlier test's time, picked up by a later one)."""
+    kill_the_rest()
+    while True:  # as pid 1 the orphans are ours to reap
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    for folder, kept in scratch.items():
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if name in kept:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
 def run_io(job):
     """Per-test results, compact enough for the jail's captured stdout: a status letter
     per test, a digest of each output, the outputs themselves while they fit."""
@@ -918,6 +965,7 @@ def run_io(job):
         prelude = compile(job["prelude"], "<prelude>", "exec")
         exec(prelude, {})  # import its modules once, before the forks share them
     work = tempfile.mkdtemp()
+    scratch = scratch_dirs(work)
     deadline = time.monotonic() + float(job["budget_s"])
     statuses, digests, texts, messages, out_of_time = [], [], {}, {}, False
     for i, test in enumerate(tests):
@@ -928,6 +976,7 @@ def run_io(job):
         status, payload = run_case(
             compiled, prelude, test, work, job.get("fn_name"), min(float(job["test_timeout_s"]), left)
         )
+        between_tests(scratch)
         digest = "-" * DIGEST_HEX
         if status == "o" and test["kind"] == "stdin":
             digest = output_digest(payload)
@@ -949,11 +998,13 @@ def run_io(job):
     result = {"s": "".join(statuses), "d": "".join(digests), "m": messages, "late": out_of_time, "o": {}}
     size = len(json.dumps(result))
     for i, text in texts.items():  # the outputs themselves, in test order, while they fit
-        cost = len(json.dumps(text)) + len(str(i)) + 4
+        cost = len(json.dumps(text)) + len(str(i)) + 6  # "i": "text", (the key's quotes, ": " and ", ")
         if size + cost > job["line_budget"]:
             break
         result["o"][i] = text
         size += cost
+    while result["o"] and len(json.dumps(result)) > job["line_budget"]:  # the budget is a hard cap
+        result["o"].popitem()
     return result
 
 
