@@ -349,16 +349,22 @@ def test_the_sampling_perf_script_gets_the_same_ids_from_both_samplers(tmp_path)
     assert result["identical_ids"] and all(d["same_tokens"] for d in result["per_draw"])
 
 
-def test_a_prompt_longer_than_the_context_is_one_line_before_any_prefill(engines, monkeypatch):
-    """As the vllm engine refuses it: past the position embeddings nothing meaningful is computed,
-    and a very long prompt would ask the attention for tens of GB."""
+def test_a_prompt_many_times_the_context_is_one_line_before_any_prefill(engines, monkeypatch):
+    """Past the position embeddings nothing meaningful is computed, and a very long prompt asks the
+    attention for tens of GB: refused before any prefill. A conversation a little over the context
+    (an agent's late turns on a small model) still runs, as it always has."""
+    from arlecli.engine.hf import LONG_PROMPT_FACTOR
     from arlecli.errors import UserError
 
     engine = engines[1]
     context = engine.model.config.max_position_embeddings
     prefills = []
     monkeypatch.setattr(engine, "_run", lambda *a, **k: prefills.append(a) or iter(()))
-    long = GenerationRequest(prompt="a b " * context, params=SamplingParams(max_tokens=2))
-    with pytest.raises(UserError, match=rf"a prompt of [\d,]+ tokens does not fit the model's context of {context:,}"):
+    long = GenerationRequest(prompt="a b " * (LONG_PROMPT_FACTOR * context), params=SamplingParams(max_tokens=2))
+    said = rf"a prompt of [\d,]+ tokens is over {LONG_PROMPT_FACTOR}x the model's context"
+    with pytest.raises(UserError, match=said):
         list(engine.generate([GenerationRequest(prompt="hi"), long]))
     assert prefills == []
+    over = GenerationRequest(prompt="a b " * (context // 2 + 50), params=SamplingParams(max_tokens=2))
+    list(engine.generate([over]))  # a little over: generated
+    assert len(prefills) == 1

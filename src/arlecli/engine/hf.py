@@ -61,6 +61,8 @@ from arlecli.engine.prefix_cache import Entry, PrefixCache, configured_max_token
 from arlecli.engine.tokens import check_template_kwargs, encode_request
 from arlecli.errors import UserError
 
+LONG_PROMPT_FACTOR = 4  # prompts longer than this many contexts are refused before any prefill
+
 
 # `then(index, completion) -> GenerationRequest | None`: a finished request's follow-up, if any.
 Then = Callable[[int, Completion], "GenerationRequest | None"]
@@ -199,12 +201,14 @@ class HFEngine:
         encoded = [self.encode(r) for r in requests]
         context = self._max_length()
         longest = max((len(ids) for ids in encoded), default=0)
-        if longest >= context:
-            # Past the position embeddings the model computes nothing meaningful, and a prompt
-            # of ~100k tokens asks the attention for tens of GB: refused before any prefill.
+        if longest > LONG_PROMPT_FACTOR * context:
+            # A conversation that outgrows the context a little (an agent's late turns on a small
+            # model) still runs, as it always has; a prompt many times the context computes
+            # nothing meaningful past the position embeddings and asks the attention for tens of
+            # GB (an 80k-token row ran for minutes, a 50 MB one died allocating 28 GB).
             raise UserError(
-                f"a prompt of {longest:,} tokens does not fit the model's context of {context:,} tokens: "
-                "shorten or drop that row (--rows, --limit), or use a model with a longer context"
+                f"a prompt of {longest:,} tokens is over {LONG_PROMPT_FACTOR}x the model's context of "
+                f"{context:,} tokens: shorten or drop that row (--rows, --limit), or use a model with a longer context"
             )
         order = sorted(range(len(requests)), key=lambda i: -len(encoded[i]))
         waiting = deque(self._row(i, encoded[i], requests[i].params) for i in order)
