@@ -123,3 +123,49 @@ def test_a_transform_may_split_one_record_into_several_tasks(tmp_path):
 def explode_questions(row):
     """A transform for the test above: one task per question, the table kept on each."""
     return [{"table": row["table"], **q} for q in row["questions"]]
+
+
+@pytest.mark.parametrize(
+    "template, shown",
+    [
+        ("{input.__class__.__mro__}", "{input.__class__.__mro__}"),
+        ("{id:>999999999999}", "{id:>999999999999}"),
+        ("{input!r}", "{input!r}"),
+        ("{input[0]}", "{input[0]}"),
+        ("{0}", "{0}"),
+        ("{}", "{}"),
+    ],
+)
+def test_a_template_fills_plain_columns_only(template: str, shown: str) -> None:
+    """A card is data: its template must not reach into Python objects (attribute and index
+    access) nor size its own output (a format spec of a gigabyte of padding: a MemoryError)."""
+    from arlecli.cards import fill
+    from arlecli.types import Task
+
+    task = Task(id="t1", input="What is {target}? {id.__class__}", target="4", fields={"topic": "sums"})
+    with pytest.raises(UserError) as info:
+        fill(template, task)
+    assert f"uses {shown}: only plain {{column}} placeholders" in str(info.value)
+    # Plain columns fill; a row's own braces are text, never read as a template.
+    assert fill("{{lit}} {topic}: {input}", task) == "{lit} sums: What is {target}? {id.__class__}"
+
+
+def test_rows_files_with_a_byte_order_mark_read_as_without(tmp_path) -> None:
+    """Excel's "CSV UTF-8" and some editors start a file with a BOM: it was part of the first
+    column's name (a "missing" column that showed as present) or the first line's JSON."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "rows.csv").write_bytes(bom + b"question,answer\nWhat is 1+1?,#### 2\n")
+    (tmp_path / "rows.jsonl").write_bytes(bom + b'{"question": "What is 1+1?", "answer": "#### 2"}\n')
+    (tmp_path / "rows.json").write_bytes(bom + b'{"rows": [{"question": "What is 1+1?", "answer": "#### 2"}]}')
+    want = [{"question": "What is 1+1?", "answer": "#### 2"}]
+    for name in ("rows.csv", "rows.jsonl", "rows.json"):
+        assert read_rows_file(tmp_path / name) == want, name
+    (tmp_path / "empty.json").write_text('{"rows": []}')
+    assert read_rows_file(tmp_path / "empty.json") == []
+
+
+def test_a_card_key_that_is_not_text_is_one_line(tmp_path) -> None:
+    card = tmp_path / "c.yaml"
+    card.write_text(card_paths()["gsm8k"].read_text() + "\n1: 2\n")  # a YAML key that is a number
+    with pytest.raises(UserError, match="is not a card field"):
+        load_card_file(card)

@@ -293,3 +293,17 @@ def test_hellaswag_winogrande_piqa_boolq_shapes() -> None:
         "is it true?",
         "no",
     )
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "reply",
+    ["The answer is" + " " * 3000 + ".", "Answer:" + "\n" * 3000, "answer is option" + " \t" * 1500 + "?"],
+    ids=["spaces", "newlines", "tabs"],
+)
+def test_a_reply_built_to_backtrack_is_read_at_once(reply: str) -> None:
+    """A model's reply is hostile input: the explicit-answer pattern had four adjacent runs that
+    could each take the same spaces, so "The answer is" + 400 spaces took 46 s to fail (3,000:
+    hours, holding an eval or a training step). Each run now reads one way only."""
+    assert c.extract_letter(reply + " B", 4) == "B"
+    assert c.extract_letter(reply, 4) is None

@@ -212,7 +212,7 @@ def _check_unknown(d: dict[str, Any], allowed: set[str], path: Path | str, where
 
     for key in d:
         if key not in allowed:
-            near = difflib.get_close_matches(key, allowed, n=1)
+            near = difflib.get_close_matches(key, allowed, n=1) if isinstance(key, str) else []
             hint = f"; did you mean '{near[0]}'?" if near else f"; allowed: {', '.join(sorted(allowed))}"
             raise card_error(path, f"{where}.{key}" if where else key, f"is not a card field{hint}")
 
@@ -471,17 +471,33 @@ def _context(task: Task) -> dict[str, Any]:
 
 
 def fill(template: str, task: Task, where: str = "prompt.template") -> str:
-    """Fill `{column}` placeholders from the task; an unknown column names the card field."""
+    """Fill `{column}` placeholders from the task; an unknown column names the card field.
+
+    Only plain names: str.format's attribute and index access (`{input.__class__}`),
+    conversions and format specs (`{id:>999999999}`: a gigabyte of padding) are refused. A card
+    is data; its template must not reach into Python objects or size its own output."""
     ctx = _context(task)
+    parts = []
     try:
-        return string.Formatter().vformat(template, (), ctx)
-    except KeyError as exc:
-        raise UserError(
-            f"card field '{where}' uses {{{exc.args[0]}}}, which is not a column of the rows "
-            f"(columns: {', '.join(sorted(ctx))}); use {{{{ }}}} for literal braces"
-        ) from None
-    except (IndexError, ValueError) as exc:
+        for literal, name, spec, conversion in string.Formatter().parse(template):
+            parts.append(literal)
+            if name is None:
+                continue
+            if not name or name.isdigit() or any(c in name for c in ".[") or spec or conversion:
+                shown = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+                raise UserError(
+                    f"card field '{where}' uses {{{shown}}}: only plain {{column}} placeholders are filled (no "
+                    "attributes, indexes, conversions or format specs); use {{ }} for literal braces"
+                )
+            if name not in ctx:
+                raise UserError(
+                    f"card field '{where}' uses {{{name}}}, which is not a column of the rows "
+                    f"(columns: {', '.join(sorted(ctx))}); use {{{{ }}}} for literal braces"
+                )
+            parts.append(str(ctx[name]))
+    except ValueError as exc:  # an unmatched brace
         raise UserError(f"card field '{where}' is not a valid template: {exc}") from None
+    return "".join(parts)
 
 
 def render_prompt(prompt: Prompt, task: Task, exemplars: list[Task] | None = None) -> Rendered:

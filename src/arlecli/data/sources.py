@@ -35,12 +35,12 @@ def read_rows_file(path: Path) -> list[Row]:
     try:
         if name.endswith((".jsonl", ".jsonl.gz")):
             opener = gzip.open if name.endswith(".gz") else open
-            with opener(path, "rt", encoding="utf-8") as f:
+            with opener(path, "rt", encoding="utf-8-sig") as f:  # a leading BOM is not JSON
                 return _jsonl_rows(f, path)
         if name.endswith(".json"):
-            data = safeio.loads(safeio.read_text(path, "data file"), clean=True)
+            data = safeio.loads(safeio.read_text(path, "data file").removeprefix("\ufeff"), clean=True)
             if isinstance(data, dict):
-                data = data.get("rows") or data.get("data")
+                data = data["rows"] if "rows" in data else data.get("data")  # [] is a list of no rows
             if not isinstance(data, list):
                 raise UserError(f"{path}: a .json data file must hold a list of rows")
             return data
@@ -56,7 +56,7 @@ def read_rows_file(path: Path) -> list[Row]:
                     f"write it again or pass rows as .jsonl"
                 ) from None
         if name.endswith(".csv"):
-            with open(path, newline="", encoding="utf-8") as f:
+            with open(path, newline="", encoding="utf-8-sig") as f:  # Excel's "CSV UTF-8" starts with a BOM
                 return list(csv.DictReader(f))
     except UnicodeDecodeError:  # a .jsonl or .csv read as text, block by block
         raise UserError(f"data file {path} is not UTF-8 text: save it as UTF-8 and rerun") from None

@@ -19,10 +19,15 @@ DEFAULT_NUM_CHOICES = 10  # A-J, MMLU-Pro's widest set, when a row does not list
 # "answer is", "Answer:", "correct option is", ... then optional decoration (markdown,
 # \text{, \boxed{) and the letter: any case inside brackets ("(b)"), upper case otherwise,
 # because "the answer is a bit..." must not read as choice A.
+# Each run of separators can be read only one way (a model's reply can be hostile: with four
+# adjacent runs that could each take the same spaces, "The answer is" + 400 spaces took 46 s
+# to fail): after "answer is" the spaces, an optional colon and its spaces, then either a word
+# (option, choice, letter) and any markup, or markup that starts with a mark, not a space.
 _EXPLICIT = re.compile(
     r"(?:answer\s*(?:is|:|=)|answer\s+(?:would|should)\s+be|(?:option|choice)\s*(?:is|:))"
-    r"\s*:?\s*(?:option|choice|letter)?[\s*_`'\"$]*(?:\\(?:text|textbf|mathrm|boxed)\{){0,2}"
-    r"[\s*_`]*(?:[(\[]([A-Za-z])[)\]]|(?-i:([A-Z]))(?![A-Za-z0-9]))",
+    r"\s*(?::\s*)?(?:(?:option|choice|letter)[\s*_`'\"$]*|[*_`'\"$][\s*_`'\"$]*)?"
+    r"(?:\\(?:text|textbf|mathrm|boxed)\{[\s*_`]*){0,2}"
+    r"(?:[(\[]([A-Za-z])[)\]]|(?-i:([A-Z]))(?![A-Za-z0-9]))",
     re.IGNORECASE,
 )
 # A letter that opens the reply: "B", "B.", "B)", "(B) text", "**B** because", "B: text",
