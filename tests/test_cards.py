@@ -169,3 +169,30 @@ def test_a_card_key_that_is_not_text_is_one_line(tmp_path) -> None:
     card.write_text(card_paths()["gsm8k"].read_text() + "\n1: 2\n")  # a YAML key that is a number
     with pytest.raises(UserError, match="is not a card field"):
         load_card_file(card)
+
+
+def test_a_files_cards_exemplars_never_include_the_task_itself(tmp_path) -> None:
+    """A `files` card with no `splits` reads its one file whatever a split is named: a few-shot
+    split of another name drew from the evaluated rows, and each prompt held its own question
+    with its gold answer as an exemplar."""
+    import json
+
+    from arlecli.eval import EvalOptions, load_tasks
+    from arlecli.fewshot import exemplars_for
+
+    rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(6)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "c.yaml").write_text(
+        "name: c\nversion: 1\ncategory: math\nsource: {kind: files, path: rows.jsonl}\n"
+        "fields: {input: question, target: answer}\n"
+        'prompt: {format: completion, template: "Question: {input}\\nAnswer:", fewshot: {split: other, n: 3}}\n'
+        "reward: {name: gsm8k}\nmetrics: [accuracy]\n"
+    )
+    card = load_card_file(tmp_path / "c.yaml")
+    tasks, exemplars = load_tasks(card, EvalOptions(limit=3))
+    assert len(tasks) == 3
+    for task in tasks:
+        shots = exemplars_for(exemplars, task)
+        assert len(shots) == 3 and not {t.id for t in tasks} & {s.id for s in shots}, [s.id for s in shots]
+    with pytest.raises(UserError, match="3 exemplars asked of 0 rows"):  # every row evaluated: none left to show
+        load_tasks(card, EvalOptions())

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from arlecli import fewshot
 from arlecli.cards import Card
 from arlecli.efficiency import Prices
-from arlecli.data.sources import load_rows, tasks_from_rows
+from arlecli.data.sources import load_rows, same_rows, tasks_from_rows
 from arlecli.engine.base import Engine
 from arlecli.envs import check_env_tasks, env_kind
 from arlecli.envs.episodes import Sampling, collect
@@ -80,13 +80,10 @@ def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) ->
         if not fs_split:
             raise UserError(f"{card.name} defines no few-shot split; use --num-fewshot 0")
         fs = card.prompt.fewshot
+        shared = same_rows(card, fs_split, split)  # exemplars drawn from the evaluated rows
         try:
             # first_n needs only the first rows (generators make no more); a draw or ids need all
-            need = (
-                n_shots + (len(tasks) if fs_split == split else 0)
-                if fs.sampler == "first_n" and fs.ids is None
-                else None
-            )
+            need = n_shots + (len(tasks) if shared else 0) if fs.sampler == "first_n" and fs.ids is None else None
             pool = tasks_from_rows(
                 card, load_rows(card, fs_split, limit=need, generator_ids=generator_ids), f"{card.name}:{fs_split}"
             )
@@ -102,7 +99,7 @@ def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) ->
             sampler=fs.sampler,
             seed=fs.seed,
             ids=fs.ids,
-            exclude_doc=fs_split == split and data is None,
+            exclude_doc=shared and data is None,
             where=f"{card.name}: prompt.fewshot",
         )
     return tasks, exemplars

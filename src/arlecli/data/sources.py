@@ -260,6 +260,18 @@ def load_rows(
     return _generator_rows(card, spec, limit, generator_ids)
 
 
+def same_rows(card: Card, a: str | None, b: str | None) -> bool:
+    """Whether splits `a` and `b` of the card's source read the same rows: a `files` or
+    `package` card with no `splits` map reads one source whatever the split is named (so a
+    few-shot split of another name is still the evaluated rows, and each task's own row must
+    not be its exemplar); otherwise when the names resolve alike."""
+    splits = card.source.splits
+    if not splits and card.source.kind in ("files", "package"):
+        return True
+    a, b = a or card.source.default_split, b or card.source.default_split
+    return splits.get(a, a) == splits.get(b, b)
+
+
 def _transformed(rows: list[Row], transform: Any, card: Card, origin: str) -> Iterator[tuple[Row, str, int]]:
     """(row, default id, record number from 1) after the transform; a transform that returns
     a list turns one record into several tasks (default ids `i-j`)."""
