@@ -196,3 +196,43 @@ def test_a_files_cards_exemplars_never_include_the_task_itself(tmp_path) -> None
         assert len(shots) == 3 and not {t.id for t in tasks} & {s.id for s in shots}, [s.id for s in shots]
     with pytest.raises(UserError, match="3 exemplars asked of 0 rows"):  # every row evaluated: none left to show
         load_tasks(card, EvalOptions())
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_a_device_or_a_huge_file_among_the_users_cards_is_listed_broken(tmp_path) -> None:
+    """`arle bench list` reads every *.yaml in $ARLE_HOME/benchmarks: a FIFO there blocked it for
+    ever and a link to /dev/zero ate the memory. Each is now a broken card with one line."""
+    import os
+
+    from arlecli.cards import MAX_CARD_BYTES
+    from arlecli.catalog import scan_cards
+    from arlecli.config import arle_home
+
+    folder = arle_home() / "benchmarks"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "fifo.yaml")
+    (folder / "zero.yaml").symlink_to("/dev/zero")
+    (folder / "huge.yaml").write_bytes(b"#" * (MAX_CARD_BYTES + 1))
+    cards, broken = scan_cards()
+    said = {b.name: b.reason for b in broken}
+    assert "not a regular file" in said["fifo"] and "not a regular file" in said["zero"]
+    assert "over the" in said["huge"]
+    assert "gsm8k" in {c.name for c in cards}  # the rest still listed
+
+
+def test_a_group_by_that_names_no_column_is_one_line(tmp_path) -> None:
+    import json
+
+    from arlecli.eval import EvalOptions, load_tasks
+
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2", "topic": "sums"}) + "\n")
+    card = (
+        "name: c\nversion: 1\ncategory: math\nsource: {kind: files, path: rows.jsonl}\n"
+        "fields: {input: question, target: answer}\n"
+        'prompt: {format: completion, template: "Q: {input}"}\nreward: {name: gsm8k}\nmetrics: [accuracy]\n'
+    )
+    (tmp_path / "ok.yaml").write_text(card.replace("name: c", "name: ok") + "group_by: topic\n")
+    (tmp_path / "typo.yaml").write_text(card.replace("name: c", "name: typo") + "group_by: topik\n")
+    assert len(load_tasks(load_card_file(tmp_path / "ok.yaml"), EvalOptions())[0]) == 1
+    with pytest.raises(UserError, match=r"field 'group_by': 'topik' is not a column of the rows \(columns: .*topic"):
+        load_tasks(load_card_file(tmp_path / "typo.yaml"), EvalOptions())

@@ -180,3 +180,25 @@ def test_a_failed_start_keeps_a_run_that_holds_work(tmp_path):
         undo_start(run, None, view)
         assert (run / "meta.json").exists() and (run / work).exists(), work  # resumable as it is
     assert not said
+
+
+@pytest.mark.parametrize(
+    "recipe, shown",
+    [
+        ({"benchmark": 5}, "recipe r.yaml: benchmark must be text, got 5"),
+        ({"model": {"a": 1}}, "recipe r.yaml: model must be text, got {'a': 1}"),
+        ({"beta": {"a": 1}}, "recipe r.yaml: beta must be a finite number, got {'a': 1}"),
+        ({"learning_rate": float("inf")}, "recipe r.yaml: learning_rate must be a finite number, got inf"),
+        ({"num_generations": 0}, "num_generations must be a whole number >= 1, got 0"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be a whole number >= 1, got 0"),
+    ],
+    ids=["benchmark-number", "model-mapping", "beta-mapping", "lr-inf", "generations-0", "accumulation-0"],
+)
+def test_a_recipes_values_of_the_wrong_kind_are_one_line(recipe, shown):
+    """Each was a traceback (AttributeError, TypeError, ZeroDivisionError, or `dict * Tensor` once
+    training had started), or, for an infinite learning rate, a run that finished on nonsense."""
+    from arlecli.train.config import resolve
+
+    with pytest.raises(UserError) as err:
+        resolve(recipe, {}, {}, recipe_name="r.yaml")
+    assert shown in str(err.value) and "\n" not in str(err.value)

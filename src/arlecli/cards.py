@@ -441,13 +441,16 @@ def _check_generator_splits(source: Source, path: Path | str) -> None:
             raise card_error(path, f"{fld}.seed", f"must be 0 or more, got {spec['seed']}")
 
 
+MAX_CARD_BYTES = 4 << 20  # a card is settings and templates; its data lives in files it names
+
+
 def read_card_file(path: Path) -> Card:
     """Read and parse one card file (its structure; catalog.load_card_file also holds what it
     names to the plugins' declarations); its hash covers the file's exact bytes.
 
     The YAML goes through `safeio.load_yaml`: an alias (a "billion laughs" description) or
     nesting past safeio.MAX_DEPTH is a one-line error like any other YAML mistake."""
-    raw = safeio.read_bytes(path, "card")
+    raw = safeio.read_bytes(path, "card", max_bytes=MAX_CARD_BYTES)
     text = safeio.decode(raw, path, "card")
     try:
         data = safeio.load_yaml(text)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from arlecli import fewshot
-from arlecli.cards import Card
+from arlecli.cards import Card, card_error
 from arlecli.efficiency import Prices
 from arlecli.data.sources import load_rows, same_rows, tasks_from_rows
 from arlecli.engine.base import Engine
@@ -73,6 +73,13 @@ def load_tasks(card: Card, opts: EvalOptions, *, generator_ids: bool = False) ->
     # mid-run; exemplars are only shown, never scored.
     check_task_fields(card.reward, card.reward_params, tasks, origin)
     check_env_tasks(card, tasks)  # and for what the env plays (a game seed out of range)
+    if card.group_by and tasks and not any(card.group_by in t.fields for t in tasks):
+        # A typo would put every sample in one group named "" and say nothing.
+        raise card_error(
+            card.path or card.name,
+            "group_by",
+            f"'{card.group_by}' is not a column of the rows (columns: {', '.join(sorted(tasks[0].fields))})",
+        )
     n_shots = card.prompt.fewshot.n if opts.num_fewshot is None else opts.num_fewshot
     exemplars: Exemplars = []
     if n_shots > 0:

@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -144,10 +145,19 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def read_bytes(path: Path | str, what: str = "file") -> bytes:
+def read_bytes(path: Path | str, what: str = "file", max_bytes: int | None = None) -> bytes:
     """The file's bytes; UserError (one line naming the file) when it cannot be read (missing,
-    a folder, no permission)."""
+    a folder, no permission). With `max_bytes`, also when it is not a regular file (a FIFO
+    would block the read for ever, /dev/zero never end) or holds more than that."""
     try:
+        if max_bytes is not None:
+            info = os.stat(path)
+            if not stat.S_ISREG(info.st_mode):
+                raise UserError(f"cannot read {what} {path}: not a regular file; remove it or replace it with one")
+            if info.st_size > max_bytes:
+                raise UserError(
+                    f"cannot read {what} {path}: {info.st_size:,} bytes, over the {max_bytes:,} a {what} may hold"
+                )
         return Path(path).read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -279,6 +280,14 @@ def _coerce(key: str, value: Any, declared: Any, where: str) -> Any:
             raise UserError(f"{where}: {key} must be a number, got {value!r}") from None
     if isinstance(value, int) and "float" in text and "int" not in text:
         return float(value)
+    # A recipe's value of another type reached the trainer (a dict * a tensor once training had
+    # started) or arle (a number given as the benchmark): one line now, naming the key.
+    numeric = ("float" in text or "int" in text) and not any(t in text for t in ("str", "list", "dict", "Any"))
+    if numeric and (not _number(value) or (isinstance(value, float) and not math.isfinite(value))):
+        raise UserError(f"{where}: {key} must be a finite number, got {value!r}")
+    if "str" in text and not any(t in text for t in ("list", "dict", "Any", "int", "float", "bool")):
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {key} must be text, got {value!r}")
     return value
 
 
@@ -471,6 +480,10 @@ def _validate(opts: TrainOptions, trainer: dict[str, Any], algo: Algorithm) -> N
     steps = trainer.get("max_steps")
     if not isinstance(steps, int) or steps < 1:
         raise UserError(f"max_steps must be a whole number >= 1, got {steps!r}")
+    for key in ("num_generations", "gradient_accumulation_steps", "per_device_train_batch_size"):
+        count = trainer.get(key)  # 0 was a ZeroDivisionError in TRL's config or torch's data loader
+        if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+            raise UserError(f"{key} must be a whole number >= 1, got {count!r}")
     _validate_optimizer(trainer)
 
 
