@@ -293,3 +293,13 @@ def test_olympiadbench_transform() -> None:
     assert "unit of the answer should not be included" in multi["instruction"]
     tuple_type = get_transform("olympiadbench")({**base, "final_answer": [], "answer_type": "Tuple"})
     assert tuple_type["answer"] == "" and "should be" not in tuple_type["instruction"]
+
+
+@pytest.mark.timeout(60)
+def test_a_cards_own_regex_cannot_hold_scoring_on_a_reply_built_to_backtrack() -> None:
+    """A card's strict_regex runs on model output: `(a|aa)*c` on 60 a's and a b backtracks for
+    minutes in `re` (an eval or a training step held), and a policy in training finds such
+    replies. It runs on the `regex` module under a time budget: no answer past it."""
+    score = run("gsm8k", "18", "a" * 60 + "b", strict_regex="(a|aa)*c", primary="strict_match")
+    assert score.reward == 0.0
+    assert run("gsm8k", "18", "so aac 18", strict_regex=r"a+c (\d+)", primary="strict_match").reward == 1.0

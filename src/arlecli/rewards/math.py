@@ -50,9 +50,21 @@ class RegexFilter:
     pattern: str
     group_select: int = 0
     fallback: str = INVALID
+    # A card's own pattern runs on model output under this budget (the `regex` module's, which
+    # stops a match; `re` cannot be stopped): `(a|aa)*c` on 60 a's and a b backtracks for
+    # minutes, and a policy in training finds such replies. Past it nothing is extracted.
+    timeout_s: float | None = None
 
     def __call__(self, text: str) -> str:
-        matches = re.findall(self.pattern, text)
+        if self.timeout_s is None:
+            matches = re.findall(self.pattern, text)
+        else:
+            import regex
+
+            try:
+                matches = regex.findall(self.pattern, text, timeout=self.timeout_s)
+            except TimeoutError:
+                matches = []
         if not matches:
             return self.fallback
         match = matches[self.group_select]
@@ -62,6 +74,7 @@ class RegexFilter:
         return match.strip()
 
 
+CARD_REGEX_SECONDS = 1.0  # a card-given pattern's budget on one reply (RegexFilter.timeout_s)
 STRICT_MATCH = RegexFilter(STRICT_REGEX, group_select=0)
 FLEXIBLE_EXTRACT = RegexFilter(FLEXIBLE_REGEX, group_select=-1)
 _FILTERS = {"strict_match": STRICT_MATCH, "flexible_extract": FLEXIBLE_EXTRACT}
@@ -186,7 +199,8 @@ def gsm8k(primary: str = "flexible_extract", strict_regex: str = STRICT_REGEX) -
         re.compile(strict_regex)
     except re.error as exc:
         raise ValueError(f"strict_regex {strict_regex!r} is not a valid regex: {exc}") from None
-    filters = {"strict_match": RegexFilter(strict_regex), "flexible_extract": FLEXIBLE_EXTRACT}
+    strict = STRICT_MATCH if strict_regex == STRICT_REGEX else RegexFilter(strict_regex, timeout_s=CARD_REGEX_SECONDS)
+    filters = {"strict_match": strict, "flexible_extract": FLEXIBLE_EXTRACT}
 
     def score(task: Task, episode: Episode) -> Score:
         reference = str(task.target)
