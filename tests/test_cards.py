@@ -236,3 +236,17 @@ def test_a_group_by_that_names_no_column_is_one_line(tmp_path) -> None:
     assert len(load_tasks(load_card_file(tmp_path / "ok.yaml"), EvalOptions())[0]) == 1
     with pytest.raises(UserError, match=r"field 'group_by': 'topik' is not a column of the rows \(columns: .*topic"):
         load_tasks(load_card_file(tmp_path / "typo.yaml"), EvalOptions())
+
+
+def test_a_rows_file_line_past_the_cap_is_one_line_without_reading_it_whole(tmp_path) -> None:
+    """A 400 KB .jsonl.gz held one 400 MB line: it was read whole (2.2 GB of memory) and sent as
+    a prompt. A line past MAX_ROW_CHARS is refused, read no further than the cap."""
+    import gzip
+
+    from arlecli.data.sources import MAX_ROW_CHARS
+
+    big = tmp_path / "rows.jsonl.gz"
+    with gzip.open(big, "wt") as f:
+        f.write('{"answer": "#### 2"}\n{"question": "' + "a" * (MAX_ROW_CHARS + 1) + '", "answer": "#### 4"}\n')
+    with pytest.raises(UserError, match="rows.jsonl.gz: line 2 is over 64 M characters"):
+        read_rows_file(big)

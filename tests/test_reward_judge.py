@@ -416,3 +416,14 @@ def test_a_thinking_judge_is_read_by_its_answer_not_its_thought():
         score.close()
     assert results[0].correct and not results[1].correct
     assert "First impression" not in results[0].details["judge_reasoning"]
+
+
+@pytest.mark.timeout(60)
+def test_a_judge_reply_of_long_blank_runs_is_read_at_once() -> None:
+    """Each position inside a long run of spaces began a scan of the rest of it (20,000: 8 s;
+    200,000: minutes); a match now starts only where such a run starts, as the leftmost did."""
+    from arlecli.rewards import llm_judge
+
+    blank = " " * 200_000
+    assert not list(llm_judge._VERDICT.finditer(blank + "x")) and not list(llm_judge._SCORE.finditer(blank))
+    assert [m.group(1) for m in llm_judge._VERDICT.finditer(blank + "**Verdict:** PASS")] == ["PASS"]

@@ -13,7 +13,7 @@ import json
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from arlecli import safeio
 from arlecli.cards import Card
@@ -69,9 +69,18 @@ def read_rows_file(path: Path) -> list[Row]:
     raise UserError(f"{path}: unsupported data file; use one of {', '.join(FILE_SUFFIXES)}")
 
 
-def _jsonl_rows(lines: Iterator[str], path: Path) -> list[Any]:
+MAX_ROW_CHARS = 64 << 20  # one jsonl line: a prompt past this is no benchmark row (a .gz of 400 KB held 400 MB)
+
+
+def _jsonl_rows(lines: IO[str], path: Path) -> list[Any]:
     rows = []
-    for n, line in enumerate(lines, 1):
+    n = 0
+    while line := lines.readline(MAX_ROW_CHARS + 1):  # never more than the cap in memory at once
+        n += 1
+        if len(line) > MAX_ROW_CHARS:
+            raise UserError(
+                f"{path}: line {n} is over {MAX_ROW_CHARS >> 20} M characters, too long for a row; fix or remove it"
+            )
         if not line.strip():
             continue
         try:

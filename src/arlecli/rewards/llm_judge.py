@@ -51,7 +51,9 @@ _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 # The judge's last "Verdict: PASS" / "Score: 7" (also "**Score:** 7/10", "Verdict = fail").
 _DECORATION = r"[\s*_`\"'\[(]*"
 # The markup before the word ("**Verdict:**", "### Score") belongs to the verdict, not the reasoning.
-_LEAD = r"[*_`#>\t ]*"
+# A match starts only where such a run starts (the lookbehind), as the leftmost match did anyway:
+# else every position inside a long run of spaces began a scan of the rest of it (20,000 spaces: 8 s).
+_LEAD = r"(?<![*_`#>\t ])[*_`#>\t ]*"
 _VERDICT = re.compile(rf"{_LEAD}\bverdict{_DECORATION}[:=]{_DECORATION}(pass|fail)\b", re.IGNORECASE)
 _SCORE = re.compile(rf"{_LEAD}\bscore{_DECORATION}[:=]{_DECORATION}(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _MAX_ERROR_REPLY = 200
