@@ -16,7 +16,9 @@ Modes:
 
 - "io" (code_io cards: LiveCodeBench, APPS, ...): expected outputs never enter the jail.
   The job holds the inputs only (stdin text, or call arguments with `fn_name` and a
-  prelude). Each test runs in a forked child; back come, per test, a status (ran, timed
+  prelude). Each test runs in a forked child, on files the harness holds open (no path the
+  child could swap for a symlink), and starts from nothing an earlier test left (every other
+  process killed, the files tests wrote removed); back come, per test, a status (ran, timed
   out, raised, returned something that is not plain data), a digest of its output and,
   while they fit in the jail's captured stdout, the outputs themselves: stdout text, or
   the return value as tagged plain data (see `to_plain`). `run_tests` compares them here,
@@ -30,14 +32,17 @@ Modes:
   a process the model's code never runs in. Inside the jail the harness (T) forks the
   solution's process (M) before it reads the secret part, and makes itself undumpable
   (M, same uid, no capabilities, cannot ptrace it or read its /proc memory, fds or
-  environment). M closes every fd but its pipes and stderr, points its stdout at stderr,
+  environment). M closes every fd but its pipes, prints (stdout and stderr) into a pipe T
+  relays to the jail's stderr (never the file itself: T writes the test's prints there),
   drops what privileges remain, runs the solution as __main__ and reports its top-level
   names; T runs the prompt (trusted dataset text, for helpers such as HumanEval/38's
   `encode_cyclic`), binds the names the test uses (functions as proxies that call into
-  M; modules and functions a module defines by importing them itself; plain values by
-  value; never over a builtin, nor over one of the prompt's helpers other than the entry
-  point), runs the test source and `check(entry_point)`. Calls cross as plain data; an
-  exception in M comes back as the builtin exception of that name (else RuntimeError).
+  M; modules and a bindable module's own public functions and classes by importing them
+  itself, never through another module or a private name; plain values by value; never
+  over a builtin, nor over one of the prompt's helpers other than the entry point), runs
+  the test source and `check(entry_point)`. Calls cross as plain data; an exception in M
+  comes back as the builtin exception of that name (else RuntimeError; StopIteration too,
+  which would end the test's own iteration).
   Costs: arguments and return values must be plain data, so a solution that returns an
   instance of a class it defines (or numpy values) fails; a test that passes such objects
   to the solution fails; in-place changes the solution makes to its arguments are not
