@@ -131,7 +131,7 @@ def explode_questions(row):
         ("{input.__class__.__mro__}", "{input.__class__.__mro__}"),
         ("{id:>999999999999}", "{id:>999999999999}"),
         ("{input!r}", "{input!r}"),
-        ("{input[0]}", "{input[0]}"),
+        ("{choices[0].__class__}", "{choices[0].__class__}"),
         ("{0}", "{0}"),
         ("{}", "{}"),
     ],
@@ -142,12 +142,17 @@ def test_a_template_fills_plain_columns_only(template: str, shown: str) -> None:
     from arlecli.cards import fill
     from arlecli.types import Task
 
-    task = Task(id="t1", input="What is {target}? {id.__class__}", target="4", fields={"topic": "sums"})
+    task = Task(
+        id="t1", input="What is {target}? {id.__class__}", target="4", fields={"topic": "sums", "choices": ["3", "4"]}
+    )
     with pytest.raises(UserError) as info:
         fill(template, task)
-    assert f"uses {shown}: only plain {{column}} placeholders" in str(info.value)
-    # Plain columns fill; a row's own braces are text, never read as a template.
-    assert fill("{{lit}} {topic}: {input}", task) == "{lit} sums: What is {target}? {id.__class__}"
+    assert f"uses {shown}: only {{column}} and {{column[item]}} placeholders" in str(info.value)
+    # Columns fill, and items of a row's list (lm-eval's `{choices[0]}`); a row's own braces are
+    # text, never read as a template.
+    assert fill("{{lit}} {topic}: {input} {choices[1]}", task) == "{lit} sums: What is {target}? {id.__class__} 4"
+    with pytest.raises(UserError, match=r"uses \{choices\[7\]\}, which a row does not hold"):
+        fill("{choices[7]}", task)
 
 
 def test_rows_files_with_a_byte_order_mark_read_as_without(tmp_path) -> None:

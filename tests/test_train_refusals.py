@@ -57,6 +57,14 @@ def test_resuming_a_finished_run_trains_nothing_and_changes_nothing(tmp_path, ti
     # A higher --max-steps still continues it.
     train_in_process(*_quick(tiny_model, run, "--resume", "--max-steps", "2"))
     assert json.loads((run / "summary.json").read_text())["global_step"] == 2
+    # A run that returned gives the run directory back: another process (a terminal's
+    # `arle eval` of it, a later --resume) may take it while this one goes on.
+    import subprocess
+    import sys
+
+    take = [sys.executable, "-c", f"from arlecli import rundir; rundir.hold({str(run)!r}); print('took it')"]
+    took = subprocess.run(take, capture_output=True, text=True, timeout=120)
+    assert took.returncode == 0 and took.stdout.strip() == "took it", took.stderr[-300:]
 
 
 def test_a_finished_run_is_complete_in_its_own_unit(tmp_path):

@@ -47,6 +47,7 @@ The code a card names (reward, env, a tools env's tools, transform, a generator'
 from __future__ import annotations
 
 import hashlib
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -486,21 +487,40 @@ def fill(template: str, task: Task, where: str = "prompt.template") -> str:
             parts.append(literal)
             if name is None:
                 continue
-            if not name or name.isdigit() or any(c in name for c in ".[") or spec or conversion:
+            column, items = _placeholder(name)
+            if column is None or spec or conversion:
                 shown = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
                 raise UserError(
-                    f"card field '{where}' uses {{{shown}}}: only plain {{column}} placeholders are filled (no "
-                    "attributes, indexes, conversions or format specs); use {{ }} for literal braces"
+                    f"card field '{where}' uses {{{shown}}}: only {{column}} and {{column[item]}} placeholders "
+                    "are filled (no attributes, conversions or format specs); use {{ }} for literal braces"
                 )
-            if name not in ctx:
+            if column not in ctx:
                 raise UserError(
                     f"card field '{where}' uses {{{name}}}, which is not a column of the rows "
                     f"(columns: {', '.join(sorted(ctx))}); use {{{{ }}}} for literal braces"
                 )
-            parts.append(str(ctx[name]))
+            value = ctx[column]
+            for item in items:  # a row's list or mapping, as lm-eval's `{choices[0]}`
+                try:
+                    value = value[int(item)] if item.isdigit() else value[item]
+                except (IndexError, KeyError, TypeError):
+                    raise UserError(f"card field '{where}' uses {{{name}}}, which a row does not hold") from None
+            parts.append(str(value))
     except ValueError as exc:  # an unmatched brace
         raise UserError(f"card field '{where}' is not a valid template: {exc}") from None
     return "".join(parts)
+
+
+_PLACEHOLDER = re.compile(r"([^.\[\]!:]+)((?:\[[^.\[\]]+\])*)")
+
+
+def _placeholder(name: str) -> tuple[str | None, list[str]]:
+    """A placeholder's column and item keys (`choices[0]`: choices, ["0"]); (None, []) for
+    anything else str.format would take: attributes (`input.__class__`), positions (`0`, ``)."""
+    found = _PLACEHOLDER.fullmatch(name)
+    if found is None or found.group(1).isdigit():
+        return None, []
+    return found.group(1), re.findall(r"\[([^\]]+)\]", found.group(2))
 
 
 def render_prompt(prompt: Prompt, task: Task, exemplars: list[Task] | None = None) -> Rendered:

@@ -129,6 +129,7 @@ def run_train(
         # trainer would otherwise resume the last checkpoint and train past max_steps, replacing
         # final/ and pruning the checkpoints.
         record_start(run_dir, meta, resume, ranks, compare)
+        rundir.release(run_dir)  # nothing more is written
         more = "--max-steps" if algo.length == "max_steps" else f"--set {algo.length}=N"
         view.message(
             f"{run_dir} is already complete ({done['global_step']} {algo.unit}; final model {done['final_model']}): "
@@ -171,12 +172,17 @@ def run_train(
             )
             checkpoint = rundir.latest_checkpoint(run_dir)
             start_step = global_step
-    except Exception:  # not KeyboardInterrupt: a stopped run stays resumable as it is
-        if not resume and ranks.main:
+    except BaseException as exc:
+        if isinstance(exc, Exception) and not resume and ranks.main:  # a stopped run stays resumable as it is
             undo_start(run_dir, there, view)
+        rundir.release(run_dir)  # a process that goes on (a notebook, a test) gives the run back
         raise
-
-    return write_summary(card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started, ranks)
+    try:
+        return write_summary(
+            card, spec, opts.algo, global_step, run_dir, evals, heldout, time.monotonic() - started, ranks
+        )
+    finally:
+        rundir.release(run_dir)
 
 
 def finished(run_dir: Path, cfg: TrainConfig, algo: Algorithm) -> dict[str, Any] | None:
