@@ -265,13 +265,16 @@ def _number(value: Any) -> float | None:
         return math.inf
 
 
+MODEL_CONFIG_FILES = ("config.json", "adapter_config.json")  # a model folder, or a LoRA adapter's
+
+
 def _check_model_folder(path: Path, given: str) -> None:
     """UserError when the folder's config.json (or a LoRA adapter's adapter_config.json) is not
     JSON: caught when the profile is saved, not at the first eval. A folder without either is
     saved (a checkpoint may land there later); `arle model setup` says so."""
     import json
 
-    for name in ("config.json", "adapter_config.json"):
+    for name in MODEL_CONFIG_FILES:
         if (path / name).is_file():
             try:
                 json.loads(safeio.read_text(path / name, "model config"))

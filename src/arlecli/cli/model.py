@@ -181,7 +181,7 @@ def setup(
         make_default=default,
     )
     typer.echo(f"{'replaced' if replaced else 'saved'} profile {profile.name} in {config.profiles_path()}")
-    if profile.path and not any((Path(profile.path) / f).is_file() for f in ("config.json", "adapter_config.json")):
+    if profile.path and not any((Path(profile.path) / f).is_file() for f in config.MODEL_CONFIG_FILES):
         typer.echo(
             f"note: {profile.path} holds no config.json (nor adapter_config.json) yet: `arle eval` will refuse it "
             "until a model is there",

@@ -137,7 +137,7 @@ def score_batch(
             script_job(
                 prompt,
                 e.completion,
-                test,
+                strict_closeness(test),
                 _field(t, params.entry_point_field, "entry_point_field", "code_tests"),
                 call_check=params.call_check,
             )
@@ -146,7 +146,6 @@ def score_batch(
         # code_unittest: EvalPlus's tests begin with `import numpy as np`, and without it every
         # solution, honest or not, failed on an ImportError.
         wanted.append(sorted({*params.packages, *imported_packages(prompt, test)}))
-        built[-1][0]["test"] = strict_closeness(built[-1][0]["test"])
     verdicts = run_tests(
         [{**job, "packages": packages} for (job, _), packages in zip(built, wanted)],
         workers=params.workers,

@@ -906,17 +906,17 @@ def run_case(compiled, prelude, test, work, fn_name, timeout_s):
             os.close(fd)
 
 
-def scratch_dirs(work):
+def scratch_dirs():
     """{writable folder: the names it held before any test}: what `between_tests` resets.
-    The program's cwd always; in the jail also /tmp (but the harness's `work`) and /dev/shm.
-    A degraded run's /tmp is the host's: never touched."""
+    The program's cwd always; in the jail also /tmp (taken after the harness's `work` is made
+    there, so it is kept) and /dev/shm. A degraded run's /tmp is the host's: never touched."""
     folders = [PROGRAM_CWD]
     if os.environ.get("ARLE_SANDBOX_NET") in ("namespaces", "host"):
         folders += ["/tmp", "/dev/shm"]
     kept = {}
     for folder in folders:
         try:
-            kept[folder] = set(os.listdir(folder)) | ({os.path.basename(work)} if folder == "/tmp" else set())
+            kept[folder] = set(os.listdir(folder))
         except OSError:
             pass
     return kept
@@ -965,7 +965,7 @@ def run_io(job):
         prelude = compile(job["prelude"], "<prelude>", "exec")
         exec(prelude, {})  # import its modules once, before the forks share them
     work = tempfile.mkdtemp()
-    scratch = scratch_dirs(work)
+    scratch = scratch_dirs()  # after mkdtemp: `work` is among what is kept
     deadline = time.monotonic() + float(job["budget_s"])
     statuses, digests, texts, messages, out_of_time = [], [], {}, {}, False
     for i, test in enumerate(tests):
