@@ -1,0 +1,213 @@
+"""arle's own fp32 linear for x86-64 CPUs with AVX2 and FMA (cpu_gemm.c), run in oneDNN's place on
+each weight where it gives oneDNN's bits: the same tokens, faster.
+
+Why: a decode step is linears streaming every weight from memory, and oneDNN's kernel on one core
+computes and waits for the weights in turn. cpu_gemm.c keeps a block of outputs in registers while
+the next panel of weights arrives: 2.1x oneDNN's linears at one row and 1.4x at 16 on an AVX2 EPYC
+(perf/README.md has the table). It adds in oneDNN's order, so `linear` checks each shape against
+oneDNN before it is used (`_agrees`) and any difference keeps oneDNN: the kernel changes the speed,
+never a number.
+
+How it gets here: the C file is compiled once per machine with the system's C compiler (`$CC`, else
+cc, gcc or clang; ~0.6 s) into the cache folder and loaded with ctypes. Without a compiler, on
+another CPU or OS, or with ARLE_CPU_GEMM=0, oneDNN runs: the same numbers, slower. Only a library in
+a folder that no other user can write is loaded (else it is built afresh in a private temporary
+folder), since loading one runs its code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+# oneDNN's AVX2 fp32 kernel restarts its sum every 1024 k's and adds the pieces: cpu_gemm.c does the
+# same (a shape where this is not oneDNN's order fails `_agrees` and stays on oneDNN).
+KBLOCK = 1024
+PANEL = 16  # output columns per packed panel: a weight's rows must be a multiple of it
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+PROBE_ROWS = (1, 2, 3, 5, 16)  # every kernel shape cpu_gemm.c has: 1-3 rows, 4-6, several groups
+
+
+def linear(weight: Any, bias: Any) -> Callable[[Any], Any] | None:
+    """`F.linear(x, weight, bias)` on cpu_gemm.c with the weight packed now (a snapshot, as
+    oneDNN's), or None where it cannot run here. Its numbers are oneDNN's only where `agrees`
+    says so: the caller checks."""
+    import torch
+
+    lib = library()
+    n, k = weight.shape
+    if lib is None or weight.dtype != torch.float32 or n % PANEL or (bias is not None and bias.dtype != weight.dtype):
+        return None
+    packed = _huge_paged(n * k)
+    w = weight.detach().contiguous()
+    lib.arle_pack(w.data_ptr(), packed.data_ptr(), n, k)
+    b = None if bias is None else bias.detach().contiguous()
+
+    def forward(x: Any) -> Any:
+        rows = x.reshape(-1, k).contiguous()
+        out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+        if rows.shape[0]:
+            lib.arle_linear(
+                rows.data_ptr(),
+                packed.data_ptr(),
+                None if b is None else b.data_ptr(),
+                out.data_ptr(),
+                rows.shape[0],
+                n,
+                k,
+                KBLOCK,
+                torch.get_num_threads(),
+            )
+        return out.reshape(*x.shape[:-1], n)
+
+    return forward
+
+
+def _huge_paged(count: int) -> Any:
+    """An empty fp32 tensor of `count` elements, carved from 64 MB chunks on 2 MB pages where the
+    kernel allows (advised before any page is touched): a decode step streams all the weights, and
+    on 4 KB pages TLB misses cost the kernel ~7% at 16 rows (perf/README.md). Chunks, not a 2 MB
+    margin per weight, because most of a small model's weights are a few MB. A chunk is freed when
+    the last weight carved from it is."""
+    import torch
+
+    with _ARENA_LOCK:
+        chunk, used = _ARENA
+        if chunk is None or used + count > chunk.numel():
+            size = max(count, _CHUNK)
+            room = torch.empty(size + _HUGE // 4, dtype=torch.float32)
+            skip = (-room.data_ptr() % _HUGE) // 4
+            library().arle_advise_huge(room.data_ptr() + skip * 4, size * 4)
+            chunk, used = room[skip : skip + size], 0
+        _ARENA[:] = [chunk, used + -(-count // PANEL) * PANEL]  # the next one 64-byte aligned too
+        return chunk[used : used + count]
+
+
+_HUGE = 1 << 21
+_CHUNK = (64 << 20) // 4  # elements
+_ARENA: list[Any] = [None, 0]  # the chunk weights are carved from, and how much of it is used
+_ARENA_LOCK = threading.Lock()
+
+
+def agrees(ours: Callable[[Any], Any], reference: Callable[[Any], Any], d_in: int) -> bool:
+    """Whether `ours` gives `reference`'s bits on random rows at each of PROBE_ROWS's counts (the
+    order of the sums depends on the shapes, not the values, so random rows tell for all weights
+    of the shape)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for rows in PROBE_ROWS:
+            x = torch.randn(rows, d_in, generator=gen)
+            if not torch.equal(ours(x), reference(x)):
+                log.debug("cpu_gemm differs from oneDNN at %d x %d: oneDNN kept", rows, d_in)
+                return False
+    return True
+
+
+@functools.cache
+def library() -> Any:
+    """cpu_gemm.c's shared library with its functions' types set, or None where it is not to be
+    had here (switched off, not x86-64 Linux with AVX2 and FMA, no compiler, a failed build)."""
+    if os.environ.get("ARLE_CPU_GEMM", "1").strip() in ("0", "false", "no", "off") or not _cpu_fits():
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    try:
+        source = _source()
+        path, temporary = _cached_build(source, compiler, library_name(source, compiler))
+        try:
+            lib = ctypes.CDLL(str(path))
+        finally:
+            if temporary:  # loaded: the file is no longer needed (Linux keeps the mapping)
+                shutil.rmtree(path.parent, ignore_errors=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.debug("cpu_gemm not built (%s): oneDNN runs", exc)
+        return None
+    ptr, size = ctypes.c_void_p, ctypes.c_long
+    lib.arle_pack.argtypes = [ptr, ptr, size, size]
+    lib.arle_pack.restype = None
+    lib.arle_linear.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, ctypes.c_int]
+    lib.arle_linear.restype = None
+    lib.arle_advise_huge.argtypes = [ptr, size]
+    lib.arle_advise_huge.restype = None
+    return lib
+
+
+def _compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc, gcc or clang on the PATH."""
+    return os.environ.get("CC") or next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+
+
+def _source() -> bytes:
+    return resources.files("arlecli.engine").joinpath("cpu_gemm.c").read_bytes()
+
+
+def library_name(source: bytes, compiler: str) -> str:
+    """The cached library's file name: a hash of what built it, so an edited kernel or another
+    compiler builds anew."""
+    return f"cpu_gemm-{hashlib.sha256(source + ' '.join((compiler, *FLAGS)).encode()).hexdigest()[:16]}.so"
+
+
+def _cpu_fits() -> bool:
+    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_gemm.c is compiled for)."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+def _cached_build(source: bytes, compiler: str, name: str) -> tuple[Path, bool]:
+    """The library built from `source`, from the cache folder where a private one holds it, else
+    built there now; or, where the cache is not private, built in a new private temporary folder
+    (True: the caller removes that folder once the library is loaded)."""
+    from arlecli.config import cache_dir
+
+    folder = cache_dir() / "kernels"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private = _private(folder) and _private(folder.parent)
+    except OSError:
+        private = False
+    if not private:
+        folder = Path(tempfile.mkdtemp(prefix="arle-kernels-"))
+    target = folder / name
+    if private and target.exists() and _private(target):
+        return target, False
+    with tempfile.TemporaryDirectory(dir=folder) as work:
+        built = Path(work) / name
+        (Path(work) / "cpu_gemm.c").write_bytes(source)
+        subprocess.run(
+            [compiler, *FLAGS, str(Path(work) / "cpu_gemm.c"), "-o", str(built)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(built, target)  # atomic: a process beside this one loads a whole file or builds its own
+    return target, not private
+
+
+def _private(path: Path) -> bool:
+    """Whether `path` is this user's and no one else can write it (what makes loading code from it safe)."""
+    st = path.lstat()
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode)

@@ -1,0 +1,202 @@
+"""arle's own CPU linear (engine/cpu_gemm.c): oneDNN's bits at the shapes models have, at any row
+and thread count; packed_call takes it only where it checked that; the engine's tokens are the
+same with and without it (greedy, seeded, stop strings, logprobs, a multi-turn card); and it loads
+no library from a folder someone else could have written to."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks
+
+from arlecli.engine import cpu_gemm, onednn
+from arlecli.engine.hf import HFEngine
+
+
+def _can_build_here() -> bool:
+    return cpu_gemm._cpu_fits() and cpu_gemm._compiler() is not None
+
+
+pytestmark = pytest.mark.skipif(not _can_build_here(), reason="cpu_gemm.c needs x86-64 Linux, AVX2 and FMA, and cc")
+
+
+@pytest.fixture
+def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """library() built anew under a private ARLE_HOME; the usual one again afterwards."""
+    monkeypatch.setenv("ARLE_HOME", str(tmp_path / "home"))
+    cpu_gemm.library.cache_clear()
+    yield tmp_path / "home" / "cache" / "kernels"
+    monkeypatch.undo()
+    cpu_gemm.library.cache_clear()
+
+
+def _onednn(weight: Any, bias: Any) -> Any:
+    return onednn._onednn(torch.ops.mkldnn._reorder_linear_weight(weight), bias)
+
+
+# SmolLM2's projections (q/k/v stacked, o, gate/up stacked, down: 1536 restarts the sum at 1024),
+# a long input restarting twice, a small head, and Qwen2's biased q/k/v.
+SHAPES = [(960, 576, False), (576, 576, False), (3072, 576, False), (576, 1536, False), (32, 2100, True), (48, 5, True)]
+
+
+@pytest.mark.parametrize(("d_out", "d_in", "with_bias"), SHAPES)
+def test_onednns_bits_at_every_row_and_thread_count(d_out, d_in, with_bias):
+    gen = torch.Generator().manual_seed(d_out + d_in)
+    weight = torch.randn(d_out, d_in, generator=gen) * 0.05
+    bias = torch.randn(d_out, generator=gen) if with_bias else None
+    ours, theirs = cpu_gemm.linear(weight, bias), _onednn(weight, bias)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for rows in (1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 64, 150):
+                x = torch.randn(rows, d_in, generator=gen)
+                assert torch.equal(ours(x), theirs(x)), (rows, n_threads)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_rows_result_is_the_same_alone_and_among_any_rows():
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(960, 1200, generator=gen)
+    ours = cpu_gemm.linear(weight, None)
+    x = torch.randn(20, 1200, generator=gen)
+    together = ours(x)
+    for start, stop in ((0, 1), (5, 6), (19, 20), (3, 5), (2, 9), (7, 20)):
+        assert torch.equal(ours(x[start:stop]), together[start:stop])
+
+
+def test_inputs_of_any_layout_and_no_rows():
+    gen = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(64, 48, generator=gen), torch.randn(64, generator=gen)
+    ours = cpu_gemm.linear(weight, bias)
+    x = torch.randn(2, 5, 48, generator=gen)
+    want = torch.nn.functional.linear(x, weight, bias)
+    assert ours(x).shape == (2, 5, 64)
+    torch.testing.assert_close(ours(x), want)
+    transposed = torch.randn(48, 7, generator=gen).t()  # not contiguous
+    assert torch.equal(ours(transposed), ours(transposed.contiguous()))
+    assert ours(torch.randn(0, 48)).shape == (0, 64)
+
+
+def test_packed_call_takes_the_kernel_only_where_it_gives_onednns_bits(monkeypatch):
+    """Checked per shape against oneDNN: with the sum restarted at another point than oneDNN's
+    (a kernel that would change numbers), the 1536-wide shape stays on oneDNN; the 576-wide one,
+    where no restart happens, takes the kernel. Weights carved one after another from the same
+    chunk keep their own values."""
+    monkeypatch.setattr(onednn, "_FASTER", {})
+    layers = [torch.nn.Linear(1536, 576, bias=False), torch.nn.Linear(576, 576, bias=False)]
+    layers.append(torch.nn.Linear(576, 576, bias=False))
+    calls = [onednn.packed_call([m]) for m in layers]
+    assert all(f.__name__ == "forward_faster" for f in calls)
+    x1536, x576 = torch.randn(9, 1536), torch.randn(9, 576)
+    for f, m, x in zip(calls, layers, (x1536, x576, x576)):
+        assert torch.equal(f(x), _onednn(m.weight.detach(), None)(x))
+    assert onednn.rows_are_batch_invariant(calls)
+
+    monkeypatch.setattr(onednn, "_FASTER", {})
+    monkeypatch.setattr(cpu_gemm, "KBLOCK", 768)
+    wide, narrow = onednn.packed_call([layers[0]]), onednn.packed_call([layers[1]])
+    assert (wide.__name__, narrow.__name__) == ("forward", "forward_faster")
+    assert torch.equal(wide(x1536), _onednn(layers[0].weight.detach(), None)(x1536))
+    assert onednn._FASTER == {(1536, 576, False, "torch.float32"): False, (576, 576, False, "torch.float32"): True}
+
+
+@pytest.mark.parametrize("stacked", [1, 3])
+def test_an_input_in_another_dtype_runs_each_linear_as_f_linear(monkeypatch, stacked):
+    """Under autocast (a policy's forward in training) the input is bf16, the packed weight fp32."""
+    monkeypatch.setattr(onednn, "_FASTER", {})
+    linears = [torch.nn.Linear(64, 32 + 16 * i) for i in range(stacked)]
+    f = onednn.packed_call(linears)
+    assert f.__name__ == "forward_faster"
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.cat([torch.nn.functional.linear(x, m.weight, m.bias) for m in linears], dim=-1)
+        got = f(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def _engines(tiny_model: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[HFEngine, HFEngine]:
+    """(an engine on cpu_gemm's kernel, one on oneDNN's), the same weights and settings."""
+    taken: list[Any] = []
+    real = cpu_gemm.linear
+    monkeypatch.setattr(onednn, "_FASTER", {})
+    monkeypatch.setattr(cpu_gemm, "linear", lambda w, b: taken.append(real(w, b)) or taken[-1])
+    ours = HFEngine(str(tiny_model), **kw)
+    monkeypatch.setattr(cpu_gemm, "linear", lambda w, b: None)
+    theirs = HFEngine(str(tiny_model), **kw)
+    assert len(taken) >= 6 and all(taken)  # every projection of the tiny model's layers ran on it
+    assert any(v for v in onednn._FASTER.values())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_engine_tokens_are_the_same_with_and_without_the_kernel(tiny_model, monkeypatch, batch_size):
+    ours, theirs = _engines(tiny_model, monkeypatch, batch_size=batch_size, prefix_cache_tokens=0)
+    assert_same_generations_and_logliks(ours, theirs)
+
+
+def test_multi_turn_episodes_are_the_same_with_and_without_the_kernel(tiny_model, monkeypatch):
+    ours, theirs = _engines(tiny_model, monkeypatch, batch_size=3)
+    assert_same_episodes(ours, theirs, "test_cpu_gemm_four_turns")
+
+
+def test_it_is_built_once_and_then_loaded(fresh_library):
+    lib = cpu_gemm.library()
+    assert lib is not None
+    built = list(fresh_library.glob("cpu_gemm-*.so"))
+    assert [p.name for p in built] == [cpu_gemm.library_name(cpu_gemm._source(), cpu_gemm._compiler())]
+    stamp = built[0].stat().st_mtime_ns
+    cpu_gemm.library.cache_clear()
+    assert cpu_gemm.library() is not None and built[0].stat().st_mtime_ns == stamp
+
+
+def _planted_library(tmp_path: Path, marker: Path) -> Path:
+    """A library that, once loaded, writes `marker`: what an attacker would leave in the cache."""
+    source = tmp_path / "evil.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void run(void) {\n"
+        f'  FILE *f = fopen("{marker}", "w"); if (f) fclose(f);\n'
+        "}\n"
+        "void arle_pack(void) {}\nvoid arle_linear(void) {}\nvoid arle_advise_huge(void) {}\n"
+    )
+    out = tmp_path / "evil.so"
+    subprocess.run([cpu_gemm._compiler(), "-shared", "-fPIC", str(source), "-o", str(out)], check=True)
+    return out
+
+
+@pytest.mark.parametrize("how", ["folder others can write", "a link"])
+def test_a_library_someone_else_could_have_written_is_never_loaded(fresh_library, tmp_path, how):
+    marker = tmp_path / "ran"
+    evil = _planted_library(tmp_path, marker)
+    fresh_library.mkdir(parents=True)
+    target = fresh_library / cpu_gemm.library_name(cpu_gemm._source(), cpu_gemm._compiler())
+    if how == "a link":
+        target.symlink_to(evil)
+    else:
+        fresh_library.chmod(0o777)
+        target.write_bytes(evil.read_bytes())
+    lib = cpu_gemm.library()
+    assert not marker.exists()
+    assert lib is not None  # built afresh where no one else writes, and it computes
+    weight = torch.randn(32, 16)
+    assert torch.equal(cpu_gemm.linear(weight, None)(torch.ones(2, 16)), _onednn(weight, None)(torch.ones(2, 16)))
+
+
+@pytest.mark.parametrize(("variable", "value"), [("ARLE_CPU_GEMM", "0"), ("CC", "/nonexistent/cc"), ("CC", "false")])
+def test_switched_off_or_no_working_compiler_means_onednn(fresh_library, monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(onednn, "_FASTER", {})
+    assert cpu_gemm.library() is None
+    m = torch.nn.Linear(64, 32)
+    f = onednn.packed_call([m])
+    assert f.__name__ == "forward"
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(f(x), m(x))
