@@ -84,7 +84,9 @@ def write_result(result: dict, out: Path, work: Path, keep: bool) -> None:
 # bound (they are what separates a real step from it).
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-KERNELS = ("mkl", "onednn")  # F.linear (MKL's sgemm) and oneDNN on a prepacked weight (engine.hf)
+# F.linear (MKL's sgemm), oneDNN on a prepacked weight, and arle's own (engine.cpu_gemm: x86-64 with
+# AVX2 and a C compiler; the hf engine runs it wherever it gives oneDNN's bits, else oneDNN).
+KERNELS = ("mkl", "onednn", "arle")
 
 
 def isa_flags(cpuinfo: str | None = None) -> dict[str, bool]:
@@ -177,7 +179,7 @@ def _best_seconds(fn: Callable[[], Any], min_seconds: float) -> float:
 
 def gemm_gflops(linears: list[Linear], rows: int, kernel: str, min_seconds: float = 0.05) -> float:
     """GFLOP/s of one decode step's linears at `rows` rows with `kernel` ("mkl": F.linear;
-    "onednn": oneDNN's linear on a prepacked weight, as engine.hf runs them), each shape timed
+    "onednn": oneDNN's linear on a prepacked weight; "arle": engine.cpu_gemm's), each shape timed
     hot on its own (its weight in cache as far as it fits): the compute side of the roofline."""
     import torch
 
@@ -199,6 +201,13 @@ def _linear_call(kernel: str, x: Any, w: Any) -> Callable[[], Any]:
 
     if kernel == "mkl":
         return lambda: torch.nn.functional.linear(x, w)
+    if kernel == "arle":
+        from arlecli.engine import cpu_gemm
+
+        ours = cpu_gemm.linear(w, None)
+        if ours is None:
+            raise ValueError("arle's kernel does not run here (x86-64 Linux, AVX2 and FMA, a C compiler)")
+        return lambda: ours(x)
     packed = torch.ops.mkldnn._reorder_linear_weight(w)
     return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
@@ -218,17 +227,30 @@ def step_linears_seconds(linears: list[Linear], rows: int, kernel: str) -> float
 
 
 def memory_bandwidth_gbs(mib: int = 512, min_seconds: float = 0.3) -> float:
-    """Read bandwidth in GB/s: the faster of summing an fp32 tensor of `mib` MiB (far past any
-    cache) and a matrix-vector product over the same bytes (BLAS's gemv, the way decode at one
-    row streams its weights). A bound must not be beaten: on a Xeon (AVX-512) one core's sum
-    read 10.2 GB/s while the model's own gemv linears read 11.3."""
+    """Read bandwidth in GB/s: the fastest of summing an fp32 tensor of `mib` MiB (far past any
+    cache) and matrix-vector products over the same bytes (BLAS's gemv, and arle's kernel at one
+    row where it runs: the ways decode at one row streams its weights). A bound must not be
+    beaten: on a Xeon (AVX-512) one core's sum read 10.2 GB/s while the model's own gemv linears
+    read 11.3; on an AVX2 EPYC arle's kernel read 28 GB/s where the sum read 15.5."""
     import torch
 
     x = torch.ones(mib * 2**20 // 4)
     m, v = x.view(-1, 4096), torch.ones(4096)
     with torch.inference_mode():
         seconds = min(_best_seconds(lambda: x.sum(), min_seconds), _best_seconds(lambda: m @ v, min_seconds))
+        if "arle" in available_kernels():
+            seconds = min(seconds, _best_seconds(_linear_call("arle", v.view(1, -1), m), min_seconds))
     return x.numel() * 4 / seconds / 1e9
+
+
+def available_kernels() -> list[str]:
+    """The KERNELS that run here."""
+    import torch
+
+    from arlecli.engine import cpu_gemm
+
+    runs = {"mkl": True, "onednn": torch.backends.mkldnn.is_available(), "arle": cpu_gemm.library() is not None}
+    return [k for k in KERNELS if runs[k]]
 
 
 def decode_bound(flops_per_row: int, weight_bytes_: int, rows: int, gflops: float, bandwidth_gbs: float) -> float:
@@ -248,7 +270,7 @@ def roofline(model_dir: str | Path, rows: tuple[int, ...] = (1, 16, 64)) -> dict
     linears = decode_linears(json.loads((Path(model_dir) / "config.json").read_text()))
     flops, nbytes = step_flops_per_row(linears), weight_bytes(linears)
     bandwidth = memory_bandwidth_gbs()
-    kernels = [k for k in KERNELS if k == "mkl" or torch.backends.mkldnn.is_available()]
+    kernels = available_kernels()
     gemm = {r: {k: round(gemm_gflops(linears, r, k), 1) for k in kernels} for r in rows}
     return {
         "isa": isa_line(),

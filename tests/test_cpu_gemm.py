@@ -36,6 +36,11 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
     cpu_gemm.library.cache_clear()
 
 
+def _ours(call: Any) -> bool:
+    """Whether a packed call runs on cpu_gemm's kernel (else oneDNN's)."""
+    return call.__module__ == cpu_gemm.__name__
+
+
 def _onednn(weight: Any, bias: Any) -> Any:
     return onednn._onednn(torch.ops.mkldnn._reorder_linear_weight(weight), bias)
 
@@ -85,6 +90,29 @@ def test_inputs_of_any_layout_and_no_rows():
     assert ours(torch.randn(0, 48)).shape == (0, 64)
 
 
+def test_the_packed_weight_and_bias_outlive_what_they_were_made_from():
+    """The C code gets addresses: the weight and bias it reads must live as long as the call does,
+    though the tensors they came from (a stacked weight, a concatenated bias) are temporaries."""
+    import gc
+
+    weight, bias = torch.randn(64, 48), torch.randn(64)
+    ours = cpu_gemm.linear(weight.clone(), bias.clone() + 0)
+    gc.collect()
+    litter = [torch.full((64 * 48,), 1e30) for _ in range(200)]  # reuses freed memory, if any was
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(ours(x), torch.nn.functional.linear(x, weight, bias))
+    assert litter
+
+
+def test_an_input_the_kernel_would_misread_is_refused():
+    """The C code trusts its sizes: a wrong width would read past the input (a crash or garbage),
+    another dtype would be read as fp32."""
+    ours = cpu_gemm.linear(torch.randn(32, 48), None)
+    for bad in (torch.randn(3, 47), torch.randn(3, 96), torch.randn(3, 48, dtype=torch.float64)):
+        with pytest.raises(RuntimeError, match="cpu_gemm"):
+            ours(bad)
+
+
 def test_packed_call_takes_the_kernel_only_where_it_gives_onednns_bits(monkeypatch):
     """Checked per shape against oneDNN: with the sum restarted at another point than oneDNN's
     (a kernel that would change numbers), the 1536-wide shape stays on oneDNN; the 576-wide one,
@@ -94,7 +122,7 @@ def test_packed_call_takes_the_kernel_only_where_it_gives_onednns_bits(monkeypat
     layers = [torch.nn.Linear(1536, 576, bias=False), torch.nn.Linear(576, 576, bias=False)]
     layers.append(torch.nn.Linear(576, 576, bias=False))
     calls = [onednn.packed_call([m]) for m in layers]
-    assert all(f.__name__ == "forward_faster" for f in calls)
+    assert all(_ours(f) for f in calls)
     x1536, x576 = torch.randn(9, 1536), torch.randn(9, 576)
     for f, m, x in zip(calls, layers, (x1536, x576, x576)):
         assert torch.equal(f(x), _onednn(m.weight.detach(), None)(x))
@@ -103,7 +131,7 @@ def test_packed_call_takes_the_kernel_only_where_it_gives_onednns_bits(monkeypat
     monkeypatch.setattr(onednn, "_FASTER", {})
     monkeypatch.setattr(cpu_gemm, "KBLOCK", 768)
     wide, narrow = onednn.packed_call([layers[0]]), onednn.packed_call([layers[1]])
-    assert (wide.__name__, narrow.__name__) == ("forward", "forward_faster")
+    assert (_ours(wide), _ours(narrow)) == (False, True)
     assert torch.equal(wide(x1536), _onednn(layers[0].weight.detach(), None)(x1536))
     assert onednn._FASTER == {(1536, 576, False, "torch.float32"): False, (576, 576, False, "torch.float32"): True}
 
@@ -114,7 +142,7 @@ def test_an_input_in_another_dtype_runs_each_linear_as_f_linear(monkeypatch, sta
     monkeypatch.setattr(onednn, "_FASTER", {})
     linears = [torch.nn.Linear(64, 32 + 16 * i) for i in range(stacked)]
     f = onednn.packed_call(linears)
-    assert f.__name__ == "forward_faster"
+    assert _ours(f)
     x = torch.randn(3, 64).to(torch.bfloat16)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         want = torch.cat([torch.nn.functional.linear(x, m.weight, m.bias) for m in linears], dim=-1)
@@ -127,9 +155,9 @@ def _engines(tiny_model: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tup
     taken: list[Any] = []
     real = cpu_gemm.linear
     monkeypatch.setattr(onednn, "_FASTER", {})
-    monkeypatch.setattr(cpu_gemm, "linear", lambda w, b: taken.append(real(w, b)) or taken[-1])
+    monkeypatch.setattr(cpu_gemm, "linear", lambda *args: taken.append(real(*args)) or taken[-1])
     ours = HFEngine(str(tiny_model), **kw)
-    monkeypatch.setattr(cpu_gemm, "linear", lambda w, b: None)
+    monkeypatch.setattr(cpu_gemm, "linear", lambda *args: None)
     theirs = HFEngine(str(tiny_model), **kw)
     assert len(taken) >= 6 and all(taken)  # every projection of the tiny model's layers ran on it
     assert any(v for v in onednn._FASTER.values())
@@ -197,6 +225,6 @@ def test_switched_off_or_no_working_compiler_means_onednn(fresh_library, monkeyp
     assert cpu_gemm.library() is None
     m = torch.nn.Linear(64, 32)
     f = onednn.packed_call([m])
-    assert f.__name__ == "forward"
+    assert not _ours(f)
     x = torch.randn(3, 64)
     torch.testing.assert_close(f(x), m(x))

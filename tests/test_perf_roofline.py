@@ -59,6 +59,11 @@ def test_decode_bound_is_the_slower_of_compute_and_memory() -> None:
 def test_gemm_gflops_knows_its_kernels() -> None:
     lin = [mi.Linear("x", 64, 32, 2)]
     assert mi.gemm_gflops(lin, 4, "mkl", min_seconds=0.001) > 0
+    from arlecli.engine import cpu_gemm
+
+    if cpu_gemm._cpu_fits() and cpu_gemm._compiler():  # x86-64 Linux, AVX2, cc: CI's machines
+        assert "arle" in mi.available_kernels()
+        assert mi.gemm_gflops([mi.Linear("x", 64, 32, 2)], 4, "arle", min_seconds=0.001) > 0
     with pytest.raises(ValueError, match="kernel"):
         mi.gemm_gflops(lin, 4, "cublas")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from arlecli import __version__
+from arlecli import __version__, package_map
 from arlecli.errors import UserError
 
 
@@ -187,6 +187,7 @@ def main() -> None:
     quiet_warnings()
     quiet_library_logs()
     skip_the_exit_collection()
+    package_map.install()  # before anything imports transformers
     register_commands()
     try:
         # standalone_mode=False: typer returns exit codes (Ctrl-C becomes 130) instead of

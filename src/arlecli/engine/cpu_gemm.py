@@ -10,7 +10,8 @@ never a number.
 
 How it gets here: the C file is compiled once per machine with the system's C compiler (`$CC`, else
 cc, gcc or clang; ~0.6 s) into the cache folder and loaded with ctypes. Without a compiler, on
-another CPU or OS, or with ARLE_CPU_GEMM=0, oneDNN runs: the same numbers, slower. Only a library in
+another CPU or OS (AVX-512 CPUs too, until it is measured on one), or with ARLE_CPU_GEMM=0, oneDNN
+runs: the same numbers, slower. Only a library in
 a folder that no other user can write is loaded (else it is built afresh in a private temporary
 folder), since loading one runs its code.
 """
@@ -40,13 +41,15 @@ log = logging.getLogger(__name__)
 KBLOCK = 1024
 PANEL = 16  # output columns per packed panel: a weight's rows must be a multiple of it
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
-PROBE_ROWS = (1, 2, 3, 5, 16)  # every kernel shape cpu_gemm.c has: 1-3 rows, 4-6, several groups
+# Every kernel shape cpu_gemm.c has (1-3 rows, 4-6, several row blocks), and onednn._row_rule's counts.
+PROBE_ROWS = (1, 2, 3, 5, 9, 16)
 
 
-def linear(weight: Any, bias: Any) -> Callable[[Any], Any] | None:
+def linear(weight: Any, bias: Any, other_dtype: Callable[[Any], Any] | None = None) -> Callable[[Any], Any] | None:
     """`F.linear(x, weight, bias)` on cpu_gemm.c with the weight packed now (a snapshot, as
-    oneDNN's), or None where it cannot run here. Its numbers are oneDNN's only where `agrees`
-    says so: the caller checks."""
+    oneDNN's), or None where it cannot run here; an input in another dtype goes to `other_dtype`
+    (autocast: F.linear on the module's own weights). Its numbers are oneDNN's only where
+    `agrees` says so: the caller checks."""
     import torch
 
     lib = library()
@@ -57,24 +60,27 @@ def linear(weight: Any, bias: Any) -> Callable[[Any], Any] | None:
     w = weight.detach().contiguous()
     lib.arle_pack(w.data_ptr(), packed.data_ptr(), n, k)
     b = None if bias is None else bias.detach().contiguous()
+    # Bound once: a decode step makes ~120 of these calls, and at one row each costs ~10 us of
+    # Python on top of the kernel's own time otherwise.
+    call, threads, f32 = lib.arle_linear, torch.get_num_threads, torch.float32
+    weights, bias_at = packed.data_ptr(), None if b is None else b.data_ptr()
 
     def forward(x: Any) -> Any:
-        rows = x.reshape(-1, k).contiguous()
-        out = torch.empty(rows.shape[0], n, dtype=torch.float32)
-        if rows.shape[0]:
-            lib.arle_linear(
-                rows.data_ptr(),
-                packed.data_ptr(),
-                None if b is None else b.data_ptr(),
-                out.data_ptr(),
-                rows.shape[0],
-                n,
-                k,
-                KBLOCK,
-                torch.get_num_threads(),
-            )
-        return out.reshape(*x.shape[:-1], n)
+        if x.dtype != f32 and other_dtype is not None:
+            return other_dtype(x)
+        if x.dtype != f32 or x.shape[-1] != k or not x.is_cpu:  # the kernel would read past x, or a GPU's memory
+            raise RuntimeError(f"cpu_gemm: an fp32 CPU input of width {k} expected, got {x.dtype} {tuple(x.shape)}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty((*x.shape[:-1], n), dtype=f32)
+        rows = x.numel() // k
+        if rows:
+            call(x.data_ptr(), weights, bias_at, out.data_ptr(), rows, n, k, KBLOCK, threads())
+        return out
 
+    # What `weights` and `bias_at` point into, alive as long as `forward` is (the closure holds
+    # only the addresses).
+    forward.holds = (packed, b)  # type: ignore[attr-defined]
     return forward
 
 
@@ -166,7 +172,9 @@ def library_name(source: bytes, compiler: str) -> str:
 
 
 def _cpu_fits() -> bool:
-    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_gemm.c is compiled for)."""
+    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_gemm.c is compiled for) and no AVX-512:
+    there oneDNN runs 16-wide kernels this one has not been measured against (perf/README.md), so
+    oneDNN keeps those CPUs until it is."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     try:
@@ -174,7 +182,7 @@ def _cpu_fits() -> bool:
             flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
     except OSError:
         return False
-    return "avx2" in flags and "fma" in flags
+    return "avx2" in flags and "fma" in flags and "avx512f" not in flags
 
 
 def _cached_build(source: bytes, compiler: str, name: str) -> tuple[Path, bool]:
