@@ -6,6 +6,7 @@ no library from a folder someone else could have written to."""
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,24 @@ def test_a_library_someone_else_could_have_written_is_never_loaded(fresh_library
     assert lib is not None  # built afresh where no one else writes, and it computes
     weight = torch.randn(32, 16)
     assert torch.equal(cpu_gemm.linear(weight, None)(torch.ones(2, 16)), _onednn(weight, None)(torch.ones(2, 16)))
+
+
+def test_a_cache_folder_that_cannot_be_made_builds_in_a_private_temporary_one(tmp_path, monkeypatch):
+    """An unwritable home (a service account, HOME=/nonexistent): the kernel still runs, built in
+    a folder of this process's own that is gone once the library is loaded."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("ARLE_HOME", str(blocker))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    cpu_gemm.library.cache_clear()
+    try:
+        assert cpu_gemm.library() is not None
+        assert list((tmp_path / "tmp").iterdir()) == []
+    finally:
+        monkeypatch.undo()
+        cpu_gemm.library.cache_clear()
 
 
 @pytest.mark.parametrize(("variable", "value"), [("ARLE_CPU_GEMM", "0"), ("CC", "/nonexistent/cc"), ("CC", "false")])
