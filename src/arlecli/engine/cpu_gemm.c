@@ -18,7 +18,6 @@
 #include <stddef.h>
 #include <sys/mman.h>
 
-
 /* Ask for 2 MB pages over [p, p + bytes) (p 2 MB-aligned, nothing there touched yet): fewer TLB
    misses while a panel streams. Only advice: the kernel may say no, which changes nothing else. */
 void arle_advise_huge(void *p, long bytes) {

@@ -4,16 +4,15 @@ each weight where it gives oneDNN's bits: the same tokens, faster.
 Why: a decode step is linears streaming every weight from memory, and oneDNN's kernel on one core
 computes and waits for the weights in turn. cpu_gemm.c keeps a block of outputs in registers while
 the next panel of weights arrives: 2.4x oneDNN's linears at one row, 1.6x at 16 and 1.4x at 64 on an
-AVX2 EPYC (perf/README.md has the table). It adds in oneDNN's order, so `linear` checks each shape against
-oneDNN before it is used (`_agrees`) and any difference keeps oneDNN: the kernel changes the speed,
-never a number.
+AVX2 EPYC (perf/README.md has the table). It adds in oneDNN's order, and onednn.packed_call checks
+each shape against oneDNN before using it (`agrees`): any difference keeps oneDNN, so the kernel
+changes the speed, never a number.
 
 How it gets here: the C file is compiled once per machine with the system's C compiler (`$CC`, else
 cc, gcc or clang; ~0.6 s) into the cache folder and loaded with ctypes. Without a compiler, on
 another CPU or OS (AVX-512 CPUs too, until it is measured on one), or with ARLE_CPU_GEMM=0, oneDNN
-runs: the same numbers, slower. Only a library in
-a folder that no other user can write is loaded (else it is built afresh in a private temporary
-folder), since loading one runs its code.
+runs: the same numbers, slower. Only a library in a folder that no other user can write is loaded
+(else it is built afresh in a private temporary folder), since loading one runs its code.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 # oneDNN's AVX2 fp32 kernel restarts its sum every 1024 k's and adds the pieces: cpu_gemm.c does the
-# same (a shape where this is not oneDNN's order fails `_agrees` and stays on oneDNN).
+# same (a shape where this is not oneDNN's order fails `agrees` and stays on oneDNN).
 KBLOCK = 1024
 PANEL = 16  # output columns per packed panel: a weight's rows must be a multiple of it
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")

@@ -57,10 +57,11 @@ def unpack_linears(modules: list[Any]) -> None:
 
 
 def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
-    """One oneDNN call computing the outputs of `linears` (one, or several reading the same
-    input: their weights stacked, outputs side by side), with the weights packed now; an input
-    in another dtype than the packed weight's (autocast) runs `F.linear` on each instead. The
-    function carries its `row_rule`."""
+    """One packed call computing the outputs of `linears` (one, or several reading the same
+    input: their weights stacked, outputs side by side), with the weights packed now, on oneDNN
+    or on engine.cpu_gemm's kernel where that gives oneDNN's bits; an input in another dtype than
+    the packed weight's (autocast) runs `F.linear` on each instead. The function carries its
+    `row_rule`."""
     import torch
 
     first = linears[0]
@@ -107,6 +108,7 @@ def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
 
 
 def _onednn(packed: Any, bias: Any) -> Callable[[Any], Any]:
+    """oneDNN's linear on a weight it packed."""
     import torch
 
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -138,7 +140,7 @@ def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int, dtype: Any) -> RowR
         with torch.inference_mode():
 
             def run(rows: int) -> Any:
-                return torch.ops.mkldnn._linear_pointwise(x[:rows], packed, bias, "none", [], "")
+                return _onednn(packed, bias)(x[:rows])
 
             full = run(16)
             _ROW_RULES[key] = RowRule(
