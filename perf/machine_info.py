@@ -92,16 +92,9 @@ KERNELS = ("mkl", "onednn", "arle")
 def isa_flags(cpuinfo: str | None = None) -> dict[str, bool]:
     """Which of ISA_FLAGS the CPU has, from /proc/cpuinfo's flags (or `cpuinfo`'s text); all
     False where there is no such file (not Linux)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    from arlecli.engine.cpu_gemm import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
     return {f: f in flags for f in ISA_FLAGS}
 
 

@@ -14,9 +14,10 @@ import importlib.metadata
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Any
+
+from arlecli import safeio
 
 CACHE_FILE = "packages_distributions.json"
 
@@ -46,7 +47,7 @@ def _key() -> list[Any]:
         if entry in ("", ".", here):
             continue
         try:
-            entries.append([entry, os.stat(entry or ".").st_mtime_ns])
+            entries.append([entry, os.stat(entry).st_mtime_ns])
         except OSError:
             entries.append([entry, None])
     return [sys.version, sys.prefix, entries]
@@ -67,13 +68,8 @@ def _cached(real: Any) -> Mapping[str, list[str]]:
     mapping = real()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, encoding="utf-8") as out:
-            try:
-                json.dump({"key": key, "map": mapping}, out)
-            except BaseException:
-                os.unlink(out.name)
-                raise
-        os.replace(out.name, path)  # whole or not at all, for a command starting beside this one
+        # whole or not at all, for a command starting beside this one
+        safeio.write_atomic(path, json.dumps({"key": key, "map": mapping}))
     except OSError:
         pass  # an unwritable cache costs the 0.36 s again next time, nothing else
     return mapping

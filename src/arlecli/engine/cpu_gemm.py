@@ -176,12 +176,20 @@ def _cpu_fits() -> bool:
     oneDNN keeps those CPUs until it is."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = cpu_flags()
     return "avx2" in flags and "fma" in flags and "avx512f" not in flags
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags, from /proc/cpuinfo's first flags line (or `cpuinfo`'s text);
+    none where there is no such file (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return set()
+    line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return set(line.split(":", 1)[1].split()) if ":" in line else set()
 
 
 def _cached_build(source: bytes, compiler: str, name: str) -> tuple[Path, bool]:
