@@ -1,4 +1,4 @@
-"""arle's own CPU linear (engine/cpu_gemm.c): oneDNN's bits at the shapes models have, at any row
+"""arle's own CPU linear (engine/cpu_kernels.c): oneDNN's bits at the shapes models have, at any row
 and thread count; packed_call takes it only where it checked that; the engine's tokens are the
 same with and without it (greedy, seeded, stop strings, logprobs, a multi-turn card); and it loads
 no library from a folder someone else could have written to."""
@@ -24,7 +24,7 @@ def _can_build_here() -> bool:
     return cpu_gemm._cpu_fits() and cpu_gemm._compiler() is not None
 
 
-pytestmark = pytest.mark.skipif(not _can_build_here(), reason="cpu_gemm.c needs x86-64 Linux, AVX2 and FMA, and cc")
+pytestmark = pytest.mark.skipif(not _can_build_here(), reason="cpu_kernels.c needs x86-64 Linux, AVX2 and FMA, and cc")
 
 
 @pytest.fixture
@@ -179,7 +179,7 @@ def test_multi_turn_episodes_are_the_same_with_and_without_the_kernel(tiny_model
 def test_it_is_built_once_and_then_loaded(fresh_library):
     lib = cpu_gemm.library()
     assert lib is not None
-    built = list(fresh_library.glob("cpu_gemm-*.so"))
+    built = list(fresh_library.glob("cpu_kernels-*.so"))
     assert [p.name for p in built] == [cpu_gemm.library_name(cpu_gemm._source(), cpu_gemm._compiler())]
     stamp = built[0].stat().st_mtime_ns
     cpu_gemm.library.cache_clear()

@@ -1,18 +1,19 @@
-"""arle's own fp32 linear for x86-64 CPUs with AVX2 and FMA (cpu_gemm.c), run in oneDNN's place on
+"""arle's own fp32 linear for x86-64 CPUs with AVX2 and FMA (cpu_kernels.c), run in oneDNN's place on
 each weight where it gives oneDNN's bits: the same tokens, faster.
 
 Why: a decode step is linears streaming every weight from memory, and oneDNN's kernel on one core
-computes and waits for the weights in turn. cpu_gemm.c keeps a block of outputs in registers while
+computes and waits for the weights in turn. cpu_kernels.c keeps a block of outputs in registers while
 the next panel of weights arrives: 2.4x oneDNN's linears at one row, 1.6x at 16 and 1.4x at 64 on an
 AVX2 EPYC (perf/README.md has the table). It adds in oneDNN's order, and onednn.packed_call checks
 each shape against oneDNN before using it (`agrees`): any difference keeps oneDNN, so the kernel
 changes the speed, never a number.
 
-How it gets here: the C file is compiled once per machine with the system's C compiler (`$CC`, else
-cc, gcc or clang; ~0.6 s) into the cache folder and loaded with ctypes. Without a compiler, on
-another CPU or OS (AVX-512 CPUs too, until it is measured on one), or with ARLE_CPU_GEMM=0, oneDNN
-runs: the same numbers, slower. Only a library in a folder that no other user can write is loaded
-(else it is built afresh in a private temporary folder), since loading one runs its code.
+How it gets here (the linear and engine.cpu_ops's kernels alike): the C file is compiled once per
+machine with the system's C compiler (`$CC`, else cc, gcc or clang; ~0.6 s) into the cache folder and
+loaded with ctypes. Without a compiler, on another CPU or OS (AVX-512 CPUs too, until it is measured
+on one), or with ARLE_CPU_GEMM=0, oneDNN and torch's ops run: the same numbers, slower. Only a
+library in a folder that no other user can write is loaded (else it is built afresh in a private
+temporary folder), since loading one runs its code.
 """
 
 from __future__ import annotations
@@ -35,17 +36,18 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-# oneDNN's AVX2 fp32 kernel restarts its sum every 1024 k's and adds the pieces: cpu_gemm.c does the
+# oneDNN's AVX2 fp32 kernel restarts its sum every 1024 k's and adds the pieces: cpu_kernels.c does the
 # same (a shape where this is not oneDNN's order fails `agrees` and stays on oneDNN).
 KBLOCK = 1024
 PANEL = 16  # output columns per packed panel: a weight's rows must be a multiple of it
+SOURCE = "cpu_kernels.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
-# Every kernel shape cpu_gemm.c has (1-3 rows, 4-6, several row blocks), and onednn._row_rule's counts.
+# Every kernel shape cpu_kernels.c has (1-3 rows, 4-6, several row blocks), and onednn._row_rule's counts.
 PROBE_ROWS = (1, 2, 3, 5, 9, 16)
 
 
 def linear(weight: Any, bias: Any, other_dtype: Callable[[Any], Any] | None = None) -> Callable[[Any], Any] | None:
-    """`F.linear(x, weight, bias)` on cpu_gemm.c with the weight packed now (a snapshot, as
+    """`F.linear(x, weight, bias)` on cpu_kernels.c with the weight packed now (a snapshot, as
     oneDNN's), or None where it cannot run here; an input in another dtype goes to `other_dtype`
     (autocast: F.linear on the module's own weights). Its numbers are oneDNN's only where
     `agrees` says so: the caller checks."""
@@ -127,8 +129,9 @@ def agrees(ours: Callable[[Any], Any], reference: Callable[[Any], Any], d_in: in
 
 @functools.cache
 def library() -> Any:
-    """cpu_gemm.c's shared library with its functions' types set, or None where it is not to be
-    had here (switched off, not x86-64 Linux with AVX2 and FMA, no compiler, a failed build)."""
+    """cpu_kernels.c's shared library (this linear, engine.cpu_ops's kernels) with its functions'
+    types set, or None where it is not to be had here (switched off, not x86-64 Linux with AVX2 and
+    FMA, no compiler, a failed build)."""
     if os.environ.get("ARLE_CPU_GEMM", "1").strip() in ("0", "false", "no", "off") or not _cpu_fits():
         return None
     compiler = _compiler()
@@ -152,6 +155,10 @@ def library() -> Any:
     lib.arle_linear.restype = None
     lib.arle_advise_huge.argtypes = [ptr, size]
     lib.arle_advise_huge.restype = None
+    lib.arle_rms_norm.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_float, ptr, size, size]
+    lib.arle_rms_norm.restype = None
+    lib.arle_rotary.argtypes = [ptr, ptr, ptr, ptr, ptr, size, size, size, size, size]
+    lib.arle_rotary.restype = None
     return lib
 
 
@@ -161,17 +168,17 @@ def _compiler() -> str | None:
 
 
 def _source() -> bytes:
-    return resources.files("arlecli.engine").joinpath("cpu_gemm.c").read_bytes()
+    return resources.files("arlecli.engine").joinpath(SOURCE).read_bytes()
 
 
 def library_name(source: bytes, compiler: str) -> str:
     """The cached library's file name: a hash of what built it, so an edited kernel or another
     compiler builds anew."""
-    return f"cpu_gemm-{hashlib.sha256(source + ' '.join((compiler, *FLAGS)).encode()).hexdigest()[:16]}.so"
+    return f"cpu_kernels-{hashlib.sha256(source + ' '.join((compiler, *FLAGS)).encode()).hexdigest()[:16]}.so"
 
 
 def _cpu_fits() -> bool:
-    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_gemm.c is compiled for) and no AVX-512:
+    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_kernels.c is compiled for) and no AVX-512:
     there oneDNN runs 16-wide kernels this one has not been measured against (perf/README.md), so
     oneDNN keeps those CPUs until it is."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -211,9 +218,9 @@ def _cached_build(source: bytes, compiler: str, name: str) -> tuple[Path, bool]:
         return target, False
     with tempfile.TemporaryDirectory(dir=folder) as work:
         built = Path(work) / name
-        (Path(work) / "cpu_gemm.c").write_bytes(source)
+        (Path(work) / SOURCE).write_bytes(source)
         subprocess.run(
-            [compiler, *FLAGS, str(Path(work) / "cpu_gemm.c"), "-o", str(built)],
+            [compiler, *FLAGS, str(Path(work) / SOURCE), "-o", str(built)],
             check=True,
             capture_output=True,
             timeout=120,

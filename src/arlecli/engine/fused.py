@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from arlecli.engine import cpu_ops
 from arlecli.engine.onednn import packable, packed_call
 
 # The causal LM classes whose computation `FusedForward` repeats, with the classes of their parts.
@@ -53,12 +54,15 @@ class FusedForward:
     kv_heads: int
     head_dim: int
     intermediate: int
-    norm: Callable[[Any, Any], Any]  # (an RMSNorm module, hidden states) -> normed
+    # (an RMSNorm module, hidden states, a residual to add first or None) -> (their sum, its norm)
+    norm: cpu_ops.AddNorm
     eager_attention: Callable[..., Any]  # the model's own, for attn_implementation "eager"
     # engine.native's model brings its own (transformers' computation without its model classes'
     # imports); None: transformers' `create_causal_mask` and the attention the config names.
     causal_mask: Callable[..., Any] | None = None  # as create_causal_mask(config, embeds, mask, cache, positions)
     attention: Callable[..., Any] | None = None
+    # engine.cpu_ops's rotary of q and k, where it gives torch's bits; None: torch's ops here.
+    rotary: cpu_ops.Rotary | None = None
 
     @property
     def calls(self) -> list[Callable[[Any], Any]]:
@@ -111,8 +115,8 @@ class FusedForward:
             )
         else:
             mask = self.causal_mask(config, hidden, attention_mask, cache, position_ids)
-        cos, sin = base.rotary_emb(hidden, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos_rows, sin_rows = base.rotary_emb(hidden, position_ids)
+        cos, sin = cos_rows.unsqueeze(1), sin_rows.unsqueeze(1)
         attend = self.attention
         if attend is None:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -120,28 +124,31 @@ class FusedForward:
             attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, self.eager_attention)
         batch, width = input_ids.shape
         h, kv = self.heads, self.kv_heads
+        residual = None  # the last sublayer's output, added to `hidden` by the next norm
         for i, layer in enumerate(self.layers):
             block, attn = layer.module, layer.module.self_attn
-            x = self.norm(block.input_layernorm, hidden)
+            hidden, x = self.norm(block.input_layernorm, hidden, residual)
             qkv = layer.qkv(x).view(batch, width, h + 2 * kv, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm of q and k, then rotary on each
                 q = attn.q_norm(qkv[:, :, :h]).transpose(1, 2)
                 k = attn.k_norm(qkv[:, :, h : h + kv]).transpose(1, 2)
-                q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+                q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+            elif self.rotary is not None:  # rotary over q's and k's heads at once, in one C call
+                q, k = self.rotary(qkv, cos_rows, sin_rows)
             else:  # rotary over q's and k's heads at once: elementwise, so the same bits as one by one
-                qk = qkv[:, :, : h + kv].transpose(1, 2)
-                qk = qk * cos + _rotate_half(qk) * sin
+                qk = _apply_rotary(qkv[:, :, : h + kv].transpose(1, 2), cos, sin)
                 q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, :, h + kv :].transpose(1, 2)
             if cache is not None:
                 k, v = cache.update(k, v, i)
             extra = {"sliding_window": attn.sliding_window} if hasattr(attn, "sliding_window") else {}
             out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **extra)
-            hidden = hidden + attn.o_proj(out.reshape(batch, width, -1).contiguous())
-            x = self.norm(block.post_attention_layernorm, hidden)
+            hidden, x = self.norm(
+                block.post_attention_layernorm, hidden, attn.o_proj(out.reshape(batch, width, -1).contiguous())
+            )
             gate, up = layer.gate_up(x).split(self.intermediate, dim=-1)
-            hidden = hidden + block.mlp.down_proj(block.mlp.act_fn(gate) * up)
-        hidden = self.norm(base.norm, hidden)
+            residual = block.mlp.down_proj(block.mlp.act_fn(gate) * up)
+        hidden = self.norm(base.norm, hidden, residual)[1]
         return self.model.lm_head(hidden[:, -keep:, :] if keep else hidden)
 
 
@@ -166,6 +173,11 @@ def _hooked(model: Any) -> bool:
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _apply_rotary(qk: Any, cos: Any, sin: Any) -> Any:
+    """transformers' `apply_rotary_pos_emb` on one tensor of heads: the same products and sum."""
+    return qk * cos + _rotate_half(qk) * sin
 
 
 def _rotate_half(x: Any) -> Any:
@@ -243,19 +255,31 @@ def assemble(
         for layer in layers
     ]
     config = model.config
-    norm = _rms_norm if _rms_norm_exact(first.input_layernorm) else _module_norm
+    torch_norm = _rms_norm if _rms_norm_exact(first.input_layernorm) else _module_norm
+    norm = cpu_ops.add_rms_norm(torch_norm, first.input_layernorm) or functools.partial(_add_norm, torch_norm)
+    head_dim = first.self_attn.head_dim
     return FusedForward(
         model,
         fused,
         config.num_attention_heads,
         config.num_key_value_heads,
-        first.self_attn.head_dim,
+        head_dim,
         first.mlp.gate_proj.out_features,
         norm,
         eager_attention,
         causal_mask,
         attention,
+        None
+        if hasattr(first.self_attn, "q_norm")
+        else cpu_ops.rotary(_apply_rotary, config.num_attention_heads, config.num_key_value_heads, head_dim),
     )
+
+
+def _add_norm(norm: Callable[[Any, Any], Any], module: Any, hidden: Any, residual: Any) -> tuple[Any, Any]:
+    """torch's residual add, then `norm`: what cpu_ops.add_rms_norm does in one call."""
+    if residual is not None:
+        hidden = hidden + residual
+    return hidden, norm(module, hidden)
 
 
 def _module_norm(module: Any, hidden: Any) -> Any:

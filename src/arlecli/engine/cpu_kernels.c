@@ -1,6 +1,9 @@
-/* arle's fp32 linear for x86-64 CPUs with AVX2 and FMA: y = x . W^T + bias, with W packed once
-   into panels of 16 output columns (p[n / 16][k][16]). engine/cpu_gemm.py builds and loads it.
+/* arle's CPU kernels for x86-64 with AVX2 and FMA, built and loaded by engine/cpu_gemm.py: the fp32
+   linear (engine/cpu_gemm.py runs it) and, at the end, the small per-layer ops around it (RMSNorm with
+   its residual add, rotary embedding: engine/cpu_ops.py).
 
+   The linear: y = x . W^T + bias, with W packed once into panels of 16 output columns
+   (p[n / 16][k][16]).
    Why: a decode step is linears of 1-64 rows that stream every weight from memory, and on one core
    oneDNN's kernel leaves the FMA units idle while the weights arrive (perf/README.md). This one keeps
    twelve 8-wide sums in registers: up to 3 rows x 2 panels from 4 rows on, and for 1-3 rows 6, 3 or
@@ -152,4 +155,97 @@ void arle_linear(const float *x, const float *p, const float *bias, float *y, lo
     if (started[t]) pthread_join(tids[t], 0);
     else run(&jobs[t]); /* no thread to be had: the caller does its share */
   }
+}
+
+/* ---- The small per-layer ops of a decode step, in torch's order (engine/cpu_ops.py checks the bits
+   against torch's before using them). Why: at one row each is a few microseconds of work behind
+   ~20 us of torch's op dispatch, ~60 of them a step (perf/README.md). ---- */
+
+/* The sum of squares of x[0..n) as torch's CPU float `x.pow(2).sum(-1)` adds it (SumKernel.cpp:
+   cascade_sum's vectorized inner sum): 8-wide vectors taken four at a time into four accumulators,
+   which cascade up four levels every 2^power steps; then the leftover vectors, the four
+   accumulators left to right, the leftover scalars and the eight lanes left to right. Needs n >= 8. */
+static float sum_of_squares(const float *x, long n) {
+  long vectors = n / 8, quads = vectors / 4;
+  int power = 0;
+  while ((1L << power) < quads) power++;
+  power = power / 4 > 4 ? power / 4 : 4;
+  const long step = 1L << power, mask = step - 1;
+  __m256 acc[4][4];
+  for (int l = 0; l < 4; l++)
+    for (int q = 0; q < 4; q++) acc[l][q] = _mm256_setzero_ps();
+  long i = 0;
+  while (i + step <= quads) {
+    for (long j = 0; j < step; j++, i++)
+      for (int q = 0; q < 4; q++) {
+        __m256 v = _mm256_loadu_ps(x + (i * 4 + q) * 8);
+        acc[0][q] = _mm256_add_ps(acc[0][q], _mm256_mul_ps(v, v));
+      }
+    for (int l = 1; l < 4; l++) {
+      for (int q = 0; q < 4; q++) {
+        acc[l][q] = _mm256_add_ps(acc[l][q], acc[l - 1][q]);
+        acc[l - 1][q] = _mm256_setzero_ps();
+      }
+      if (i & (mask << (l * power))) break;
+    }
+  }
+  for (; i < quads; i++)
+    for (int q = 0; q < 4; q++) {
+      __m256 v = _mm256_loadu_ps(x + (i * 4 + q) * 8);
+      acc[0][q] = _mm256_add_ps(acc[0][q], _mm256_mul_ps(v, v));
+    }
+  for (int l = 1; l < 4; l++)
+    for (int q = 0; q < 4; q++) acc[0][q] = _mm256_add_ps(acc[0][q], acc[l][q]);
+  for (long r = quads * 4; r < vectors; r++) {
+    __m256 v = _mm256_loadu_ps(x + r * 8);
+    acc[0][0] = _mm256_add_ps(acc[0][0], _mm256_mul_ps(v, v));
+  }
+  for (int q = 1; q < 4; q++) acc[0][0] = _mm256_add_ps(acc[0][0], acc[0][q]);
+  float lanes[8], sum = 0.f;
+  _mm256_storeu_ps(lanes, acc[0][0]);
+  for (long r = vectors * 8; r < n; r++) sum += x[r] * x[r];
+  for (int l = 0; l < 8; l++) sum += lanes[l];
+  return sum;
+}
+
+/* Per row of x[rows][n]: (if delta) x += delta, written to `sum` (the residual stream); then
+   y = w * (x * (1 / sqrt(mean(x^2) + eps))), each step rounded as transformers' RMSNorm rounds it
+   (mean: the sum divided by n; an fp32 weight, or none). */
+void arle_rms_norm(const float *x, const float *delta, float *sum, const float *w, float eps, float *y, long rows,
+                   long n) {
+  for (long r = 0; r < rows; r++) {
+    const float *row = x + r * n;
+    if (delta) {
+      float *out = sum + r * n;
+      const float *d = delta + r * n;
+      for (long c = 0; c < n; c++) out[c] = row[c] + d[c];
+      row = out;
+    }
+    float root = _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(sum_of_squares(row, n) / (float)n + eps)));
+    float inverse = 1.f / root;
+    float *yr = y + r * n;
+    if (w)
+      for (long c = 0; c < n; c++) yr[c] = w[c] * (row[c] * inverse);
+    else
+      for (long c = 0; c < n; c++) yr[c] = row[c] * inverse;
+  }
+}
+
+/* Rotary embedding of the q and k heads of qkv[batch][width][heads + 2 kv][d] (one packed q, k, v
+   projection): q[b][h][t][:] = x * cos + rotate_half(x) * sin with cos, sin [batch][width][d], into
+   q[batch][heads][width][d] and k[batch][kv][width][d], each product and the sum rounded on its own
+   as transformers' `apply_rotary_pos_emb` rounds them. */
+void arle_rotary(const float *qkv, const float *cos, const float *sin, float *q, float *k, long batch, long width,
+                 long heads, long kv, long d) {
+  const long half = d / 2, all = heads + 2 * kv;
+  for (long b = 0; b < batch; b++)
+    for (long t = 0; t < width; t++) {
+      const float *c = cos + (b * width + t) * d, *s = sin + (b * width + t) * d;
+      for (long h = 0; h < heads + kv; h++) {
+        const float *x = qkv + ((b * width + t) * all + h) * d;
+        float *o = h < heads ? q + ((b * heads + h) * width + t) * d : k + ((b * kv + h - heads) * width + t) * d;
+        for (long j = 0; j < half; j++) o[j] = x[j] * c[j] + -x[j + half] * s[j];
+        for (long j = half; j < d; j++) o[j] = x[j] * c[j] + x[j - half] * s[j];
+      }
+    }
 }
