@@ -175,3 +175,12 @@ def test_engine_tokens_are_the_same_with_and_without_them(tiny_model, monkeypatc
 def test_multi_turn_episodes_are_the_same_with_and_without_them(tiny_model, monkeypatch):
     ours, theirs = _engines(tiny_model, monkeypatch, batch_size=3)
     assert_same_episodes(ours, theirs, "test_cpu_ops_four_turns")
+
+
+def test_the_perf_script_compares_them_on_identical_tokens(tmp_path):
+    import layer_ops  # perf/layer_ops.py
+
+    result = layer_ops.main(["--quick", "--batches", "1", "--out", str(tmp_path / "layer_ops.json")])
+    (row,) = result["rows"]
+    assert row["same_tokens"] and row["c_tok_s"] > 0 and row["torch_tok_s"] > 0
+    assert (tmp_path / "layer_ops.json").is_file()
