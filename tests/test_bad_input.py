@@ -519,6 +519,18 @@ def test_a_card_that_would_expand_or_nest_without_end(tmp_path, command, descrip
     assert len(line) < 300 and not (tmp_path / "run").exists()
 
 
+def test_a_card_or_recipe_that_gives_a_key_twice(tmp_path):
+    card = tmp_path / "mine.yaml"
+    card.write_text(yaml.safe_dump(BASE_CARD) + "category: code\n")
+    proc = arle("bench", "show", str(card), cwd=tmp_path)
+    assert_one_line_error(proc, f"{card}: line ", "is not valid YAML: the key 'category' appears twice: keep one")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("algo: grpo\nbeta: 0.1\nbeta: 0.2\n")
+    proc = arle("train", "countdown", "--recipe", str(recipe), "--output", "run", cwd=tmp_path, timeout=60)
+    assert_one_line_error(proc, f"{recipe}: line 3 is not valid YAML: the key 'beta' appears twice: keep one")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_card_that_is_not_utf8(tmp_path):
     card = tmp_path / "mine.yaml"
     card.write_bytes(yaml.safe_dump({**BASE_CARD, "description": "caf\u00e9"}, allow_unicode=True).encode("latin-1"))

@@ -145,6 +145,23 @@ def test_load_yaml_a_value_pyyaml_cannot_build_is_a_yaml_error(text, shown):
     assert problem.startswith("cannot read this value") and shown in problem and line == 1
 
 
+@pytest.mark.parametrize(
+    "text, line",
+    [("a: 1\nb: 2\na: 3\n", 3), ("x:\n  k: 1\n  k: 1\n", 3), ("- {a: 1, a: 2}\n", 1), ('"a": 1\na: 2\n', 2)],
+    ids=["top", "nested", "flow", "quoted"],
+)
+def test_load_yaml_refuses_a_key_given_twice(text, line):
+    # yaml.safe_load keeps the last: a card's or recipe's first setting lost without a word.
+    assert isinstance(yaml.safe_load(text), (dict, list))
+    problem, at = _problem(text)
+    assert "appears twice: keep one" in problem and at == line
+
+
+def test_load_yaml_keys_a_merge_brings_may_be_overridden():
+    assert safeio.load_yaml("<<: {a: 1, b: 2}\na: 3\n") == {"a": 3, "b": 2}
+    assert safeio.load_yaml("a: 1\n'1': 2\n1: 3\n") == {"a": 1, "1": 2, 1: 3}  # a string and an int: two keys
+
+
 def test_load_yaml_still_refuses_python_tags():
     problem, _ = _problem("x: !!python/object/apply:os.system ['true']\n")
     assert "could not determine a constructor" in problem

@@ -234,8 +234,11 @@ def test_two_processes_at_staleness_one_killed_and_resumed_equal_an_uninterrupte
     """`--max-staleness 1` under a 2-process launch: each rank queues its own rollouts and
     writes its own file of them into a checkpoint, so a launch killed whole (every process at
     once, as a lost machine) after checkpoint-1 resumes with the rollouts and losses of an
-    uninterrupted 2-process run."""
-    from helpers.train import kill_after_first_checkpoint
+    uninterrupted 2-process run. Rank 1 writes its RNG state 3 s late: the checkpoint is
+    complete (trainer_state.json, where the kill lands) only once every rank has written its
+    share; a kill before that left rank 1's file missing or empty (an empty one made rank 1's
+    resume exit 130 on an EOFError in torch.load)."""
+    from helpers.train import kill_after_first_checkpoint, slow_rank_env
 
     from arlecli.train.overlap import STATE_FILE
 
@@ -259,10 +262,11 @@ def test_two_processes_at_staleness_one_killed_and_resumed_equal_an_uninterrupte
         "2",
     ]
     run = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "ARLE_LAUNCHED"}
+    env = {k: v for k, v in slow_rank_env(tmp_path / "site", rank=1, seconds=3).items() if k != "ARLE_LAUNCHED"}
     kill_after_first_checkpoint([*common, "--output", str(run)], run, steps=3, env=env)
     ahead = run / "checkpoint-1"
-    assert (ahead / STATE_FILE).is_file() and (ahead / "arle_rollouts_ahead_rank1.json").is_file()
+    shares = [STATE_FILE, "arle_rollouts_ahead_rank1.json", "rng_state_0.pth", "rng_state_1.pth"]
+    assert all((ahead / name).is_file() for name in shares), sorted(p.name for p in ahead.iterdir())
     rank0, rank1 = (json.loads((ahead / name).read_text()) for name in (STATE_FILE, "arle_rollouts_ahead_rank1.json"))
     assert rank0["jobs"] and rank0 != rank1  # each rank queued its own prompts
 

@@ -222,6 +222,25 @@ def _strict_loader() -> type:
             finally:
                 self._depth -= 1
 
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # noqa: D401 (PyYAML's hook)
+            # PyYAML keeps the last of two equal keys without a word: in a card or a recipe the
+            # first one's setting would be lost unseen. Keys a merge (`<<`) brings may be
+            # overridden, as YAML allows, so only the mapping's own keys are compared.
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else []:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"the key {key_node.value!r} appears twice: keep one",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
         def construct_object(self, node: Any, deep: bool = False) -> Any:  # noqa: D401 (PyYAML's hook)
             try:
                 return super().construct_object(node, deep)

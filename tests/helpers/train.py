@@ -119,6 +119,48 @@ def assert_trained(final: Path, base_model: Path, lora: int) -> None:
         assert not trained[key].equal(base[key]) and all(t.isfinite().all() for t in trained.values())
 
 
+SLOW_SAVE = """
+import importlib.machinery, os, sys, time
+
+class _SlowSave:
+    # Wraps transformers.trainer.Trainer._save_rng_state when the module is first imported: this
+    # rank writes its RNG state into a checkpoint {seconds} s late (a rank descheduled, or slower).
+    def find_spec(self, name, path, target=None):
+        if name != "transformers.trainer":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            save = module.Trainer._save_rng_state
+
+            def late_save(trainer, output_dir):
+                time.sleep({seconds})
+                save(trainer, output_dir)
+
+            module.Trainer._save_rng_state = late_save
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("RANK") == "{rank}":
+    sys.meta_path.insert(0, _SlowSave())
+"""
+
+
+def slow_rank_env(folder: Path, rank: int, seconds: float) -> dict[str, str]:
+    """The environment for an `arle train` launch whose rank `rank` writes its RNG state (its last
+    file before the main process's trainer_state.json) into each checkpoint `seconds` late: a
+    sitecustomize module in `folder`, on PYTHONPATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SLOW_SAVE.format(rank=rank, seconds=seconds))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
+    return env
+
+
 def kill_after_first_checkpoint(args: list[str], run: Path, steps: int, env: dict[str, str] | None = None) -> None:
     """Start `arle *args` (a training run into `run`), SIGKILL it once checkpoint-1 is whole,
     and check the kill landed mid-run: no final/, fewer than `steps` steps logged. The whole

@@ -11,7 +11,8 @@ together, and no module or keyword machinery runs per layer (perf/README.md has 
 What makes it exact: the same ops on the same values in the same order as the model classes
 of the pinned transformers (the mask from `create_causal_mask`, cos and sin from the model's
 rotary module, the attention function the model is configured with, its own RMSNorm modules
-unless `torch.rms_norm` gives their bits: `_norm`), and tests that compare logits with
+unless `torch.rms_norm` gives their bits, or engine.cpu_ops's C RMSNorm and rotary where they
+give torch's: `assemble`), and tests that compare logits with
 `torch.equal` on each supported class. Anything else (other classes, sliding-window layers,
 adapters, a GPU, a dtype oneDNN does not pack here) gets None from `build`, and the engine
 calls the model itself. engine.native's models (a Llama folder loaded without the model classes)

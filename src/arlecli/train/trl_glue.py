@@ -166,6 +166,8 @@ def train_loop(ctx: TrainContext, make_trainer: Callable[[list[Any]], Any]) -> t
     if ranks.world > 1 and heldout is not None and every:
         callbacks.append(barrier_callback(ranks, every))  # runs after the main process's evaluation
     trainer = make_trainer(callbacks)
+    if ranks.world > 1:
+        complete_checkpoints_after_every_rank(trainer, ranks.barrier)
     evals: dict[str, dict[str, Any]] = {}
 
     def evaluate(label: str, path: str) -> None:
@@ -190,6 +192,25 @@ def train_loop(ctx: TrainContext, make_trainer: Callable[[list[Any]], Any]) -> t
                 evaluate(f"step-{step}", str(ctx.final))
         ranks.barrier()
     return evals, step
+
+
+def complete_checkpoints_after_every_rank(trainer: Any, barrier: Callable[[], None]) -> None:
+    """Have `trainer` write a checkpoint's trainer_state.json (what marks it complete for resume:
+    rundir.checkpoints) only once every rank has written its share of the checkpoint.
+
+    Why: transformers' Trainer writes it on the main process right after that process's own RNG
+    state, without waiting for the other ranks, each of which writes its own RNG state last (after
+    the model's save, which the ranks pass together). A launch lost in that gap left a checkpoint
+    that looked complete with a rank's RNG state missing or empty: its resume went on without it,
+    or stopped on an EOFError in torch.load (exit 130, the other ranks losing their peer). So every
+    rank waits, after its RNG state, for all the others."""
+    save_rng_state = trainer._save_rng_state
+
+    def save_rng_state_then_wait(output_dir: str) -> None:
+        save_rng_state(output_dir)
+        barrier()
+
+    trainer._save_rng_state = save_rng_state_then_wait
 
 
 def load_model(path: str, is_adapter: bool) -> Any:
