@@ -10,6 +10,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,6 +106,28 @@ def test_gsm8k_data_reports_both_filters_with_stderr(tmp_path):
     assert "Question: What is 1 plus 2?\nAnswer:" in [b["prompt"] for b in sent]  # order varies: concurrent
     assert all(b["stop"] == ["Question:", "</s>", "<|im_end|>"] for b in sent)
     assert (tmp_path / "run" / "meta.json").exists() and (tmp_path / "run" / "results.json").exists()
+
+
+def test_one_task_has_no_stderr_and_its_results_are_strict_json(tmp_path):
+    """One task gives no spread to estimate: null in results.json and --json (NaN is not JSON:
+    JSON.parse rejects it), "n/a" in the table, and `arle runs show` reads the run back."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(GSM_ROWS[0]) + "\n")
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+    with FakeOpenAIServer(_gsm_reply) as srv:
+        common = ["eval", "gsm8k", "--data", str(data), "--base-url", srv.base_url, "--num-fewshot", "0"]
+        out = arle(*common, "--output", str(tmp_path / "run"), "--json")
+        table = arle(*common, "--output", str(tmp_path / "run2"))
+    assert out.returncode == 0, out.stderr
+    for m in (strict(out.stdout)["metrics"], strict((tmp_path / "run" / "results.json").read_text())["metrics"]):
+        assert m["accuracy"]["n"] == 1 and m["accuracy"]["stderr"] is None and m["accuracy"]["value"] is not None
+    assert table.returncode == 0, table.stderr
+    assert "n/a" in table.stdout and "nan" not in table.stdout.lower()
+    shown = arle("runs", "show", str(tmp_path / "run"))
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
 
 
 def _rows_file(tmp_path: Path, n: int) -> Path:

@@ -124,9 +124,15 @@ class Stat:
     stderr: float
     n: int
 
-    def as_dict(self) -> dict[str, float | int]:
-        """JSON form."""
-        return {"value": self.value, "stderr": self.stderr, "n": self.n}
+    def as_dict(self) -> dict[str, float | int | None]:
+        """JSON form. What cannot be estimated (the stderr of fewer than two tasks, anything over
+        none) is null, not NaN: strict JSON readers (a browser's JSON.parse) reject NaN, and
+        lm-eval writes "N/A" there."""
+        return {"value": _finite(self.value), "stderr": _finite(self.stderr), "n": self.n}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def mean_stderr(values: list[float]) -> Stat:
@@ -197,8 +203,8 @@ def aggregate(
     for s in samples:
         by_task.setdefault(s.task_id, []).append(s)
 
-    def summarize(task_ids: list[str]) -> dict[str, dict[str, float | int]]:
-        out: dict[str, dict[str, float | int]] = {}
+    def summarize(task_ids: list[str]) -> dict[str, dict[str, float | int | None]]:
+        out: dict[str, dict[str, float | int | None]] = {}
         names = ["accuracy", *[m for m in metrics if m != "accuracy" and not m.startswith("pass@")]]
         for name in names:
             per_task = []

@@ -10,7 +10,16 @@ from typing import Any, Optional
 import typer
 
 from arlecli.cli import options
-from arlecli.cli.output import Column, ProgressView, console, err_console, print_json, print_lines, print_table
+from arlecli.cli.output import (
+    Column,
+    ProgressView,
+    console,
+    err_console,
+    print_json,
+    print_lines,
+    print_table,
+    stat_text,
+)
 from arlecli.cli.report import report_hint
 from arlecli.errors import UserError
 
@@ -357,7 +366,7 @@ def print_results(results: dict[str, Any], run_dir: Path) -> None:
         Column("± stderr", "±", justify="right"),
     ]
     rows = [
-        [str(group), str(name), f"{stat['value']:.4f}", f"{stat['stderr']:.4f}"]
+        [str(group), str(name), stat_text(stat["value"]), stat_text(stat["stderr"])]
         for group, metrics in [("all", results["metrics"]), *results.get("groups", {}).items()]
         for name, stat in metrics.items()
     ]

@@ -13,6 +13,7 @@ U+2028/U+2029, bidi controls).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -79,6 +80,12 @@ def json_text(data: Any, **kwargs: Any) -> str:
     text = safeio.dumps(data, default=str, **kwargs)
     # Outside strings JSON is plain ASCII, so these only ever occur inside strings.
     return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+
+
+def stat_text(value: float | None) -> str:
+    """A metric's value or stderr in a table: 4 decimals; "n/a" where there is none (a stderr
+    over one task: null in results.json, NaN in files written before)."""
+    return f"{value:.4f}" if value is not None and math.isfinite(value) else "n/a"
 
 
 def print_json(data: Any) -> None:

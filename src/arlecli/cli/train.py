@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 
 from arlecli.cli import options
-from arlecli.cli.output import console, err_console, print_json
+from arlecli.cli.output import console, err_console, print_json, stat_text
 from arlecli.cli.report import report_hint
 from arlecli.errors import UserError
 
@@ -145,7 +145,8 @@ class ProgressView:
             self.progress.remove_task(self.eval_task)
             self.eval_task = None
         err_console().print(
-            f"eval {label}: accuracy {acc['value']:.4f} ± {acc['stderr']:.4f} ({results['n_tasks']} tasks)",
+            f"eval {label}: accuracy {stat_text(acc['value'])} ± {stat_text(acc['stderr'])}"
+            f" ({results['n_tasks']} tasks)",
             highlight=False,
         )
 
