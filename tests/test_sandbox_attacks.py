@@ -2384,6 +2384,42 @@ def test_unprivileged_train_reward(nobody_arena, run):
     assert not problems, f"{run} through the train reward as uid {NOBODY}:" + _report(problems)
 
 
+# The red-team pass's jobs (tests/helpers/red_team.py), run by arle's sandbox in a process of uid 65534.
+RED_TEAM_DRIVER = """
+import json, os, sys
+from arlecli.sandbox import run_tests
+jobs = json.load(sys.stdin)
+verdicts = run_tests(list(jobs.values()), timeout_s=20, workers=2)
+keys = ("status", "passed", "total", "failure")
+out = {n: {**{k: getattr(v, k) for k in keys}, "stdout": v.result.stdout, "stderr": v.result.stderr}
+       for n, v in zip(jobs, verdicts)}
+print(json.dumps({"uid": os.getuid(), "verdicts": out}))
+"""
+
+
+def test_unprivileged_red_team_holes_stay_shut(nobody_arena):
+    """The holes the red-team pass found (tests/test_sandbox_red_team.py runs them as root) stay
+    shut for an unprivileged user too, the honest controls still pass."""
+    from helpers import red_team
+
+    a = nobody_arena
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(a.home), "TMPDIR": str(a.arle_tmp)}
+    env |= {"ARLE_HOME": str(a.arle_home), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        [*a.prefix, a.python, "-c", RED_TEAM_DRIVER],
+        input=json.dumps(red_team.jobs()),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=a.cwd,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["uid"] == NOBODY
+    red_team.check(out["verdicts"])
+
+
 @pytest.mark.parametrize("run", NOBODY_RUNS)
 def test_unprivileged_user(nobody_arena, run):
     """The same attacks as uid 65534 (symlink and chmod traps matter most there)."""
