@@ -97,6 +97,15 @@ def test_rms_norm_hands_what_it_cannot_take_to_torch():
     # a layout the kernel would misread: made contiguous first
     wide = torch.randn(64, 6)
     assert torch.equal(norm(module, wide.t())[1], module(wide.t()))
+    # a norm of another width than the one probed: torch's ops (another width may add in another order)
+    handed: list[int] = []
+    counting = cpu_ops.add_rms_norm(lambda m, h: handed.append(h.shape[-1]) or m(h), module)
+    assert counting is not None
+    handed.clear()
+    other, x = _norm(96), torch.randn(2, 96)
+    with torch.no_grad():  # no gradients wanted: only the width decides
+        assert torch.equal(counting(other, x)[1], other(x)) and handed == [96]
+        assert torch.equal(counting(module, torch.ones(2, 64))[1], module(torch.ones(2, 64))) and handed == [96]
     # the wrong width: torch's own error, never a read past the tensor
     with pytest.raises(RuntimeError):
         norm(module, torch.randn(2, 32))

@@ -52,7 +52,8 @@ def add_rms_norm(reference: Callable[[Any, Any], Any], module: Any) -> AddNorm |
         if (
             hidden.dtype != f32
             or w.dtype != f32
-            or hidden.shape[-1] != w.shape[0]
+            or w.shape != (width,)  # the width probed: another would be another order of sums
+            or hidden.shape[-1] != width
             or not (hidden.is_cpu and w.is_cpu and w.is_contiguous())
             or (delta is not None and (delta.dtype != f32 or delta.shape != hidden.shape or not delta.is_cpu))
             or (
@@ -67,7 +68,6 @@ def add_rms_norm(reference: Callable[[Any, Any], Any], module: Any) -> AddNorm |
         total = hidden
         if delta is not None:
             delta, total = delta.contiguous(), torch.empty_like(hidden)
-        n = w.shape[0]
         call(
             hidden.data_ptr(),
             None if delta is None else delta.data_ptr(),
@@ -75,8 +75,8 @@ def add_rms_norm(reference: Callable[[Any, Any], Any], module: Any) -> AddNorm |
             w.data_ptr(),
             module.variance_epsilon,
             out.data_ptr(),
-            hidden.numel() // n,
-            n,
+            hidden.numel() // width,
+            width,
         )
         return total, out
 
