@@ -9,7 +9,7 @@ each shape against oneDNN before using it (`agrees`): any difference keeps oneDN
 changes the speed, never a number.
 
 How it gets here (the linear and engine.cpu_ops's kernels alike): the C file is compiled once per
-machine with the system's C compiler (`$CC`, else cc, gcc or clang; ~0.6 s) into the cache folder and
+machine with the system's C compiler (`$CC`, else cc, gcc or clang; ~1 s) into the cache folder and
 loaded with ctypes. Without a compiler, on another CPU or OS (AVX-512 CPUs too, until it is measured
 on one), or with ARLE_CPU_GEMM=0, oneDNN and torch's ops run: the same numbers, slower. Only a
 library in a folder that no other user can write is loaded (else it is built afresh in a private
