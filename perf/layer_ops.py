@@ -81,18 +81,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def compare(model: str, batch: int, tokens: int, extra: int, repeats: int) -> dict[str, Any]:
     """One engine at `batch` rows, its fused forward switched between the C ops and torch's."""
-    from arlecli.engine import fused
+    from arlecli.engine import cpu_ops, fused
     from arlecli.engine.base import GenerationRequest, SamplingParams
     from arlecli.engine.hf import HFEngine
 
     engine = HFEngine(model, batch_size=batch, prefix_cache_tokens=0, draft_tokens=0)
     engine.eos_ids = set()  # every row runs its budget
     forward = engine._fused
-    if forward is None or forward.rotary is None:
+    if forward is None or not all(f.__module__ == cpu_ops.__name__ for f in (forward.norm, forward.rotary)):
         raise SystemExit(
             "the C ops are not in use here (another CPU, no compiler, ARLE_CPU_GEMM=0): nothing to compare"
         )
-    ways = {"c": (forward.norm, forward.rotary), "torch": (functools.partial(fused._add_norm, fused._rms_norm), None)}
+    torch_ops = (functools.partial(fused._add_norm, fused._rms_norm), functools.partial(fused.qk_rotary, forward.heads))
+    ways = {"c": (forward.norm, forward.rotary), "torch": torch_ops}
 
     def generate(way: str, max_tokens: int) -> list[list[int]]:
         forward.norm, forward.rotary = ways[way]

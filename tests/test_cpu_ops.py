@@ -5,11 +5,12 @@ input they cannot take runs torch's ops; and the engine's tokens are the same wi
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from helpers.engine_parity import assert_same_episodes, assert_same_generations_and_logliks
 
@@ -33,8 +34,9 @@ def _module(module: Any, hidden: Any) -> Any:
     return module(hidden)
 
 
-def _torch_rotary(qk: Any, cos: Any, sin: Any) -> Any:
-    return fused._apply_rotary(qk, cos, sin)
+def _torch_rotary(heads: int) -> Any:
+    """transformers' rotary over the q and k heads of a qkv output, as engine.fused runs it."""
+    return functools.partial(fused.qk_rotary, heads)
 
 
 # SmolLM2 (576), Qwen2-0.5B (896), a width with leftover vectors and scalars, 1.5B-8B widths, and
@@ -125,7 +127,7 @@ HEADS = [(9, 3, 64), (14, 2, 64), (32, 8, 128), (4, 4, 16)]
 
 @pytest.mark.parametrize(("heads", "kv", "d"), HEADS)
 def test_rotary_gives_transformers_bits(heads, kv, d):
-    rotate = cpu_ops.rotary(_torch_rotary, heads, kv, d)
+    rotate = cpu_ops.rotary(_torch_rotary(heads), heads, kv, d)
     assert rotate is not None
     gen = torch.Generator().manual_seed(2)
     with torch.inference_mode():
@@ -133,21 +135,24 @@ def test_rotary_gives_transformers_bits(heads, kv, d):
             qkv = torch.randn(batch, width, heads + 2 * kv, d, generator=gen) * 5
             cos, sin = torch.randn(rows, width, d, generator=gen), torch.randn(rows, width, d, generator=gen)
             q, k = rotate(qkv, cos, sin)
-            qk = _torch_rotary(qkv[:, :, : heads + kv].transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1))
+            # transformers' own function, head by head
+            q_heads, k_heads = qkv[:, :, :heads].transpose(1, 2), qkv[:, :, heads : heads + kv].transpose(1, 2)
+            qk = apply_rotary_pos_emb(q_heads, k_heads, cos, sin)
             assert q.shape == (batch, heads, width, d) and k.shape == (batch, kv, width, d)
-            assert torch.equal(q, qk[:, :heads]) and torch.equal(k, qk[:, heads:])
+            assert torch.equal(q, qk[0]) and torch.equal(k, qk[1])
 
 
 def test_rotary_is_declined_or_hands_over_where_it_would_differ():
-    assert cpu_ops.rotary(_torch_rotary, 4, 2, 15) is None  # an odd head size has no halves
-    assert cpu_ops.rotary(lambda qk, c, s: _torch_rotary(qk, c, s) + 1e-7, 4, 2, 16) is None
-    rotate = cpu_ops.rotary(_torch_rotary, 4, 2, 16)
+    assert cpu_ops.rotary(_torch_rotary(4), 4, 2, 15) is None  # an odd head size has no halves
+    off = cpu_ops.rotary(lambda qkv, c, s: [t + 1e-7 for t in _torch_rotary(4)(qkv, c, s)], 4, 2, 16)
+    assert off is None
+    rotate = cpu_ops.rotary(_torch_rotary(4), 4, 2, 16)
     assert rotate is not None
     qkv = torch.randn(2, 3, 8, 16).to(torch.bfloat16)
     cos, sin = torch.randn(2, 3, 16).to(torch.bfloat16), torch.randn(2, 3, 16).to(torch.bfloat16)
     q, k = rotate(qkv, cos, sin)
-    want = _torch_rotary(qkv[:, :, :6].transpose(1, 2), cos.unsqueeze(1), sin.unsqueeze(1))
-    assert q.dtype == torch.bfloat16 and torch.equal(q, want[:, :4]) and torch.equal(k, want[:, 4:])
+    want = apply_rotary_pos_emb(qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2), cos, sin)
+    assert q.dtype == torch.bfloat16 and torch.equal(q, want[0]) and torch.equal(k, want[1])
     with pytest.raises(RuntimeError):  # cos for other positions: torch's broadcasting error
         rotate(qkv.float(), torch.randn(2, 4, 16), torch.randn(2, 4, 16))
 
@@ -157,7 +162,7 @@ def test_switched_off_means_torchs_ops(monkeypatch):
     cpu_gemm.library.cache_clear()
     try:
         assert cpu_ops.add_rms_norm(_module, _norm(64)) is None
-        assert cpu_ops.rotary(_torch_rotary, 4, 2, 16) is None
+        assert cpu_ops.rotary(_torch_rotary(4), 4, 2, 16) is None
     finally:
         monkeypatch.undo()
         cpu_gemm.library.cache_clear()
@@ -166,12 +171,13 @@ def test_switched_off_means_torchs_ops(monkeypatch):
 def _engines(tiny_model: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[HFEngine, HFEngine]:
     """(an engine on the C norm and rotary, one on torch's ops), the same weights and settings."""
     ours = HFEngine(str(tiny_model), **kw)
-    assert ours._fused is not None and ours._fused.rotary is not None
-    assert ours._fused.norm.__module__ == cpu_ops.__name__
+    assert ours._fused is not None
+    assert ours._fused.norm.__module__ == ours._fused.rotary.__module__ == cpu_ops.__name__
     monkeypatch.setattr(cpu_ops, "add_rms_norm", lambda *args: None)
     monkeypatch.setattr(cpu_ops, "rotary", lambda *args: None)
     theirs = HFEngine(str(tiny_model), **kw)
-    assert theirs._fused is not None and theirs._fused.rotary is None
+    assert theirs._fused is not None
+    assert isinstance(theirs._fused.norm, functools.partial) and isinstance(theirs._fused.rotary, functools.partial)
     return ours, theirs
 
 

@@ -62,7 +62,8 @@ class FusedForward:
     # imports); None: transformers' `create_causal_mask` and the attention the config names.
     causal_mask: Callable[..., Any] | None = None  # as create_causal_mask(config, embeds, mask, cache, positions)
     attention: Callable[..., Any] | None = None
-    # engine.cpu_ops's rotary of q and k, where it gives torch's bits; None: torch's ops here.
+    # rotary of q and k: engine.cpu_ops's where it gives torch's bits, else torch's ops (`qk_rotary`);
+    # None: Qwen3's per-head norms come first, then torch's ops on each
     rotary: cpu_ops.Rotary | None = None
 
     @property
@@ -130,15 +131,12 @@ class FusedForward:
             block, attn = layer.module, layer.module.self_attn
             hidden, x = self.norm(block.input_layernorm, hidden, residual)
             qkv = layer.qkv(x).view(batch, width, h + 2 * kv, self.head_dim)
-            if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm of q and k, then rotary on each
+            if self.rotary is None:  # Qwen3: per-head RMSNorm of q and k, then rotary on each
                 q = attn.q_norm(qkv[:, :, :h]).transpose(1, 2)
                 k = attn.k_norm(qkv[:, :, h : h + kv]).transpose(1, 2)
                 q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
-            elif self.rotary is not None:  # rotary over q's and k's heads at once, in one C call
+            else:
                 q, k = self.rotary(qkv, cos_rows, sin_rows)
-            else:  # rotary over q's and k's heads at once: elementwise, so the same bits as one by one
-                qk = _apply_rotary(qkv[:, :, : h + kv].transpose(1, 2), cos, sin)
-                q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, :, h + kv :].transpose(1, 2)
             if cache is not None:
                 k, v = cache.update(k, v, i)
@@ -174,6 +172,15 @@ def _hooked(model: Any) -> bool:
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def qk_rotary(heads: int, qkv: Any, cos_rows: Any, sin_rows: Any) -> tuple[Any, Any]:
+    """Rotary embedding over the q and k heads of qkv [batch, width, heads + 2 kv, d] at once, with
+    cos and sin [batch or 1, width, d], as q [batch, heads, width, d] and k: elementwise, so the same
+    bits as transformers' head by head."""
+    kv = (qkv.shape[2] - heads) // 2
+    qk = _apply_rotary(qkv[:, :, : heads + kv].transpose(1, 2), cos_rows.unsqueeze(1), sin_rows.unsqueeze(1))
+    return qk[:, :heads], qk[:, heads:]
 
 
 def _apply_rotary(qk: Any, cos: Any, sin: Any) -> Any:
@@ -259,21 +266,26 @@ def assemble(
     torch_norm = _rms_norm if _rms_norm_exact(first.input_layernorm) else _module_norm
     norm = cpu_ops.add_rms_norm(torch_norm, first.input_layernorm) or functools.partial(_add_norm, torch_norm)
     head_dim = first.self_attn.head_dim
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     return FusedForward(
         model,
         fused,
-        config.num_attention_heads,
-        config.num_key_value_heads,
+        heads,
+        kv_heads,
         head_dim,
         first.mlp.gate_proj.out_features,
         norm,
         eager_attention,
         causal_mask,
         attention,
-        None
-        if hasattr(first.self_attn, "q_norm")
-        else cpu_ops.rotary(_apply_rotary, config.num_attention_heads, config.num_key_value_heads, head_dim),
+        None if hasattr(first.self_attn, "q_norm") else _rotary(heads, kv_heads, head_dim),
     )
+
+
+def _rotary(heads: int, kv_heads: int, head_dim: int) -> cpu_ops.Rotary:
+    """engine.cpu_ops's rotary where it gives torch's bits here, else torch's ops."""
+    torch_rotary = functools.partial(qk_rotary, heads)
+    return cpu_ops.rotary(torch_rotary, heads, kv_heads, head_dim) or torch_rotary
 
 
 def _add_norm(norm: Callable[[Any, Any], Any], module: Any, hidden: Any, residual: Any) -> tuple[Any, Any]:
