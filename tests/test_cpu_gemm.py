@@ -43,20 +43,30 @@ def _ours(call: Any) -> bool:
 
 
 def _onednn(weight: Any, bias: Any) -> Any:
-    return onednn._onednn(torch.ops.mkldnn._reorder_linear_weight(weight), bias)
+    """oneDNN's call as the engine makes it (a lone row run as two where oneDNN's differs)."""
+    return onednn.onednn_linear(weight, bias)
 
 
-# SmolLM2's projections (q/k/v stacked, o, gate/up stacked, down: 1536 restarts the sum at 1024),
+# SmolLM2's projections (q/k/v stacked, o, gate/up stacked, down: 1536 restarts the sum at 1024;
+# on AVX-512 576 at 512 too),
 # a long input restarting twice, a small head, and Qwen2's biased q/k/v.
 SHAPES = [(960, 576, False), (576, 576, False), (3072, 576, False), (576, 1536, False), (32, 2100, True), (48, 5, True)]
 
 
+_NEEDS_AVX512 = pytest.mark.skipif(not cpu_gemm.has_avx512(), reason="16-wide blocks need AVX-512")
+
+
+@pytest.mark.parametrize("wide", [False, pytest.param(True, marks=_NEEDS_AVX512)], ids=["8-wide", "16-wide"])
 @pytest.mark.parametrize(("d_out", "d_in", "with_bias"), SHAPES)
-def test_onednns_bits_at_every_row_and_thread_count(d_out, d_in, with_bias):
+def test_onednns_bits_at_every_row_and_thread_count(d_out, d_in, with_bias, wide, monkeypatch):
+    """Both register widths' blocks (the 16-wide ones run on an AVX-512 CPU from two rows on)."""
+    monkeypatch.setattr(cpu_gemm, "has_avx512", lambda: wide)
     gen = torch.Generator().manual_seed(d_out + d_in)
     weight = torch.randn(d_out, d_in, generator=gen) * 0.05
     bias = torch.randn(d_out, generator=gen) if with_bias else None
-    ours, theirs = cpu_gemm.linear(weight, bias), _onednn(weight, bias)
+    theirs = _onednn(weight, bias)
+    ours = cpu_gemm.linear(weight, bias, like=theirs)
+    assert ours is not None and ours.kblock in cpu_gemm.KBLOCKS
     threads = torch.get_num_threads()
     try:
         for n_threads in (1, 2):
@@ -115,11 +125,11 @@ def test_an_input_the_kernel_would_misread_is_refused():
 
 
 def test_packed_call_takes_the_kernel_only_where_it_gives_onednns_bits(monkeypatch):
-    """Checked per shape against oneDNN: with the sum restarted at another point than oneDNN's
-    (a kernel that would change numbers), the 1536-wide shape stays on oneDNN; the 576-wide one,
-    where no restart happens, takes the kernel. Weights carved one after another from the same
-    chunk keep their own values."""
-    monkeypatch.setattr(onednn, "_FASTER", {})
+    """Checked per shape against oneDNN: restarting its sums at a point oneDNN does not (a kernel
+    that would change numbers), the 1536-wide shape stays on oneDNN, and where a later choice gives
+    oneDNN's bits, that one runs; the 256-wide one, where no restart happens, takes the first.
+    Weights carved one after another from the same chunk keep their own values."""
+    monkeypatch.setattr(onednn, "_KBLOCKS", {})
     layers = [torch.nn.Linear(1536, 576, bias=False), torch.nn.Linear(576, 576, bias=False)]
     layers.append(torch.nn.Linear(576, 576, bias=False))
     calls = [onednn.packed_call([m]) for m in layers]
@@ -127,20 +137,29 @@ def test_packed_call_takes_the_kernel_only_where_it_gives_onednns_bits(monkeypat
     x1536, x576 = torch.randn(9, 1536), torch.randn(9, 576)
     for f, m, x in zip(calls, layers, (x1536, x576, x576)):
         assert torch.equal(f(x), _onednn(m.weight.detach(), None)(x))
+        assert torch.equal(f(x[:1]), _onednn(m.weight.detach(), None)(x[:1]))
     assert onednn.rows_are_batch_invariant(calls)
 
-    monkeypatch.setattr(onednn, "_FASTER", {})
-    monkeypatch.setattr(cpu_gemm, "KBLOCK", 768)
-    wide, narrow = onednn.packed_call([layers[0]]), onednn.packed_call([layers[1]])
-    assert (_ours(wide), _ours(narrow)) == (False, True)
-    assert torch.equal(wide(x1536), _onednn(layers[0].weight.detach(), None)(x1536))
-    assert onednn._FASTER == {(1536, 576, False, "torch.float32"): False, (576, 576, False, "torch.float32"): True}
+    wide, narrow = torch.nn.Linear(1536, 576, bias=False), torch.nn.Linear(256, 576, bias=False)
+    monkeypatch.setattr(onednn, "_KBLOCKS", {})
+    monkeypatch.setattr(cpu_gemm, "KBLOCKS", (768,))
+    assert (_ours(onednn.packed_call([wide])), _ours(onednn.packed_call([narrow]))) == (False, True)
+    assert onednn._KBLOCKS == {(1536, 576, False, "torch.float32"): None, (256, 576, False, "torch.float32"): 768}
+    assert torch.equal(onednn.packed_call([wide])(x1536), _onednn(wide.weight.detach(), None)(x1536))
+
+    monkeypatch.setattr(onednn, "_KBLOCKS", {})
+    monkeypatch.setattr(cpu_gemm, "KBLOCKS", (768, 1024))  # oneDNN: 1024 past 1024 k's, AVX2 and AVX-512
+    f = onednn.packed_call([wide])
+    assert _ours(f) and f.kblock == 1024 and onednn._KBLOCKS == {(1536, 576, False, "torch.float32"): 1024}
+    assert torch.equal(f(x1536), _onednn(wide.weight.detach(), None)(x1536))
+    again = onednn.packed_call([wide])  # the shape's k-block known: no probing
+    assert again.kblock == 1024 and torch.equal(again(x1536), f(x1536))
 
 
 @pytest.mark.parametrize("stacked", [1, 3])
 def test_an_input_in_another_dtype_runs_each_linear_as_f_linear(monkeypatch, stacked):
     """Under autocast (a policy's forward in training) the input is bf16, the packed weight fp32."""
-    monkeypatch.setattr(onednn, "_FASTER", {})
+    monkeypatch.setattr(onednn, "_KBLOCKS", {})
     linears = [torch.nn.Linear(64, 32 + 16 * i) for i in range(stacked)]
     f = onednn.packed_call(linears)
     assert _ours(f)
@@ -155,13 +174,13 @@ def _engines(tiny_model: Any, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tup
     """(an engine on cpu_gemm's kernel, one on oneDNN's), the same weights and settings."""
     taken: list[Any] = []
     real = cpu_gemm.linear
-    monkeypatch.setattr(onednn, "_FASTER", {})
-    monkeypatch.setattr(cpu_gemm, "linear", lambda *args: taken.append(real(*args)) or taken[-1])
+    monkeypatch.setattr(onednn, "_KBLOCKS", {})
+    monkeypatch.setattr(cpu_gemm, "linear", lambda *args, **kw: taken.append(real(*args, **kw)) or taken[-1])
     ours = HFEngine(str(tiny_model), **kw)
-    monkeypatch.setattr(cpu_gemm, "linear", lambda *args: None)
+    monkeypatch.setattr(cpu_gemm, "linear", lambda *args, **kw: None)
     theirs = HFEngine(str(tiny_model), **kw)
     assert len(taken) >= 6 and all(taken)  # every projection of the tiny model's layers ran on it
-    assert any(v for v in onednn._FASTER.values())
+    assert any(v for v in onednn._KBLOCKS.values())
     return ours, theirs
 
 
@@ -240,7 +259,7 @@ def test_a_cache_folder_that_cannot_be_made_builds_in_a_private_temporary_one(tm
 @pytest.mark.parametrize(("variable", "value"), [("ARLE_CPU_GEMM", "0"), ("CC", "/nonexistent/cc"), ("CC", "false")])
 def test_switched_off_or_no_working_compiler_means_onednn(fresh_library, monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
-    monkeypatch.setattr(onednn, "_FASTER", {})
+    monkeypatch.setattr(onednn, "_KBLOCKS", {})
     assert cpu_gemm.library() is None
     m = torch.nn.Linear(64, 32)
     f = onednn.packed_call([m])

@@ -3,17 +3,18 @@ each weight where it gives oneDNN's bits: the same tokens, faster.
 
 Why: a decode step is linears streaming every weight from memory, and oneDNN's kernel on one core
 computes and waits for the weights in turn. cpu_kernels.c keeps a block of outputs in registers while
-the next panel of weights arrives: 2.4x oneDNN's linears at one row, 1.6x at 16 and 1.4x at 64 on an
-AVX2 EPYC (perf/README.md has the table). It adds in oneDNN's order, and onednn.packed_call checks
-each shape against oneDNN before using it (`agrees`): any difference keeps oneDNN, so the kernel
-changes the speed, never a number.
+the next panel of weights arrives (16-wide registers from two rows on where the CPU has AVX-512): on an
+AVX2 EPYC 2.4x oneDNN's linears at one row, 1.6x at 16 and 1.4x at 64; on a Zen 4 EPYC (AVX-512) 2.2x,
+1.2x and 1.05x (perf/README.md has the tables). It adds in oneDNN's order, which restarts each sum at
+a point that depends on the ISA and the shape: `linear` finds it per shape by checking against oneDNN
+(`agrees`), and any shape where none agrees keeps oneDNN, so the kernel changes the speed, never a
+number.
 
 How it gets here (the linear and engine.cpu_ops's kernels alike): the C file is compiled once per
 machine with the system's C compiler (`$CC`, else cc, gcc or clang; ~1 s) into the cache folder and
-loaded with ctypes. Without a compiler, on another CPU or OS (AVX-512 CPUs too, until it is measured
-on one), or with ARLE_CPU_GEMM=0, oneDNN and torch's ops run: the same numbers, slower. Only a
-library in a folder that no other user can write is loaded (else it is built afresh in a private
-temporary folder), since loading one runs its code.
+loaded with ctypes. Without a compiler, on another CPU or OS, or with ARLE_CPU_GEMM=0, oneDNN and
+torch's ops run: the same numbers, slower. Only a library in a folder that no other user can write is
+loaded (else it is built afresh in a private temporary folder), since loading one runs its code.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-# oneDNN's AVX2 fp32 kernel restarts its sum every 1024 k's and adds the pieces: cpu_kernels.c does the
-# same (a shape where this is not oneDNN's order fails `agrees` and stays on oneDNN).
-KBLOCK = 1024
+# Where oneDNN's fp32 kernels restart a sum over k (and then add the pieces), measured: every 1024
+# k's on AVX2; on AVX-512 (a Zen 4 EPYC) every 512 up to 1024 k's and every 1024 beyond (a lone row:
+# every 512, but onednn._row_rule runs it as two). cpu_kernels.c restarts where it is told, and
+# `linear` takes the first of these with oneDNN's bits at the shape (none: oneDNN stays).
+KBLOCKS = (1024, 512)
 PANEL = 16  # output columns per packed panel: a weight's rows must be a multiple of it
 SOURCE = "cpu_kernels.c"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -46,11 +49,20 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pt
 PROBE_ROWS = (1, 2, 3, 5, 9, 16)
 
 
-def linear(weight: Any, bias: Any, other_dtype: Callable[[Any], Any] | None = None) -> Callable[[Any], Any] | None:
+def linear(
+    weight: Any,
+    bias: Any,
+    other_dtype: Callable[[Any], Any] | None = None,
+    *,
+    kblock: int = KBLOCKS[0],
+    like: Callable[[Any], Any] | None = None,
+) -> Callable[[Any], Any] | None:
     """`F.linear(x, weight, bias)` on cpu_kernels.c with the weight packed now (a snapshot, as
     oneDNN's), or None where it cannot run here; an input in another dtype goes to `other_dtype`
-    (autocast: F.linear on the module's own weights). Its numbers are oneDNN's only where
-    `agrees` says so: the caller checks."""
+    (autocast: F.linear on the module's own weights). Its sums restart every `kblock` k's; given
+    `like` (oneDNN's linear of the same weight), at the first of KBLOCKS where it gives `like`'s bits
+    at every count of PROBE_ROWS instead, and None where none does. The function carries its
+    `kblock`."""
     import torch
 
     lib = library()
@@ -63,25 +75,34 @@ def linear(weight: Any, bias: Any, other_dtype: Callable[[Any], Any] | None = No
     b = None if bias is None else bias.detach().contiguous()
     # Bound once: a decode step makes ~120 of these calls, and at one row each costs ~10 us of
     # Python on top of the kernel's own time otherwise.
-    call, threads, f32 = lib.arle_linear, torch.get_num_threads, torch.float32
+    call, threads, f32, wide = lib.arle_linear, torch.get_num_threads, torch.float32, int(has_avx512())
     weights, bias_at = packed.data_ptr(), None if b is None else b.data_ptr()
 
-    def forward(x: Any) -> Any:
-        if x.dtype != f32 and other_dtype is not None:
-            return other_dtype(x)
-        if x.dtype != f32 or x.shape[-1] != k or not x.is_cpu:  # the kernel would read past x, or a GPU's memory
-            raise RuntimeError(f"cpu_gemm: an fp32 CPU input of width {k} expected, got {x.dtype} {tuple(x.shape)}")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        out = torch.empty((*x.shape[:-1], n), dtype=f32)
-        rows = x.numel() // k
-        if rows:
-            call(x.data_ptr(), weights, bias_at, out.data_ptr(), rows, n, k, KBLOCK, threads())
-        return out
+    def restarting_every(kblock: int) -> Callable[[Any], Any]:
+        def forward(x: Any) -> Any:
+            if x.dtype != f32 and other_dtype is not None:
+                return other_dtype(x)
+            if x.dtype != f32 or x.shape[-1] != k or not x.is_cpu:  # the kernel would read past x, or a GPU's memory
+                raise RuntimeError(f"cpu_gemm: an fp32 CPU input of width {k} expected, got {x.dtype} {tuple(x.shape)}")
+            if not x.is_contiguous():
+                x = x.contiguous()
+            out = torch.empty((*x.shape[:-1], n), dtype=f32)
+            rows = x.numel() // k
+            if rows:
+                call(x.data_ptr(), weights, bias_at, out.data_ptr(), rows, n, k, kblock, threads(), wide)
+            return out
 
-    # What `weights` and `bias_at` point into, alive as long as `forward` is (the closure holds
-    # only the addresses).
-    forward.holds = (packed, b)  # type: ignore[attr-defined]
+        # What `weights` and `bias_at` point into, alive as long as `forward` is (the closure holds
+        # only the addresses).
+        forward.holds = (packed, b)  # type: ignore[attr-defined]
+        forward.kblock = kblock  # type: ignore[attr-defined]
+        return forward
+
+    if like is None:
+        return restarting_every(kblock)
+    forward = next((f for f in map(restarting_every, KBLOCKS) if agrees(f, like, k)), None)
+    if forward is None:
+        log.debug("cpu_gemm differs from oneDNN at %d x %d: oneDNN kept", n, k)
     return forward
 
 
@@ -122,7 +143,6 @@ def agrees(ours: Callable[[Any], Any], reference: Callable[[Any], Any], d_in: in
         for rows in PROBE_ROWS:
             x = torch.randn(rows, d_in, generator=gen)
             if not torch.equal(ours(x), reference(x)):
-                log.debug("cpu_gemm differs from oneDNN at %d x %d: oneDNN kept", rows, d_in)
                 return False
     return True
 
@@ -151,7 +171,7 @@ def library() -> Any:
     ptr, size = ctypes.c_void_p, ctypes.c_long
     lib.arle_pack.argtypes = [ptr, ptr, size, size]
     lib.arle_pack.restype = None
-    lib.arle_linear.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, ctypes.c_int]
+    lib.arle_linear.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, ctypes.c_int, ctypes.c_int]
     lib.arle_linear.restype = None
     lib.arle_advise_huge.argtypes = [ptr, size]
     lib.arle_advise_huge.restype = None
@@ -177,14 +197,19 @@ def library_name(source: bytes, compiler: str) -> str:
     return f"cpu_kernels-{hashlib.sha256(source + ' '.join((compiler, *FLAGS)).encode()).hexdigest()[:16]}.so"
 
 
+@functools.cache
+def has_avx512() -> bool:
+    """Whether the CPU has AVX-512F: the linear then runs cpu_kernels.c's 16-wide blocks from two
+    rows on (the same bits)."""
+    return "avx512f" in cpu_flags()
+
+
 def _cpu_fits() -> bool:
-    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_kernels.c is compiled for) and no AVX-512:
-    there oneDNN runs 16-wide kernels this one has not been measured against (perf/README.md), so
-    oneDNN keeps those CPUs until it is."""
+    """x86-64 Linux whose CPU has AVX2 and FMA (what cpu_kernels.c is compiled for)."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False
     flags = cpu_flags()
-    return "avx2" in flags and "fma" in flags and "avx512f" not in flags
+    return "avx2" in flags and "fma" in flags
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:

@@ -13,9 +13,10 @@
 
    Its numbers: each output is one fused multiply-add chain over k in order, restarted every
    `kblock` k's, the restarted chains' sums added left to right, then the bias: the order of oneDNN's
-   AVX2 kernel (kblock 1024), so the results are oneDNN's bit for bit. cpu_gemm.py checks that on
-   each shape before using it and keeps oneDNN where they differ. A row's result never depends on
-   the other rows or the thread count: rows, panels and threads only choose which chain runs when. */
+   kernels (kblock 1024 on AVX2; 512 or 1024 by shape on AVX-512), so the results are oneDNN's bit
+   for bit. cpu_gemm.py finds the kblock for each shape by checking against oneDNN before using it
+   and keeps oneDNN where none agrees. A row's result never depends on the other rows or the thread
+   count: rows, panels and threads only choose which chain runs when. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -83,27 +84,87 @@ static inline __attribute__((always_inline)) void block(const int R, const int P
   block(R, P, x, ldx, k0, k1, panel, stride, y, ldy, first, bias, ahead); }
 SHAPE(1, 6) SHAPE(2, 3) SHAPE(3, 2) SHAPE(1, 2) SHAPE(2, 2)
 SHAPE(1, 1) SHAPE(2, 1) SHAPE(3, 1) SHAPE(4, 1) SHAPE(5, 1) SHAPE(6, 1)
+
+/* The same chains on a CPU with AVX-512 (the caller says so: `wide`), a panel one 16-wide register:
+   up to 24 sums in its 32 registers, 6 rows x 4 panels from 4 rows on, 2 x 6 and 3 x 4 for 2 and 3
+   rows. Each output's chain is the one above, so the bits are too. Why: on a Zen 4 EPYC these are
+   1.1-1.6x the 8-wide blocks (and oneDNN's) at 2-64 rows; one row streams faster 8-wide. */
+#define WIDE __attribute__((target("avx512f")))
+static inline __attribute__((always_inline)) WIDE void wide_block(const int R, const int P, const float *x, long ldx,
+    long k0, long k1, const float *panel, long stride, float *y, long ldy, int first, const float *bias,
+    const float *ahead) {
+  __m512 c[8][6];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+    for (int q = 0; q < P; q++) c[r][q] = _mm512_setzero_ps();
+  for (long kk = k0; kk < k1; kk++) {
+    if (ahead) _mm_prefetch((const char *)(ahead + kk * 16), _MM_HINT_T1);
+    __m512 w[6];
+#pragma GCC unroll 6
+    for (int q = 0; q < P; q++) w[q] = _mm512_load_ps(panel + q * stride + kk * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m512 b = _mm512_set1_ps(x[r * ldx + kk]);
+#pragma GCC unroll 6
+      for (int q = 0; q < P; q++) c[r][q] = _mm512_fmadd_ps(b, w[q], c[r][q]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+    for (int q = 0; q < P; q++) {
+      float *o = y + r * ldy + q * 16;
+      __m512 v = c[r][q];
+      if (!first) v = _mm512_add_ps(_mm512_loadu_ps(o), v);
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + q * 16));
+      _mm512_storeu_ps(o, v);
+    }
+}
+
+#define WIDE_SHAPE(R, P) static WIDE void wide_##R##x##P(const float *x, long ldx, long k0, long k1, \
+    const float *panel, long stride, float *y, long ldy, int first, const float *bias, const float *ahead) { \
+  wide_block(R, P, x, ldx, k0, k1, panel, stride, y, ldy, first, bias, ahead); }
+WIDE_SHAPE(2, 6) WIDE_SHAPE(3, 4) WIDE_SHAPE(1, 4) WIDE_SHAPE(2, 4) WIDE_SHAPE(4, 4) WIDE_SHAPE(5, 4) WIDE_SHAPE(6, 4)
+WIDE_SHAPE(1, 1) WIDE_SHAPE(2, 1) WIDE_SHAPE(3, 1) WIDE_SHAPE(4, 1) WIDE_SHAPE(5, 1) WIDE_SHAPE(6, 1)
+WIDE_SHAPE(7, 1) WIDE_SHAPE(8, 1)
+
 typedef void (*block_fn)(const float *, long, long, long, const float *, long, float *, long, int, const float *,
                          const float *);
-static const block_fn one_panel[7] = {0, block_1x1, block_2x1, block_3x1, block_4x1, block_5x1, block_6x1};
-static const block_fn few_rows[4] = {0, block_1x6, block_2x3, block_3x2};  /* a call of 1-3 rows */
-static const block_fn two_panels[4] = {0, block_1x2, block_2x2, block_3x2};  /* a block of a call of 4+ */
+/* One register width's blocks: for a lone panel (1 to `lone_most` rows), for a call of 1-3 rows (all
+   its rows over `few_width[m]` panels), and for a call of 4+ (up to `most` rows over `width` panels). */
+typedef struct {
+  block_fn one_panel[9], few_rows[4], many_rows[7];
+  long few_width[4], width, most, lone_most;
+} blocks_t;
+static const blocks_t narrow = {
+    {0, block_1x1, block_2x1, block_3x1, block_4x1, block_5x1, block_6x1},
+    {0, block_1x6, block_2x3, block_3x2},
+    {0, block_1x2, block_2x2, block_3x2},
+    {0, 6, 3, 2}, 2, 3, 6};
+static const blocks_t wide = {
+    {0, wide_1x1, wide_2x1, wide_3x1, wide_4x1, wide_5x1, wide_6x1, wide_7x1, wide_8x1},
+    {0, 0, wide_2x6, wide_3x4},
+    {0, wide_1x4, wide_2x4, wide_3x4, wide_4x4, wide_5x4, wide_6x4},
+    {0, 0, 6, 4}, 4, 6, 8};
 
 typedef struct {
   const float *x, *p, *bias;
   float *y;
   long m, n, k, kblock, panel0, panel1;
+  const blocks_t *blocks;
 } job_t;
 
 static void run(const job_t *j) {
   long k = j->k, n = j->n, stride = 16 * k;
+  const blocks_t *set = j->blocks;
   /* Rows in groups whose slice of x stays in the core's L2 (~256 KB) while the panels pass. */
   long group = (65536 / (k > 0 ? k : 1)) / 6 * 6;
   if (group < 6) group = 6;
-  /* Panels at once: for 1-3 rows all the rows in one block over 6/m panels; from 4 rows, blocks of
-     up to 3 rows over 2 panels (3 x 2 beat 6 x 1 at every row count measured, by up to 20% at 4-15
-     rows); a panel left over alone takes blocks of up to 6 rows. */
-  long width = j->m <= 3 ? 6 / j->m : 2;
+  /* Panels at once: for 1-3 rows all the rows in one block over few_width[m] panels; from 4 rows,
+     blocks of up to `most` rows over `width` panels (8-wide: 3 x 2 beat 6 x 1 at every row count
+     measured, by up to 20% at 4-15 rows); a panel left over alone takes blocks of up to lone_most. */
+  long width = j->m <= 3 ? set->few_width[j->m] : set->width;
   for (long m0 = 0; m0 < j->m; m0 += group) {
     long m1 = m0 + group < j->m ? m0 + group : j->m;
     long w;
@@ -114,8 +175,8 @@ static void run(const job_t *j) {
          ones too was 5-15% slower there) */
       const float *ahead = w == 1 && pn + w < j->panel1 ? panel + w * stride : 0;
       const float *bias = j->bias ? j->bias + pn * 16 : 0;
-      const block_fn *kernels = w == 1 ? one_panel : j->m <= 3 ? few_rows : two_panels;
-      long most = w == 1 ? 6 : 3;
+      const block_fn *kernels = w == 1 ? set->one_panel : j->m <= 3 ? set->few_rows : set->many_rows;
+      long most = w == 1 ? set->lone_most : j->m <= 3 ? 3 : set->most;
       for (long k0 = 0; k0 < k; k0 += j->kblock) {
         long k1 = k0 + j->kblock < k ? k0 + j->kblock : k;
         /* As few row blocks as hold the rows, as even as can be: a pass over the panels costs
@@ -135,20 +196,22 @@ static void run(const job_t *j) {
 
 static void *run_thread(void *arg) { run((const job_t *)arg); return 0; }
 
-/* y[m, n] = x[m, k] . W^T + bias (bias may be NULL); n a multiple of 16, p from arle_pack. Splits
-   the column panels over `threads` threads (the caller is one of them). */
+/* y[m, n] = x[m, k] . W^T + bias (bias may be NULL); n a multiple of 16, p from arle_pack; `wide`:
+   the CPU has AVX-512F (its blocks from 2 rows on). Splits the column panels over `threads` threads
+   (the caller is one of them). */
 void arle_linear(const float *x, const float *p, const float *bias, float *y, long m, long n, long k, long kblock,
-                int threads) {
+                int threads, int wide_ok) {
   long panels = n / 16;
   if (kblock <= 0) kblock = k;
   if (threads > 16) threads = 16;
   if (threads > panels) threads = (int)panels;
   if (threads < 1 || m * n * k < (1L << 21)) threads = 1; /* a thread's start costs more than such a call */
+  const blocks_t *set = wide_ok && m > 1 ? &wide : &narrow;
   job_t jobs[16];
   pthread_t tids[16];
   int started[16] = {0};
   for (int t = 0; t < threads; t++)
-    jobs[t] = (job_t){x, p, bias, y, m, n, k, kblock, panels * t / threads, panels * (t + 1) / threads};
+    jobs[t] = (job_t){x, p, bias, y, m, n, k, kblock, panels * t / threads, panels * (t + 1) / threads, set};
   for (int t = 1; t < threads; t++) started[t] = pthread_create(&tids[t], 0, run_thread, &jobs[t]) == 0;
   run(&jobs[0]);
   for (int t = 1; t < threads; t++) {
@@ -162,9 +225,11 @@ void arle_linear(const float *x, const float *p, const float *bias, float *y, lo
    ~20 us of torch's op dispatch, ~60 of them a step (perf/README.md). ---- */
 
 /* The sum of squares of x[0..n) as torch's CPU float `x.pow(2).sum(-1)` adds it (SumKernel.cpp:
-   cascade_sum's vectorized inner sum): 8-wide vectors taken four at a time into four accumulators,
-   which cascade up four levels every 2^power steps; then the leftover vectors, the four
-   accumulators left to right, the leftover scalars and the eight lanes left to right. Needs n >= 8. */
+   cascade_sum's vectorized inner sum, 8-wide on AVX-512 CPUs too: torch runs its AVX2 build there,
+   the same bits under ATEN_CPU_CAPABILITY avx2, avx512 and default): 8-wide vectors taken four at a
+   time into four accumulators, which cascade up four levels every 2^power steps; then the leftover
+   vectors, the four accumulators left to right, the leftover scalars and the eight lanes left to
+   right. Needs n >= 8. */
 static float sum_of_squares(const float *x, long n) {
   long vectors = n / 8, quads = vectors / 4;
   int power = 0;

@@ -76,25 +76,35 @@ def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
         outs = [torch.nn.functional.linear(x, m.weight, m.bias) for m in linears]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
-    # arle's own kernel where it gives oneDNN's bits for this shape at every row count (checked
-    # once per shape, against oneDNN packed for it); then oneDNN never packs this weight.
-    faster = None if _FASTER.get(key) is False else cpu_gemm.linear(weight, bias, other_dtype)
-    if faster is not None:
-        if key not in _FASTER:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-            _FASTER[key] = cpu_gemm.agrees(faster, _onednn(packed, bias), key[0])
-            del packed
-        if _FASTER[key]:
-            # Its rows never depend on each other; agreeing with oneDNN at 1 to 16 rows, oneDNN's
-            # did not either there (what _row_rule would have probed).
-            faster.row_rule = RowRule(pad_single=False, stable=True)  # type: ignore[attr-defined]
-            return faster
+    # arle's own kernel where it gives the bits oneDNN's call below would (checked once per shape,
+    # which also finds where the kernel restarts its sums): then oneDNN never keeps this weight.
+    kblock = _KBLOCKS.get(key, 0)
+    if kblock:
+        faster = cpu_gemm.linear(weight, bias, other_dtype, kblock=kblock)
+        if faster is not None:
+            return _batch_invariant(faster)
+
+    forward = onednn_linear(weight, bias, other_dtype)
+    if key not in _KBLOCKS and cpu_gemm.library() is not None:
+        faster = cpu_gemm.linear(weight, bias, other_dtype, like=forward)
+        _KBLOCKS[key] = getattr(faster, "kblock", None)
+        if faster is not None:
+            return _batch_invariant(faster)
+    return forward
+
+
+def onednn_linear(weight: Any, bias: Any, other_dtype: Callable[[Any], Any] | None = None) -> Callable[[Any], Any]:
+    """oneDNN's `F.linear(x, weight, bias)` on the weight packed now, a lone row run as two where
+    oneDNN would give it other bits than in a batch (`_row_rule`); an input in another dtype goes to
+    `other_dtype`. The function carries its `row_rule`."""
+    import torch
 
     packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-    rule = _row_rule(packed, bias, *key[:2], first.weight.dtype)
+    dtype = weight.dtype  # not the weight itself: the packed copy is all the call keeps
+    rule = _row_rule(packed, bias, weight.shape[1], weight.shape[0], dtype)
 
     def forward(x: Any) -> Any:
-        if x.dtype != first.weight.dtype:
+        if x.dtype != dtype and other_dtype is not None:
             return other_dtype(x)
         if rule.pad_single and x.numel() == x.shape[-1]:
             # One row runs as two (the same cost: the weights are read once), on the kernel
@@ -105,6 +115,13 @@ def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
 
     forward.row_rule = rule  # type: ignore[attr-defined]
     return forward
+
+
+def _batch_invariant(faster: Any) -> Any:
+    """cpu_gemm's call with its row rule: its rows never depend on each other, and agreeing with
+    oneDNN's call at 1 to 16 rows, oneDNN's did not either there (what _row_rule probed)."""
+    faster.row_rule = RowRule(pad_single=False, stable=True)
+    return faster
 
 
 def _onednn(packed: Any, bias: Any) -> Callable[[Any], Any]:
@@ -123,8 +140,9 @@ class RowRule:
 
 
 _ROW_RULES: dict[tuple[int, int, bool, str], RowRule] = {}
-# Per shape: whether cpu_gemm's kernel gives oneDNN's bits (measured by packed_call, once).
-_FASTER: dict[tuple[int, int, bool, str], bool] = {}
+# Per shape: where cpu_gemm's kernel restarts its sums to give oneDNN's bits, None where it cannot
+# (measured by packed_call, once).
+_KBLOCKS: dict[tuple[int, int, bool, str], int | None] = {}
 
 
 def _row_rule(packed: Any, bias: Any, d_in: int, d_out: int, dtype: Any) -> RowRule:
