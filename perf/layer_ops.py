@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine_info import isa_line, package_versions, perf_model, write_result
+from machine_info import decode_result, isa_line, perf_model, write_result
 from roofline import decode_rate, prompts
 
 RESULTS = Path(__file__).resolve().parents[1] / "perf" / "results"
@@ -62,18 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{r['batch']:>5} {r['c_tok_s']:>9} {r['torch_tok_s']:>12} {r['c_over_torch']:>8}"
             f" {ms['c']:>10} {ms['torch']:>7}  {same}"
         )
-    result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "model": model_name,
-        "isa": isa_line(),
-        "threads": args.threads,
-        "load_avg_at_start": load,
-        "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
-        "tokens": tokens,
-        "extra": extra,
-        "versions": package_versions(("arle", "torch", "transformers")),
-        "rows": rows,
-    }
+    result = decode_result(model_name, args.threads, load, tokens, extra, rows=rows)
     out = args.out or RESULTS / ("layer_ops_quick.json" if args.quick else "layer_ops.json")
     write_result(result, out, work, args.keep)
     return result

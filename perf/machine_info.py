@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
@@ -61,6 +62,24 @@ def process_seconds(cmd: list[str], env: dict[str, str] | None = None) -> float:
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd[:3])} ... exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     return elapsed
+
+
+def decode_result(model: str, threads: int, load_at_start: list[float], tokens: int, extra: int, **fields: Any) -> dict:
+    """A decode benchmark's result: when and where it ran (the model, the CPU's ISA line, torch
+    threads, the load average at its start and now, the short call's tokens and the long call's
+    extra ones, package versions), then `fields`."""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "model": model,
+        "isa": isa_line(),
+        "threads": threads,
+        "load_avg_at_start": load_at_start,
+        "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "tokens": tokens,
+        "extra": extra,
+        "versions": package_versions(("arle", "torch", "transformers")),
+        **fields,
+    }
 
 
 def write_result(result: dict, out: Path, work: Path, keep: bool) -> None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from machine_info import bound_fraction, package_versions, perf_model, roofline, roofline_lines, write_result
+from machine_info import bound_fraction, decode_result, perf_model, roofline, roofline_lines, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
@@ -41,16 +41,24 @@ def prompts(n: int) -> list[str]:
 
 def decode_rate(generate: Callable[[int], int], tokens: int, extra: int) -> float:
     """Decode tokens/s of `generate(max_new_tokens) -> tokens generated`, without prefill:
-    the extra tokens of a longer call over its extra seconds (best of two pairs)."""
-    best = 0.0
-    for _ in range(2):
+    the extra tokens of a longer call over its extra seconds (best of two pairs). A pair whose
+    longer call was no slower (a few extra tokens of a tiny model, inside the timer's jitter)
+    measures nothing and is run again, up to six pairs."""
+    rates: list[float] = []
+    for _ in range(6):
         start = time.perf_counter()
         short = generate(tokens)
         mid = time.perf_counter()
         long = generate(tokens + extra)
         end = time.perf_counter()
-        best = max(best, (long - short) / max((end - mid) - (mid - start), 1e-9))
-    return best
+        seconds = (end - mid) - (mid - start)
+        if seconds > 0:
+            rates.append((long - short) / seconds)
+        if len(rates) == 2:
+            break
+    if not rates:
+        raise RuntimeError(f"{extra} extra tokens took no measurable time: pass a larger --extra")
+    return max(rates)
 
 
 def arle_generate(model: str, batch: int) -> Callable[[int], int]:
@@ -147,18 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         target = f"  target >= {r['target']:.0%}: {'met' if r['target_met'] else 'MISSED'}" if "target" in r else ""
         bound = roof["bound_tok_s"][r["batch"]]
         print(f"{r['batch']:>5} {bound:>12} {r['arle_tok_s']:>11} {r['arle_fraction']:>9.0%} {peer}{target}")
-    result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "model": model_name,
-        "threads": args.threads,
-        "load_avg_at_start": load,
-        "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
-        "tokens": tokens,
-        "extra": extra,
-        "versions": package_versions(("arle", "torch", "transformers")),
-        "roofline": roof,
-        "rows": rows,
-    }
+    result = decode_result(model_name, args.threads, load, tokens, extra, roofline=roof, rows=rows)
     out = args.out or RESULTS / ("roofline_quick.json" if args.quick else "roofline.json")
     write_result(result, out, work, args.keep)
     return result
