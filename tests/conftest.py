@@ -37,6 +37,9 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("ARLE_HOME", str(home))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    # Tiny models' packed weights are cached as a user's are; the 135M model's 540 MB are not
+    # written per test unless a test asks (engine.packed_cache).
+    monkeypatch.setenv("ARLE_PACK_CACHE_BYTES", str(64 << 20))
     return home
 
 

@@ -61,7 +61,7 @@ def test_logits_and_cache_are_the_model_classes_own_bit_for_bit(llama):
 
     loaded = native.load(str(llama), "cpu", None)
     assert loaded is not None
-    lm, _, forward = loaded
+    lm, forward = loaded.model, loaded.forward
     pack_linears(lm, skip=forward.modules)  # as the engine packs the linears the fused forward does not stack
     model = AutoModelForCausalLM.from_pretrained(llama).eval()
     assert use_grouped_attention(model)
@@ -91,8 +91,7 @@ def test_the_tokenizer_is_the_one_autotokenizer_gives(llama):
 
     loaded = native.load(str(llama), "cpu", None)
     assert loaded is not None
-    _, tok = loaded[0], loaded[1]
-    _same_tokenizer(tok, AutoTokenizer.from_pretrained(str(llama), padding_side="left"))
+    _same_tokenizer(loaded.tokenizer, AutoTokenizer.from_pretrained(str(llama), padding_side="left"))
 
 
 def _same_tokenizer(mine: Any, theirs: Any) -> None:

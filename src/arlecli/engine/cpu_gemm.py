@@ -33,7 +33,10 @@ import tempfile
 import threading
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from arlecli.engine.packed_cache import PackedStore
 
 log = logging.getLogger(__name__)
 
@@ -56,22 +59,26 @@ def linear(
     *,
     kblock: int = KBLOCKS[0],
     like: Callable[[Any], Any] | None = None,
+    store: PackedStore | None = None,
 ) -> Callable[[Any], Any] | None:
     """`F.linear(x, weight, bias)` on cpu_kernels.c with the weight packed now (a snapshot, as
     oneDNN's), or None where it cannot run here; an input in another dtype goes to `other_dtype`
     (autocast: F.linear on the module's own weights). Its sums restart every `kblock` k's; given
     `like` (oneDNN's linear of the same weight), at the first of KBLOCKS where it gives `like`'s bits
     at every count of PROBE_ROWS instead, and None where none does. The function carries its
-    `kblock`."""
+    `kblock`. With a `store` (engine.packed_cache), the packed weight comes from its file where
+    that holds it, and is kept there for the next run."""
     import torch
 
     lib = library()
     n, k = weight.shape
     if lib is None or weight.dtype != torch.float32 or n % PANEL or (bias is not None and bias.dtype != weight.dtype):
         return None
-    packed = _huge_paged(n * k)
-    w = weight.detach().contiguous()
-    lib.arle_pack(w.data_ptr(), packed.data_ptr(), n, k)
+    packed = None if store is None else store.take(weight)
+    if packed is None:
+        packed = _huge_paged(n * k)
+        w = weight.detach().contiguous()
+        lib.arle_pack(w.data_ptr(), packed.data_ptr(), n, k)
     b = None if bias is None else bias.detach().contiguous()
     # Bound once: a decode step makes ~120 of these calls, and at one row each costs ~10 us of
     # Python on top of the kernel's own time otherwise.
@@ -98,11 +105,15 @@ def linear(
         forward.kblock = kblock  # type: ignore[attr-defined]
         return forward
 
-    if like is None:
-        return restarting_every(kblock)
-    forward = next((f for f in map(restarting_every, KBLOCKS) if agrees(f, like, k)), None)
+    forward = (
+        restarting_every(kblock)
+        if like is None
+        else next((f for f in map(restarting_every, KBLOCKS) if agrees(f, like, k)), None)
+    )
     if forward is None:
         log.debug("cpu_gemm differs from oneDNN at %d x %d: oneDNN kept", n, k)
+    elif store is not None:
+        store.keep(packed)
     return forward
 
 

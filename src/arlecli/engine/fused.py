@@ -25,10 +25,13 @@ import functools
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from arlecli.engine import cpu_ops
 from arlecli.engine.onednn import packable, packed_call
+
+if TYPE_CHECKING:
+    from arlecli.engine.packed_cache import PackedStore
 
 # The causal LM classes whose computation `FusedForward` repeats, with the classes of their parts.
 SUPPORTED = {
@@ -238,10 +241,12 @@ def assemble(
     eager_attention: Callable[..., Any],
     causal_mask: Callable[..., Any] | None = None,
     attention: Callable[..., Any] | None = None,
+    store: PackedStore | None = None,
 ) -> FusedForward | None:
     """The `FusedForward` of a Llama-shaped `model` whose parts `build` (or engine.native, which
-    made them) vouches for, its stacked weights packed now; None where oneDNN cannot pack them or
-    stacking would not give each output its own bits."""
+    made them) vouches for, its stacked weights packed now (or mapped from `store`'s file:
+    engine.packed_cache); None where oneDNN cannot pack them or stacking would not give each
+    output its own bits."""
     layers = list(model.model.layers)
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -257,8 +262,8 @@ def assemble(
     fused = [
         _Layer(
             module=layer,
-            qkv=packed_call([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-            gate_up=packed_call([layer.mlp.gate_proj, layer.mlp.up_proj]),
+            qkv=packed_call([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], store),
+            gate_up=packed_call([layer.mlp.gate_proj, layer.mlp.up_proj], store),
         )
         for layer in layers
     ]

@@ -123,13 +123,18 @@ class HFEngine:
             self._fused: fused.FusedForward | None = None
         else:
             loaded = native.load(model, self.device, dtype)
+            store = None
             if loaded is not None:  # the same modules and numbers without transformers' model classes
-                self.model, self.tokenizer, self._fused = loaded
+                self.model, self.tokenizer, self._fused = loaded.model, loaded.tokenizer, loaded.forward
+                store = loaded.store
             else:
                 self.model, self.tokenizer = _load(model, self.device, dtype)
                 use_grouped_attention(self.model)
                 self._fused = fused.build(self.model)
-            self._packed = pack_linears(self.model, skip=self._fused.modules if self._fused else frozenset())
+            skip = self._fused.modules if self._fused else frozenset()
+            self._packed = pack_linears(self.model, skip=skip, store=store)
+            if store is not None:  # the packed weights kept for the next load
+                store.save()
         # Prompt lookup's guesses are greedy's bit for bit only where every linear gives a row the
         # same bits at any row count and attention runs rowwise when asked (engine.attention).
         calls = [*(self._packed or []), *(self._fused.calls if self._fused else [])]

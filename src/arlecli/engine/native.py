@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arlecli.engine import packed_cache
+
 # Config fields the computation reads, with the values this module computes them for (None: any).
 REQUIRED = {
     "model_type": "llama",
@@ -123,8 +125,9 @@ def config_of(folder: Path) -> Config | None:
         return None
 
 
-def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | None:
-    """(model, tokenizer, its `fused.FusedForward`) for the folder `model`, or None where
+def load(model: str, device: str, dtype: str | None) -> Loaded | None:
+    """The model, tokenizer and `fused.FusedForward` for the folder `model`, with the fused
+    weights mapped from engine.packed_cache's file where it holds them; or None where
     transformers should load it (see the module's docstring)."""
     folder = Path(model)
     if not enabled() or device != "cpu" or dtype not in (None, "float32") or not folder.is_dir():
@@ -147,38 +150,56 @@ def load(model: str, device: str, dtype: str | None) -> tuple[Any, Any, Any] | N
         tokenizer = TokenizersBackend.from_pretrained(str(folder), padding_side="left")
     except Exception:  # a damaged file: transformers' load says what is wrong (engine.hf `_load`)
         return None
-    weights = _weights(folder, config)
-    if weights is None:
+    files = weight_files(folder)
+    weights = None if files is None else _weights(files, config)
+    if files is None or weights is None:
         return None
     config._attn_implementation = GROUPED_SDPA
     lm = _build(config, weights)
     lm.eval()
     lm.generation_config = generation_config
-    forward = fused.assemble(lm, grouped_sdpa, causal_mask, grouped_sdpa)
+    store = packed_cache.open_store(files)
+    forward = fused.assemble(lm, grouped_sdpa, causal_mask, grouped_sdpa, store)
     if forward is None:
         return None
-    return lm, tokenizer, forward
+    return Loaded(lm, tokenizer, forward, store)
 
 
-def _weights(folder: Path, config: Config) -> dict[str, Any] | None:
+@dataclass
+class Loaded:
+    """What `load` gives the hf engine."""
+
+    model: Any
+    tokenizer: Any
+    forward: Any  # its fused.FusedForward
+    store: packed_cache.PackedStore | None  # for the other linears, then `save`; None where caching is off
+
+
+def weight_files(folder: Path) -> list[Path] | None:
+    """The folder's safetensors files (one, or the shards its index names), or None where there
+    are none or a shard is named outside the folder."""
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            if any(not isinstance(f, str) or Path(f).name != f for f in files):
+                return None  # a shard named outside the folder
+            return [folder / f for f in files]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else None
+
+
+def _weights(files: list[Path], config: Config) -> dict[str, Any] | None:
     """The checkpoint's tensors as fp32, or None unless they are exactly the expected names and shapes."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    index = folder / "model.safetensors.index.json"
     try:
-        if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            if any(Path(f).name != f for f in files):
-                return None  # a shard named outside the folder
-        elif (folder / "model.safetensors").is_file():
-            files = ["model.safetensors"]
-        else:
-            return None
         tensors: dict[str, Any] = {}
         for f in files:
-            tensors.update(load_file(str(folder / f)))
+            tensors.update(load_file(str(f)))
     except (OSError, ValueError, KeyError, TypeError, SafetensorError):
         return None  # transformers loads it, or says what is wrong with it
     if len(tensors) != 2 + 9 * config.num_hidden_layers + (not config.tie_word_embeddings):

@@ -16,23 +16,27 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from arlecli.engine import cpu_gemm
 
+if TYPE_CHECKING:
+    from arlecli.engine.packed_cache import PackedStore
 
-def pack_linears(model: Any, skip: frozenset[int] = frozenset()) -> list[Any]:
+
+def pack_linears(model: Any, skip: frozenset[int] = frozenset(), store: PackedStore | None = None) -> list[Any]:
     """Run each fp32 or bf16 CPU `nn.Linear` of `model` on oneDNN with its weight prepacked
     now; returns the modules changed (`unpack_linears` undoes it). Nothing where oneDNN is
     missing or disagrees with `F.linear` here (per dtype: bf16 needs its kernels too), nor
     for the modules whose `id` is in `skip` (ones engine.fused runs from a fused weight).
+    `store`: packed weights cached between runs (`packed_call`).
 
     Costs one copy of the weights in memory. The packed copy is a snapshot: weights changed
     later are not seen until the modules are unpacked and packed again."""
     linears = [m for m in model.modules() if id(m) not in skip and packable(m)]
     for m in linears:
         # An instance attribute over the class's method, on purpose (unpack_linears deletes it).
-        m.forward = packed_call([m])
+        m.forward = packed_call([m], store)
     return linears
 
 
@@ -56,12 +60,13 @@ def unpack_linears(modules: list[Any]) -> None:
         vars(m).pop("forward", None)
 
 
-def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
+def packed_call(linears: list[Any], store: PackedStore | None = None) -> Callable[[Any], Any]:
     """One packed call computing the outputs of `linears` (one, or several reading the same
     input: their weights stacked, outputs side by side), with the weights packed now, on oneDNN
     or on engine.cpu_gemm's kernel where that gives oneDNN's bits; an input in another dtype than
     the packed weight's (autocast) runs `F.linear` on each instead. The function carries its
-    `row_rule`."""
+    `row_rule`. `store` (engine.packed_cache): the kernel's packed weight from the file where it
+    holds it, and kept there for the next run."""
     import torch
 
     first = linears[0]
@@ -80,13 +85,13 @@ def packed_call(linears: list[Any]) -> Callable[[Any], Any]:
     # which also finds where the kernel restarts its sums): then oneDNN never keeps this weight.
     kblock = _KBLOCKS.get(key, 0)
     if kblock:
-        faster = cpu_gemm.linear(weight, bias, other_dtype, kblock=kblock)
+        faster = cpu_gemm.linear(weight, bias, other_dtype, kblock=kblock, store=store)
         if faster is not None:
             return _batch_invariant(faster)
 
     forward = onednn_linear(weight, bias, other_dtype)
     if key not in _KBLOCKS and cpu_gemm.library() is not None:
-        faster = cpu_gemm.linear(weight, bias, other_dtype, like=forward)
+        faster = cpu_gemm.linear(weight, bias, other_dtype, like=forward, store=store)
         _KBLOCKS[key] = getattr(faster, "kblock", None)
         if faster is not None:
             return _batch_invariant(faster)
