@@ -79,6 +79,24 @@ def test_the_second_load_maps_the_firsts_packs_and_gives_the_same_tokens(llama, 
     assert_same_episodes(kv_kept, plain_kv, "test_packed_cache_four_turns")
 
 
+def test_where_the_mapping_is_not_on_2mb_pages_the_entries_are_copied(llama, isolated_home, packs, monkeypatch):
+    """A file system without large folios maps the file on 4 KB pages: the entries are copied into
+    2 MB pages instead (no packing), the file is left as it is, and the tokens are the same."""
+    import torch
+
+    _engine(llama)
+    [path] = _cached(isolated_home)
+    fresh, inode = len(packs), path.stat().st_ino
+    monkeypatch.setattr(packed_cache, "_on_huge_pages", lambda data: False)
+    copied = _engine(llama)
+    assert len(packs) == fresh and path.stat().st_ino == inode
+    qkv = copied._fused.layers[0].qkv.holds[0]
+    assert not any(qkv.data_ptr() == e.data_ptr() for e in packed_cache._mapped(path))  # a copy, not the file
+    monkeypatch.setenv(packed_cache.ENV_VAR, "0")
+    assert_same_generations_and_logliks(copied, _engine(llama))
+    assert not packed_cache._on_huge_pages(torch.zeros(1 << 20))  # anonymous memory: not a file's pages
+
+
 def _zero_an_entry(path: Path, entry: int) -> None:
     raw, sizes = bytearray(path.read_bytes()), _sizes(path)
     at = packed_cache.HEADER + 4 * sum(sizes[:entry])

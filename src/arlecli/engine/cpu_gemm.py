@@ -76,7 +76,7 @@ def linear(
         return None
     packed = None if store is None else store.take(weight)
     if packed is None:
-        packed = _huge_paged(n * k)
+        packed = huge_paged(n * k)
         w = weight.detach().contiguous()
         lib.arle_pack(w.data_ptr(), packed.data_ptr(), n, k)
     b = None if bias is None else bias.detach().contiguous()
@@ -117,7 +117,7 @@ def linear(
     return forward
 
 
-def _huge_paged(count: int) -> Any:
+def huge_paged(count: int) -> Any:
     """An empty fp32 tensor of `count` elements, carved from 64 MB chunks on 2 MB pages where the
     kernel allows (advised before any page is touched): a decode step streams all the weights, and
     on 4 KB pages TLB misses cost the kernel ~7% at 16 rows (perf/README.md). Chunks, not a 2 MB
@@ -244,13 +244,13 @@ def _cached_build(source: bytes, compiler: str, name: str) -> tuple[Path, bool]:
     folder = cache_dir() / "kernels"
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        private = _private(folder) and _private(folder.parent)
+        private = private_path(folder) and private_path(folder.parent)
     except OSError:
         private = False
     if not private:
         folder = Path(tempfile.mkdtemp(prefix="arle-kernels-"))
     target = folder / name
-    if private and target.exists() and _private(target):
+    if private and target.exists() and private_path(target):
         return target, False
     with tempfile.TemporaryDirectory(dir=folder) as work:
         built = Path(work) / name
@@ -265,7 +265,7 @@ def _cached_build(source: bytes, compiler: str, name: str) -> tuple[Path, bool]:
     return target, not private
 
 
-def _private(path: Path) -> bool:
+def private_path(path: Path) -> bool:
     """Whether `path` is this user's and no one else can write it (what makes loading code from it safe)."""
     st = path.lstat()
     return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode)
