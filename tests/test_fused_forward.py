@@ -115,7 +115,7 @@ def test_build_declines_what_it_would_not_compute_exactly():
 def _engines(tiny_model: Any, monkeypatch: Any, **kw: Any) -> tuple[HFEngine, HFEngine]:
     """(an engine on the fused forward, one on the model's own), the same weights and settings."""
     with_fused = HFEngine(str(tiny_model), **kw)
-    monkeypatch.setattr(fused, "build", lambda model: None)
+    monkeypatch.setattr(fused, "build", lambda model, store=None: None)
     plain = HFEngine(str(tiny_model), **kw)
     monkeypatch.undo()
     assert with_fused._fused is not None and plain._fused is None

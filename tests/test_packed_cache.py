@@ -79,6 +79,28 @@ def test_the_second_load_maps_the_firsts_packs_and_gives_the_same_tokens(llama, 
     assert_same_episodes(kv_kept, plain_kv, "test_packed_cache_four_turns")
 
 
+def test_a_folder_transformers_loads_is_cached_too(tiny_model, isolated_home, packs, monkeypatch):
+    """A Qwen2 folder (engine.native declines it; transformers' classes load it): the same file,
+    the same checks, the same tokens."""
+    _engine(tiny_model)
+    assert len(_cached(isolated_home)) == 1
+    fresh = len(packs)
+    again = _engine(tiny_model)
+    assert len(packs) == fresh
+    monkeypatch.setenv(packed_cache.ENV_VAR, "0")
+    assert_same_generations_and_logliks(again, _engine(tiny_model))
+
+
+def test_no_cache_for_an_adapter_or_a_hub_id(tmp_path):
+    """An adapter's weights are merged into its base's at load: its files do not name them."""
+    from arlecli.engine.hf import _packed_store
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert _packed_store(str(tmp_path)) is None
+    assert _packed_store("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+
+
 def test_where_the_mapping_is_not_on_2mb_pages_the_entries_are_copied(llama, isolated_home, packs, monkeypatch):
     """A file system without large folios maps the file on 4 KB pages: the entries are copied into
     2 MB pages instead (no packing), the file is left as it is, and the tokens are the same."""

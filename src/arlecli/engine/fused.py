@@ -199,9 +199,10 @@ def _rotate_half(x: Any) -> Any:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def build(model: Any) -> FusedForward | None:
+def build(model: Any, store: PackedStore | None = None) -> FusedForward | None:
     """A `FusedForward` for `model` with its stacked weights packed now (a snapshot, as
-    `onednn.pack_linears`), or None where it would not compute the model's bits."""
+    `onednn.pack_linears`; or mapped from `store`'s file), or None where it would not compute
+    the model's bits."""
     names = SUPPORTED.get(type(model).__name__)
     base, config = getattr(model, "model", None), getattr(model, "config", None)
     if names is None or base is None or config is None:
@@ -233,7 +234,7 @@ def build(model: Any) -> FusedForward | None:
     eager = getattr(sys.modules.get(type(layers[0].self_attn).__module__), "eager_attention_forward", None)
     if eager is None:
         return None
-    return assemble(model, eager)
+    return assemble(model, eager, store=store)
 
 
 def assemble(

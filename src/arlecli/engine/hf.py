@@ -43,6 +43,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from arlecli.engine.base import (
@@ -54,7 +55,7 @@ from arlecli.engine.base import (
     cut_at_stop,
     encode_pair,
 )
-from arlecli.engine import fused, lookup, native
+from arlecli.engine import fused, lookup, native, packed_cache
 from arlecli.engine.attention import GROUPED_SDPA, ROWWISE_ATTENTION, grouped_sdpa
 from arlecli.engine.onednn import pack_linears, rows_are_batch_invariant, unpack_linears
 from arlecli.engine.prefix_cache import Entry, PrefixCache, configured_max_tokens
@@ -130,7 +131,8 @@ class HFEngine:
             else:
                 self.model, self.tokenizer = _load(model, self.device, dtype)
                 use_grouped_attention(self.model)
-                self._fused = fused.build(self.model)
+                store = _packed_store(model) if self.device == "cpu" else None
+                self._fused = fused.build(self.model, store)
             skip = self._fused.modules if self._fused else frozenset()
             self._packed = pack_linears(self.model, skip=skip, store=store)
             if store is not None:  # the packed weights kept for the next load
@@ -825,6 +827,18 @@ def _skip_sklearn() -> None:
         transformers.utils.is_sklearn_available = lambda: False
     if "transformers.loss.loss_for_object_detection" not in sys.modules:
         transformers.utils.is_scipy_available = lambda: False
+
+
+def _packed_store(model: str) -> packed_cache.PackedStore | None:
+    """The packed-weights cache (engine.packed_cache) for a model folder loaded from its own
+    weight files; None for a hub id or an adapter (its weights are merged into the base's)."""
+    from arlecli.models import is_adapter_folder
+
+    folder = Path(model)
+    if not folder.is_dir() or is_adapter_folder(folder):
+        return None
+    files = native.weight_files(folder)
+    return None if files is None else packed_cache.open_store(files)
 
 
 def _load(model: str, device: str, dtype: str | None):
