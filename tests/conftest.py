@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _name in ("COLUMNS", "LINES"):
         os.environ.pop(_name, None)
 
+# Fixtures wider than one test (a module's engine or server) are set up before the per-test
+# ARLE_HOME below: they get this session's, never the user's own cache folder. Tiny models' packed
+# weights are cached there as a user's are; the 135M model's 540 MB are not written unless a test
+# asks (engine.packed_cache).
+os.environ["ARLE_HOME"] = tempfile.mkdtemp(prefix="arle-test-home-")
+atexit.register(shutil.rmtree, os.environ["ARLE_HOME"], ignore_errors=True)
+os.environ["ARLE_PACK_CACHE_BYTES"] = str(64 << 20)
+
 # perf/ scripts run as `python perf/x.py` (their folder on sys.path, for perf/machine_info.py);
 # the tests that load them by file path need the same.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "perf"))
@@ -37,9 +48,6 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("ARLE_HOME", str(home))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    # Tiny models' packed weights are cached as a user's are; the 135M model's 540 MB are not
-    # written per test unless a test asks (engine.packed_cache).
-    monkeypatch.setenv("ARLE_PACK_CACHE_BYTES", str(64 << 20))
     return home
 
 
