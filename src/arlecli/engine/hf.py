@@ -124,7 +124,6 @@ class HFEngine:
             self._fused: fused.FusedForward | None = None
         else:
             loaded = native.load(model, self.device, dtype)
-            store = None
             if loaded is not None:  # the same modules and numbers without transformers' model classes
                 self.model, self.tokenizer, self._fused = loaded.model, loaded.tokenizer, loaded.forward
                 store = loaded.store
